@@ -1,0 +1,175 @@
+//! glibc's malloc control API, made to work on jemalloc.
+//!
+//! Programs and ML libraries call these directly (`malloc_trim(0)` after
+//! unloading a model is folklore), so they must do something real, not just
+//! link. Note: `ctypes.CDLL("libc.so.6").malloc_trim` looks the name up in
+//! libc's own scope and still reaches glibc's copy, which has nothing to
+//! trim; `ctypes.CDLL(None).malloc_trim` reaches this one.
+
+use crate::jemalloc;
+use core::ffi::{c_int, c_void};
+use std::io::Write;
+
+/// glibc's `struct mallinfo` (int fields, deprecated but still used).
+#[repr(C)]
+#[derive(Default)]
+pub struct Mallinfo {
+    arena: c_int,
+    ordblks: c_int,
+    smblks: c_int,
+    hblks: c_int,
+    hblkhd: c_int,
+    usmblks: c_int,
+    fsmblks: c_int,
+    uordblks: c_int,
+    fordblks: c_int,
+    keepcost: c_int,
+}
+
+/// glibc's `struct mallinfo2` (size_t fields, glibc 2.33).
+#[repr(C)]
+#[derive(Default)]
+pub struct Mallinfo2 {
+    arena: usize,
+    ordblks: usize,
+    smblks: usize,
+    hblks: usize,
+    hblkhd: usize,
+    usmblks: usize,
+    fsmblks: usize,
+    uordblks: usize,
+    fordblks: usize,
+    keepcost: usize,
+}
+
+/// Maps jemalloc's figures onto glibc's fields (docs/stats.md explains it):
+/// `arena` = mapped, `uordblks` = allocated, `fordblks` = mapped − allocated,
+/// `keepcost` = dirty (what `malloc_trim` would release), `hblkhd` =
+/// metadata; the block counts have no jemalloc equivalent and are 0.
+fn mallinfo2_now() -> Mallinfo2 {
+    let s = jemalloc::stats().unwrap_or_default();
+    Mallinfo2 {
+        arena: s.mapped as usize,
+        hblkhd: s.metadata as usize,
+        uordblks: s.allocated as usize,
+        fordblks: s.mapped.saturating_sub(s.allocated) as usize,
+        keepcost: s.dirty as usize,
+        ..Mallinfo2::default()
+    }
+}
+
+/// `malloc_trim(pad)`: purges every arena. Returns 1 if memory was released
+/// to the OS, 0 otherwise, like glibc. `pad` has no meaning for jemalloc.
+///
+/// # Safety
+/// Always safe; `unsafe` only because it is an exported C function.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn malloc_trim(_pad: usize) -> c_int {
+    let before = jemalloc::stats().map(|s| s.resident).unwrap_or(0);
+    let _ = jemalloc::flush_own_tcache();
+    if jemalloc::purge_all().is_err() {
+        return 0;
+    }
+    let after = jemalloc::stats().map(|s| s.resident).unwrap_or(before);
+    c_int::from(after < before)
+}
+
+/// `mallinfo2()` filled from jemalloc's statistics.
+///
+/// # Safety
+/// Always safe; exported C function.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn mallinfo2() -> Mallinfo2 {
+    mallinfo2_now()
+}
+
+/// `mallinfo()`: as `mallinfo2`, saturated to `int` like glibc's.
+///
+/// # Safety
+/// Always safe; exported C function.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn mallinfo() -> Mallinfo {
+    let m = mallinfo2_now();
+    let c = |v: usize| c_int::try_from(v).unwrap_or(c_int::MAX);
+    Mallinfo {
+        arena: c(m.arena),
+        hblkhd: c(m.hblkhd),
+        uordblks: c(m.uordblks),
+        fordblks: c(m.fordblks),
+        keepcost: c(m.keepcost),
+        ..Mallinfo::default()
+    }
+}
+
+/// `mallopt(param, value)`: accepted and ignored, returns 1 (glibc's
+/// success). glibc's tunables have no jemalloc meaning; use `MEMSHIM_*`.
+///
+/// # Safety
+/// Always safe; exported C function.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn mallopt(_param: c_int, _value: c_int) -> c_int {
+    1
+}
+
+/// `malloc_stats()`: a summary on stderr in glibc's layout.
+///
+/// # Safety
+/// Always safe; exported C function.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn malloc_stats() {
+    let s = jemalloc::stats().unwrap_or_default();
+    let text = format!(
+        "memshim (jemalloc {}):\nsystem bytes     = {:>10}\nin use bytes     = {:>10}\nresident bytes   = {:>10}\ndirty bytes      = {:>10}\nTotal (incl. mmap):\nsystem bytes     = {:>10}\nin use bytes     = {:>10}\n",
+        jemalloc::version(),
+        s.mapped,
+        s.allocated,
+        s.resident,
+        s.dirty,
+        s.mapped + s.metadata,
+        s.allocated,
+    );
+    crate::sys::write_stderr(text.as_bytes());
+}
+
+/// `malloc_info(options, fp)`: an XML document in the shape of glibc's
+/// (`<malloc version=...>` with `<total>` and `<system>` elements). `options`
+/// must be 0 (glibc returns EINVAL otherwise).
+///
+/// # Safety
+/// `fp` must be a valid `FILE*` open for writing.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn malloc_info(options: c_int, fp: *mut libc::FILE) -> c_int {
+    if options != 0 {
+        return libc::EINVAL;
+    }
+    if fp.is_null() {
+        return libc::EINVAL;
+    }
+    let s = jemalloc::stats().unwrap_or_default();
+    let mut xml = Vec::with_capacity(512);
+    let _ = write!(
+        xml,
+        "<malloc version=\"1\" allocator=\"memshim\" jemalloc=\"{}\">\n\
+         <total type=\"allocated\" size=\"{}\"/>\n\
+         <total type=\"active\" size=\"{}\"/>\n\
+         <total type=\"resident\" size=\"{}\"/>\n\
+         <total type=\"dirty\" size=\"{}\"/>\n\
+         <total type=\"muzzy\" size=\"{}\"/>\n\
+         <total type=\"retained\" size=\"{}\"/>\n\
+         <system type=\"current\" size=\"{}\"/>\n\
+         <system type=\"metadata\" size=\"{}\"/>\n\
+         </malloc>\n",
+        jemalloc::version(),
+        s.allocated,
+        s.active,
+        s.resident,
+        s.dirty,
+        s.muzzy,
+        s.retained,
+        s.mapped,
+        s.metadata,
+    );
+    // SAFETY: `fp` is a valid FILE* (caller contract); the buffer is live.
+    let n = unsafe { libc::fwrite(xml.as_ptr().cast::<c_void>(), 1, xml.len(), fp) };
+    if n == xml.len() { 0 } else { -1 }
+}

@@ -1,0 +1,301 @@
+//! The only file that talks to jemalloc's control interface (`mallctl`).
+//!
+//! Each function names the mallctl key it reads or writes; the keys are
+//! described in jemalloc's manual (`man jemalloc`, "MALLCTL NAMESPACE").
+//! Nothing here is on the allocation path: these run in the constructor, the
+//! shim's own thread, or glibc-API calls such as `malloc_trim`.
+
+use core::ffi::{c_char, c_int, c_void};
+use core::fmt::Write;
+use core::ptr;
+use tikv_jemalloc_sys as sys;
+
+/// `MALLCTL_ARENAS_ALL`: the pseudo-arena index meaning "every arena".
+pub const ARENAS_ALL: u32 = 4096;
+
+/// An errno returned by `mallctl`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Error(pub c_int);
+
+impl core::fmt::Display for Error {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let what = match self.0 {
+            libc::EINVAL => "invalid value",
+            libc::ENOENT => "no such mallctl key",
+            libc::EPERM => "not writable",
+            libc::EAGAIN => "resource unavailable",
+            libc::EFAULT => "failure while applying the value",
+            _ => "mallctl failed",
+        };
+        write!(f, "{what} (errno {})", self.0)
+    }
+}
+
+/// Reads a value of type `T` from a NUL-terminated key.
+fn read<T: Copy>(key: &[u8]) -> Result<T, Error> {
+    debug_assert_eq!(key.last(), Some(&0));
+    let mut value = core::mem::MaybeUninit::<T>::uninit();
+    let mut len = core::mem::size_of::<T>();
+    // SAFETY: `key` is NUL-terminated; `value`/`len` describe a buffer of
+    // exactly the size jemalloc documents for that key (callers pick T).
+    let rc = unsafe {
+        sys::mallctl(
+            key.as_ptr().cast::<c_char>(),
+            value.as_mut_ptr().cast::<c_void>(),
+            &mut len,
+            ptr::null_mut(),
+            0,
+        )
+    };
+    if rc != 0 {
+        return Err(Error(rc));
+    }
+    if len != core::mem::size_of::<T>() {
+        return Err(Error(libc::EINVAL));
+    }
+    // SAFETY: jemalloc wrote exactly size_of::<T>() bytes.
+    Ok(unsafe { value.assume_init() })
+}
+
+/// Writes `value` to a NUL-terminated key.
+fn write<T: Copy>(key: &[u8], mut value: T) -> Result<(), Error> {
+    debug_assert_eq!(key.last(), Some(&0));
+    // SAFETY: `key` is NUL-terminated; `value` is a live T of the size the
+    // key expects.
+    let rc = unsafe {
+        sys::mallctl(
+            key.as_ptr().cast::<c_char>(),
+            ptr::null_mut(),
+            ptr::null_mut(),
+            (&raw mut value).cast::<c_void>(),
+            core::mem::size_of::<T>(),
+        )
+    };
+    if rc == 0 { Ok(()) } else { Err(Error(rc)) }
+}
+
+/// Runs a key that takes no value (an action such as `arena.4096.purge`).
+fn run(key: &[u8]) -> Result<(), Error> {
+    debug_assert_eq!(key.last(), Some(&0));
+    // SAFETY: `key` is NUL-terminated; action keys take no buffers.
+    let rc = unsafe {
+        sys::mallctl(key.as_ptr().cast::<c_char>(), ptr::null_mut(), ptr::null_mut(), ptr::null_mut(), 0)
+    };
+    if rc == 0 { Ok(()) } else { Err(Error(rc)) }
+}
+
+/// A key with an arena index in it, such as `arena.3.dirty_decay_ms`.
+fn arena_key(arena: u32, suffix: &str) -> crate::sys::StackBuf<64> {
+    let mut k = crate::sys::StackBuf::<64>::new();
+    let _ = write!(k, "arena.{arena}.{suffix}\0");
+    k
+}
+
+/// `version`: jemalloc's version string. Reading it also forces jemalloc to
+/// initialise if nothing has allocated yet.
+pub fn version() -> &'static str {
+    match read::<*const c_char>(b"version\0") {
+        // SAFETY: jemalloc returns a pointer to a static NUL-terminated string.
+        Ok(p) if !p.is_null() => unsafe { core::ffi::CStr::from_ptr(p) }.to_str().unwrap_or("?"),
+        _ => "?",
+    }
+}
+
+/// `arena.4096.purge`: returns every unused dirty and muzzy page of every
+/// arena to the OS now. Pages held in thread caches are not reached.
+pub fn purge_all() -> Result<(), Error> {
+    run(b"arena.4096.purge\0")
+}
+
+/// `arena.4096.decay`: purges the share of unused pages that the decay
+/// curves say is due by now. This is what the shim's thread runs on every
+/// tick, so an idle process still gives memory back.
+pub fn decay_all() -> Result<(), Error> {
+    run(b"arena.4096.decay\0")
+}
+
+/// `thread.tcache.flush`: empties the calling thread's cache.
+pub fn flush_own_tcache() -> Result<(), Error> {
+    run(b"thread.tcache.flush\0")
+}
+
+/// `thread.tcache.enabled = false` for the calling thread (the shim's own
+/// thread allocates little and should not hold a cache).
+pub fn disable_own_tcache() -> Result<(), Error> {
+    write(b"thread.tcache.enabled\0", false)
+}
+
+/// `epoch`: refreshes the statistics snapshot that `stats.*` keys read.
+pub fn advance_epoch() -> Result<(), Error> {
+    write(b"epoch\0", 1u64)
+}
+
+/// Effective decay settings for arenas created from now on
+/// (`arenas.dirty_decay_ms`, `arenas.muzzy_decay_ms`).
+pub fn decay_ms() -> Result<(i64, i64), Error> {
+    Ok((
+        read::<isize>(b"arenas.dirty_decay_ms\0")? as i64,
+        read::<isize>(b"arenas.muzzy_decay_ms\0")? as i64,
+    ))
+}
+
+/// Changes decay at runtime: the default for new arenas
+/// (`arenas.{dirty,muzzy}_decay_ms`) and every existing arena
+/// (`arena.<i>.{dirty,muzzy}_decay_ms`). `-1` means never.
+pub fn set_decay_ms(dirty: Option<i64>, muzzy: Option<i64>) -> Result<(), Error> {
+    let narenas = read::<u32>(b"arenas.narenas\0")?;
+    for (value, default_key, suffix) in [
+        (dirty, &b"arenas.dirty_decay_ms\0"[..], "dirty_decay_ms"),
+        (muzzy, &b"arenas.muzzy_decay_ms\0"[..], "muzzy_decay_ms"),
+    ] {
+        let Some(ms) = value else { continue };
+        let ms = isize::try_from(ms).map_err(|_| Error(libc::EINVAL))?;
+        write(default_key, ms)?;
+        for i in 0..narenas {
+            // Arenas that were never initialised answer EFAULT; they will
+            // pick up the new default when they are created.
+            let _ = write(arena_key(i, suffix).as_bytes(), ms);
+        }
+    }
+    Ok(())
+}
+
+/// Process-wide allocator figures, in bytes, from one `epoch` snapshot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// `stats.allocated`: bytes in live allocations.
+    pub allocated: u64,
+    /// `stats.active`: bytes in active pages (allocated plus fragmentation).
+    pub active: u64,
+    /// `stats.resident`: bytes in physically resident pages jemalloc maps.
+    pub resident: u64,
+    /// `stats.mapped`: bytes in active extents mapped by jemalloc.
+    pub mapped: u64,
+    /// `stats.retained`: virtual memory kept for reuse, not resident.
+    pub retained: u64,
+    /// `stats.metadata`: bytes of jemalloc's own bookkeeping.
+    pub metadata: u64,
+    /// `stats.arenas.4096.pdirty` × page size: unused dirty pages a purge returns.
+    pub dirty: u64,
+    /// `stats.arenas.4096.pmuzzy` × page size: MADV_FREE'd pages still counted in RSS.
+    pub muzzy: u64,
+    /// `stats.arenas.4096.tcache_bytes`: bytes cached by threads; purge cannot reach them.
+    pub tcache: u64,
+}
+
+/// `arenas.page`: jemalloc's page size.
+pub fn page_size() -> u64 {
+    read::<usize>(b"arenas.page\0").map(|p| p as u64).unwrap_or(4096)
+}
+
+/// `arenas.narenas`: number of arena slots.
+pub fn narenas() -> u32 {
+    read::<u32>(b"arenas.narenas\0").unwrap_or(0)
+}
+
+/// Takes a fresh statistics snapshot.
+pub fn stats() -> Result<Stats, Error> {
+    advance_epoch()?;
+    let page = page_size();
+    let sz = |k: &[u8]| read::<usize>(k).map(|v| v as u64);
+    Ok(Stats {
+        allocated: sz(b"stats.allocated\0")?,
+        active: sz(b"stats.active\0")?,
+        resident: sz(b"stats.resident\0")?,
+        mapped: sz(b"stats.mapped\0")?,
+        retained: sz(b"stats.retained\0")?,
+        metadata: sz(b"stats.metadata\0")?,
+        dirty: sz(b"stats.arenas.4096.pdirty\0")? * page,
+        muzzy: sz(b"stats.arenas.4096.pmuzzy\0")? * page,
+        tcache: sz(b"stats.arenas.4096.tcache_bytes\0").unwrap_or(0),
+    })
+}
+
+/// Per-arena summary for one arena index, `None` if the arena is unused.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ArenaStats {
+    /// Arena index.
+    pub index: u32,
+    /// `stats.arenas.<i>.nthreads`: threads bound to the arena.
+    pub threads: u32,
+    /// `stats.arenas.<i>.pactive` × page: bytes in active pages.
+    pub active: u64,
+    /// `stats.arenas.<i>.pdirty` × page: unused dirty bytes.
+    pub dirty: u64,
+    /// `stats.arenas.<i>.pmuzzy` × page: muzzy bytes.
+    pub muzzy: u64,
+    /// `stats.arenas.<i>.resident`.
+    pub resident: u64,
+    /// `stats.arenas.<i>.tcache_bytes`.
+    pub tcache: u64,
+}
+
+/// Per-arena summaries of initialised arenas (after `advance_epoch`).
+pub fn arena_stats(index: u32) -> Option<ArenaStats> {
+    let init = {
+        let mut k = crate::sys::StackBuf::<64>::new();
+        let _ = write!(k, "arena.{index}.initialized\0");
+        read::<bool>(k.as_bytes()).ok()?
+    };
+    if !init {
+        return None;
+    }
+    let page = page_size();
+    let key = |suffix: &str| {
+        let mut k = crate::sys::StackBuf::<64>::new();
+        let _ = write!(k, "stats.arenas.{index}.{suffix}\0");
+        k
+    };
+    let sz = |s: &str| read::<usize>(key(s).as_bytes()).map(|v| v as u64).unwrap_or(0);
+    Some(ArenaStats {
+        index,
+        threads: read::<u32>(key("nthreads").as_bytes()).unwrap_or(0),
+        active: sz("pactive") * page,
+        dirty: sz("pdirty") * page,
+        muzzy: sz("pmuzzy") * page,
+        resident: sz("resident"),
+        tcache: sz("tcache_bytes"),
+    })
+}
+
+/// A few `opt.*` values, for `MEMSHIM_VERBOSE` and the stats report.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Opts {
+    /// `opt.dirty_decay_ms`
+    pub dirty_decay_ms: i64,
+    /// `opt.muzzy_decay_ms`
+    pub muzzy_decay_ms: i64,
+    /// `opt.narenas`
+    pub narenas: u32,
+    /// `opt.tcache_max`
+    pub tcache_max: u64,
+    /// `opt.background_thread` (jemalloc's own purging threads)
+    pub background_thread: bool,
+    /// `opt.oversize_threshold`
+    pub oversize_threshold: u64,
+    /// `opt.retain`
+    pub retain: bool,
+}
+
+/// Reads the `opt.*` values in [`Opts`].
+pub fn opts() -> Opts {
+    Opts {
+        dirty_decay_ms: read::<isize>(b"opt.dirty_decay_ms\0").unwrap_or(0) as i64,
+        muzzy_decay_ms: read::<isize>(b"opt.muzzy_decay_ms\0").unwrap_or(0) as i64,
+        narenas: read::<u32>(b"opt.narenas\0").unwrap_or(0),
+        tcache_max: read::<usize>(b"opt.tcache_max\0").unwrap_or(0) as u64,
+        background_thread: read::<bool>(b"opt.background_thread\0").unwrap_or(false),
+        oversize_threshold: read::<usize>(b"opt.oversize_threshold\0").unwrap_or(0) as u64,
+        retain: read::<bool>(b"opt.retain\0").unwrap_or(false),
+    }
+}
+
+/// `background_thread`: whether jemalloc's own purging threads run.
+pub fn background_thread() -> bool {
+    read::<bool>(b"background_thread\0").unwrap_or(false)
+}
+
+/// `config.stats`: statistics compiled in (the `stats` cargo feature).
+pub fn stats_enabled() -> bool {
+    read::<bool>(b"config.stats\0").unwrap_or(false)
+}

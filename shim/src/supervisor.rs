@@ -1,0 +1,253 @@
+//! The shim's own thread, named `memshim`.
+//!
+//! It exists only while `lifecycle.rs` allows (see the rule there). Its loop:
+//!
+//! * every tick, `arena.4096.decay` (`jemalloc::decay_all`), so pages freed
+//!   by a process that then goes idle are returned within the decay time;
+//!   jemalloc alone only decays on allocator activity;
+//! * serves the control socket (`control.rs`) when it is readable;
+//! * stops when the process has been alone (main thread + us) for the decay
+//!   time plus a grace second, or at once when a fork handler asks.
+//!
+//! All signals are blocked on this thread (it is created with a full mask),
+//! so the application's handlers never run here. It holds no lock of its own
+//! that the allocation path takes; jemalloc's own locks are taken only
+//! inside `mallctl`.
+
+use crate::lifecycle::{self, HANDLE, STOP, ThreadState, WANTED};
+use crate::options::{self, Control};
+use crate::{control, jemalloc, sys};
+use core::ffi::c_void;
+use core::sync::atomic::{AtomicI32, AtomicU64, Ordering::*};
+
+/// Stack of the shim's thread (the default 8 MiB is far more than needed).
+const STACK_SIZE: usize = 256 * 1024;
+/// Longest sleep between ticks.
+const MAX_TICK_MS: i64 = 1000;
+/// Shortest sleep between ticks.
+const MIN_TICK_MS: i64 = 50;
+/// How long a fork may wait for the thread to stop before going ahead.
+const FORK_STOP_WAIT_MS: u64 = 200;
+
+/// An eventfd that fork handlers write to wake the thread. Its identity
+/// (device, inode) is recorded so a descriptor number that the application
+/// closed (`close_range`) and reused is never read from or written to.
+static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
+static WAKE_ID: AtomicU64 = AtomicU64::new(0);
+
+/// (st_dev, st_ino) of `fd` folded into one word, or 0 if not open.
+/// `fstat` is async-signal-safe.
+pub(crate) fn fd_identity(fd: i32) -> u64 {
+    if fd < 0 {
+        return 0;
+    }
+    // SAFETY: `st` is a valid out-pointer; fstat on any int is harmless.
+    unsafe {
+        let mut st: libc::stat = core::mem::zeroed();
+        if libc::fstat(fd, &mut st) != 0 {
+            return 0;
+        }
+        (st.st_dev as u64).rotate_left(32) ^ (st.st_ino as u64) | 1
+    }
+}
+
+fn wake_fd_if_ours() -> Option<i32> {
+    let fd = WAKE_FD.load(Acquire);
+    (fd >= 0 && fd_identity(fd) == WAKE_ID.load(Acquire)).then_some(fd)
+}
+
+fn open_wake_fd() {
+    // SAFETY: plain syscall.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd >= 0 {
+        WAKE_ID.store(fd_identity(fd), Release);
+        WAKE_FD.store(fd, Release);
+    }
+}
+
+fn close_wake_fd() {
+    if let Some(fd) = wake_fd_if_ours() {
+        WAKE_FD.store(-1, Release);
+        // SAFETY: the descriptor is still the eventfd we opened.
+        unsafe { libc::close(fd) };
+    } else {
+        // Closed under us by the application: forget the number, never close it.
+        WAKE_FD.store(-1, Release);
+    }
+}
+
+fn wake() {
+    if let Some(fd) = wake_fd_if_ours() {
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes to our eventfd.
+        unsafe { libc::write(fd, (&raw const one).cast(), 8) };
+    }
+}
+
+/// Creates the thread with every signal blocked and a small stack.
+/// Returns its handle.
+pub(crate) fn spawn() -> Option<libc::pthread_t> {
+    let create = lifecycle::real_pthread_create()?;
+    // SAFETY: standard pthread attribute and signal-mask calls on locals.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = core::mem::zeroed();
+        if libc::pthread_attr_init(&mut attr) != 0 {
+            return None;
+        }
+        libc::pthread_attr_setstacksize(&mut attr, STACK_SIZE);
+        let mut all: libc::sigset_t = core::mem::zeroed();
+        let mut old: libc::sigset_t = core::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        let mut t: libc::pthread_t = 0;
+        let rc = create(&mut t, &attr, thread_main, core::ptr::null_mut());
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, core::ptr::null_mut());
+        libc::pthread_attr_destroy(&mut attr);
+        (rc == 0).then_some(t)
+    }
+}
+
+/// Tick length: a quarter of the dirty decay time, within [50 ms, 1 s].
+fn tick_ms(dirty_decay_ms: i64) -> i64 {
+    if dirty_decay_ms > 0 { (dirty_decay_ms / 4).clamp(MIN_TICK_MS, MAX_TICK_MS) } else { MAX_TICK_MS }
+}
+
+/// How long the process must be alone before the thread stops by itself:
+/// long enough for pages freed just before to decay away.
+fn alone_grace_ms(dirty_decay_ms: i64) -> u64 {
+    (dirty_decay_ms.clamp(0, 30_000) as u64) + 1000
+}
+
+extern "C" fn thread_main(_: *mut c_void) -> *mut c_void {
+    // SAFETY: naming the calling thread; the name is a static C string.
+    unsafe { libc::pthread_setname_np(libc::pthread_self(), c"memshim".as_ptr()) };
+    let _ = jemalloc::disable_own_tcache();
+    open_wake_fd();
+    lifecycle::set_thread_state(ThreadState::Running);
+    let mut endpoint = control::Endpoint::open();
+    let mut last_decay = sys::monotonic_ms();
+    let mut alone_since: Option<u64> = None;
+    loop {
+        let dirty = jemalloc::decay_ms().map(|d| d.0).unwrap_or(options::dirty_decay_ms());
+        let tick = tick_ms(dirty);
+        let mut fds = [
+            libc::pollfd { fd: wake_fd_if_ours().unwrap_or(-1), events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: endpoint.as_ref().and_then(|e| e.poll_fd()).unwrap_or(-1), events: libc::POLLIN, revents: 0 },
+        ];
+        // SAFETY: `fds` is a live array of two pollfd; negative fds are ignored.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, tick as i32) };
+        if n > 0 && fds[0].revents != 0 {
+            if let Some(fd) = wake_fd_if_ours() {
+                let mut v: u64 = 0;
+                // SAFETY: reading 8 bytes from our eventfd into a local.
+                unsafe { libc::read(fd, (&raw mut v).cast(), 8) };
+            }
+        }
+        if WAKE_FD.load(Acquire) < 0 || wake_fd_if_ours().is_none() {
+            // The application closed it (close_range): make a new one.
+            WAKE_FD.store(-1, Release);
+            open_wake_fd();
+        }
+        if STOP.swap(false, AcqRel) && try_stop(&mut endpoint) {
+            return core::ptr::null_mut();
+        }
+        if let Some(e) = endpoint.as_mut() {
+            if n > 0 && fds[1].revents != 0 {
+                e.on_ready();
+            }
+            e.on_tick();
+        }
+        let now = sys::monotonic_ms();
+        if dirty >= 0 && now.saturating_sub(last_decay) >= tick as u64 {
+            let _ = jemalloc::decay_all();
+            last_decay = now;
+        }
+        if options::control() == Control::Auto {
+            if sys::num_threads().is_some_and(|n| n <= 2) {
+                let since = *alone_since.get_or_insert(now);
+                if now.saturating_sub(since) >= alone_grace_ms(dirty) && try_stop(&mut endpoint) {
+                    return core::ptr::null_mut();
+                }
+            } else {
+                alone_since = None;
+            }
+        }
+    }
+}
+
+/// Leaves the loop unless the process created a thread meanwhile.
+/// Returns true if the thread must exit now.
+fn try_stop(endpoint: &mut Option<control::Endpoint>) -> bool {
+    WANTED.store(false, Release);
+    if !lifecycle::cas_thread_state(ThreadState::Running, ThreadState::Stopping) {
+        return false;
+    }
+    if sys::num_threads().is_some_and(|n| n > 2) {
+        lifecycle::set_thread_state(ThreadState::Running);
+        return false;
+    }
+    if let Some(e) = endpoint.take() {
+        e.close();
+    }
+    close_wake_fd();
+    lifecycle::set_thread_state(ThreadState::Idle);
+    // A thread created while we were stopping wants us back.
+    if WANTED.load(Acquire) && lifecycle::cas_thread_state(ThreadState::Idle, ThreadState::Running) {
+        open_wake_fd();
+        *endpoint = control::Endpoint::open();
+        return false;
+    }
+    true
+}
+
+/// Called from the fork prepare handler when the process is alone with the
+/// shim's thread: ask it to stop and wait (bounded) until it has exited.
+pub(crate) fn stop_for_fork() {
+    STOP.store(true, Release);
+    wake();
+    let deadline = sys::monotonic_ms() + FORK_STOP_WAIT_MS;
+    while lifecycle::thread_state() != ThreadState::Idle {
+        if sys::monotonic_ms() >= deadline {
+            // Busy (for example waiting for a lock the forking thread holds):
+            // fork with the thread still there rather than risk a deadlock.
+            STOP.store(false, Release);
+            return;
+        }
+        let ts = libc::timespec { tv_sec: 0, tv_nsec: 200_000 };
+        // SAFETY: sleeping on a local timespec.
+        unsafe { libc::nanosleep(&ts, core::ptr::null_mut()) };
+    }
+    let t = HANDLE.swap(0, AcqRel);
+    if t != 0 {
+        // The thread has left its loop; wait for the kernel to reap it so
+        // the parent is single-threaded when fork() copies it.
+        // SAFETY: joinable thread we created; nobody else joins it.
+        unsafe { libc::pthread_join(t as libc::pthread_t, core::ptr::null_mut()) };
+    }
+}
+
+/// Fork child: the thread is not here; close the inherited eventfd if it is
+/// still ours. Async-signal-safe (fstat, close).
+pub(crate) fn after_fork_child() {
+    if let Some(fd) = wake_fd_if_ours() {
+        // SAFETY: closing our own inherited descriptor.
+        unsafe { libc::close(fd) };
+    }
+    WAKE_FD.store(-1, Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tick_follows_decay() {
+        assert_eq!(tick_ms(1000), 250);
+        assert_eq!(tick_ms(10), MIN_TICK_MS);
+        assert_eq!(tick_ms(60_000), MAX_TICK_MS);
+        assert_eq!(tick_ms(-1), MAX_TICK_MS);
+        assert_eq!(tick_ms(0), MAX_TICK_MS);
+        assert_eq!(alone_grace_ms(1000), 2000);
+        assert_eq!(alone_grace_ms(-1), 1000);
+    }
+}
