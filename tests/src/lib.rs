@@ -1,1 +1,382 @@
-//! Test harness.
+//! Harness for memshim's integration tests: real processes under
+//! `LD_PRELOAD`, real `/proc`, real sockets. No mocks.
+//!
+//! * [`shim`] / [`ctl`]: the release artifacts (`make` builds them;
+//!   `MEMSHIM_TEST_LIB` / `MEMSHIM_TEST_CTL` override, for installed copies).
+//! * [`fixture`]: compiles a C file from `tests/fixtures/` once per run.
+//! * [`python`]: the real CPython binary (not pyenv's bash shim).
+//! * [`Cmd`]: runs a command with or without the shim and captures the result.
+//! * [`Child`]: a long-running process, killed and reaped on drop.
+//! * [`wait_until`]: readiness by polling, never a bare sleep.
+
+use std::ffi::OsStr;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Workspace root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn artifact(env: &str, rel: &str) -> PathBuf {
+    if let Some(p) = std::env::var_os(env) {
+        return PathBuf::from(p);
+    }
+    let p = root().join(rel);
+    assert!(p.exists(), "{} is missing: run `make` first (or set {env})", p.display());
+    p
+}
+
+/// Path of libmemshim.so.
+pub fn shim() -> PathBuf {
+    artifact("MEMSHIM_TEST_LIB", "target/release/libmemshim.so")
+}
+
+/// Path of memshim-ctl.
+pub fn ctl() -> PathBuf {
+    artifact("MEMSHIM_TEST_CTL", "target/release/memshim-ctl")
+}
+
+/// Directory for compiled fixtures and scratch files of this test run.
+pub fn scratch() -> PathBuf {
+    let d = root().join("target/test-scratch");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Compiles `tests/fixtures/<name>.c` (once per process) with `extra` flags
+/// and returns the executable (or `.so` if `extra` contains `-shared`).
+pub fn fixture(name: &str, extra: &[&str]) -> PathBuf {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let src = root().join("tests/fixtures").join(format!("{name}.c"));
+    let shared = extra.contains(&"-shared");
+    let tag = if extra.is_empty() { String::new() } else { format!("-{:x}", hash(extra)) };
+    let out = scratch().join(if shared { format!("lib{name}{tag}.so") } else { format!("{name}{tag}") });
+    let fresh = out.metadata().and_then(|o| Ok(o.modified()? >= src.metadata()?.modified()?)).unwrap_or(false);
+    if !fresh {
+        let mut cmd = Command::new("cc");
+        cmd.args(["-O1", "-g", "-Wall", "-pthread", "-o"]).arg(&out).arg(&src).args(extra);
+        if !shared {
+            cmd.args(["-ldl"]);
+        }
+        let o = cmd.output().expect("run cc");
+        assert!(o.status.success(), "compiling {}: {}", src.display(), String::from_utf8_lossy(&o.stderr));
+    }
+    out
+}
+
+fn hash(parts: &[&str]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    parts.hash(&mut h);
+    h.finish()
+}
+
+/// The real python3 binary (pyenv's `python3` is a bash script that runs
+/// several processes; tests want one process). `MEMSHIM_TEST_PYTHON` overrides.
+pub fn python() -> PathBuf {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| {
+        if let Some(p) = std::env::var_os("MEMSHIM_TEST_PYTHON") {
+            return PathBuf::from(p);
+        }
+        let o = Command::new("python3")
+            .args(["-c", "import sys; print(sys.executable)"])
+            .env_remove("LD_PRELOAD")
+            .output()
+            .expect("python3 on PATH");
+        PathBuf::from(String::from_utf8(o.stdout).unwrap().trim())
+    })
+    .clone()
+}
+
+/// Every CPython under `~/.pyenv/versions` as (version, executable).
+pub fn pyenv_pythons() -> Vec<(String, PathBuf)> {
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| "/root".into());
+    let mut out = vec![];
+    if let Ok(rd) = std::fs::read_dir(home.join(".pyenv/versions")) {
+        for e in rd.flatten() {
+            let v = e.file_name().to_string_lossy().into_owned();
+            let mm: Vec<&str> = v.split('.').collect();
+            if mm.len() < 2 {
+                continue;
+            }
+            let exe = e.path().join(format!("bin/python{}.{}", mm[0], mm[1]));
+            if exe.exists() {
+                out.push((v, exe));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Result of a finished command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Output {
+    /// Exit code (128 + signal if killed).
+    pub code: i32,
+    /// Captured stdout.
+    pub stdout: String,
+    /// Captured stderr.
+    pub stderr: String,
+}
+
+/// A command to run with or without the shim.
+pub struct Cmd {
+    cmd: Command,
+}
+
+impl Cmd {
+    /// `program args...`, with `LD_PRELOAD` and every `MEMSHIM_*` variable
+    /// of the test environment removed.
+    pub fn new<S: AsRef<OsStr>>(program: impl AsRef<OsStr>, args: impl IntoIterator<Item = S>) -> Cmd {
+        let mut cmd = Command::new(program);
+        cmd.args(args).env_remove("LD_PRELOAD");
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("MEMSHIM_") {
+                cmd.env_remove(k);
+            }
+        }
+        Cmd { cmd }
+    }
+
+    /// Preloads the shim.
+    pub fn shimmed(mut self) -> Cmd {
+        self.cmd.env("LD_PRELOAD", shim());
+        self
+    }
+
+    /// Sets an environment variable.
+    pub fn env(mut self, k: impl AsRef<OsStr>, v: impl AsRef<OsStr>) -> Cmd {
+        self.cmd.env(k, v);
+        self
+    }
+
+    /// Sets the working directory.
+    pub fn dir(mut self, d: impl AsRef<Path>) -> Cmd {
+        self.cmd.current_dir(d);
+        self
+    }
+
+    /// Feeds `input` on stdin.
+    pub fn stdin(self, input: &str) -> RunWithInput {
+        RunWithInput { cmd: self, input: input.to_owned() }
+    }
+
+    /// Access to the underlying `Command`.
+    pub fn command(&mut self) -> &mut Command {
+        &mut self.cmd
+    }
+
+    /// Runs to completion (killed after `timeout`) and captures output.
+    pub fn run_timeout(mut self, timeout: Duration) -> Output {
+        self.cmd.stdin(Stdio::null());
+        run_captured(self.cmd, None, timeout)
+    }
+
+    /// Runs to completion (at most 120 s) and captures output.
+    pub fn run(self) -> Output {
+        self.run_timeout(Duration::from_secs(120))
+    }
+
+    /// Starts it in the background with piped stdout.
+    pub fn spawn(mut self) -> Child {
+        self.cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = self.cmd.spawn().expect("spawn");
+        let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+        Child { child, stdout }
+    }
+}
+
+/// A command with stdin input.
+pub struct RunWithInput {
+    cmd: Cmd,
+    input: String,
+}
+
+impl RunWithInput {
+    /// Runs to completion and captures output.
+    pub fn run(self) -> Output {
+        let mut c = self.cmd.cmd;
+        c.stdin(Stdio::piped());
+        run_captured(c, Some(self.input), Duration::from_secs(120))
+    }
+}
+
+fn run_captured(mut c: Command, input: Option<String>, timeout: Duration) -> Output {
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap_or_else(|e| panic!("spawn {c:?}: {e}"));
+    if let Some(i) = input {
+        let mut sin = child.stdin.take().unwrap();
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let _ = sin.write_all(i.as_bytes());
+        });
+    }
+    let mut so = child.stdout.take().unwrap();
+    let mut se = child.stderr.take().unwrap();
+    let t1 = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = so.read_to_end(&mut s);
+        s
+    });
+    let t2 = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = se.read_to_end(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let s = child.wait().unwrap();
+            let _ = (t1.join(), t2.join());
+            panic!("{c:?} did not finish within {timeout:?} (status {s:?})");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    use std::os::unix::process::ExitStatusExt;
+    let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    Output {
+        code,
+        stdout: String::from_utf8_lossy(&t1.join().unwrap()).into_owned(),
+        stderr: String::from_utf8_lossy(&t2.join().unwrap()).into_owned(),
+    }
+}
+
+/// A background process; killed (SIGKILL) and reaped on drop.
+pub struct Child {
+    /// The process.
+    pub child: std::process::Child,
+    stdout: BufReader<std::process::ChildStdout>,
+}
+
+impl Child {
+    /// Its pid.
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Reads stdout lines until one contains `needle` (or `timeout`).
+    /// Returns that line.
+    pub fn wait_for_line(&mut self, needle: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            // Reads block; fixtures print promptly and tests use generous
+            // timeouts. A dead process gives EOF, which fails below.
+            let n = self.stdout.read_line(&mut line).unwrap_or(0);
+            if n == 0 {
+                let st = self.child.try_wait();
+                panic!("process {} ended before printing {needle:?} (status {st:?})", self.pid());
+            }
+            if line.contains(needle) {
+                return line.trim_end().to_owned();
+            }
+            assert!(Instant::now() < deadline, "no line containing {needle:?} within {timeout:?}");
+        }
+    }
+
+    /// Writes a line to its stdin.
+    pub fn send(&mut self, line: &str) {
+        use std::io::Write;
+        let sin = self.child.stdin.as_mut().expect("piped stdin");
+        writeln!(sin, "{line}").unwrap();
+        sin.flush().unwrap();
+    }
+
+    /// Closes stdin, waits for exit (at most `timeout`), returns the rest of
+    /// stdout, all of stderr, and the exit code.
+    pub fn finish(mut self, timeout: Duration) -> Output {
+        drop(self.child.stdin.take());
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(Instant::now() < deadline, "process {} did not exit within {timeout:?}", self.pid());
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let mut out = String::new();
+        let _ = self.stdout.read_to_string(&mut out);
+        let mut err = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+        use std::os::unix::process::ExitStatusExt;
+        Output {
+            code: status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)),
+            stdout: out,
+            stderr: err,
+        }
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `f` every 20 ms until it returns `Some` or `timeout` passes.
+pub fn wait_until<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A `key:` line of `/proc/<pid>/status`, in kB or count.
+pub fn proc_status(pid: i32, key: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find(|l| l.starts_with(key) && l[key.len()..].starts_with(':'))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// Resident set size of `pid` in bytes (VmRSS).
+pub fn rss_bytes(pid: i32) -> u64 {
+    proc_status(pid, "VmRSS").expect("VmRSS") * 1024
+}
+
+/// Number of threads of `pid`.
+pub fn threads(pid: i32) -> u64 {
+    proc_status(pid, "Threads").expect("Threads")
+}
+
+/// Names (`comm`) of the threads of `pid`.
+pub fn thread_names(pid: i32) -> Vec<String> {
+    let mut v = vec![];
+    if let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for e in rd.flatten() {
+            if let Ok(c) = std::fs::read_to_string(e.path().join("comm")) {
+                v.push(c.trim().to_owned());
+            }
+        }
+    }
+    v
+}
+
+/// MiB, for messages.
+pub fn mib(b: u64) -> f64 {
+    b as f64 / (1024.0 * 1024.0)
+}
