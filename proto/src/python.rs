@@ -13,12 +13,14 @@ pub struct PythonSection {
     /// `gc.isenabled()`.
     pub gc_enabled: bool,
     /// `gc.get_count()`: allocations minus deallocations per generation
-    /// since its last collection.
-    pub gc_counts: [u64; 3],
+    /// since its last collection. `None` (and the next two) if the program
+    /// has not imported `gc`: the bridge never imports a module, and
+    /// CPython has no C API for these figures.
+    pub gc_counts: Option<[u64; 3]>,
     /// `gc.get_threshold()`.
-    pub gc_thresholds: [u64; 3],
+    pub gc_thresholds: Option<[u64; 3]>,
     /// `gc.get_stats()[i]["collections"]`: collections run per generation.
-    pub gc_collections: [u64; 3],
+    pub gc_collections: Option<[u64; 3]>,
     /// `sys.getallocatedblocks()`: blocks pymalloc has handed out.
     pub allocated_blocks: u64,
     /// Threads of the interpreter (`threading.active_count()` or the

@@ -1,0 +1,260 @@
+//! The slice of the CPython C API the bridge uses, declared by hand and
+//! resolved at run time.
+//!
+//! The shim does not link against libpython: it must load into every
+//! process, and a process hosts at most one CPython of any version 3.8-3.13
+//! (or none). So each function is looked up with `dlsym(RTLD_DEFAULT, ...)`:
+//! the global scope only, which is exactly where an interpreter linked into
+//! the executable, or `dlopen`ed `RTLD_GLOBAL`, puts its symbols. An
+//! interpreter embedded `RTLD_LOCAL` is invisible there and the process is
+//! treated as having no Python, as the issue asks.
+//!
+//! Resolution happens on the shim's own thread only (`api()` is called by
+//! the request side in `mainthread.rs`), never on the allocation path, in a
+//! fork handler or a constructor: `dlsym` takes the loader's lock and may
+//! allocate (its error buffer), and in the constructor a `dlopen`ed
+//! interpreter would not be there yet. A successful lookup is cached for the
+//! life of the process (a fork child has the same image, so the addresses
+//! stay right); a failed one is not, so an interpreter loaded later is found.
+//!
+//! Only functions whose signatures are identical in 3.8-3.13 are used, and
+//! every object is handled through functions (`Py_DecRef`, never the
+//! `Py_DECREF` macro), because the object header differs between versions
+//! and free-threaded builds. No struct of CPython's is read, except
+//! `PyMethodDef`, whose layout is part of the stable ABI.
+
+use core::ffi::{c_char, c_int, c_void};
+use std::sync::OnceLock;
+
+/// An opaque CPython object.
+pub type PyObject = c_void;
+
+/// `PyCFunction`.
+pub type PyCFunction = unsafe extern "C" fn(*mut PyObject, *mut PyObject) -> *mut PyObject;
+
+/// `PyMethodDef` (stable ABI layout).
+#[repr(C)]
+pub struct PyMethodDef {
+    /// Name.
+    pub ml_name: *const c_char,
+    /// The C function.
+    pub ml_meth: Option<PyCFunction>,
+    /// Calling convention flags.
+    pub ml_flags: c_int,
+    /// Docstring.
+    pub ml_doc: *const c_char,
+}
+
+// SAFETY: the only instance is a static whose pointers are to static C
+// strings and a function; it is never written after construction.
+unsafe impl Sync for PyMethodDef {}
+
+/// `METH_NOARGS`.
+pub const METH_NOARGS: c_int = 0x0004;
+
+/// A pending call's function type.
+pub type PendingFn = extern "C" fn(*mut c_void) -> c_int;
+/// `atexit_datacallbackfunc` (3.12 `_Py_AtExit`, 3.13 `PyUnstable_AtExit`).
+pub type AtExitFn = extern "C" fn(*mut c_void);
+
+macro_rules! api {
+    (required { $( $(#[$m:meta])* $field:ident : $sym:literal => fn($($arg:ty),*) -> $ret:ty; )* }
+     optional { $( $(#[$om:meta])* $ofield:ident : [$($osym:literal),+] => fn($($oarg:ty),*) -> $oret:ty; )* }) => {
+        /// Resolved entry points. Each field documents its C function.
+        pub struct Api {
+            $( $(#[$m])* pub $field: unsafe extern "C" fn($($arg),*) -> $ret, )*
+            $( $(#[$om])* pub $ofield: Option<unsafe extern "C" fn($($oarg),*) -> $oret>, )*
+        }
+
+        impl Api {
+            fn resolve() -> Option<Api> {
+                Some(Api {
+                    $( $field: {
+                        let p = sym(concat!($sym, "\0"));
+                        if p.is_null() { return None; }
+                        // SAFETY: the symbol of this name is this C function in
+                        // every CPython 3.8-3.13 (see the module comment).
+                        unsafe { core::mem::transmute::<*mut c_void, unsafe extern "C" fn($($arg),*) -> $ret>(p) }
+                    }, )*
+                    $( $ofield: {
+                        let mut found = None;
+                        for s in [$(concat!($osym, "\0")),+] {
+                            let p = sym(s);
+                            if !p.is_null() {
+                                // SAFETY: as above, for every name listed.
+                                found = Some(unsafe { core::mem::transmute::<*mut c_void, unsafe extern "C" fn($($oarg),*) -> $oret>(p) });
+                                break;
+                            }
+                        }
+                        found
+                    }, )*
+                })
+            }
+        }
+    };
+}
+
+api! {
+    required {
+    /// `int Py_IsInitialized(void)`: callable without the GIL.
+    is_initialized: "Py_IsInitialized" => fn() -> c_int;
+    /// `const char *Py_GetVersion(void)`: a static string.
+    get_version: "Py_GetVersion" => fn() -> *const c_char;
+    /// `int Py_AddPendingCall(int (*)(void *), void *)`: callable without the
+    /// GIL and without a thread state, from any thread.
+    add_pending_call: "Py_AddPendingCall" => fn(PendingFn, *mut c_void) -> c_int;
+    /// `PyObject *PyImport_GetModuleDict(void)`: borrowed `sys.modules`.
+    import_get_module_dict: "PyImport_GetModuleDict" => fn() -> *mut PyObject;
+    /// `PyObject *PyDict_GetItemString(PyObject *, const char *)`: borrowed,
+    /// no exception on a missing key.
+    dict_get_item_string: "PyDict_GetItemString" => fn(*mut PyObject, *const c_char) -> *mut PyObject;
+    /// `PyObject *PySys_GetObject(const char *)`: borrowed `sys.<name>`.
+    sys_get_object: "PySys_GetObject" => fn(*const c_char) -> *mut PyObject;
+    /// `PyObject *PyObject_GetAttrString(PyObject *, const char *)`: new.
+    get_attr_string: "PyObject_GetAttrString" => fn(*mut PyObject, *const c_char) -> *mut PyObject;
+    /// `PyObject *PyObject_Call(PyObject *, PyObject *args, PyObject *kw)`: new.
+    call: "PyObject_Call" => fn(*mut PyObject, *mut PyObject, *mut PyObject) -> *mut PyObject;
+    /// `int PyObject_IsTrue(PyObject *)`: -1 on error.
+    is_true: "PyObject_IsTrue" => fn(*mut PyObject) -> c_int;
+    /// `PyObject *PyObject_Str(PyObject *)`: new.
+    str_: "PyObject_Str" => fn(*mut PyObject) -> *mut PyObject;
+    /// `PyObject *PyTuple_New(Py_ssize_t)`: new.
+    tuple_new: "PyTuple_New" => fn(isize) -> *mut PyObject;
+    /// `int PyTuple_SetItem(PyObject *, Py_ssize_t, PyObject *)`: steals.
+    tuple_set_item: "PyTuple_SetItem" => fn(*mut PyObject, isize, *mut PyObject) -> c_int;
+    /// `Py_ssize_t PySequence_Size(PyObject *)`.
+    sequence_size: "PySequence_Size" => fn(*mut PyObject) -> isize;
+    /// `PyObject *PySequence_GetItem(PyObject *, Py_ssize_t)`: new.
+    sequence_get_item: "PySequence_GetItem" => fn(*mut PyObject, isize) -> *mut PyObject;
+    /// `PyObject *PyMapping_GetItemString(PyObject *, const char *)`: new.
+    mapping_get_item_string: "PyMapping_GetItemString" => fn(*mut PyObject, *const c_char) -> *mut PyObject;
+    /// `PyObject *PyLong_FromLongLong(long long)`: new.
+    long_from_i64: "PyLong_FromLongLong" => fn(i64) -> *mut PyObject;
+    /// `long long PyLong_AsLongLong(PyObject *)`: -1 and an exception on error.
+    long_as_i64: "PyLong_AsLongLong" => fn(*mut PyObject) -> i64;
+    /// `const char *PyUnicode_AsUTF8(PyObject *)`.
+    unicode_as_utf8: "PyUnicode_AsUTF8" => fn(*mut PyObject) -> *const c_char;
+    /// `PyObject *PyErr_Occurred(void)`: borrowed.
+    err_occurred: "PyErr_Occurred" => fn() -> *mut PyObject;
+    /// `void PyErr_Fetch(PyObject **, PyObject **, PyObject **)`.
+    err_fetch: "PyErr_Fetch" => fn(*mut *mut PyObject, *mut *mut PyObject, *mut *mut PyObject) -> ();
+    /// `void PyErr_Restore(PyObject *, PyObject *, PyObject *)`: steals.
+    err_restore: "PyErr_Restore" => fn(*mut PyObject, *mut PyObject, *mut PyObject) -> ();
+    /// `void Py_DecRef(PyObject *)` (NULL is allowed).
+    dec_ref: "Py_DecRef" => fn(*mut PyObject) -> ();
+    /// `void Py_IncRef(PyObject *)`.
+    inc_ref: "Py_IncRef" => fn(*mut PyObject) -> ();
+    /// `PyObject *PyCFunction_NewEx(PyMethodDef *, PyObject *self, PyObject *module)`.
+    cfunction_new_ex: "PyCFunction_NewEx" => fn(*const PyMethodDef, *mut PyObject, *mut PyObject) -> *mut PyObject;
+    /// `Py_ssize_t PyGC_Collect(void)`: a full collection (no-op if disabled).
+    gc_collect: "PyGC_Collect" => fn() -> isize;
+    /// `PyInterpreterState *PyInterpreterState_Main(void)`.
+    interp_main: "PyInterpreterState_Main" => fn() -> *mut c_void;
+    /// `PyThreadState *PyInterpreterState_ThreadHead(PyInterpreterState *)`.
+    interp_thread_head: "PyInterpreterState_ThreadHead" => fn(*mut c_void) -> *mut c_void;
+    /// `PyThreadState *PyThreadState_Next(PyThreadState *)`.
+    thread_next: "PyThreadState_Next" => fn(*mut c_void) -> *mut c_void;
+    }
+    optional {
+        /// `int Py_IsFinalizing(void)` (3.13) or `_Py_IsFinalizing` (3.8-3.12):
+        /// an atomic read, callable without the GIL.
+        is_finalizing: ["Py_IsFinalizing", "_Py_IsFinalizing"] => fn() -> c_int;
+        /// `int PyGC_IsEnabled(void)` (3.10+).
+        gc_is_enabled: ["PyGC_IsEnabled"] => fn() -> c_int;
+        /// `int PyGC_Enable(void)` (3.10+): returns the previous state.
+        gc_enable: ["PyGC_Enable"] => fn() -> c_int;
+        /// `int PyGC_Disable(void)` (3.10+): returns the previous state.
+        gc_disable: ["PyGC_Disable"] => fn() -> c_int;
+        /// `int _PyObject_DebugMallocStats(FILE *)`: what
+        /// `sys._debugmallocstats()` prints, to any stream; 0 if pymalloc is
+        /// not in use.
+        debug_malloc_stats: ["_PyObject_DebugMallocStats"] => fn(*mut libc::FILE) -> c_int;
+        /// `int PyUnstable_AtExit(PyInterpreterState *, void (*)(void *), void *)`
+        /// (3.13), `_Py_AtExit` (3.12): a C callback run while the
+        /// interpreter is cleared, before it is freed.
+        at_exit: ["PyUnstable_AtExit", "_Py_AtExit"] => fn(*mut c_void, AtExitFn, *mut c_void) -> c_int;
+    }
+}
+
+fn sym(name_nul: &str) -> *mut c_void {
+    // SAFETY: `name_nul` is NUL-terminated (built with concat!(.., "\0")).
+    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name_nul.as_ptr().cast()) }
+}
+
+static API: OnceLock<Api> = OnceLock::new();
+/// Address of `_Py_NoneStruct` (`None`), a data symbol.
+static NONE: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
+
+/// The interpreter's API, resolving it if not done yet. `None`: no CPython
+/// in the global scope. Call on the shim's thread only (see module comment).
+pub fn api() -> Option<&'static Api> {
+    if let Some(a) = API.get() {
+        return Some(a);
+    }
+    // Cheap negative answer for the common case (no Python at all).
+    if sym("Py_IsInitialized\0").is_null() {
+        return None;
+    }
+    let a = Api::resolve()?;
+    NONE.store(sym("_Py_NoneStruct\0") as usize, core::sync::atomic::Ordering::Release);
+    Some(API.get_or_init(|| a))
+}
+
+/// The API if it was resolved before. For the main-thread side, which runs
+/// only after the shim's thread resolved it.
+pub fn resolved() -> Option<&'static Api> {
+    API.get()
+}
+
+impl Api {
+    /// `Py_IsInitialized() && !Py_IsFinalizing()`. Callable without the GIL.
+    pub fn usable(&self) -> Result<(), memshim_proto::PythonUnavailable> {
+        use memshim_proto::PythonUnavailable as U;
+        // SAFETY: both are plain reads of the runtime's state, documented
+        // callable at any time, without the GIL or a thread state.
+        unsafe {
+            if (self.is_initialized)() == 0 {
+                return Err(U::NotInitialized);
+            }
+            if self.is_finalizing.is_some_and(|f| f() != 0) {
+                return Err(U::Finalizing);
+            }
+        }
+        Ok(())
+    }
+
+    /// `Py_GetVersion()` up to the first space, e.g. "3.11.7".
+    pub fn version(&self) -> String {
+        // SAFETY: returns a pointer to a static NUL-terminated string
+        // (callable at any time per the docs).
+        let full = unsafe { core::ffi::CStr::from_ptr((self.get_version)()) };
+        let s = full.to_string_lossy();
+        s.split_whitespace().next().unwrap_or("").to_owned()
+    }
+
+    /// Address of `None` (null if the symbol is missing).
+    pub fn none(&self) -> *mut PyObject {
+        NONE.load(core::sync::atomic::Ordering::Acquire) as *mut PyObject
+    }
+}
+
+/// (major, minor) of a version string such as "3.11.7" or "3.13.0rc1".
+pub fn major_minor(v: &str) -> Option<(u32, u32)> {
+    let mut it = v.split('.');
+    let ma = it.next()?.parse().ok()?;
+    let mi: String = it.next()?.chars().take_while(|c| c.is_ascii_digit()).collect();
+    Some((ma, mi.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_versions() {
+        assert_eq!(major_minor("3.11.7"), Some((3, 11)));
+        assert_eq!(major_minor("3.13.0rc1"), Some((3, 13)));
+        assert_eq!(major_minor("3.14"), Some((3, 14)));
+        assert_eq!(major_minor("x"), None);
+    }
+}

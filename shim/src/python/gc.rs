@@ -1,0 +1,111 @@
+//! The `python` section of `stats`, and the `gc` action. Main thread, GIL
+//! held (called from `mainthread.rs`). Never imports a module: `gc` and
+//! `threading` are used only if the program imported them.
+
+use super::object::{Obj, Py, PyResult};
+use super::pymalloc;
+use memshim_proto::{GcResult, PythonSection};
+use std::time::Instant;
+
+/// Reads the `python` section.
+pub fn section(py: &Py) -> PyResult<PythonSection> {
+    let api = py.api();
+    let mut s = PythonSection { version: api.version(), ..Default::default() };
+    if let Some(flags) = py.sys_attr(c"abiflags") {
+        s.free_threaded = py.to_string(&flags)?.contains('t');
+    }
+    match py.imported(c"gc") {
+        Some(gc) => {
+            s.gc_enabled = py.to_bool(&py.call_method(&gc, c"isenabled", &[])?)?;
+            s.gc_counts = Some(py.triple(&py.call_method(&gc, c"get_count", &[])?)?);
+            s.gc_thresholds = Some(py.triple(&py.call_method(&gc, c"get_threshold", &[])?)?);
+            s.gc_collections = Some(collections(py, &gc)?);
+        }
+        // SAFETY: GIL held; PyGC_IsEnabled (3.10+) reads a flag. Before
+        // 3.10 the collector can only be disabled through the gc module.
+        None => s.gc_enabled = api.gc_is_enabled.is_none_or(|f| unsafe { f() } != 0),
+    }
+    if let Some(f) = py.sys_attr(c"getallocatedblocks") {
+        s.allocated_blocks = py.to_u64(&py.call(&f, &[])?)?;
+    }
+    s.threads = match py.imported(c"threading") {
+        Some(t) => py.to_u64(&py.call_method(&t, c"active_count", &[])?)?,
+        None => thread_states(py),
+    };
+    s.pymalloc_arena_bytes = pymalloc::arena_bytes(api);
+    Ok(s)
+}
+
+/// `[gc.get_stats()[i]["collections"] for i in 0..3]`.
+fn collections(py: &Py, gc: &Obj<'_>) -> PyResult<[u64; 3]> {
+    let stats = py.call_method(gc, c"get_stats", &[])?;
+    let mut out = [0u64; 3];
+    let n = py.len(&stats)?.min(3);
+    for (i, slot) in out.iter_mut().enumerate().take(n) {
+        let gen_stats = py.index(&stats, i as isize)?;
+        *slot = py.to_u64(&py.item(&gen_stats, c"collections")?)?;
+    }
+    Ok(out)
+}
+
+/// Thread states of the main interpreter (for programs that never imported
+/// `threading`).
+fn thread_states(py: &Py) -> u64 {
+    let api = py.api();
+    let mut n = 0;
+    // SAFETY: GIL held, which keeps the thread-state list stable in a
+    // build with a GIL; these functions only walk that list.
+    unsafe {
+        let mut t = (api.interp_thread_head)((api.interp_main)());
+        while !t.is_null() && n < 1_000_000 {
+            n += 1;
+            t = (api.thread_next)(t);
+        }
+    }
+    n
+}
+
+/// RSS of this process in bytes, from `/proc/self/statm`.
+pub fn rss() -> u64 {
+    let mut buf = [0u8; 128];
+    let Some(len) = crate::sys::read_file(c"/proc/self/statm", &mut buf) else {
+        return 0;
+    };
+    let pages = buf[..len].split(|&b| b == b' ').nth(1).and_then(crate::sys::parse_u64).unwrap_or(0);
+    // SAFETY: sysconf has no memory-safety preconditions.
+    pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64
+}
+
+/// A full collection, like `gc.collect()`, even if the program disabled
+/// the collector.
+pub fn collect(py: &Py) -> PyResult<GcResult> {
+    let api = py.api();
+    let rss_before = rss();
+    let t0 = Instant::now();
+    let collected = match py.imported(c"gc") {
+        Some(gc) => py.to_u64(&py.call_method(&gc, c"collect", &[])?)?,
+        // SAFETY: GIL held. PyGC_Collect does nothing while the collector
+        // is disabled, so enable it around the call and restore the state
+        // (3.10+; before 3.10 it can only be disabled through `gc`).
+        None => unsafe {
+            let was_enabled = api.gc_is_enabled.is_none_or(|f| f() != 0);
+            if !was_enabled && let Some(enable) = api.gc_enable {
+                enable();
+            }
+            let n = (api.gc_collect)();
+            if !was_enabled && let Some(disable) = api.gc_disable {
+                disable();
+            }
+            if n < 0 {
+                return Err(py.take_error());
+            }
+            n as u64
+        },
+    };
+    // What the collection freed on this (the main) thread sits partly in
+    // its jemalloc thread cache, which a purge from the shim's thread cannot
+    // reach (hazard 44); hand it back to the arenas.
+    let _ = crate::jemalloc::flush_own_tcache();
+    let elapsed_ms = t0.elapsed().as_secs_f64() * 1000.0;
+    Ok(GcResult { collected, rss_before, rss_after: rss(), elapsed_ms })
+}

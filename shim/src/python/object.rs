@@ -1,0 +1,255 @@
+//! Owned references and small helpers over the C API, for code that holds
+//! the GIL (the pending call on the main thread, `mainthread.rs`).
+//!
+//! Every failure inside Python comes back as `Err(text)` with the exception
+//! fetched and cleared, so nothing is left set for the host's code.
+
+use super::ffi::{Api, PyObject};
+use core::ffi::CStr;
+
+/// Proof that the calling thread holds the GIL, plus the API.
+pub struct Py {
+    api: &'static Api,
+}
+
+/// An owned (strong) reference; released on drop.
+pub struct Obj<'p> {
+    ptr: *mut PyObject,
+    py: &'p Py,
+}
+
+impl Drop for Obj<'_> {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` is a strong reference we own, and the GIL is held
+        // (an `Obj` cannot outlive the `Py` it came from).
+        unsafe { (self.py.api.dec_ref)(self.ptr) }
+    }
+}
+
+impl Obj<'_> {
+    /// The raw pointer (still owned by `self`).
+    pub fn as_ptr(&self) -> *mut PyObject {
+        self.ptr
+    }
+}
+
+/// Result of a Python-level operation: the exception's text on failure.
+pub type PyResult<T> = Result<T, String>;
+
+impl Py {
+    /// # Safety
+    /// The calling thread must hold the GIL (or be attached, in a
+    /// free-threaded build) for as long as the returned value lives.
+    pub unsafe fn assume_attached(api: &'static Api) -> Py {
+        Py { api }
+    }
+
+    /// The API.
+    pub fn api(&self) -> &'static Api {
+        self.api
+    }
+
+    fn own(&self, ptr: *mut PyObject) -> PyResult<Obj<'_>> {
+        if ptr.is_null() { Err(self.take_error()) } else { Ok(Obj { ptr, py: self }) }
+    }
+
+    /// Takes ownership of a new reference (NULL: the pending exception).
+    ///
+    /// # Safety
+    /// `ptr` is NULL or a strong reference the caller owns and gives up.
+    pub unsafe fn adopt(&self, ptr: *mut PyObject) -> PyResult<Obj<'_>> {
+        self.own(ptr)
+    }
+
+    /// A new reference to a borrowed pointer.
+    fn own_borrowed(&self, ptr: *mut PyObject) -> Obj<'_> {
+        // SAFETY: `ptr` is a live object (borrowed from a container that
+        // keeps it alive while we hold the GIL).
+        unsafe { (self.api.inc_ref)(ptr) };
+        Obj { ptr, py: self }
+    }
+
+    /// `sys.modules[name]` if the program has imported it. Never imports.
+    pub fn imported(&self, name: &CStr) -> Option<Obj<'_>> {
+        // SAFETY: GIL held; both return borrowed references (or NULL without
+        // an exception for a missing key).
+        let m = unsafe {
+            let modules = (self.api.import_get_module_dict)();
+            if modules.is_null() {
+                return None;
+            }
+            (self.api.dict_get_item_string)(modules, name.as_ptr())
+        };
+        (!m.is_null() && m != self.api.none()).then(|| self.own_borrowed(m))
+    }
+
+    /// `sys.<name>` (borrowed from `sys`, returned as a new reference).
+    pub fn sys_attr(&self, name: &CStr) -> Option<Obj<'_>> {
+        // SAFETY: GIL held; borrowed result or NULL (no exception).
+        let p = unsafe { (self.api.sys_get_object)(name.as_ptr()) };
+        (!p.is_null()).then(|| self.own_borrowed(p))
+    }
+
+    /// `o.name`.
+    pub fn attr<'p>(&'p self, o: &Obj<'_>, name: &CStr) -> PyResult<Obj<'p>> {
+        // SAFETY: GIL held, live object, NUL-terminated name.
+        self.own(unsafe { (self.api.get_attr_string)(o.ptr, name.as_ptr()) })
+    }
+
+    /// `o[key]` for a mapping.
+    pub fn item<'p>(&'p self, o: &Obj<'_>, key: &CStr) -> PyResult<Obj<'p>> {
+        // SAFETY: GIL held, live object, NUL-terminated key.
+        self.own(unsafe { (self.api.mapping_get_item_string)(o.ptr, key.as_ptr()) })
+    }
+
+    /// `o[i]` for a sequence.
+    pub fn index<'p>(&'p self, o: &Obj<'_>, i: isize) -> PyResult<Obj<'p>> {
+        // SAFETY: GIL held, live object.
+        self.own(unsafe { (self.api.sequence_get_item)(o.ptr, i) })
+    }
+
+    /// `len(o)` for a sequence.
+    pub fn len(&self, o: &Obj<'_>) -> PyResult<usize> {
+        // SAFETY: GIL held, live object.
+        let n = unsafe { (self.api.sequence_size)(o.ptr) };
+        if n < 0 { Err(self.take_error()) } else { Ok(n as usize) }
+    }
+
+    /// `f(*args)`; args are borrowed.
+    pub fn call<'p>(&'p self, f: &Obj<'_>, args: &[*mut PyObject]) -> PyResult<Obj<'p>> {
+        // SAFETY: GIL held; PyTuple_SetItem steals, so each argument gets a
+        // new reference first; the tuple is released by `Obj`.
+        unsafe {
+            let t = self.own((self.api.tuple_new)(args.len() as isize))?;
+            for (i, &a) in args.iter().enumerate() {
+                (self.api.inc_ref)(a);
+                if (self.api.tuple_set_item)(t.ptr, i as isize, a) != 0 {
+                    return Err(self.take_error());
+                }
+            }
+            self.own((self.api.call)(f.ptr, t.ptr, core::ptr::null_mut()))
+        }
+    }
+
+    /// `o.name(*args)`.
+    pub fn call_method<'p>(&'p self, o: &Obj<'_>, name: &CStr, args: &[*mut PyObject]) -> PyResult<Obj<'p>> {
+        let f = self.attr(o, name)?;
+        self.call(&f, args)
+    }
+
+    /// A Python int.
+    pub fn int(&self, v: i64) -> PyResult<Obj<'_>> {
+        // SAFETY: GIL held.
+        self.own(unsafe { (self.api.long_from_i64)(v) })
+    }
+
+    /// `int(o)` as u64 (negative values become 0).
+    pub fn to_u64(&self, o: &Obj<'_>) -> PyResult<u64> {
+        // SAFETY: GIL held, live object.
+        let v = unsafe { (self.api.long_as_i64)(o.ptr) };
+        // SAFETY: GIL held.
+        if v == -1 && unsafe { !(self.api.err_occurred)().is_null() } {
+            return Err(self.take_error());
+        }
+        Ok(v.max(0) as u64)
+    }
+
+    /// `bool(o)`.
+    pub fn to_bool(&self, o: &Obj<'_>) -> PyResult<bool> {
+        // SAFETY: GIL held, live object.
+        match unsafe { (self.api.is_true)(o.ptr) } {
+            r if r < 0 => Err(self.take_error()),
+            r => Ok(r != 0),
+        }
+    }
+
+    /// `str(o)`.
+    pub fn to_string(&self, o: &Obj<'_>) -> PyResult<String> {
+        // SAFETY: GIL held, live object.
+        let s = self.own(unsafe { (self.api.str_)(o.ptr) })?;
+        // SAFETY: `s` is a str; the UTF-8 buffer lives as long as `s`.
+        let p = unsafe { (self.api.unicode_as_utf8)(s.ptr) };
+        if p.is_null() {
+            return Err(self.take_error());
+        }
+        // SAFETY: NUL-terminated, valid while `s` is alive (copied here).
+        Ok(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+    }
+
+    /// A 3-sequence of ints, such as `gc.get_count()`.
+    pub fn triple(&self, o: &Obj<'_>) -> PyResult<[u64; 3]> {
+        let mut out = [0u64; 3];
+        let n = self.len(o)?.min(3);
+        for (i, slot) in out.iter_mut().enumerate().take(n) {
+            *slot = self.to_u64(&self.index(o, i as isize)?)?;
+        }
+        Ok(out)
+    }
+
+    /// Fetches and clears the current exception as "Type: message".
+    pub fn take_error(&self) -> String {
+        let (mut t, mut v, mut tb) = (core::ptr::null_mut(), core::ptr::null_mut(), core::ptr::null_mut());
+        // SAFETY: GIL held; out-pointers are locals; we then own the three
+        // references (any may be NULL) and release them below.
+        unsafe { (self.api.err_fetch)(&mut t, &mut v, &mut tb) };
+        if t.is_null() {
+            return "unknown error (no exception set)".to_owned();
+        }
+        let ty = Obj { ptr: t, py: self };
+        let name = self
+            .attr(&ty, c"__name__")
+            .and_then(|n| self.to_string(&n))
+            .unwrap_or_else(|_| "Exception".to_owned());
+        let msg = if v.is_null() {
+            String::new()
+        } else {
+            let val = Obj { ptr: v, py: self };
+            self.to_string(&val).unwrap_or_default()
+        };
+        if !tb.is_null() {
+            drop(Obj { ptr: tb, py: self });
+        }
+        // A failure while formatting must not stay set either.
+        // SAFETY: GIL held.
+        unsafe {
+            if !(self.api.err_occurred)().is_null() {
+                let (mut a, mut b, mut c) = (core::ptr::null_mut(), core::ptr::null_mut(), core::ptr::null_mut());
+                (self.api.err_fetch)(&mut a, &mut b, &mut c);
+                for p in [a, b, c] {
+                    (self.api.dec_ref)(p);
+                }
+            }
+        }
+        let mut text = if msg.is_empty() { name } else { format!("{name}: {msg}") };
+        text.truncate(400);
+        text
+    }
+}
+
+/// The host's pending exception, set aside while the bridge works and put
+/// back afterwards, so the bridge never changes what the host sees.
+pub struct SavedError {
+    parts: [*mut PyObject; 3],
+}
+
+impl SavedError {
+    /// Sets aside the current exception (if any).
+    pub fn save(py: &Py) -> SavedError {
+        let mut parts = [core::ptr::null_mut(); 3];
+        let [a, b, c] = &mut parts;
+        // SAFETY: GIL held; out-pointers are locals.
+        unsafe { (py.api.err_fetch)(a, b, c) };
+        SavedError { parts }
+    }
+
+    /// Puts it back (clearing anything the bridge left, which it never should).
+    pub fn restore(self, py: &Py) {
+        // SAFETY: GIL held; PyErr_Restore steals the three references we own.
+        unsafe {
+            if !(py.api.err_occurred)().is_null() {
+                let _ = py.take_error();
+            }
+            (py.api.err_restore)(self.parts[0], self.parts[1], self.parts[2]);
+        }
+    }
+}
