@@ -154,6 +154,15 @@ api! {
     interp_thread_head: "PyInterpreterState_ThreadHead" => fn(*mut c_void) -> *mut c_void;
     /// `PyThreadState *PyThreadState_Next(PyThreadState *)`.
     thread_next: "PyThreadState_Next" => fn(*mut c_void) -> *mut c_void;
+    /// `PyThreadState *PyEval_SaveThread(void)`: releases the GIL.
+    save_thread: "PyEval_SaveThread" => fn() -> *mut c_void;
+    /// `void PyEval_RestoreThread(PyThreadState *)`: takes it back.
+    restore_thread: "PyEval_RestoreThread" => fn(*mut c_void) -> ();
+    /// `PyGILState_STATE PyGILState_Ensure(void)` (blocks until it has the
+    /// GIL; see `nudge.rs` for the only use).
+    gil_ensure: "PyGILState_Ensure" => fn() -> c_int;
+    /// `void PyGILState_Release(PyGILState_STATE)`.
+    gil_release: "PyGILState_Release" => fn(c_int) -> ();
     }
     optional {
         /// `int Py_IsFinalizing(void)` (3.13) or `_Py_IsFinalizing` (3.8-3.12):

@@ -49,6 +49,12 @@ pub fn enter() -> bool {
     true
 }
 
+/// A fork child starts with nothing in flight (the threads that were are
+/// not in it). Called on the shim's thread when it adopts the state.
+pub fn after_fork() {
+    IN_FLIGHT.store(0, SeqCst);
+}
+
 /// Shim's thread: done with the call [`enter`] allowed.
 pub fn leave() {
     IN_FLIGHT.fetch_sub(1, SeqCst);
@@ -71,13 +77,26 @@ fn close() {
 }
 
 unsafe extern "C" fn atexit_hook(_self: *mut PyObject, _unused: *mut PyObject) -> *mut PyObject {
-    close();
-    match ffi::resolved() {
-        // SAFETY: called by CPython with the GIL held; returns a new
-        // reference (None would do as well, an int needs no symbol).
-        Some(api) => unsafe { (api.long_from_i64)(0) },
-        None => core::ptr::null_mut(),
+    let Some(api) = ffi::resolved() else {
+        close();
+        return core::ptr::null_mut();
+    };
+    if IN_FLIGHT.load(SeqCst) == 0 {
+        close();
+    } else {
+        // A nudge helper may be queued for the GIL (nudge.rs): let it
+        // through while we wait, as any blocking call in atexit would.
+        // SAFETY: called by CPython on this thread with the GIL held; the
+        // GIL is released and taken back on this thread around a wait
+        // that runs no Python code.
+        unsafe {
+            let ts = (api.save_thread)();
+            close();
+            (api.restore_thread)(ts);
+        }
     }
+    // SAFETY: GIL held; a new reference (the result is ignored by atexit).
+    unsafe { (api.long_from_i64)(0) }
 }
 
 extern "C" fn ll_hook(_: *mut c_void) {

@@ -29,6 +29,7 @@
 
 use super::ffi;
 use super::gate;
+use super::nudge;
 use super::object::{Py, SavedError};
 use crate::sys;
 use core::cell::UnsafeCell;
@@ -69,6 +70,8 @@ const DONE: u32 = 3;
 /// How long a job that has started may take before the requester stops
 /// waiting for its result (it still completes on the main thread).
 const RUN_LIMIT: Duration = Duration::from_secs(10);
+/// How long to wait for the main thread before nudging it (`nudge.rs`).
+const NUDGE_AFTER: Duration = Duration::from_millis(2);
 
 static PHASE: AtomicU32 = AtomicU32::new(IDLE);
 static OWNER: AtomicI32 = AtomicI32::new(0);
@@ -130,6 +133,7 @@ fn adopt_state() {
         PHASE.store(IDLE, SeqCst);
         // SAFETY: IDLE: the requester (us, the only one) owns the slot.
         unsafe { *SLOT.outcome.get() = None };
+        gate::after_fork();
         OWNER.store(pid, SeqCst);
     }
 }
@@ -145,10 +149,10 @@ pub fn run(job: Job, timeout: Duration) -> Outcome {
     let api = ffi::api().ok_or(PythonUnavailable::NoPython)?;
     api.usable()?;
     let version = api.version();
-    match ffi::major_minor(&version) {
-        Some(v) if ((3, 8)..=(3, 13)).contains(&v) => {}
+    let mm = match ffi::major_minor(&version) {
+        Some(v) if ((3, 8)..=(3, 13)).contains(&v) => v,
         _ => return Err(PythonUnavailable::Unsupported { version }),
-    }
+    };
     if gate::closed() {
         return Err(PythonUnavailable::Finalizing);
     }
@@ -189,11 +193,17 @@ pub fn run(job: Job, timeout: Duration) -> Outcome {
         }
     }
     let deadline = start + timeout;
+    let mut nudge_at = nudge::needed(mm).then(|| Instant::now() + NUDGE_AFTER);
     loop {
         if PHASE.load(SeqCst) != POSTED {
             break;
         }
         let now = Instant::now();
+        if nudge_at.is_some_and(|t| now >= t) {
+            nudge_at = None;
+            nudge::poke(api);
+            continue;
+        }
         if now >= deadline {
             if PHASE.compare_exchange(POSTED, IDLE, SeqCst, SeqCst).is_ok() {
                 // Abandoned: a late callback will find nothing to do.
@@ -201,7 +211,8 @@ pub fn run(job: Job, timeout: Duration) -> Outcome {
             }
             break;
         }
-        futex_wait(POSTED, deadline - now);
+        let until = nudge_at.map_or(deadline, |t| t.min(deadline));
+        futex_wait(POSTED, until.saturating_duration_since(now));
     }
     let run_deadline = Instant::now() + RUN_LIMIT.max(timeout);
     loop {

@@ -13,6 +13,7 @@
 //!
 //! * `ffi.rs`: the hand-declared C-API slice, resolved with `dlsym`.
 //! * `mainthread.rs`: the pending-call state machine.
+//! * `nudge.rs`: making a busy 3.9-3.12 main thread notice the call.
 //! * `gate.rs`: the exit gate (no call into CPython once it shuts down).
 //! * `object.rs`: owned references, exceptions fetched and cleared.
 //! * `gc.rs`, `pymalloc.rs`: the `python` section and the `gc` action.
@@ -22,6 +23,7 @@ mod ffi;
 mod gate;
 mod gc;
 mod mainthread;
+mod nudge;
 mod object;
 mod pymalloc;
 mod torch;
