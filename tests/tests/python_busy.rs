@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 fn is_busy(r: &Response) -> bool {
     match r {
         Response::Error(e) => matches!(e.python, Some(PythonUnavailable::Busy { .. })),
-        Response::Ok(Reply::Stats(s)) => matches!(s.python_unavailable, Some(PythonUnavailable::Busy { .. })),
+        Response::Ok(Reply::Stats(s)) => {
+            matches!(s.python_unavailable, Some(PythonUnavailable::Busy { .. }))
+        }
         _ => false,
     }
 }
@@ -25,7 +27,13 @@ fn wait_in_sleep(pid: i32) {
     memshim_tests::wait_until(Duration::from_secs(10), || {
         let s = std::fs::read_to_string(format!("/proc/{pid}/syscall")).ok()?;
         let nr: u64 = s.split_whitespace().next()?.parse().ok()?;
-        [libc::SYS_clock_nanosleep, libc::SYS_nanosleep, libc::SYS_select].contains(&(nr as i64)).then_some(())
+        [
+            libc::SYS_clock_nanosleep,
+            libc::SYS_nanosleep,
+            libc::SYS_select,
+        ]
+        .contains(&(nr as i64))
+        .then_some(())
     })
     .expect("the main thread never entered time.sleep");
 }
@@ -33,7 +41,8 @@ fn wait_in_sleep(pid: i32) {
 #[test]
 fn main_thread_asleep_gets_bounded_busy_and_nothing_runs_late() {
     let dir = socket_dir("busy-sleep");
-    let mut child = shimmed_python(&python(), &fixture_py("py_host.py"), &["--gc-off"], &dir).spawn();
+    let mut child =
+        shimmed_python(&python(), &fixture_py("py_host.py"), &["--gc-off"], &dir).spawn();
     child.wait_for_line("ready", Duration::from_secs(30));
     let sock = socket_of(&dir, child.pid());
     child.send("sleep 30");
@@ -41,7 +50,13 @@ fn main_thread_asleep_gets_bounded_busy_and_nothing_runs_late() {
     wait_in_sleep(child.pid());
 
     let t = Instant::now();
-    let r = request(&sock, &Request::Stats { arenas: false, pss: false });
+    let r = request(
+        &sock,
+        &Request::Stats {
+            arenas: false,
+            pss: false,
+        },
+    );
     let stats_ms = t.elapsed().as_millis();
     assert!(is_busy(&r), "{r:?}");
     assert!(stats_ms < 2_000, "stats took {stats_ms} ms");
@@ -51,7 +66,10 @@ fn main_thread_asleep_gets_bounded_busy_and_nothing_runs_late() {
     let gc_ms = t.elapsed().as_millis();
     assert!(is_busy(&r), "{r:?}");
     assert!(gc_ms < 10_000, "gc took {gc_ms} ms");
-    let _ = writeln!(std::io::stderr(), "main thread in time.sleep(30): stats busy after {stats_ms} ms, gc busy after {gc_ms} ms");
+    let _ = writeln!(
+        std::io::stderr(),
+        "main thread in time.sleep(30): stats busy after {stats_ms} ms, gc busy after {gc_ms} ms"
+    );
 
     child.wait_for_line("sleep: done", Duration::from_secs(40));
     // The withdrawn gc never ran, not even once the main thread woke up.
@@ -64,35 +82,12 @@ fn main_thread_asleep_gets_bounded_busy_and_nothing_runs_late() {
     assert_eq!((out.code, out.stderr.as_str()), (0, ""));
 }
 
-/// Runs `n` gc requests while the main thread spins in pure Python; each
-/// must succeed promptly and run exactly once.
-pub fn spin_serves_each_request_once(py: &std::path::Path, tag: &str, n: u32) -> Vec<u128> {
-    let dir = socket_dir(tag);
-    let mut child = shimmed_python(py, &fixture_py("py_host.py"), &["--gc-off"], &dir).spawn();
-    child.wait_for_line("ready", Duration::from_secs(30));
-    let sock = socket_of(&dir, child.pid());
-    let threads = ask(&mut child, "threads");
-    child.send("spin 8");
-    child.wait_for_line("spinning", Duration::from_secs(10));
-    let mut times = vec![];
-    for _ in 0..n {
-        let t = Instant::now();
-        let r = ok(request(&sock, &Request::Gc));
-        times.push(t.elapsed().as_millis());
-        assert!(matches!(r, Reply::Gc(_)), "{r:?}");
-    }
-    child.wait_for_line("spin: done", Duration::from_secs(30));
-    assert_eq!(ask(&mut child, "full"), format!("full: count={n}"));
-    assert_eq!(ask(&mut child, "threads"), threads);
-    child.send("quit");
-    let out = child.finish(Duration::from_secs(30));
-    assert_eq!((out.code, out.stderr.as_str()), (0, ""));
-    times
-}
-
 #[test]
 fn main_thread_in_a_pure_python_loop_runs_each_request_exactly_once() {
     let times = spin_serves_each_request_once(&python(), "busy-spin", 5);
-    let _ = writeln!(std::io::stderr(), "main thread spinning in pure Python: gc answered in {times:?} ms");
+    let _ = writeln!(
+        std::io::stderr(),
+        "main thread spinning in pure Python: gc answered in {times:?} ms"
+    );
     assert!(times.iter().all(|&t| t < 2_000), "{times:?}");
 }

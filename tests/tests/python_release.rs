@@ -14,7 +14,8 @@ const MIB: u64 = 1024 * 1024;
 #[test]
 fn release_frees_cyclic_garbage_that_purge_alone_cannot() {
     let dir = socket_dir("release");
-    let mut child = shimmed_python(&python(), &fixture_py("py_host.py"), &["--gc-off"], &dir).spawn();
+    let mut child =
+        shimmed_python(&python(), &fixture_py("py_host.py"), &["--gc-off"], &dir).spawn();
     child.wait_for_line("ready", Duration::from_secs(30));
     let pid = child.pid();
     let sock = socket_of(&dir, pid);
@@ -24,7 +25,11 @@ fn release_frees_cyclic_garbage_that_purge_alone_cannot() {
     ask(&mut child, "alloc 256");
     let high = rss_bytes(pid);
     let garbage = high.saturating_sub(base);
-    assert!(garbage > 200 * MIB, "the fixture should hold ~256 MiB of garbage, RSS grew by {:.0} MiB", mib(garbage));
+    assert!(
+        garbage > 200 * MIB,
+        "the fixture should hold ~256 MiB of garbage, RSS grew by {:.0} MiB",
+        mib(garbage)
+    );
 
     // Live-ness: the allocator purge alone cannot free garbage in cycles.
     ok(request(&sock, &Request::Purge));
@@ -36,7 +41,9 @@ fn release_frees_cyclic_garbage_that_purge_alone_cannot() {
         mib(after_purge)
     );
 
-    let Reply::Release(r) = ok(request(&sock, &Request::Release)) else { panic!("not a release reply") };
+    let Reply::Release(r) = ok(request(&sock, &Request::Release)) else {
+        panic!("not a release reply")
+    };
     let after = rss_bytes(pid);
     let _ = writeln!(
         std::io::stderr(),
@@ -47,20 +54,41 @@ fn release_frees_cyclic_garbage_that_purge_alone_cannot() {
         mib(after),
         r.steps
             .iter()
-            .map(|s| format!("{:?} {:.1}->{:.1} MiB {:.1} ms{}", s.step, mib(s.before), mib(s.after), s.elapsed_ms,
-                s.skipped.as_deref().map(|w| format!(" (skipped: {w})")).unwrap_or_default()))
+            .map(|s| format!(
+                "{:?} {:.1}->{:.1} MiB {:.1} ms{}",
+                s.step,
+                mib(s.before),
+                mib(s.after),
+                s.elapsed_ms,
+                s.skipped
+                    .as_deref()
+                    .map(|w| format!(" (skipped: {w})"))
+                    .unwrap_or_default()
+            ))
             .collect::<Vec<_>>()
             .join("; ")
     );
-    assert!(r.steps[0].skipped.is_none(), "gc step skipped: {:?}", r.steps[0]);
+    assert!(
+        r.steps[0].skipped.is_none(),
+        "gc step skipped: {:?}",
+        r.steps[0]
+    );
     let limit = base + garbage * 15 / 100 + 32 * MIB;
-    assert!(after <= limit, "RSS after release {:.1} MiB, limit {:.1} MiB", mib(after), mib(limit));
+    assert!(
+        after <= limit,
+        "RSS after release {:.1} MiB, limit {:.1} MiB",
+        mib(after),
+        mib(limit)
+    );
 
     // The collection ran on the main thread: finalizers saw MainThread and
     // threading.enumerate() is what it was.
     let fin = ask(&mut child, "fin");
     assert!(field::<u64>(&fin, "count") >= 4000, "{fin}");
-    assert!(fin.contains("where=MainThread") && !fin.contains("Dummy"), "{fin}");
+    assert!(
+        fin.contains("where=MainThread") && !fin.contains("Dummy"),
+        "{fin}"
+    );
     assert_eq!(ask(&mut child, "threads"), threads_before);
 
     child.send("quit");
@@ -72,18 +100,40 @@ fn release_frees_cyclic_garbage_that_purge_alone_cannot() {
 #[test]
 fn gc_without_the_gc_module_collects_and_imports_nothing() {
     let dir = socket_dir("nogcmod");
-    let mut child = shimmed_python(&python(), &fixture_py("py_host.py"), &["--no-gc-module"], &dir).spawn();
+    let mut child = shimmed_python(
+        &python(),
+        &fixture_py("py_host.py"),
+        &["--no-gc-module"],
+        &dir,
+    )
+    .spawn();
     child.wait_for_line("ready", Duration::from_secs(30));
     let sock = socket_of(&dir, child.pid());
     ask(&mut child, "alloc 8");
-    let Reply::Gc(g) = ok(request(&sock, &Request::Gc)) else { panic!("not a gc reply") };
+    let Reply::Gc(g) = ok(request(&sock, &Request::Gc)) else {
+        panic!("not a gc reply")
+    };
     // The collector is on, so it already took some of the garbage itself.
     assert!(g.collected > 0, "collected {}", g.collected);
-    let Reply::Stats(s) = ok(request(&sock, &Request::Stats { arenas: false, pss: false })) else { panic!() };
+    let Reply::Stats(s) = ok(request(
+        &sock,
+        &Request::Stats {
+            arenas: false,
+            pss: false,
+        },
+    )) else {
+        panic!()
+    };
     let p = s.python.expect("python section");
-    assert_eq!(p.gc_counts, None, "gc figures need the gc module, which the program did not import");
+    assert_eq!(
+        p.gc_counts, None,
+        "gc figures need the gc module, which the program did not import"
+    );
     assert!(p.gc_enabled);
-    assert!(ask(&mut child, "has gc").contains("gc=False"), "the bridge imported gc");
+    assert!(
+        ask(&mut child, "has gc").contains("gc=False"),
+        "the bridge imported gc"
+    );
     child.send("quit");
     let out = child.finish(Duration::from_secs(30));
     assert_eq!(out.stderr, "");

@@ -205,7 +205,10 @@ pub fn api() -> Option<&'static Api> {
         return None;
     }
     let a = Api::resolve()?;
-    NONE.store(sym("_Py_NoneStruct\0") as usize, core::sync::atomic::Ordering::Release);
+    NONE.store(
+        sym("_Py_NoneStruct\0") as usize,
+        core::sync::atomic::Ordering::Release,
+    );
     Some(API.get_or_init(|| a))
 }
 
@@ -251,7 +254,11 @@ impl Api {
 pub fn major_minor(v: &str) -> Option<(u32, u32)> {
     let mut it = v.split('.');
     let ma = it.next()?.parse().ok()?;
-    let mi: String = it.next()?.chars().take_while(|c| c.is_ascii_digit()).collect();
+    let mi: String = it
+        .next()?
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
     Some((ma, mi.parse().ok()?))
 }
 

@@ -36,8 +36,9 @@ static IN_FLIGHT: AtomicU32 = AtomicU32::new(0);
 /// 0: no hook yet; 1: atexit module; 2: C-level interpreter hook.
 static HOOK: AtomicU8 = AtomicU8::new(0);
 
-/// How long the hook waits for a call in flight (it takes microseconds).
-const CLOSE_WAIT_MS: u64 = 1000;
+/// How long the hook waits for calls in flight: `Py_AddPendingCall` takes
+/// microseconds; a nudge helper needs the GIL, which the hook releases.
+const CLOSE_WAIT_MS: u64 = 5000;
 
 /// Shim's thread: may it call into CPython now? Pair with [`leave`].
 pub fn enter() -> bool {
@@ -55,6 +56,16 @@ pub fn after_fork() {
     IN_FLIGHT.store(0, SeqCst);
 }
 
+/// Whether a nudge helper (`nudge.rs`) may be started: only once the hook
+/// is the `atexit` one, which runs before the runtime is marked finalizing
+/// and lets a helper that waits for the GIL through. (A helper still
+/// waiting once the runtime is finalizing would be ended by CPython with
+/// `pthread_exit`, a forced unwind that aborts in a `panic = "abort"`
+/// library.)
+pub fn nudge_allowed() -> bool {
+    HOOK.load(SeqCst) == 1 && !CLOSED.load(SeqCst)
+}
+
 /// Shim's thread: done with the call [`enter`] allowed.
 pub fn leave() {
     IN_FLIGHT.fetch_sub(1, SeqCst);
@@ -70,7 +81,10 @@ fn close() {
     CLOSED.store(true, SeqCst);
     let deadline = crate::sys::monotonic_ms() + CLOSE_WAIT_MS;
     while IN_FLIGHT.load(SeqCst) != 0 && crate::sys::monotonic_ms() < deadline {
-        let ts = libc::timespec { tv_sec: 0, tv_nsec: 100_000 };
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 100_000,
+        };
         // SAFETY: sleeping on a local timespec.
         unsafe { libc::nanosleep(&ts, core::ptr::null_mut()) };
     }
@@ -120,7 +134,9 @@ pub fn ensure_hook(py: &Py) {
     if let Some(atexit) = py.imported(c"atexit") {
         // SAFETY: GIL held; HOOK_DEF is static, so the function object may
         // outlive any stack frame; NULL self/module are allowed.
-        let f = unsafe { (api.cfunction_new_ex)(&HOOK_DEF, core::ptr::null_mut(), core::ptr::null_mut()) };
+        let f = unsafe {
+            (api.cfunction_new_ex)(&HOOK_DEF, core::ptr::null_mut(), core::ptr::null_mut())
+        };
         // SAFETY: a new reference (or NULL with an exception), ours to give.
         let Ok(f) = (unsafe { py.adopt(f) }) else {
             return;

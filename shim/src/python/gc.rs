@@ -10,7 +10,10 @@ use std::time::Instant;
 /// Reads the `python` section.
 pub fn section(py: &Py) -> PyResult<PythonSection> {
     let api = py.api();
-    let mut s = PythonSection { version: api.version(), ..Default::default() };
+    let mut s = PythonSection {
+        version: api.version(),
+        ..Default::default()
+    };
     if let Some(flags) = py.sys_attr(c"abiflags") {
         s.free_threaded = py.to_string(&flags)?.contains('t');
     }
@@ -71,7 +74,11 @@ pub fn rss() -> u64 {
     let Some(len) = crate::sys::read_file(c"/proc/self/statm", &mut buf) else {
         return 0;
     };
-    let pages = buf[..len].split(|&b| b == b' ').nth(1).and_then(crate::sys::parse_u64).unwrap_or(0);
+    let pages = buf[..len]
+        .split(|&b| b == b' ')
+        .nth(1)
+        .and_then(crate::sys::parse_u64)
+        .unwrap_or(0);
     // SAFETY: sysconf has no memory-safety preconditions.
     pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64
 }
@@ -107,5 +114,10 @@ pub fn collect(py: &Py) -> PyResult<GcResult> {
     // reach (hazard 44); hand it back to the arenas.
     let _ = crate::jemalloc::flush_own_tcache();
     let elapsed_ms = t0.elapsed().as_secs_f64() * 1000.0;
-    Ok(GcResult { collected, rss_before, rss_after: rss(), elapsed_ms })
+    Ok(GcResult {
+        collected,
+        rss_before,
+        rss_after: rss(),
+        elapsed_ms,
+    })
 }

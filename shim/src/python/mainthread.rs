@@ -88,7 +88,10 @@ struct Slot {
 // transitions are SeqCst atomics, which order the accesses.
 unsafe impl Sync for Slot {}
 
-static SLOT: Slot = Slot { job: UnsafeCell::new(None), outcome: UnsafeCell::new(None) };
+static SLOT: Slot = Slot {
+    job: UnsafeCell::new(None),
+    outcome: UnsafeCell::new(None),
+};
 
 fn futex_wait(expected: u32, timeout: Duration) {
     let ts = libc::timespec {
@@ -139,7 +142,9 @@ fn adopt_state() {
 }
 
 fn busy(start: Instant) -> PythonUnavailable {
-    PythonUnavailable::Busy { waited_ms: start.elapsed().as_millis() as u64 }
+    PythonUnavailable::Busy {
+        waited_ms: start.elapsed().as_millis() as u64,
+    }
 }
 
 /// Runs `job` on the main thread, waiting at most about `timeout` for the
@@ -187,7 +192,11 @@ pub fn run(job: Job, timeout: Duration) -> Outcome {
             QUEUED.store(false, SeqCst);
             if PHASE.compare_exchange(POSTED, IDLE, SeqCst, SeqCst).is_ok() {
                 api.usable()?;
-                return Err(if gate::closed() { PythonUnavailable::Finalizing } else { busy(start) });
+                return Err(if gate::closed() {
+                    PythonUnavailable::Finalizing
+                } else {
+                    busy(start)
+                });
             }
             // An older queued callback of ours claimed it meanwhile: wait.
         }
@@ -230,7 +239,11 @@ pub fn run(job: Job, timeout: Duration) -> Outcome {
     // SAFETY: DONE: the callback has published the outcome and let go.
     let outcome = unsafe { (*SLOT.outcome.get()).take() };
     PHASE.store(IDLE, SeqCst);
-    outcome.unwrap_or_else(|| Err(PythonUnavailable::Error { message: "no result".into() }))
+    outcome.unwrap_or_else(|| {
+        Err(PythonUnavailable::Error {
+            message: "no result".into(),
+        })
+    })
 }
 
 /// The pending call. Runs on the main thread with the GIL held, at a point
@@ -241,7 +254,10 @@ extern "C" fn on_main_thread(_: *mut c_void) -> c_int {
         return 0; // inherited through fork; the child's own requests reset
     }
     QUEUED.store(false, SeqCst);
-    if PHASE.compare_exchange(POSTED, RUNNING, SeqCst, SeqCst).is_err() {
+    if PHASE
+        .compare_exchange(POSTED, RUNNING, SeqCst, SeqCst)
+        .is_err()
+    {
         return 0; // abandoned, or already taken by a duplicate entry
     }
     // SAFETY: RUNNING: the slot is ours until we publish DONE.
@@ -261,7 +277,9 @@ extern "C" fn on_main_thread(_: *mut c_void) -> c_int {
             saved.restore(&py);
             r
         }
-        _ => Err(PythonUnavailable::Error { message: "bridge state lost".into() }),
+        _ => Err(PythonUnavailable::Error {
+            message: "bridge state lost".into(),
+        }),
     };
     // SAFETY: RUNNING: still ours; DONE below hands it over.
     unsafe { *SLOT.outcome.get() = Some(outcome) };
@@ -279,6 +297,8 @@ fn execute(py: &Py, job: Job) -> Outcome {
             Ok(Done::Stats(section, torch))
         }
         Job::Gc => super::gc::collect(py).map(Done::Gc).map_err(err),
-        Job::EmptyCache => super::torch::empty_cache(py).map(Done::EmptyCache).map_err(err),
+        Job::EmptyCache => super::torch::empty_cache(py)
+            .map(Done::EmptyCache)
+            .map_err(err),
     }
 }

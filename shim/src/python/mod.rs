@@ -33,12 +33,16 @@ use memshim_proto::{EmptyCacheResult, GcResult, PythonSection, PythonUnavailable
 use std::time::{Duration, Instant};
 
 fn unexpected() -> PythonUnavailable {
-    PythonUnavailable::Error { message: "the bridge returned the wrong kind of result".into() }
+    PythonUnavailable::Error {
+        message: "the bridge returned the wrong kind of result".into(),
+    }
 }
 
 /// The `python` section of `stats`, and the `torch` section if `torch` is
 /// already imported.
-pub fn stats(timeout: Duration) -> Result<(PythonSection, Option<TorchSection>), PythonUnavailable> {
+pub fn stats(
+    timeout: Duration,
+) -> Result<(PythonSection, Option<TorchSection>), PythonUnavailable> {
     match mainthread::run(Job::Stats, timeout)? {
         Done::Stats(p, t) => Ok((p, t)),
         _ => Err(unexpected()),

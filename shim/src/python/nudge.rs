@@ -19,19 +19,21 @@
 //! does not (the request is answered "busy" and withdrawn meanwhile).
 //!
 //! At most one helper exists at a time. It counts as a call in flight for
-//! the exit gate (`gate.rs`); the atexit hook releases the GIL while it
-//! waits, so a helper queued for the GIL finishes before shutdown. If a
-//! helper still waits when the runtime is marked finalizing (a 3.12
-//! process without `atexit`, or one whose GIL was held by C code until
-//! then), CPython ends it with `pthread_exit` when it gets the GIL: its
-//! entry point is `extern "C-unwind"` and holds nothing that needs
-//! dropping, so that forced unwind is well-defined and leaves nothing
-//! behind.
+//! the exit gate (`gate.rs`), and it is only started once the gate's hook
+//! is registered through the `atexit` module: that hook runs before the
+//! runtime is marked finalizing and releases the GIL while it waits, so a
+//! helper queued for the GIL always finishes before shutdown. A helper that
+//! still waited once the runtime is finalizing would be ended by CPython
+//! with `pthread_exit`, and that forced unwind aborts the process when it
+//! crosses a frame of this `panic = "abort"` library (the exit test caught
+//! exactly that on 3.12 with the C-level hook, which runs too late). So a
+//! 3.9-3.12 program that never imports `atexit` gets no nudge: a request
+//! to its spinning main thread answers "busy" (docs/python.md).
 
 use super::ffi::{self, Api};
 use super::gate;
 use crate::sys;
-use core::ffi::{c_int, c_void};
+use core::ffi::c_void;
 use core::sync::atomic::{AtomicI32, Ordering::SeqCst};
 
 /// pid of the process whose helper is running, 0 if none. (A fork child
@@ -52,7 +54,7 @@ pub fn poke(_api: &'static Api) {
     if cur == pid || ACTIVE.compare_exchange(cur, pid, SeqCst, SeqCst).is_err() {
         return;
     }
-    if !gate::enter() {
+    if !gate::nudge_allowed() || !gate::enter() {
         ACTIVE.store(0, SeqCst);
         return;
     }
@@ -66,13 +68,7 @@ fn spawn() -> bool {
     let Some(create) = crate::lifecycle::real_pthread_create() else {
         return false;
     };
-    // SAFETY: `helper` has the C-unwind ABI but the same calling convention
-    // as `extern "C"` on this target; pthread_create only calls it.
-    let entry = unsafe {
-        core::mem::transmute::<extern "C-unwind" fn(*mut c_void) -> *mut c_void, extern "C" fn(*mut c_void) -> *mut c_void>(
-            helper,
-        )
-    };
+    let entry: extern "C" fn(*mut c_void) -> *mut c_void = helper;
     // SAFETY: standard pthread attribute and signal-mask calls on locals;
     // the thread is detached (nobody joins it) and starts with every
     // signal blocked, so the host's handlers never run on it.
@@ -95,25 +91,19 @@ fn spawn() -> bool {
     }
 }
 
-/// The helper thread. No value with a destructor lives across the
-/// `PyGILState_Ensure` call (see the module comment).
-extern "C-unwind" fn helper(_: *mut c_void) -> *mut c_void {
+/// The helper thread.
+extern "C" fn helper(_: *mut c_void) -> *mut c_void {
     // SAFETY: naming the calling thread with a static C string.
     unsafe { libc::pthread_setname_np(libc::pthread_self(), c"memshim-py".as_ptr()) };
     if let Some(api) = ffi::resolved()
         && api.usable().is_ok()
     {
-        // SAFETY: the symbol is PyGILState_Ensure; declared C-unwind here so
-        // that CPython's pthread_exit during finalization may unwind this
-        // frame (it holds nothing to drop).
-        let ensure = unsafe {
-            core::mem::transmute::<unsafe extern "C" fn() -> c_int, unsafe extern "C-unwind" fn() -> c_int>(api.gil_ensure)
-        };
         // SAFETY: the interpreter is initialised and not finalising (checked
-        // just above; the gate holds shutdown back until we leave); the
-        // state is released at once on this thread.
+        // just above; the atexit hook holds shutdown back until we leave,
+        // releasing the GIL for us); the state is released at once on this
+        // thread.
         unsafe {
-            let st = ensure();
+            let st = (api.gil_ensure)();
             (api.gil_release)(st);
         }
     }

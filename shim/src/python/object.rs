@@ -50,7 +50,11 @@ impl Py {
     }
 
     fn own(&self, ptr: *mut PyObject) -> PyResult<Obj<'_>> {
-        if ptr.is_null() { Err(self.take_error()) } else { Ok(Obj { ptr, py: self }) }
+        if ptr.is_null() {
+            Err(self.take_error())
+        } else {
+            Ok(Obj { ptr, py: self })
+        }
     }
 
     /// Takes ownership of a new reference (NULL: the pending exception).
@@ -112,7 +116,11 @@ impl Py {
     pub fn len(&self, o: &Obj<'_>) -> PyResult<usize> {
         // SAFETY: GIL held, live object.
         let n = unsafe { (self.api.sequence_size)(o.ptr) };
-        if n < 0 { Err(self.take_error()) } else { Ok(n as usize) }
+        if n < 0 {
+            Err(self.take_error())
+        } else {
+            Ok(n as usize)
+        }
     }
 
     /// `f(*args)`; args are borrowed.
@@ -132,7 +140,12 @@ impl Py {
     }
 
     /// `o.name(*args)`.
-    pub fn call_method<'p>(&'p self, o: &Obj<'_>, name: &CStr, args: &[*mut PyObject]) -> PyResult<Obj<'p>> {
+    pub fn call_method<'p>(
+        &'p self,
+        o: &Obj<'_>,
+        name: &CStr,
+        args: &[*mut PyObject],
+    ) -> PyResult<Obj<'p>> {
         let f = self.attr(o, name)?;
         self.call(&f, args)
     }
@@ -188,7 +201,11 @@ impl Py {
 
     /// Fetches and clears the current exception as "Type: message".
     pub fn take_error(&self) -> String {
-        let (mut t, mut v, mut tb) = (core::ptr::null_mut(), core::ptr::null_mut(), core::ptr::null_mut());
+        let (mut t, mut v, mut tb) = (
+            core::ptr::null_mut(),
+            core::ptr::null_mut(),
+            core::ptr::null_mut(),
+        );
         // SAFETY: GIL held; out-pointers are locals; we then own the three
         // references (any may be NULL) and release them below.
         unsafe { (self.api.err_fetch)(&mut t, &mut v, &mut tb) };
@@ -213,14 +230,22 @@ impl Py {
         // SAFETY: GIL held.
         unsafe {
             if !(self.api.err_occurred)().is_null() {
-                let (mut a, mut b, mut c) = (core::ptr::null_mut(), core::ptr::null_mut(), core::ptr::null_mut());
+                let (mut a, mut b, mut c) = (
+                    core::ptr::null_mut(),
+                    core::ptr::null_mut(),
+                    core::ptr::null_mut(),
+                );
                 (self.api.err_fetch)(&mut a, &mut b, &mut c);
                 for p in [a, b, c] {
                     (self.api.dec_ref)(p);
                 }
             }
         }
-        let mut text = if msg.is_empty() { name } else { format!("{name}: {msg}") };
+        let mut text = if msg.is_empty() {
+            name
+        } else {
+            format!("{name}: {msg}")
+        };
         text.truncate(400);
         text
     }

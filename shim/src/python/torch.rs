@@ -24,8 +24,13 @@ pub fn section(py: &Py) -> PyResult<Option<TorchSection>> {
     let Some(torch) = py.imported(c"torch") else {
         return Ok(None);
     };
-    let version = py.attr(&torch, c"__version__").and_then(|v| py.to_string(&v))?;
-    let mut s = TorchSection { version, ..Default::default() };
+    let version = py
+        .attr(&torch, c"__version__")
+        .and_then(|v| py.to_string(&v))?;
+    let mut s = TorchSection {
+        version,
+        ..Default::default()
+    };
     let Some(cuda) = initialized_cuda(py)? else {
         return Ok(Some(s));
     };
@@ -115,7 +120,16 @@ pub fn empty_cache(py: &Py) -> PyResult<EmptyCacheResult> {
         }
     }
     let after = devices(py, &cuda)?;
-    r.reserved_after = r.devices.iter().map(|i| after.iter().find(|d| d.index == *i).map_or(0, |d| d.reserved)).sum();
+    r.reserved_after = r
+        .devices
+        .iter()
+        .map(|i| {
+            after
+                .iter()
+                .find(|d| d.index == *i)
+                .map_or(0, |d| d.reserved)
+        })
+        .sum();
     if let Some(why) = refused {
         return skip(r, why);
     }
@@ -132,9 +146,12 @@ fn empty_on(py: &Py, cuda: &Obj<'_>, d: i64) -> PyResult<Option<&'static str>> {
     let guard = py.call_method(cuda, c"device", &[py.int(d)?.as_ptr()])?;
     py.call_method(&guard, c"__enter__", &[])?;
     let body = (|| -> PyResult<Option<&'static str>> {
-        let capturing = py.to_bool(&py.call_method(cuda, c"is_current_stream_capturing", &[])?)?;
+        let capturing =
+            py.to_bool(&py.call_method(cuda, c"is_current_stream_capturing", &[])?)?;
         if capturing {
-            return Ok(Some("a CUDA graph capture is in progress on the main thread"));
+            return Ok(Some(
+                "a CUDA graph capture is in progress on the main thread",
+            ));
         }
         py.call_method(cuda, c"empty_cache", &[])?;
         Ok(None)

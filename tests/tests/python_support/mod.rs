@@ -9,6 +9,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use std::time::Instant;
 
 /// `tests/fixtures/<name>`.
 pub fn fixture_py(name: &str) -> PathBuf {
@@ -30,17 +31,24 @@ pub fn socket_dir(test: &str) -> PathBuf {
 pub fn shimmed_python(python: &Path, script: &Path, args: &[&str], dir: &Path) -> Cmd {
     let mut a: Vec<String> = vec![script.to_string_lossy().into_owned()];
     a.extend(args.iter().map(|s| s.to_string()));
-    Cmd::new(python, a).shimmed().env("MEMSHIM_CONTROL", "on").env("MEMSHIM_SOCKET_DIR", dir)
+    Cmd::new(python, a)
+        .shimmed()
+        .env("MEMSHIM_CONTROL", "on")
+        .env("MEMSHIM_SOCKET_DIR", dir)
 }
 
 /// The socket of `pid` in `dir`, once it exists.
 pub fn socket_of(dir: &Path, pid: i32) -> PathBuf {
     memshim_tests::wait_until(Duration::from_secs(10), || {
-        std::fs::read_dir(dir).ok()?.flatten().map(|e| e.path()).find(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(&format!("{pid}-")) && n.ends_with(".sock"))
-        })
+        std::fs::read_dir(dir)
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&format!("{pid}-")) && n.ends_with(".sock"))
+            })
     })
     .unwrap_or_else(|| panic!("no control socket for pid {pid} in {}", dir.display()))
 }
@@ -52,12 +60,19 @@ pub fn try_request(sock: &Path, req: &Request) -> std::io::Result<Response> {
     let mut w = s.try_clone()?;
     let mut r = BufReader::new(s);
     let mut line = String::new();
-    w.write_all(&Request::Hello { version: PROTOCOL_VERSION, client: None }.to_line())?;
+    w.write_all(
+        &Request::Hello {
+            version: PROTOCOL_VERSION,
+            client: None,
+        }
+        .to_line(),
+    )?;
     r.read_line(&mut line)?;
     line.clear();
     w.write_all(&req.to_line())?;
     r.read_line(&mut line)?;
-    Response::from_line(line.as_bytes()).map_err(|e| std::io::Error::other(format!("{e}: {line:?}")))
+    Response::from_line(line.as_bytes())
+        .map_err(|e| std::io::Error::other(format!("{e}: {line:?}")))
 }
 
 /// One request that must succeed at the transport level.
@@ -95,7 +110,12 @@ pub fn field<T: std::str::FromStr>(line: &str, key: &str) -> T {
 pub fn exit_rounds(py: &Path, tag: &str, rounds: u32) -> u64 {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    let flags: [&[&str]; 4] = [&["--atexit", "--gc"], &[], &["--spin", "--gc"], &["--spin", "--atexit"]];
+    let flags: [&[&str]; 4] = [
+        &["--atexit", "--gc"],
+        &[],
+        &["--spin", "--gc"],
+        &["--spin", "--atexit"],
+    ];
     let answered = Arc::new(AtomicU64::new(0));
     for round in 0..rounds {
         let dir = socket_dir(&format!("{tag}-{}", round % 4));
@@ -110,7 +130,9 @@ pub fn exit_rounds(py: &Path, tag: &str, rounds: u32) -> u64 {
                 while !stop.load(Ordering::Relaxed) {
                     let sock = std::fs::read_dir(&dir).ok().and_then(|rd| {
                         rd.flatten().map(|e| e.path()).find(|p| {
-                            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("{pid}-")))
+                            p.file_name()
+                                .and_then(|n| n.to_str())
+                                .is_some_and(|n| n.starts_with(&format!("{pid}-")))
                         })
                     });
                     let Some(sock) = sock else {
@@ -118,7 +140,14 @@ pub fn exit_rounds(py: &Path, tag: &str, rounds: u32) -> u64 {
                         continue;
                     };
                     i += 1;
-                    let req = if i % 2 == 0 { Request::Gc } else { Request::Stats { arenas: false, pss: false } };
+                    let req = if i % 2 == 0 {
+                        Request::Gc
+                    } else {
+                        Request::Stats {
+                            arenas: false,
+                            pss: false,
+                        }
+                    };
                     match try_request(&sock, &req) {
                         Ok(Response::Ok(Reply::Gc(_))) => {
                             answered.fetch_add(1, Ordering::Relaxed);
@@ -143,4 +172,42 @@ pub fn exit_rounds(py: &Path, tag: &str, rounds: u32) -> u64 {
         );
     }
     answered.load(Ordering::Relaxed)
+}
+
+/// Runs `n` gc requests while the main thread spins in pure Python; each
+/// must succeed promptly and run exactly once. The program imports
+/// `atexit` and has answered one request before it spins: on 3.9-3.12 the
+/// bridge nudges a spinning main thread only once its exit hook sits in
+/// `atexit` (shim/src/python/nudge.rs).
+pub fn spin_serves_each_request_once(py: &std::path::Path, tag: &str, n: u32) -> Vec<u128> {
+    let dir = socket_dir(tag);
+    let mut child = shimmed_python(
+        py,
+        &fixture_py("py_host.py"),
+        &["--gc-off", "--atexit"],
+        &dir,
+    )
+    .spawn();
+    child.wait_for_line("ready", Duration::from_secs(30));
+    let sock = socket_of(&dir, child.pid());
+    let threads = ask(&mut child, "threads");
+    assert!(
+        matches!(ok(request(&sock, &Request::Stats { arenas: false, pss: false })), Reply::Stats(s) if s.python.is_some())
+    );
+    child.send("spin 8");
+    child.wait_for_line("spinning", Duration::from_secs(10));
+    let mut times = vec![];
+    for _ in 0..n {
+        let t = Instant::now();
+        let r = ok(request(&sock, &Request::Gc));
+        times.push(t.elapsed().as_millis());
+        assert!(matches!(r, Reply::Gc(_)), "{r:?}");
+    }
+    child.wait_for_line("spin: done", Duration::from_secs(30));
+    assert_eq!(ask(&mut child, "full"), format!("full: count={n}"));
+    assert_eq!(ask(&mut child, "threads"), threads);
+    child.send("quit");
+    let out = child.finish(Duration::from_secs(30));
+    assert_eq!((out.code, out.stderr.as_str()), (0, ""));
+    times
 }

@@ -1,0 +1,192 @@
+//! Every CPython 3.8-3.13 that pyenv has on this machine: stats, gc, a busy
+//! main thread and exits under fire. Versions that are absent are skipped
+//! with a message on stderr (visible without --nocapture). Also: processes
+//! without a visible interpreter answer "no python".
+
+mod python_support;
+
+use memshim_proto::{PythonUnavailable, Reply, Request};
+use memshim_tests::{Cmd, fixture, pyenv_pythons};
+use python_support::*;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+const WANTED: [&str; 6] = ["3.8", "3.9", "3.10", "3.11", "3.12", "3.13"];
+
+fn say(msg: String) {
+    let _ = writeln!(std::io::stderr(), "{msg}");
+}
+
+/// (minor version, executable) of each wanted version present.
+fn present() -> Vec<(&'static str, PathBuf)> {
+    let all = pyenv_pythons();
+    let mut out = vec![];
+    for want in WANTED {
+        match all
+            .iter()
+            .find(|(v, _)| v.starts_with(&format!("{want}.")) && !v.contains('t'))
+        {
+            Some((_, exe)) => out.push((want, exe.clone())),
+            None => say(format!(
+                "SKIP python_versions: CPython {want} is not installed under ~/.pyenv/versions"
+            )),
+        }
+    }
+    out
+}
+
+#[test]
+fn stats_and_gc_work_on_every_installed_cpython() {
+    for (v, exe) in present() {
+        let dir = socket_dir(&format!("ver-{v}"));
+        let mut child = shimmed_python(&exe, &fixture_py("py_host.py"), &[], &dir).spawn();
+        child.wait_for_line("ready", Duration::from_secs(30));
+        let sock = socket_of(&dir, child.pid());
+        ask(&mut child, "alloc 4");
+        let Reply::Stats(s) = ok(request(
+            &sock,
+            &Request::Stats {
+                arenas: false,
+                pss: false,
+            },
+        )) else {
+            panic!()
+        };
+        let p = s
+            .python
+            .unwrap_or_else(|| panic!("{v}: no python section: {:?}", s.python_unavailable));
+        assert!(
+            p.version.starts_with(&format!("{v}.")),
+            "{v}: version {}",
+            p.version
+        );
+        assert!(!p.free_threaded, "{v}");
+        assert!(p.gc_enabled, "{v}");
+        assert!(
+            p.gc_counts.is_some() && p.gc_thresholds.is_some_and(|t| t[0] > 0),
+            "{v}: {p:?}"
+        );
+        assert!(p.allocated_blocks > 1000, "{v}: {p:?}");
+        assert_eq!(p.threads, 1, "{v}: threading.active_count() of the fixture");
+        assert!(p.pymalloc_arena_bytes.is_some_and(|b| b > 0), "{v}: {p:?}");
+        assert!(s.torch.is_none(), "{v}: torch is not imported");
+        let Reply::Gc(g) = ok(request(&sock, &Request::Gc)) else {
+            panic!()
+        };
+        let Reply::Stats(s2) = ok(request(
+            &sock,
+            &Request::Stats {
+                arenas: false,
+                pss: false,
+            },
+        )) else {
+            panic!()
+        };
+        let c1 = p.gc_collections.unwrap()[2];
+        let c2 = s2.python.unwrap().gc_collections.unwrap()[2];
+        assert_eq!(c2, c1 + 1, "{v}: one gc request, one full collection");
+        assert!(ask(&mut child, "fin").contains("where=MainThread"), "{v}");
+        say(format!(
+            "python_versions: {} stats ok (blocks {}, arenas {} KiB), gc collected {} in {:.1} ms",
+            p.version,
+            p.allocated_blocks,
+            p.pymalloc_arena_bytes.unwrap_or(0) / 1024,
+            g.collected,
+            g.elapsed_ms
+        ));
+        child.send("quit");
+        let out = child.finish(Duration::from_secs(30));
+        assert_eq!((out.code, out.stderr.as_str()), (0, ""), "{v}");
+    }
+}
+
+#[test]
+fn a_spinning_main_thread_is_served_on_every_installed_cpython() {
+    for (v, exe) in present() {
+        let times = spin_serves_each_request_once(&exe, &format!("spin-{v}"), 3);
+        say(format!(
+            "python_versions: {v} spinning main thread, gc answered in {times:?} ms"
+        ));
+        assert!(times.iter().all(|&t| t < 2_000), "{v}: {times:?}");
+    }
+}
+
+#[test]
+fn every_installed_cpython_exits_cleanly_under_request_fire() {
+    for (v, exe) in present() {
+        let answered = exit_rounds(&exe, &format!("exit-{v}"), 24);
+        say(format!(
+            "python_versions: {v} 24 exits under fire, {answered} answered"
+        ));
+    }
+}
+
+fn no_python(r: memshim_proto::Response) -> bool {
+    matches!(r, memshim_proto::Response::Ok(Reply::Stats(s)) if s.python.is_none()
+        && s.python_unavailable == Some(PythonUnavailable::NoPython))
+}
+
+#[test]
+fn a_process_without_python_reports_no_python() {
+    let dir = socket_dir("nopy");
+    let mut child = Cmd::new("/bin/cat", Vec::<String>::new())
+        .shimmed()
+        .env("MEMSHIM_CONTROL", "on")
+        .env("MEMSHIM_SOCKET_DIR", &dir)
+        .spawn();
+    let sock = socket_of(&dir, child.pid());
+    assert!(no_python(request(
+        &sock,
+        &Request::Stats {
+            arenas: false,
+            pss: false
+        }
+    )));
+    let r = request(&sock, &Request::Gc);
+    assert!(
+        matches!(&r, memshim_proto::Response::Error(e) if e.python == Some(PythonUnavailable::NoPython)),
+        "{r:?}"
+    );
+    child.send("x");
+    drop(child);
+}
+
+#[test]
+fn python_embedded_rtld_local_is_no_python() {
+    let Some((v, exe)) = present().into_iter().last() else {
+        return;
+    };
+    let lib = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join(format!("lib/libpython{v}.so.1.0"));
+    if !lib.exists() {
+        say(format!(
+            "SKIP python_embedded_rtld_local_is_no_python: {} not found",
+            lib.display()
+        ));
+        return;
+    }
+    let dir = socket_dir("local");
+    let mut child = Cmd::new(fixture("py_local", &[]), [lib.as_os_str()])
+        .shimmed()
+        .env("MEMSHIM_CONTROL", "on")
+        .env("MEMSHIM_SOCKET_DIR", &dir)
+        .env("PYTHONHOME", exe.parent().unwrap().parent().unwrap())
+        .spawn();
+    child.wait_for_line("up", Duration::from_secs(30));
+    let sock = socket_of(&dir, child.pid());
+    assert!(no_python(request(
+        &sock,
+        &Request::Stats {
+            arenas: false,
+            pss: false
+        }
+    )));
+    child.send("x");
+    let out = child.finish(Duration::from_secs(30));
+    assert_eq!((out.code, out.stderr.as_str()), (0, ""));
+}
