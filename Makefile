@@ -32,7 +32,7 @@ test-integration: build ## Real processes under LD_PRELOAD (tests/)
 	$(CARGO) test --release -p memshim-tests --tests -- --test-threads=2
 
 test-torch: build ## PyTorch bridge tests (needs torch; CI installs it)
-	$(CARGO) test --release -p memshim-tests --test python -- --ignored --test-threads=1
+	$(CARGO) test --release -p memshim-tests --test python_torch -- --ignored --test-threads=1
 
 test-gpu: build ## GPU checks (needs an NVIDIA GPU; skips cleanly without)
 	$(PYTHON) tests/gpu/check_cuda.py
