@@ -140,7 +140,7 @@ pub fn exit_rounds(py: &Path, tag: &str, rounds: u32) -> u64 {
                         continue;
                     };
                     i += 1;
-                    let req = if i % 2 == 0 {
+                    let req = if i.is_multiple_of(2) {
                         Request::Gc
                     } else {
                         Request::Stats {
