@@ -4,7 +4,8 @@
 use memshim_proto::{Request, Response, parse_request};
 
 fn examples() -> Vec<String> {
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/protocol.md")).unwrap();
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/protocol.md"))
+        .unwrap();
     let mut out = vec![];
     let mut in_json = false;
     for line in doc.lines() {
@@ -25,7 +26,8 @@ fn every_protocol_example_decodes_and_reencodes_identically() {
     let (mut requests, mut responses) = (0, 0);
     for line in &ex {
         if line.starts_with("{\"op\"") {
-            let r: Request = parse_request(line.as_bytes()).unwrap_or_else(|e| panic!("{line}: {e:?}"));
+            let r: Request =
+                parse_request(line.as_bytes()).unwrap_or_else(|e| panic!("{line}: {e:?}"));
             assert_eq!(&serde_json::to_string(&r).unwrap(), line);
             requests += 1;
         } else {
@@ -34,5 +36,8 @@ fn every_protocol_example_decodes_and_reencodes_identically() {
             responses += 1;
         }
     }
-    assert!(requests >= 7 && responses >= 12, "{requests} requests, {responses} responses");
+    assert!(
+        requests >= 7 && responses >= 12,
+        "{requests} requests, {responses} responses"
+    );
 }
