@@ -1,7 +1,7 @@
 //! Golden encodings: these exact bytes are the wire contract. A change here
 //! is a protocol change (docs/protocol.md, "Compatibility").
 
-use memshim_proto::*;
+use crate::*;
 
 fn line<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).unwrap()

@@ -1,7 +1,7 @@
 //! Every JSON example in docs/protocol.md decodes, and encodes back to the
 //! very same bytes (so the document shows the real encoding).
 
-use memshim_proto::{Request, Response, parse_request};
+use crate::{Request, Response, parse_request};
 
 fn examples() -> Vec<String> {
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/protocol.md"))
