@@ -221,3 +221,35 @@ impl Client {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixListener;
+
+    #[test]
+    fn connects_to_paths_longer_than_sun_path() {
+        let mut dir = std::env::temp_dir().join(format!("memshim-ctl-test-{}", std::process::id()));
+        while dir.as_os_str().len() < 140 {
+            dir.push("a-rather-long-directory-name");
+        }
+        std::fs::create_dir_all(&dir).unwrap();
+        let name = "4242-99999.sock";
+        assert!(dir.join(name).as_os_str().len() > SUN_PATH_MAX);
+        let handle = std::fs::File::open(&dir).unwrap();
+        let listener =
+            UnixListener::bind(format!("/proc/self/fd/{}/{name}", handle.as_raw_fd())).unwrap();
+        let loc = SocketLoc {
+            dir_inside: dir.clone(),
+            dir: dir.clone(),
+            name: name.into(),
+        };
+        let stream =
+            connect_path(&loc).unwrap_or_else(|_| panic!("connect to {}", loc.path().display()));
+        assert!(listener.accept().is_ok());
+        drop(stream);
+        let top = std::env::temp_dir().join(format!("memshim-ctl-test-{}", std::process::id()));
+        std::fs::remove_dir_all(top).unwrap();
+    }
+}
