@@ -200,3 +200,45 @@ fn close_range_and_fd_reuse_by_the_app_do_not_confuse_the_endpoint() {
     assert_eq!((out.code, out.stderr.as_str()), (0, ""));
     let _ = std::fs::remove_file(&app_path);
 }
+
+#[test]
+fn the_socket_goes_when_the_shim_thread_stops_and_comes_back_with_a_new_thread() {
+    let script = r#"
+import sys, threading, time
+def run(seconds):
+    t = threading.Thread(target=time.sleep, args=(seconds,), daemon=True)
+    t.start()
+    return t
+t = run(1.0)
+print("threaded", flush=True)
+t.join()
+print("alone", flush=True)
+sys.stdin.readline()
+t = run(30)
+print("threaded again", flush=True)
+sys.stdin.readline()
+"#;
+    let mut child = Cmd::new(python(), ["-c", script])
+        .shimmed()
+        .env("MEMSHIM_DIRTY_DECAY_MS", "0")
+        .spawn();
+    let pid = child.pid();
+    child.wait_for_line("threaded", Duration::from_secs(10));
+    wait_endpoint(pid);
+    let sock = socket_in(&default_dir(), pid);
+    assert!(sock.exists());
+    child.wait_for_line("alone", Duration::from_secs(10));
+    // Alone for the decay time plus a second: the thread stops, the socket goes.
+    wait_until(Duration::from_secs(10), || (!sock.exists()).then_some(()))
+        .expect("socket removed when the thread stopped");
+    let o = ctl_run(&["stats", &pid.to_string()]);
+    assert_eq!(o.code, 4, "{o:?}");
+    assert!(o.stderr.contains("single-threaded"), "{o:?}");
+    child.send("go");
+    child.wait_for_line("threaded again", Duration::from_secs(10));
+    wait_endpoint(pid);
+    assert_eq!(hello_pid(&sock), i64::from(pid));
+    child.send("quit");
+    let out = child.finish(Duration::from_secs(10));
+    assert_eq!((out.code, out.stderr.as_str()), (0, ""));
+}
