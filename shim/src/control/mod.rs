@@ -187,10 +187,11 @@ impl Endpoint {
     }
 
     fn accept_some(&mut self, now: u64) {
-        let Some(listener) = fds::LISTENER.get() else {
-            return;
-        };
         for _ in 0..MAX_ACCEPTS_PER_TURN {
+            // Identity checked before every accept (hazard 26).
+            let Some(listener) = fds::LISTENER.get() else {
+                return;
+            };
             let fd = match socket::accept(listener) {
                 Ok(fd) => fd,
                 Err(libc::EINTR) | Err(libc::ECONNABORTED) => continue,
