@@ -191,15 +191,36 @@ pub unsafe extern "C" fn pthread_create(
 /// so the child is copied from a single-threaded parent and callers that
 /// count threads (CPython's fork warning) see what they would without us.
 extern "C" fn prepare_fork() {
-    if options::control() != Control::Auto || thread_state() != ThreadState::Running {
+    if options::control() != Control::Auto
+        || !matches!(thread_state(), ThreadState::Running | ThreadState::Starting)
+    {
         return;
     }
     if sys::num_threads() != Some(2) {
         return;
     }
     let e = sys::errno();
-    supervisor::stop_for_fork();
+    // A process that creates, joins and forks at once (CPython:
+    // `t.start(); t.join(); os.fork()`) can fork while our thread is still
+    // on its way into its loop. It gets there within microseconds; wait for
+    // it (bounded) so it is stopped like a running one.
+    wait_while_starting();
+    if thread_state() == ThreadState::Running {
+        supervisor::stop_for_fork();
+    }
     sys::set_errno(e);
+}
+
+/// Longest wait in the fork prepare handler for a starting thread.
+const FORK_START_WAIT_MS: u64 = 200;
+
+fn wait_while_starting() {
+    let deadline = sys::monotonic_ms() + FORK_START_WAIT_MS;
+    while thread_state() == ThreadState::Starting && sys::monotonic_ms() < deadline {
+        let ts = libc::timespec { tv_sec: 0, tv_nsec: 100_000 };
+        // SAFETY: sleeping on a local timespec.
+        unsafe { libc::nanosleep(&ts, core::ptr::null_mut()) };
+    }
 }
 
 /// In the child: the shim's thread does not exist here. Reset state and
