@@ -246,9 +246,13 @@ extern "C" fn child_after_fork() {
 fn detect_interposition() -> bool {
     // SAFETY: dlsym with static C strings; RTLD_DEFAULT is the global scope.
     unsafe {
+        // Compare the *object* that defines the global `malloc` with ours.
+        // Comparing with `interpose::malloc as *const _` does not work: that
+        // address is taken through our GOT, which the loader binds to the
+        // global definition too, so the test always passed (an executable
+        // with its own malloc, or a dlopen'ed shim, read as interposed).
         let global = libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr());
-        let ours = crate::interpose::malloc as *const c_void;
-        if global as *const c_void != ours {
+        if global.is_null() || !defined_in_this_library(global) {
             return false;
         }
         for sym in [c"__asan_init", c"__tsan_init", c"__msan_init", c"__hwasan_init"] {
@@ -258,6 +262,22 @@ fn detect_interposition() -> bool {
         }
     }
     true
+}
+
+/// Whether `addr` lies in this shared object (compared by load base;
+/// `INTERPOSED` is a local static, so its address is never interposed).
+fn defined_in_this_library(addr: *const c_void) -> bool {
+    // SAFETY: dladdr only reads the loader's tables into the Dl_info we pass;
+    // Dl_info is plain data, valid when zeroed.
+    unsafe {
+        let mut theirs: libc::Dl_info = core::mem::zeroed();
+        let mut ours: libc::Dl_info = core::mem::zeroed();
+        let here = (&raw const INTERPOSED).cast::<c_void>();
+        libc::dladdr(addr, &mut theirs) != 0
+            && libc::dladdr(here, &mut ours) != 0
+            && !ours.dli_fbase.is_null()
+            && theirs.dli_fbase == ours.dli_fbase
+    }
 }
 
 fn glibc_is_at_least(major: u32, minor: u32) -> bool {
