@@ -259,10 +259,22 @@ pub fn valid_socket_dir(v: &[u8]) -> bool {
     v.first() == Some(&b'/') && v.len() <= MAX_SOCKET_DIR && !v.contains(&0)
 }
 
-/// Raw jemalloc conf: printable ASCII without spaces, bounded length.
-/// jemalloc itself validates each key:value pair (and we relay its message).
+/// Raw jemalloc conf: printable ASCII without spaces, bounded length, and
+/// the shape `key:value(,key:value)*` with keys of `[A-Za-z0-9_]` (empty is
+/// fine). The shape matters: jemalloc stops parsing at a malformed spot
+/// (`junk`, `a:1,,b:2`, a trailing comma), which would silently drop every
+/// setting composed after it (our knobs, `MEMSHIM_MALLOC_CONF`), and it
+/// reports such strings twice. jemalloc itself validates each key and value
+/// of a well-formed string (and we relay its message).
 pub fn valid_raw_conf(v: &[u8]) -> bool {
-    v.len() <= MAX_RAW_CONF && v.iter().all(|b| b.is_ascii_graphic())
+    if v.len() > MAX_RAW_CONF || !v.iter().all(|b| b.is_ascii_graphic()) {
+        return false;
+    }
+    v.is_empty()
+        || v.split(|&b| b == b',').all(|pair| match pair.iter().position(|&b| b == b':') {
+            Some(k) if k > 0 => pair[..k].iter().all(|b| b.is_ascii_alphanumeric() || *b == b'_'),
+            _ => false,
+        })
 }
 
 fn bad(name: &str, value: &[u8], expected: &str, default: &str) {
@@ -601,6 +613,11 @@ mod tests {
         assert!(valid_raw_conf(b"narenas:2,tcache_max:4096"));
         assert!(!valid_raw_conf(b"narenas: 2"));
         assert!(!valid_raw_conf(&[b'a'; 2049]));
+        assert!(valid_raw_conf(b""));
+        assert!(valid_raw_conf(b"prof_prefix:/tmp/x:y,narenas:"));
+        for bad in [&b"junk"[..], b",", b"narenas:2,", b"a:1,,b:2", b":1", b"na-renas:1", b"narenas:2,junk"] {
+            assert!(!valid_raw_conf(bad), "{bad:?}");
+        }
     }
 
     #[test]
