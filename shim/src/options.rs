@@ -111,8 +111,10 @@ pub const DEFAULT_DIRTY_DECAY_MS: i64 = 1000;
 pub const DEFAULT_MUZZY_DECAY_MS: i64 = 0;
 /// Largest decay accepted (about 31 years); jemalloc's own bound is larger.
 const MAX_DECAY_MS: i64 = 1_000_000_000_000;
-/// Largest arena count accepted (jemalloc's MALLOCX_ARENA_LIMIT is 4095).
-const MAX_NARENAS: u64 = 4095;
+/// Largest arena count accepted: jemalloc 5.3 reduces anything above 4094
+/// (its arena limit, MALLOCX_ARENA_LIMIT 4095, less one) with a warning of
+/// its own.
+const MAX_NARENAS: u64 = 4094;
 /// Longest raw jemalloc conf we pass on from one variable.
 const MAX_RAW_CONF: usize = 2048;
 /// Longest socket directory (sun_path is 108 bytes, the file name needs ~30).
@@ -233,7 +235,7 @@ pub fn parse_decay(v: &[u8]) -> Option<i64> {
     }
 }
 
-/// Parses `MEMSHIM_NARENAS`: `auto` (0) or 1..=4095.
+/// Parses `MEMSHIM_NARENAS`: `auto` (0) or 1..=4094.
 pub fn parse_narenas(v: &[u8]) -> Option<u32> {
     if v.to_ascii_lowercase_stack().as_slice() == b"auto" {
         return Some(0);
@@ -278,9 +280,13 @@ pub fn valid_raw_conf(v: &[u8]) -> bool {
 }
 
 fn bad(name: &str, value: &[u8], expected: &str, default: &str) {
+    // Quote at most this much of the value, so a huge one cannot push the
+    // default off the end of the (bounded) line.
+    const SHOW_MAX: usize = 80;
+    let (shown, more) = if value.len() > SHOW_MAX { (&value[..SHOW_MAX], "...") } else { (value, "") };
     log::warning(format_args!(
-        "{name}=\"{}\" is not valid ({expected}); using the default {default}",
-        show(value)
+        "{name}=\"{}{more}\" is not valid ({expected}); using the default {default}",
+        show(shown)
     ));
 }
 
@@ -312,7 +318,7 @@ pub fn load() {
     if let Some(v) = env(c"MEMSHIM_NARENAS") {
         match parse_narenas(v) {
             Some(n) => NARENAS.store(n, Relaxed),
-            None => bad("MEMSHIM_NARENAS", v, "auto, or a count from 1 to 4095", "auto"),
+            None => bad("MEMSHIM_NARENAS", v, "auto, or a count from 1 to 4094", "auto"),
         }
     }
     if let Some(v) = env(c"MEMSHIM_CONTROL") {
@@ -586,8 +592,8 @@ mod tests {
         assert_eq!(parse_narenas(b"auto"), Some(0));
         assert_eq!(parse_narenas(b"AUTO"), Some(0));
         assert_eq!(parse_narenas(b"1"), Some(1));
-        assert_eq!(parse_narenas(b"4095"), Some(4095));
-        for bad in [&b"0"[..], b"4096", b"-1", b"", b"many"] {
+        assert_eq!(parse_narenas(b"4094"), Some(4094));
+        for bad in [&b"0"[..], b"4095", b"4096", b"-1", b"", b"many"] {
             assert_eq!(parse_narenas(bad), None, "{bad:?}");
         }
     }
