@@ -21,7 +21,11 @@ fn fork_in_a_loop_while_eight_threads_allocate_does_not_deadlock() {
         }
         // A deadlock hangs the process: run_timeout kills it and fails.
         let o = c.run_timeout(Duration::from_secs(60));
-        assert_eq!((o.code, o.stdout.trim(), o.stderr.as_str()), (0, "forks ok 25", ""), "shimmed={shimmed}: {o:?}");
+        assert_eq!(
+            (o.code, o.stdout.trim(), o.stderr.as_str()),
+            (0, "forks ok 25", ""),
+            "shimmed={shimmed}: {o:?}"
+        );
     }
 }
 
@@ -31,12 +35,27 @@ fn allocation_in_a_dt_needed_library_constructor_works() {
     let exe = fixture("needed_ctor_main", &[lib.to_str().unwrap()]);
     let want = "allocated in a DT_NEEDED constructor\nok\n";
     let plain = Cmd::new(&exe, [""; 0]).run();
-    assert_eq!((plain.code, plain.stdout.as_str(), plain.stderr.as_str()), (0, want, ""), "{plain:?}");
+    assert_eq!(
+        (plain.code, plain.stdout.as_str(), plain.stderr.as_str()),
+        (0, want, ""),
+        "{plain:?}"
+    );
     let o = Cmd::new(&exe, [""; 0]).shimmed().run();
-    assert_eq!((o.code, o.stdout.as_str(), o.stderr.as_str()), (0, want, ""), "{o:?}");
+    assert_eq!(
+        (o.code, o.stdout.as_str(), o.stderr.as_str()),
+        (0, want, ""),
+        "{o:?}"
+    );
     // junk filling would expose a block the constructor got from another allocator.
-    let o = Cmd::new(&exe, [""; 0]).shimmed().env("MEMSHIM_MALLOC_CONF", "junk:true").run();
-    assert_eq!((o.code, o.stdout.as_str(), o.stderr.as_str()), (0, want, ""), "{o:?}");
+    let o = Cmd::new(&exe, [""; 0])
+        .shimmed()
+        .env("MEMSHIM_MALLOC_CONF", "junk:true")
+        .run();
+    assert_eq!(
+        (o.code, o.stdout.as_str(), o.stderr.as_str()),
+        (0, want, ""),
+        "{o:?}"
+    );
 }
 
 fn deepbind(shimmed: bool, clear: Option<&str>) -> memshim_tests::Output {
@@ -55,9 +74,17 @@ fn deepbind(shimmed: bool, clear: Option<&str>) -> memshim_tests::Output {
 fn deepbind_library_shares_the_shim_allocator_by_default() {
     let want = "allocated inside the DEEPBIND library\nsurvived\n";
     let o = deepbind(true, None);
-    assert_eq!((o.code, o.stdout.as_str(), o.stderr.as_str()), (0, want, ""), "{o:?}");
+    assert_eq!(
+        (o.code, o.stdout.as_str(), o.stderr.as_str()),
+        (0, want, ""),
+        "{o:?}"
+    );
     let o = deepbind(false, None);
-    assert_eq!((o.code, o.stdout.as_str(), o.stderr.as_str()), (0, want, ""), "without the shim: {o:?}");
+    assert_eq!(
+        (o.code, o.stdout.as_str(), o.stderr.as_str()),
+        (0, want, ""),
+        "without the shim: {o:?}"
+    );
 }
 
 #[test]
@@ -65,7 +92,10 @@ fn deepbind_crashes_when_the_flag_is_kept_proving_the_test_is_live() {
     // With the flag left in place the library binds glibc's malloc and the
     // first pointer that crosses allocators kills the process.
     let o = deepbind(true, Some("0"));
-    assert!(o.code > 128, "expected death by signal with MEMSHIM_CLEAR_DEEPBIND=0, got {o:?}");
+    assert!(
+        o.code > 128,
+        "expected death by signal with MEMSHIM_CLEAR_DEEPBIND=0, got {o:?}"
+    );
     assert!(!o.stdout.contains("survived"), "{o:?}");
 }
 
@@ -74,9 +104,16 @@ fn deepbind_crashes_when_the_flag_is_kept_proving_the_test_is_live() {
 fn runpath_layout() -> PathBuf {
     let dir = scratch().join("runpath");
     std::fs::create_dir_all(dir.join("plugins")).unwrap();
-    let exe = fixture("runpath_main", &["-Wl,--enable-new-dtags,-rpath,$ORIGIN/plugins"]);
+    let exe = fixture(
+        "runpath_main",
+        &["-Wl,--enable-new-dtags,-rpath,$ORIGIN/plugins"],
+    );
     std::fs::copy(&exe, dir.join("runpath_main")).unwrap();
-    std::fs::copy(shared("runpath_plugin"), dir.join("plugins/librunpath_plugin.so")).unwrap();
+    std::fs::copy(
+        shared("runpath_plugin"),
+        dir.join("plugins/librunpath_plugin.so"),
+    )
+    .unwrap();
     dir
 }
 
@@ -91,13 +128,22 @@ fn dlopen_searches_the_callers_runpath_under_the_shim() {
             c = c.shimmed();
         }
         let o = c.run();
-        assert_eq!((o.code, o.stdout.as_str(), o.stderr.as_str()), (0, want, ""), "shimmed={shimmed}: {o:?}");
+        assert_eq!(
+            (o.code, o.stdout.as_str(), o.stderr.as_str()),
+            (0, want, ""),
+            "shimmed={shimmed}: {o:?}"
+        );
     }
     // Live: a dlopen wrapper that is an ordinary function call becomes the
     // "caller" and the same lookup fails.
     let naive = shared("naive_dlopen_wrapper");
-    let o = Cmd::new(&exe, ["librunpath_plugin.so"]).env("LD_PRELOAD", &naive).run();
-    assert_eq!(o.code, 1, "a naive wrapper should break the RUNPATH lookup: {o:?}");
+    let o = Cmd::new(&exe, ["librunpath_plugin.so"])
+        .env("LD_PRELOAD", &naive)
+        .run();
+    assert_eq!(
+        o.code, 1,
+        "a naive wrapper should break the RUNPATH lookup: {o:?}"
+    );
     assert!(o.stdout.contains("dlopen failed"), "{o:?}");
 }
 
@@ -117,7 +163,10 @@ fn free_keeps_errno_when_the_purge_inside_it_fails() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("unexpected output {o:?}"));
     // Live: the failing madvise (which sets errno) really ran during the frees.
-    assert!(calls > 0, "jemalloc never called madvise: the test proves nothing ({o:?})");
+    assert!(
+        calls > 0,
+        "jemalloc never called madvise: the test proves nothing ({o:?})"
+    );
 }
 
 #[test]
@@ -128,10 +177,21 @@ fn aligned_allocators_and_overflow_checks_answer_like_glibc() {
     assert_eq!((glibc.code, glibc.stderr.as_str()), (0, ""), "{glibc:?}");
     assert_eq!((ours.code, ours.stderr.as_str()), (0, ""), "{ours:?}");
     // Sanity: the fixture exercises successes, EINVAL and ENOMEM.
-    for needle in ["-> ok errno=0 aligned=1", "errno=22", "errno=12", "rc=22", "rc=12", "rc=0"] {
+    for needle in [
+        "-> ok errno=0 aligned=1",
+        "errno=22",
+        "errno=12",
+        "rc=22",
+        "rc=12",
+        "rc=0",
+    ] {
         assert!(glibc.stdout.contains(needle), "fixture lacks {needle:?}");
     }
-    assert!(!glibc.stdout.contains("aligned=0"), "glibc misaligned?\n{}", glibc.stdout);
+    assert!(
+        !glibc.stdout.contains("aligned=0"),
+        "glibc misaligned?\n{}",
+        glibc.stdout
+    );
     let diff: Vec<String> = glibc
         .stdout
         .lines()
@@ -139,6 +199,10 @@ fn aligned_allocators_and_overflow_checks_answer_like_glibc() {
         .filter(|(a, b)| a != b)
         .map(|(a, b)| format!("glibc: {a}\nshim:  {b}"))
         .collect();
-    assert!(diff.is_empty(), "differences from glibc:\n{}", diff.join("\n"));
+    assert!(
+        diff.is_empty(),
+        "differences from glibc:\n{}",
+        diff.join("\n")
+    );
     assert_eq!(glibc.stdout.lines().count(), ours.stdout.lines().count());
 }

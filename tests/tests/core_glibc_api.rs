@@ -26,7 +26,10 @@ fn values(o: &Output) -> HashMap<String, String> {
 }
 
 fn num(v: &HashMap<String, String>, k: &str) -> i64 {
-    v.get(k).unwrap_or_else(|| panic!("no {k} in {v:?}")).parse().unwrap()
+    v.get(k)
+        .unwrap_or_else(|| panic!("no {k} in {v:?}"))
+        .parse()
+        .unwrap()
 }
 
 #[test]
@@ -38,7 +41,10 @@ fn malloc_trim_releases_a_freed_fragmented_heap_and_returns_1() {
     assert_eq!(num(&v, "trim"), 1, "{o:?}");
     let (before, after) = (num(&v, "rss_before"), num(&v, "rss_after"));
     // ~320 MiB allocated, 95% freed: most of it must leave RSS.
-    assert!(before - after > 200 << 20, "RSS {before} -> {after}: malloc_trim released too little");
+    assert!(
+        before - after > 200 << 20,
+        "RSS {before} -> {after}: malloc_trim released too little"
+    );
 }
 
 #[test]
@@ -62,7 +68,11 @@ fn malloc_info_writes_well_formed_xml() {
     assert_eq!(v["root"], "malloc", "{o:?}");
     assert!(num(&v, "children") >= 2, "{o:?}");
     assert_eq!(num(&v, "rc"), 0);
-    assert_eq!(num(&v, "rc_bad_options"), 22, "options != 0 is EINVAL, as in glibc");
+    assert_eq!(
+        num(&v, "rc_bad_options"),
+        22,
+        "options != 0 is EINVAL, as in glibc"
+    );
 }
 
 #[test]
@@ -72,7 +82,10 @@ fn malloc_stats_prints_to_stderr_and_mallopt_returns_1() {
     assert_eq!(o.stdout.trim(), "mallopt 1 1 1", "{o:?}");
     assert!(o.stderr.starts_with("memshim (jemalloc "), "{o:?}");
     for field in ["system bytes", "in use bytes"] {
-        assert!(o.stderr.contains(field), "malloc_stats lacks {field:?}: {o:?}");
+        assert!(
+            o.stderr.contains(field),
+            "malloc_stats lacks {field:?}: {o:?}"
+        );
     }
 }
 
@@ -81,11 +94,18 @@ fn ctypes_cdll_none_reaches_the_shim_but_libc_so_6_reaches_glibc() {
     let o = api(&["where"], &[], true);
     assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
     let v = values(&o);
-    assert_eq!(v["same"], "0", "CDLL(None) and CDLL('libc.so.6') should differ under the shim: {o:?}");
+    assert_eq!(
+        v["same"], "0",
+        "CDLL(None) and CDLL('libc.so.6') should differ under the shim: {o:?}"
+    );
     assert_eq!(v["default_owner"], "libmemshim.so", "{o:?}");
     assert_eq!(v["glibc_trim_rc"], "True", "{o:?}");
     // Without the shim both are glibc's (so the difference is the shim's).
     let o = api(&["where"], &[], false);
     let v = values(&o);
-    assert_eq!((v["same"].as_str(), v["default_owner"].as_str()), ("1", "libc.so.6"), "{o:?}");
+    assert_eq!(
+        (v["same"].as_str(), v["default_owner"].as_str()),
+        ("1", "libc.so.6"),
+        "{o:?}"
+    );
 }

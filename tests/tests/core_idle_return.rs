@@ -81,11 +81,21 @@ fn measure(ch: &mut Child) -> Figure {
     // Where it settles: the lowest RSS within 3 s of the free (stop early
     // once it is within 16 MiB of the baseline).
     let mut settled = last;
-    let _ = wait_until(Duration::from_secs(3).saturating_sub(freed_at.elapsed()), || {
-        settled = settled.min(rss_bytes(pid));
-        (settled.saturating_sub(baseline) <= 16 * 1024 * 1024).then_some(())
-    });
-    Figure { baseline, peak, allowed, returned_after, last, settled }
+    let _ = wait_until(
+        Duration::from_secs(3).saturating_sub(freed_at.elapsed()),
+        || {
+            settled = settled.min(rss_bytes(pid));
+            (settled.saturating_sub(baseline) <= 16 * 1024 * 1024).then_some(())
+        },
+    );
+    Figure {
+        baseline,
+        peak,
+        allowed,
+        returned_after,
+        last,
+        settled,
+    }
 }
 
 #[test]
@@ -118,7 +128,11 @@ fn decay_off_keeps_the_freed_heap_proving_the_mechanism_is_the_shims() {
     let mut ch = start(true, &[("MEMSHIM_DIRTY_DECAY_MS", "-1")]);
     let f = measure(&mut ch);
     eprintln!("memshim with MEMSHIM_DIRTY_DECAY_MS=-1: {}", f.describe());
-    assert!(f.returned_after.is_none(), "RSS came back with decay off: {}", f.describe());
+    assert!(
+        f.returned_after.is_none(),
+        "RSS came back with decay off: {}",
+        f.describe()
+    );
     // Most of the heap is still resident (not just "a bit above the limit").
     assert!(f.last - f.baseline > f.freed() / 2, "{}", f.describe());
     let o = ch.finish(T);

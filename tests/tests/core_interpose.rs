@@ -48,7 +48,11 @@ fn dynamic_symbols(defined_only: bool) -> Vec<String> {
         cmd.arg("--defined-only");
     }
     let o = cmd.arg(shim()).output().expect("run nm");
-    assert!(o.status.success(), "nm failed: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "nm failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let mut v: Vec<String> = String::from_utf8_lossy(&o.stdout)
         .lines()
         .filter_map(|l| l.split_whitespace().last().map(str::to_owned))
@@ -61,13 +65,22 @@ fn dynamic_symbols(defined_only: bool) -> Vec<String> {
 fn exported_symbols_match_the_golden_list() {
     let got = dynamic_symbols(true);
     let want: Vec<String> = GOLDEN_EXPORTS.iter().map(|s| s.to_string()).collect();
-    assert_eq!(got, want, "nm -D --defined-only libmemshim.so differs from the golden list");
+    assert_eq!(
+        got, want,
+        "nm -D --defined-only libmemshim.so differs from the golden list"
+    );
 }
 
 #[test]
 fn no_jemalloc_internals_are_exported_or_imported() {
-    let leaked: Vec<String> = dynamic_symbols(false).into_iter().filter(|s| s.contains("_rjem_") || s.starts_with("je_")).collect();
-    assert!(leaked.is_empty(), "jemalloc symbols in the dynamic table: {leaked:?}");
+    let leaked: Vec<String> = dynamic_symbols(false)
+        .into_iter()
+        .filter(|s| s.contains("_rjem_") || s.starts_with("je_"))
+        .collect();
+    assert!(
+        leaked.is_empty(),
+        "jemalloc symbols in the dynamic table: {leaked:?}"
+    );
 }
 
 #[test]
@@ -80,7 +93,9 @@ fn matrix_fixture_is_valid_against_glibc() {
 
 #[test]
 fn every_allocator_pairs_with_every_compatible_free_under_the_shim() {
-    let o = Cmd::new(fixture("alloc_matrix", &[]), ["--all"]).shimmed().run();
+    let o = Cmd::new(fixture("alloc_matrix", &[]), ["--all"])
+        .shimmed()
+        .run();
     assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
     // 16 allocators x 5 frees (free_sized / free_aligned_sized each take
     // only their kind) x 7 sizes.

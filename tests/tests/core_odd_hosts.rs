@@ -12,13 +12,25 @@ fn executable_with_its_own_malloc_runs_normally_and_the_shim_stays_inert() {
     let f = fixture("own_malloc", &[]);
     let plain = Cmd::new(&f, [""; 0]).run();
     assert_eq!((plain.code, plain.stderr.as_str()), (0, ""), "{plain:?}");
-    assert!(plain.stdout.contains("threads while running: 4"), "{plain:?}");
-    assert!(plain.stdout.contains("own allocator used: yes"), "{plain:?}");
+    assert!(
+        plain.stdout.contains("threads while running: 4"),
+        "{plain:?}"
+    );
+    assert!(
+        plain.stdout.contains("own allocator used: yes"),
+        "{plain:?}"
+    );
     // Same output under the shim: in particular no memshim thread joins
     // the 3 workers, although the process creates threads.
     let o = Cmd::new(&f, [""; 0]).shimmed().run();
-    assert_eq!((o.code, o.stdout.as_str(), o.stderr.as_str()), (0, plain.stdout.as_str(), ""));
-    let o = Cmd::new(&f, [""; 0]).shimmed().env("MEMSHIM_VERBOSE", "1").run();
+    assert_eq!(
+        (o.code, o.stdout.as_str(), o.stderr.as_str()),
+        (0, plain.stdout.as_str(), "")
+    );
+    let o = Cmd::new(&f, [""; 0])
+        .shimmed()
+        .env("MEMSHIM_VERBOSE", "1")
+        .run();
     assert_eq!(o.stdout, plain.stdout);
     assert!(o.stderr.contains("interposed=no"), "{o:?}");
 }
@@ -26,7 +38,10 @@ fn executable_with_its_own_malloc_runs_normally_and_the_shim_stays_inert() {
 #[test]
 fn verbose_reports_interposed_yes_for_an_ordinary_program() {
     // The counterpart of the test above: the detection is not constant.
-    let o = Cmd::new("/bin/true", [""; 0]).shimmed().env("MEMSHIM_VERBOSE", "1").run();
+    let o = Cmd::new("/bin/true", [""; 0])
+        .shimmed()
+        .env("MEMSHIM_VERBOSE", "1")
+        .run();
     assert!(o.stderr.contains("interposed=yes"), "{o:?}");
 }
 
@@ -34,7 +49,8 @@ fn check_dlopen_outcome(o: &memshim_tests::Output, what: &str) {
     assert_eq!(o.code, 0, "{what}: {o:?}");
     let first = o.stdout.lines().next().unwrap_or("");
     assert!(
-        first == "dlopen: loaded" || (first.starts_with("dlopen: failed:") && first.contains("static TLS")),
+        first == "dlopen: loaded"
+            || (first.starts_with("dlopen: failed:") && first.contains("static TLS")),
         "{what}: unexpected dlopen outcome: {o:?}"
     );
     // glibc remains the allocator (24 is glibc's usable size of malloc(1)),
@@ -49,7 +65,9 @@ fn dlopen_of_the_shim_from_c_fails_cleanly_or_stays_inert() {
     let f = fixture("dlopen_shim", &[]);
     for mode in ["local", "global"] {
         // As it is: the static TLS block is too small, dlopen fails cleanly.
-        let o = Cmd::new(&f, [shim().to_str().unwrap(), mode]).env("MEMSHIM_CONTROL", "on").run();
+        let o = Cmd::new(&f, [shim().to_str().unwrap(), mode])
+            .env("MEMSHIM_CONTROL", "on")
+            .run();
         check_dlopen_outcome(&o, mode);
         assert_eq!(o.stderr, "", "{o:?}");
         // With room for it: loaded, inert, and it says so.

@@ -9,14 +9,27 @@ use std::path::{Path, PathBuf};
 fn same_both_ways(what: &str, make: impl Fn(bool) -> Cmd) -> Output {
     let plain = make(false).run();
     let shimmed = make(true).shimmed().run();
-    assert_eq!(plain.code, 0, "{what} fails even without the shim: {plain:?}");
-    assert_eq!(plain.stderr, "", "{what} writes to stderr without the shim: {plain:?}");
     assert_eq!(
-        (shimmed.code, shimmed.stdout.as_str(), shimmed.stderr.as_str()),
+        plain.code, 0,
+        "{what} fails even without the shim: {plain:?}"
+    );
+    assert_eq!(
+        plain.stderr, "",
+        "{what} writes to stderr without the shim: {plain:?}"
+    );
+    assert_eq!(
+        (
+            shimmed.code,
+            shimmed.stdout.as_str(),
+            shimmed.stderr.as_str()
+        ),
         (plain.code, plain.stdout.as_str(), ""),
         "{what} differs under the shim"
     );
-    assert!(!shimmed.stdout.is_empty(), "{what} printed nothing: the comparison proves little");
+    assert!(
+        !shimmed.stdout.is_empty(),
+        "{what} printed nothing: the comparison proves little"
+    );
     shimmed
 }
 
@@ -62,7 +75,14 @@ print(hashlib.sha512(zlib.compress(s.encode(), 9)).hexdigest()[:32])
 }
 
 fn git(dir: &Path, args: &[&str]) -> Cmd {
-    let mut all = vec!["-c", "user.name=Mem Shim", "-c", "user.email=memshim@example.invalid", "-c", "init.defaultBranch=main"];
+    let mut all = vec![
+        "-c",
+        "user.name=Mem Shim",
+        "-c",
+        "user.email=memshim@example.invalid",
+        "-c",
+        "init.defaultBranch=main",
+    ];
     all.extend_from_slice(args);
     Cmd::new("git", all)
         .dir(dir)
@@ -77,7 +97,11 @@ fn git_init_add_commit_behaves_the_same() {
     let run = |shimmed: bool| -> Output {
         let dir = fresh_dir(if shimmed { "git-shim" } else { "git-plain" });
         for i in 0..200 {
-            std::fs::write(dir.join(format!("f{i}.txt")), format!("file {i}\n").repeat(i + 1)).unwrap();
+            std::fs::write(
+                dir.join(format!("f{i}.txt")),
+                format!("file {i}\n").repeat(i + 1),
+            )
+            .unwrap();
         }
         let mut log = String::new();
         for args in [
@@ -93,10 +117,18 @@ fn git_init_add_commit_behaves_the_same() {
                 c = c.shimmed();
             }
             let o = c.run();
-            assert_eq!((o.code, o.stderr.as_str()), (0, ""), "git {args:?} (shimmed={shimmed}): {o:?}");
+            assert_eq!(
+                (o.code, o.stderr.as_str()),
+                (0, ""),
+                "git {args:?} (shimmed={shimmed}): {o:?}"
+            );
             log.push_str(&o.stdout);
         }
-        Output { code: 0, stdout: log, stderr: String::new() }
+        Output {
+            code: 0,
+            stdout: log,
+            stderr: String::new(),
+        }
     };
     let plain = run(false);
     let shimmed = run(true);
@@ -129,7 +161,11 @@ int main(void) {
             c = c.shimmed();
         }
         let o = c.run();
-        assert_eq!((o.code, o.stdout.as_str(), o.stderr.as_str()), (0, "", ""), "gcc (shimmed={shimmed}): {o:?}");
+        assert_eq!(
+            (o.code, o.stdout.as_str(), o.stderr.as_str()),
+            (0, "", ""),
+            "gcc (shimmed={shimmed}): {o:?}"
+        );
         let mut r = Cmd::new(dir.join("prog"), [""; 0]);
         if shimmed {
             r = r.shimmed();
@@ -138,8 +174,14 @@ int main(void) {
     };
     let (plain, plain_bin) = build(false);
     let (shimmed, shimmed_bin) = build(true);
-    assert_eq!((plain.code, plain.stdout.as_str(), plain.stderr.as_str()), (0, "sorted sum 332833500\n", ""));
+    assert_eq!(
+        (plain.code, plain.stdout.as_str(), plain.stderr.as_str()),
+        (0, "sorted sum 332833500\n", "")
+    );
     assert_eq!(shimmed, plain);
     // cc1, as and ld all ran under the shim and produced the same bytes.
-    assert!(plain_bin == shimmed_bin, "gcc produced a different executable under the shim");
+    assert!(
+        plain_bin == shimmed_bin,
+        "gcc produced a different executable under the shim"
+    );
 }

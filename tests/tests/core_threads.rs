@@ -38,9 +38,16 @@ sum(len(json.dumps(list(range(i)))) for i in range(2000))
 print(len(os.listdir("/proc/self/task")))
 "#;
     let o = Cmd::new(python(), ["-c", script]).shimmed().run();
-    assert_eq!((o.code, o.stdout.as_str(), o.stderr.as_str()), (0, "1\n1\n", ""), "{o:?}");
+    assert_eq!(
+        (o.code, o.stdout.as_str(), o.stderr.as_str()),
+        (0, "1\n1\n", ""),
+        "{o:?}"
+    );
     // Live: the same count sees the shim's thread when it is forced on.
-    let o = Cmd::new(python(), ["-c", script]).shimmed().env("MEMSHIM_CONTROL", "on").run();
+    let o = Cmd::new(python(), ["-c", script])
+        .shimmed()
+        .env("MEMSHIM_CONTROL", "on")
+        .run();
     assert_eq!(o.stdout, "2\n2\n", "{o:?}");
 }
 
@@ -48,14 +55,22 @@ print(len(os.listdir("/proc/self/task")))
 fn unshare_user_namespace_works_under_the_shim() {
     let plain = Cmd::new("unshare", ["-U", "true"]).run();
     if plain.code != 0 {
-        eprintln!("SKIP: unshare -U does not work on this machine even without the shim: {plain:?}");
+        eprintln!(
+            "SKIP: unshare -U does not work on this machine even without the shim: {plain:?}"
+        );
         return;
     }
     let o = Cmd::new("unshare", ["-U", "true"]).shimmed().run();
     assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
     // Live: a forced shim thread makes unshare(CLONE_NEWUSER) fail (EINVAL).
-    let o = Cmd::new("unshare", ["-U", "true"]).shimmed().env("MEMSHIM_CONTROL", "on").run();
-    assert_ne!(o.code, 0, "unshare -U should fail in a two-threaded process: {o:?}");
+    let o = Cmd::new("unshare", ["-U", "true"])
+        .shimmed()
+        .env("MEMSHIM_CONTROL", "on")
+        .run();
+    assert_ne!(
+        o.code, 0,
+        "unshare -U should fail in a two-threaded process: {o:?}"
+    );
 }
 
 #[test]
@@ -77,15 +92,26 @@ for line in sys.stdin:
     ch.wait_for_line("joined", T);
     let pid = ch.pid();
     // The shim thread came with the Python thread...
-    assert!(wait_until(T, || has_memshim(pid).then_some(())).is_some(), "no memshim thread: {:?}", thread_names(pid));
+    assert!(
+        wait_until(T, || has_memshim(pid).then_some(())).is_some(),
+        "no memshim thread: {:?}",
+        thread_names(pid)
+    );
     // ...and while it is there, unshare fails as it would in any
     // multi-threaded process (the test is live)...
     let busy = ask(&mut ch, "try", "unshare");
     // ...then it leaves (dirty decay 1 s + 1 s grace) and unshare works.
     let gone = wait_until(T, || (threads(pid) == 1).then_some(()));
-    assert!(gone.is_some(), "shim thread still there: {:?}", thread_names(pid));
+    assert!(
+        gone.is_some(),
+        "shim thread still there: {:?}",
+        thread_names(pid)
+    );
     let ok = ask(&mut ch, "try", "unshare");
-    assert!(ok.starts_with("unshare 0 "), "unshare(CLONE_NEWUSER) failed once alone: {ok}");
+    assert!(
+        ok.starts_with("unshare 0 "),
+        "unshare(CLONE_NEWUSER) failed once alone: {ok}"
+    );
     if !busy.starts_with("unshare -1 22") {
         // Only possible if the thread already left before the first try.
         eprintln!("note: first unshare ran without the shim thread: {busy}");
@@ -102,16 +128,30 @@ fn memshim_thread_comes_with_the_second_thread_and_leaves_when_alone() {
     assert!(!has_memshim(pid));
     ask(&mut ch, "spawn", "spawned");
     let up = wait_until(T, || has_memshim(pid).then_some(()));
-    assert!(up.is_some(), "no memshim thread after the 2nd thread: {:?}", thread_names(pid));
+    assert!(
+        up.is_some(),
+        "no memshim thread after the 2nd thread: {:?}",
+        thread_names(pid)
+    );
     assert_eq!(threads(pid), 3);
     ask(&mut ch, "release", "joined");
     let alone = Instant::now();
-    assert!(has_memshim(pid), "left at once instead of after the grace time");
+    assert!(
+        has_memshim(pid),
+        "left at once instead of after the grace time"
+    );
     let gone = wait_until(T, || (!has_memshim(pid) && threads(pid) == 1).then_some(()));
     let took = alone.elapsed();
-    assert!(gone.is_some(), "memshim thread did not leave: {:?}", thread_names(pid));
+    assert!(
+        gone.is_some(),
+        "memshim thread did not leave: {:?}",
+        thread_names(pid)
+    );
     // Dirty decay (1 s) + 1 s grace, checked at 250 ms ticks.
-    assert!(took >= Duration::from_millis(1500), "left after {took:?}, before decay + grace");
+    assert!(
+        took >= Duration::from_millis(1500),
+        "left after {took:?}, before decay + grace"
+    );
     // It comes back with the next thread.
     ask(&mut ch, "spawn", "spawned");
     assert!(wait_until(T, || has_memshim(pid).then_some(())).is_some());
@@ -127,8 +167,14 @@ fn control_off_never_starts_the_thread() {
     ask(&mut ch, "spawn", "spawned");
     // In auto mode the thread exists once pthread_create returns; give it
     // generous time anyway.
-    let appeared = wait_until(Duration::from_millis(500), || has_memshim(pid).then_some(()));
-    assert!(appeared.is_none(), "memshim thread with MEMSHIM_CONTROL=off: {:?}", thread_names(pid));
+    let appeared = wait_until(Duration::from_millis(500), || {
+        has_memshim(pid).then_some(())
+    });
+    assert!(
+        appeared.is_none(),
+        "memshim thread with MEMSHIM_CONTROL=off: {:?}",
+        thread_names(pid)
+    );
     assert_eq!(ask(&mut ch, "threads", "threads"), "threads 2");
     ask(&mut ch, "release", "joined");
     let o = ch.finish(T);
@@ -139,7 +185,11 @@ fn control_off_never_starts_the_thread() {
 fn control_on_starts_the_thread_in_a_single_threaded_process() {
     let mut ch = thread_rule(&[("MEMSHIM_CONTROL", "on")]);
     let pid = ch.pid();
-    assert!(wait_until(T, || has_memshim(pid).then_some(())).is_some(), "{:?}", thread_names(pid));
+    assert!(
+        wait_until(T, || has_memshim(pid).then_some(())).is_some(),
+        "{:?}",
+        thread_names(pid)
+    );
     assert_eq!(ask(&mut ch, "threads", "threads"), "threads 2");
     let o = ch.finish(T);
     assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
@@ -250,7 +300,13 @@ fn cpython_312_plus_does_not_warn_about_fork_after_a_joined_thread() {
             }
         }
         // Live: with the shim thread forced on, the warning does appear.
-        let o = Cmd::new(&exe, ["-c", FORK_AFTER_JOIN]).shimmed().env("MEMSHIM_CONTROL", "on").run();
-        assert!(o.stderr.contains("DeprecationWarning"), "CPython {v}: warning expected with MEMSHIM_CONTROL=on: {o:?}");
+        let o = Cmd::new(&exe, ["-c", FORK_AFTER_JOIN])
+            .shimmed()
+            .env("MEMSHIM_CONTROL", "on")
+            .run();
+        assert!(
+            o.stderr.contains("DeprecationWarning"),
+            "CPython {v}: warning expected with MEMSHIM_CONTROL=on: {o:?}"
+        );
     }
 }
