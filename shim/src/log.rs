@@ -40,7 +40,10 @@ pub fn info(args: fmt::Arguments<'_>) {
 /// Receives jemalloc's own messages (`malloc_message`). Its complaints about
 /// bad `MALLOC_CONF` pairs become our single-line warnings; anything else
 /// (for example `stats_print:true` output the user asked for) passes through.
-pub extern "C" fn jemalloc_message(_opaque: *mut core::ffi::c_void, msg: *const core::ffi::c_char) {
+///
+/// # Safety
+/// `msg` must be NULL or a NUL-terminated string (jemalloc's contract).
+pub unsafe extern "C" fn jemalloc_message(_opaque: *mut core::ffi::c_void, msg: *const core::ffi::c_char) {
     if msg.is_null() {
         return;
     }
