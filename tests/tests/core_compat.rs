@@ -206,3 +206,24 @@ fn aligned_allocators_and_overflow_checks_answer_like_glibc() {
     );
     assert_eq!(glibc.stdout.lines().count(), ours.stdout.lines().count());
 }
+
+#[test]
+fn closing_all_descriptors_never_lets_the_shim_touch_a_reused_one() {
+    // close_range(3, ~0) while the shim's thread runs, then a file takes the
+    // freed numbers (the shim's eventfd among them), then forks (the fork
+    // handler wakes the thread) and a new thread re-arms it.
+    let file = scratch().join("fd_reuse.txt");
+    let f = fixture("fd_reuse", &[]);
+    for shimmed in [false, true] {
+        let mut c = Cmd::new(&f, [file.to_str().unwrap()]);
+        if shimmed {
+            c = c.shimmed();
+        }
+        let o = c.run_timeout(Duration::from_secs(30));
+        assert_eq!(
+            (o.code, o.stdout.as_str(), o.stderr.as_str()),
+            (0, "file ok 3\n", ""),
+            "shimmed={shimmed}: {o:?}"
+        );
+    }
+}
