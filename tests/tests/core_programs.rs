@@ -185,3 +185,26 @@ int main(void) {
         "gcc produced a different executable under the shim"
     );
 }
+
+#[test]
+fn python_multiprocessing_with_fork_forkserver_and_spawn_behaves_the_same() {
+    // Pools fork from a process that has threads (and so the shim's thread).
+    let script = r#"
+import multiprocessing as mp, concurrent.futures as cf, json
+def work(n):
+    return sum(len(json.dumps(list(range(i)))) for i in range(n))
+if __name__ == "__main__":
+    for method in ("fork", "forkserver", "spawn"):
+        with mp.get_context(method).Pool(2) as p:
+            print(method, p.map(work, [50, 100, 150]))
+    with cf.ThreadPoolExecutor(4) as ex:
+        print("threads", list(ex.map(work, [10, 20, 30])))
+    with cf.ProcessPoolExecutor(2, mp_context=mp.get_context("fork")) as ex:
+        print("procs", list(ex.map(work, [10, 20, 30])))
+"#;
+    let dir = fresh_dir("multiprocessing");
+    std::fs::write(dir.join("mp.py"), script).unwrap();
+    same_both_ways("python3 multiprocessing", |_| {
+        Cmd::new(python(), ["mp.py"]).dir(&dir)
+    });
+}
