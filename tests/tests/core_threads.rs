@@ -310,3 +310,25 @@ fn cpython_312_plus_does_not_warn_about_fork_after_a_joined_thread() {
         );
     }
 }
+
+#[test]
+fn thread_started_in_a_library_constructor_brings_the_memshim_thread() {
+    // The DT_NEEDED library's constructor creates a thread, possibly before
+    // the shim's constructor has run (PENDING in lifecycle.rs).
+    let lib = memshim_tests::fixture("ctor_thread_lib", &["-shared", "-fPIC"]);
+    let exe = memshim_tests::fixture(
+        "ctor_thread_main",
+        &["-Wl,--no-as-needed", lib.to_str().unwrap()],
+    );
+    let mut ch = Cmd::new(&exe, [""; 0]).shimmed().spawn();
+    ch.wait_for_line("ready", T);
+    let pid = ch.pid();
+    assert!(
+        wait_until(T, || has_memshim(pid).then_some(())).is_some(),
+        "{:?}",
+        thread_names(pid)
+    );
+    assert_eq!(threads(pid), 3);
+    let o = ch.finish(T);
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+}
