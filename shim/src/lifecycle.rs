@@ -72,7 +72,9 @@ pub(crate) fn set_thread_state(s: ThreadState) {
 }
 
 pub(crate) fn cas_thread_state(from: ThreadState, to: ThreadState) -> bool {
-    THREAD.compare_exchange(from as u8, to as u8, AcqRel, Acquire).is_ok()
+    THREAD
+        .compare_exchange(from as u8, to as u8, AcqRel, Acquire)
+        .is_ok()
 }
 
 /// Whether this process really routes `malloc` to the shim.
@@ -217,7 +219,10 @@ const FORK_START_WAIT_MS: u64 = 200;
 fn wait_while_starting() {
     let deadline = sys::monotonic_ms() + FORK_START_WAIT_MS;
     while thread_state() == ThreadState::Starting && sys::monotonic_ms() < deadline {
-        let ts = libc::timespec { tv_sec: 0, tv_nsec: 100_000 };
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 100_000,
+        };
         // SAFETY: sleeping on a local timespec.
         unsafe { libc::nanosleep(&ts, core::ptr::null_mut()) };
     }
@@ -255,7 +260,12 @@ fn detect_interposition() -> bool {
         if global.is_null() || !defined_in_this_library(global) {
             return false;
         }
-        for sym in [c"__asan_init", c"__tsan_init", c"__msan_init", c"__hwasan_init"] {
+        for sym in [
+            c"__asan_init",
+            c"__tsan_init",
+            c"__msan_init",
+            c"__hwasan_init",
+        ] {
             if !libc::dlsym(libc::RTLD_DEFAULT, sym.as_ptr()).is_null() {
                 return false;
             }

@@ -43,7 +43,10 @@ pub fn info(args: fmt::Arguments<'_>) {
 ///
 /// # Safety
 /// `msg` must be NULL or a NUL-terminated string (jemalloc's contract).
-pub unsafe extern "C" fn jemalloc_message(_opaque: *mut core::ffi::c_void, msg: *const core::ffi::c_char) {
+pub unsafe extern "C" fn jemalloc_message(
+    _opaque: *mut core::ffi::c_void,
+    msg: *const core::ffi::c_char,
+) {
     if msg.is_null() {
         return;
     }
@@ -51,7 +54,9 @@ pub unsafe extern "C" fn jemalloc_message(_opaque: *mut core::ffi::c_void, msg: 
     let bytes = unsafe { core::ffi::CStr::from_ptr(msg) }.to_bytes();
     match bytes.strip_prefix(b"<jemalloc>: ") {
         Some(rest) => {
-            let text = core::str::from_utf8(rest).unwrap_or("(non-UTF-8 message)").trim_end();
+            let text = core::str::from_utf8(rest)
+                .unwrap_or("(non-UTF-8 message)")
+                .trim_end();
             if text.starts_with("Invalid conf") {
                 // A well-formed pair with a bad key or value: name where it
                 // came from and what happens instead, like our own warnings.
