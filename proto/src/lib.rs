@@ -19,7 +19,11 @@
 #![warn(missing_docs)]
 
 mod actions;
+#[cfg(test)]
+mod doc_examples;
 mod error;
+#[cfg(test)]
+mod golden;
 mod python;
 mod stats;
 

@@ -111,8 +111,10 @@ pub const DEFAULT_DIRTY_DECAY_MS: i64 = 1000;
 pub const DEFAULT_MUZZY_DECAY_MS: i64 = 0;
 /// Largest decay accepted (about 31 years); jemalloc's own bound is larger.
 const MAX_DECAY_MS: i64 = 1_000_000_000_000;
-/// Largest arena count accepted (jemalloc's MALLOCX_ARENA_LIMIT is 4095).
-const MAX_NARENAS: u64 = 4095;
+/// Largest arena count accepted: jemalloc 5.3 reduces anything above 4094
+/// (its arena limit, MALLOCX_ARENA_LIMIT 4095, less one) with a warning of
+/// its own.
+const MAX_NARENAS: u64 = 4094;
 /// Longest raw jemalloc conf we pass on from one variable.
 const MAX_RAW_CONF: usize = 2048;
 /// Longest socket directory (sun_path is 108 bytes, the file name needs ~30).
@@ -172,7 +174,7 @@ unsafe extern "C" {
 #[cfg(test)]
 unsafe fn __real_secure_getenv(name: *const c_char) -> *mut c_char {
     // SAFETY: forwarding a C string.
-    unsafe { libc::secure_getenv(name) }
+    unsafe { libc::getenv(name) }
 }
 
 fn env(name: &CStr) -> Option<&'static [u8]> {
@@ -233,7 +235,7 @@ pub fn parse_decay(v: &[u8]) -> Option<i64> {
     }
 }
 
-/// Parses `MEMSHIM_NARENAS`: `auto` (0) or 1..=4095.
+/// Parses `MEMSHIM_NARENAS`: `auto` (0) or 1..=4094.
 pub fn parse_narenas(v: &[u8]) -> Option<u32> {
     if v.to_ascii_lowercase_stack().as_slice() == b"auto" {
         return Some(0);
@@ -259,16 +261,39 @@ pub fn valid_socket_dir(v: &[u8]) -> bool {
     v.first() == Some(&b'/') && v.len() <= MAX_SOCKET_DIR && !v.contains(&0)
 }
 
-/// Raw jemalloc conf: printable ASCII without spaces, bounded length.
-/// jemalloc itself validates each key:value pair (and we relay its message).
+/// Raw jemalloc conf: printable ASCII without spaces, bounded length, and
+/// the shape `key:value(,key:value)*` with keys of `[A-Za-z0-9_]` (empty is
+/// fine). The shape matters: jemalloc stops parsing at a malformed spot
+/// (`junk`, `a:1,,b:2`, a trailing comma), which would silently drop every
+/// setting composed after it (our knobs, `MEMSHIM_MALLOC_CONF`), and it
+/// reports such strings twice. jemalloc itself validates each key and value
+/// of a well-formed string (and we relay its message).
 pub fn valid_raw_conf(v: &[u8]) -> bool {
-    v.len() <= MAX_RAW_CONF && v.iter().all(|b| b.is_ascii_graphic())
+    if v.len() > MAX_RAW_CONF || !v.iter().all(|b| b.is_ascii_graphic()) {
+        return false;
+    }
+    v.is_empty()
+        || v.split(|&b| b == b',')
+            .all(|pair| match pair.iter().position(|&b| b == b':') {
+                Some(k) if k > 0 => pair[..k]
+                    .iter()
+                    .all(|b| b.is_ascii_alphanumeric() || *b == b'_'),
+                _ => false,
+            })
 }
 
 fn bad(name: &str, value: &[u8], expected: &str, default: &str) {
+    // Quote at most this much of the value, so a huge one cannot push the
+    // default off the end of the (bounded) line.
+    const SHOW_MAX: usize = 80;
+    let (shown, more) = if value.len() > SHOW_MAX {
+        (&value[..SHOW_MAX], "...")
+    } else {
+        (value, "")
+    };
     log::warning(format_args!(
-        "{name}=\"{}\" is not valid ({expected}); using the default {default}",
-        show(value)
+        "{name}=\"{}{more}\" is not valid ({expected}); using the default {default}",
+        show(shown)
     ));
 }
 
@@ -285,7 +310,12 @@ pub fn load() {
                 DIRTY_DECAY_MS.store(n, Relaxed);
                 DIRTY_SET.store(true, Relaxed);
             }
-            None => bad("MEMSHIM_DIRTY_DECAY_MS", v, "milliseconds, or -1 for never", "1000"),
+            None => bad(
+                "MEMSHIM_DIRTY_DECAY_MS",
+                v,
+                "milliseconds, or -1 for never",
+                "1000",
+            ),
         }
     }
     if let Some(v) = env(c"MEMSHIM_MUZZY_DECAY_MS") {
@@ -294,13 +324,23 @@ pub fn load() {
                 MUZZY_DECAY_MS.store(n, Relaxed);
                 MUZZY_SET.store(true, Relaxed);
             }
-            None => bad("MEMSHIM_MUZZY_DECAY_MS", v, "milliseconds, or -1 for never", "0"),
+            None => bad(
+                "MEMSHIM_MUZZY_DECAY_MS",
+                v,
+                "milliseconds, or -1 for never",
+                "0",
+            ),
         }
     }
     if let Some(v) = env(c"MEMSHIM_NARENAS") {
         match parse_narenas(v) {
             Some(n) => NARENAS.store(n, Relaxed),
-            None => bad("MEMSHIM_NARENAS", v, "auto, or a count from 1 to 4095", "auto"),
+            None => bad(
+                "MEMSHIM_NARENAS",
+                v,
+                "auto, or a count from 1 to 4094",
+                "auto",
+            ),
         }
     }
     if let Some(v) = env(c"MEMSHIM_CONTROL") {
@@ -312,13 +352,23 @@ pub fn load() {
     if let Some(v) = env(c"MEMSHIM_CLEAR_DEEPBIND") {
         match parse_bool(v) {
             Some(b) => CLEAR_DEEPBIND.store(b, Relaxed),
-            None => bad("MEMSHIM_CLEAR_DEEPBIND", v, "a boolean: 1/0, true/false, yes/no, on/off", "1"),
+            None => bad(
+                "MEMSHIM_CLEAR_DEEPBIND",
+                v,
+                "a boolean: 1/0, true/false, yes/no, on/off",
+                "1",
+            ),
         }
     }
     if let Some(v) = env(c"MEMSHIM_VERBOSE") {
         match parse_bool(v) {
             Some(b) => VERBOSE.store(b, Relaxed),
-            None => bad("MEMSHIM_VERBOSE", v, "a boolean: 1/0, true/false, yes/no, on/off", "0"),
+            None => bad(
+                "MEMSHIM_VERBOSE",
+                v,
+                "a boolean: 1/0, true/false, yes/no, on/off",
+                "0",
+            ),
         }
     }
     if let Some(v) = env(c"MEMSHIM_SOCKET_DIR") {
@@ -429,7 +479,9 @@ fn cgroup_quota_cpus() -> Option<u32> {
     let mut buf = [0u8; 128];
     // cgroup v2: "max 100000" or "<quota> <period>".
     if let Some(n) = sys::read_file(c"/sys/fs/cgroup/cpu.max", &mut buf) {
-        let mut it = buf[..n].split(|b| b.is_ascii_whitespace()).filter(|f| !f.is_empty());
+        let mut it = buf[..n]
+            .split(|b| b.is_ascii_whitespace())
+            .filter(|f| !f.is_empty());
         let quota = sys::parse_u64(it.next()?)?;
         let period = sys::parse_u64(it.next()?)?;
         return quota_to_cpus(quota, period);
@@ -564,7 +616,15 @@ mod tests {
         assert_eq!(parse_decay(b"0"), Some(0));
         assert_eq!(parse_decay(b"10000"), Some(10000));
         assert_eq!(parse_decay(b"1000000000000"), Some(MAX_DECAY_MS));
-        for bad in [&b""[..], b"-2", b"1e3", b"abc", b" 5", b"99999999999999999999", b"1000000000001"] {
+        for bad in [
+            &b""[..],
+            b"-2",
+            b"1e3",
+            b"abc",
+            b" 5",
+            b"99999999999999999999",
+            b"1000000000001",
+        ] {
             assert_eq!(parse_decay(bad), None, "{bad:?}");
         }
     }
@@ -574,8 +634,8 @@ mod tests {
         assert_eq!(parse_narenas(b"auto"), Some(0));
         assert_eq!(parse_narenas(b"AUTO"), Some(0));
         assert_eq!(parse_narenas(b"1"), Some(1));
-        assert_eq!(parse_narenas(b"4095"), Some(4095));
-        for bad in [&b"0"[..], b"4096", b"-1", b"", b"many"] {
+        assert_eq!(parse_narenas(b"4094"), Some(4094));
+        for bad in [&b"0"[..], b"4095", b"4096", b"-1", b"", b"many"] {
             assert_eq!(parse_narenas(bad), None, "{bad:?}");
         }
     }
@@ -601,6 +661,19 @@ mod tests {
         assert!(valid_raw_conf(b"narenas:2,tcache_max:4096"));
         assert!(!valid_raw_conf(b"narenas: 2"));
         assert!(!valid_raw_conf(&[b'a'; 2049]));
+        assert!(valid_raw_conf(b""));
+        assert!(valid_raw_conf(b"prof_prefix:/tmp/x:y,narenas:"));
+        for bad in [
+            &b"junk"[..],
+            b",",
+            b"narenas:2,",
+            b"a:1,,b:2",
+            b":1",
+            b"na-renas:1",
+            b"narenas:2,junk",
+        ] {
+            assert!(!valid_raw_conf(bad), "{bad:?}");
+        }
     }
 
     #[test]
@@ -614,8 +687,16 @@ mod tests {
     fn docs_list_every_setting() {
         let doc = include_str!("../../docs/configuration.md");
         for s in TABLE {
-            assert!(doc.contains(&format!("### `{}`", s.name)), "docs/configuration.md lacks {}", s.name);
-            assert!(doc.contains(&format!("*Default: `{}`*", s.default)), "docs lack default of {}", s.name);
+            assert!(
+                doc.contains(&format!("### `{}`", s.name)),
+                "docs/configuration.md lacks {}",
+                s.name
+            );
+            assert!(
+                doc.contains(&format!("*Default: `{}`*", s.default)),
+                "docs lack default of {}",
+                s.name
+            );
         }
     }
 }

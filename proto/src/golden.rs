@@ -1,7 +1,7 @@
 //! Golden encodings: these exact bytes are the wire contract. A change here
 //! is a protocol change (docs/protocol.md, "Compatibility").
 
-use memshim_proto::*;
+use crate::*;
 
 fn line<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).unwrap()
@@ -135,12 +135,14 @@ fn errors_encode_exactly() {
 
 #[test]
 fn stats_field_names_are_stable() {
-    let mut s = StatsReport::default();
-    s.python = Some(PythonSection::default());
-    s.torch = Some(TorchSection {
-        devices: vec![TorchDevice::default()],
+    let s = StatsReport {
+        python: Some(PythonSection::default()),
+        torch: Some(TorchSection {
+            devices: vec![TorchDevice::default()],
+            ..Default::default()
+        }),
         ..Default::default()
-    });
+    };
     let v: serde_json::Value =
         serde_json::to_value(Response::Ok(Reply::Stats(Box::new(s)))).unwrap();
     // serde_json's map is sorted; compare as sorted sets of names.
