@@ -190,3 +190,67 @@ fn python_embedded_rtld_local_is_no_python() {
     let out = child.finish(Duration::from_secs(30));
     assert_eq!((out.code, out.stderr.as_str()), (0, ""));
 }
+
+#[test]
+fn requests_before_py_initialize_run_nothing() {
+    let Some((v, exe)) = present().into_iter().last() else {
+        return;
+    };
+    let home = exe.parent().unwrap().parent().unwrap().to_path_buf();
+    let lib = home.join(format!("lib/libpython{v}.so.1.0"));
+    if !lib.exists() {
+        say(format!(
+            "SKIP requests_before_py_initialize_run_nothing: {} not found",
+            lib.display()
+        ));
+        return;
+    }
+    let dir = socket_dir("preinit");
+    let mut child = Cmd::new(
+        fixture("py_local", &[]),
+        [lib.as_os_str(), "global".as_ref()],
+    )
+    .shimmed()
+    .env("MEMSHIM_CONTROL", "on")
+    .env("MEMSHIM_SOCKET_DIR", &dir)
+    .env("PYTHONHOME", &home)
+    .spawn();
+    child.wait_for_line("pre-init", Duration::from_secs(30));
+    let sock = socket_of(&dir, child.pid());
+    let not_init = |r: &memshim_proto::Response| match r {
+        memshim_proto::Response::Ok(Reply::Stats(s)) => {
+            s.python_unavailable == Some(PythonUnavailable::NotInitialized)
+        }
+        memshim_proto::Response::Error(e) => e.python == Some(PythonUnavailable::NotInitialized),
+        _ => false,
+    };
+    let r = request(
+        &sock,
+        &Request::Stats {
+            arenas: false,
+            pss: false,
+        },
+    );
+    assert!(not_init(&r), "{r:?}");
+    let r = request(&sock, &Request::Gc);
+    assert!(not_init(&r), "{r:?}");
+    // Initialised, but the main thread sits in C (fgets): found (not
+    // "no python"), and busy.
+    child.send("go");
+    child.wait_for_line("up", Duration::from_secs(30));
+    let r = request(
+        &sock,
+        &Request::Stats {
+            arenas: false,
+            pss: false,
+        },
+    );
+    assert!(
+        matches!(&r, memshim_proto::Response::Ok(Reply::Stats(s))
+            if matches!(s.python_unavailable, Some(PythonUnavailable::Busy { .. }))),
+        "{r:?}"
+    );
+    child.send("x");
+    let out = child.finish(Duration::from_secs(30));
+    assert_eq!((out.code, out.stderr.as_str()), (0, ""));
+}
