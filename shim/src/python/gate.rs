@@ -127,7 +127,10 @@ static HOOK_DEF: PyMethodDef = PyMethodDef {
 /// Main thread, GIL held: registers the hook if not done yet. Never
 /// imports; failures are cleared and retried next time.
 pub fn ensure_hook(py: &Py) {
-    if HOOK.load(SeqCst) != 0 {
+    // The atexit hook is the better one (earlier, and it lets a nudge
+    // helper through); a process that imports atexit after we settled for
+    // the C-level hook gets it too (closing twice is harmless).
+    if HOOK.load(SeqCst) == 1 {
         return;
     }
     let api = py.api();
@@ -146,7 +149,9 @@ pub fn ensure_hook(py: &Py) {
         }
         return;
     }
-    if let Some(at_exit) = api.at_exit {
+    if HOOK.load(SeqCst) == 0
+        && let Some(at_exit) = api.at_exit
+    {
         // SAFETY: GIL held as the function requires; the callback is a
         // plain function with no data.
         let rc = unsafe { at_exit((api.interp_main)(), ll_hook, core::ptr::null_mut()) };
