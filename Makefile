@@ -46,7 +46,7 @@ install: build ## Install lib/libmemshim.so, bin/memshim-ctl and the docs under 
 	install -m 0755 $(LIB) $(DESTDIR)$(PREFIX)/lib/libmemshim.so
 	strip --strip-debug $(DESTDIR)$(PREFIX)/lib/libmemshim.so
 	install -m 0755 $(CTL) $(DESTDIR)$(PREFIX)/bin/memshim-ctl
-	install -m 0644 README.md docs/*.md $(DESTDIR)$(PREFIX)/share/doc/memshim/
+	install -m 0644 $(wildcard README.md) docs/*.md $(DESTDIR)$(PREFIX)/share/doc/memshim/
 
 uninstall: ## Remove what `make install` installed
 	rm -f $(DESTDIR)$(PREFIX)/lib/libmemshim.so $(DESTDIR)$(PREFIX)/bin/memshim-ctl
