@@ -1,0 +1,4 @@
+//! Subcommands.
+
+pub mod doctor;
+pub mod run;
