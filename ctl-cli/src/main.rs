@@ -1,32 +1,25 @@
 //! memshim-ctl: finds shimmed processes and shows or releases their memory.
 //!
-//! Interim entry point of the deploy branch (run, doctor); the control
-//! branch's CLI skeleton replaces it on merge.
+//! `main` only parses the command line, runs the subcommand and turns its
+//! outcome into an exit code (exit.rs documents them). Subcommands live in
+//! `cmd/`, one file each; `cmd/mod.rs` says how to add one.
 
 #![forbid(unsafe_code)]
 
+mod cli;
+mod client;
 mod cmd;
+mod discover;
+mod exit;
+mod render;
 
-use clap::{Parser, Subcommand};
-
-#[derive(Parser)]
-#[command(name = "memshim-ctl", version)]
-struct Cli {
-    #[command(subcommand)]
-    cmd: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Run a command with libmemshim.so preloaded
-    Run(cmd::run::RunArgs),
-    /// Explain why a process has no shim or a degraded one
-    Doctor(cmd::doctor::DoctorArgs),
-}
+use clap::Parser;
 
 fn main() -> std::process::ExitCode {
-    match Cli::parse().cmd {
-        Command::Run(a) => cmd::run::run(a),
-        Command::Doctor(a) => cmd::doctor::run(a, |_| cmd::doctor::Endpoint::Absent),
+    let cli = cli::Cli::parse();
+    let json = cli.command.json();
+    match cmd::run(cli.command) {
+        Ok(code) => code.into(),
+        Err(failure) => failure.report(json),
     }
 }

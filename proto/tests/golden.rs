@@ -135,12 +135,14 @@ fn errors_encode_exactly() {
 
 #[test]
 fn stats_field_names_are_stable() {
-    let mut s = StatsReport::default();
-    s.python = Some(PythonSection::default());
-    s.torch = Some(TorchSection {
-        devices: vec![TorchDevice::default()],
+    let s = StatsReport {
+        python: Some(PythonSection::default()),
+        torch: Some(TorchSection {
+            devices: vec![TorchDevice::default()],
+            ..Default::default()
+        }),
         ..Default::default()
-    });
+    };
     let v: serde_json::Value =
         serde_json::to_value(Response::Ok(Reply::Stats(Box::new(s)))).unwrap();
     // serde_json's map is sorted; compare as sorted sets of names.

@@ -169,7 +169,7 @@ fn run_without_a_library_fails_clearly_and_runs_nothing() {
     std::fs::copy(ctl(), &lone).unwrap();
     let marker = d.join("ran");
     let o = Cmd::new(&lone, ["run", "--", "touch", marker.to_str().unwrap()]).run();
-    assert_eq!(o.code, 127, "{o:?}");
+    assert_eq!(o.code, 3, "{o:?}");
     assert!(
         o.stderr.contains("libmemshim.so not found") && o.stderr.contains("MEMSHIM_LIB"),
         "{}",
@@ -219,6 +219,22 @@ fn doctor_sees_a_healthy_single_threaded_process_waiting_for_its_second_thread()
     let o = doctor(ch.pid());
     assert_eq!(o.code, 0, "{o:?}");
     assert!(finding(&o, "endpoint_not_started"), "{}", o.stdout);
+}
+
+#[test]
+fn doctor_finds_a_multithreaded_process_answering_on_its_socket() {
+    let ch = start(
+        &fixture("deploy_wait", &[]),
+        &["thread"],
+        &[("LD_PRELOAD", shim().to_str().unwrap())],
+    );
+    let o = memshim_tests::wait_until(Duration::from_secs(20), || {
+        let o = doctor(ch.pid());
+        finding(&o, "shim_active").then_some(o)
+    })
+    .expect("the endpoint never answered doctor");
+    assert_eq!(o.code, 0, "{o:?}");
+    assert!(!o.stdout.contains("problem"), "{}", o.stdout);
 }
 
 #[test]
@@ -283,6 +299,23 @@ fn doctor_explains_a_program_with_its_own_malloc() {
     let o = doctor(ch.pid());
     assert_eq!(o.code, 1, "{o:?}");
     assert!(finding(&o, "own_malloc"), "{}", o.stdout);
+    // With its endpoint up, it is still not reported healthy.
+    let ch2 = start(
+        &fixture("deploy_own_malloc", &[]),
+        &["thread"],
+        &[("LD_PRELOAD", shim().to_str().unwrap())],
+    );
+    let pid2 = ch2.pid().to_string();
+    memshim_tests::wait_until(Duration::from_secs(20), || {
+        (Cmd::new(ctl(), ["stats", &pid2]).run().code == 0).then_some(())
+    })
+    .expect("endpoint of the own-malloc process never answered");
+    let o = doctor(ch2.pid());
+    assert!(
+        finding(&o, "own_malloc") && !finding(&o, "shim_active"),
+        "{}",
+        o.stdout
+    );
     // Live check: the ordinary fixture is not flagged.
     let ch = start(
         &fixture("deploy_wait", &[]),
@@ -329,10 +362,14 @@ fn doctor_explains_a_valgrind_run() {
 }
 
 #[test]
-fn doctor_on_a_missing_pid_fails_with_status_2() {
+fn doctor_on_a_missing_pid_fails_with_status_3() {
     let o = Cmd::new(ctl(), ["doctor", "999999999"]).run();
-    assert_eq!(o.code, 2, "{o:?}");
-    assert!(o.stderr.contains("no process 999999999"), "{}", o.stderr);
+    assert_eq!(o.code, 3, "{o:?}");
+    assert!(
+        o.stderr.contains("pid 999999999: no such process"),
+        "{}",
+        o.stderr
+    );
 }
 
 #[test]

@@ -2,15 +2,18 @@
 //! and the host facts that change memory behaviour. Reads /proc, /sys and
 //! the executable's ELF headers; asks the process's control endpoint when it
 //! has one. Exit status: 0 when the process runs with a working shim (or no
-//! PID was given), 1 when a problem was found, 2 when it cannot be inspected.
+//! PID was given), 1 when a problem was found, 3 when there is no such process.
 
 mod elf;
 pub mod host;
 
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 use serde::Serialize;
+
+use crate::client::Client;
+use crate::discover;
+use crate::exit::{Exit, Failure};
 
 /// Options of `memshim-ctl doctor`.
 #[derive(clap::Args, Debug)]
@@ -93,10 +96,16 @@ struct Proc {
     parent_comm: Option<String>,
 }
 
-fn read_proc(pid: i32) -> Result<Proc, String> {
+fn read_proc(pid: i32) -> Result<Proc, Failure> {
     let base = PathBuf::from(format!("/proc/{pid}"));
     let comm = std::fs::read_to_string(base.join("comm"))
-        .map_err(|e| format!("no process {pid}: {e}"))?
+        .map_err(|e| {
+            Failure::new(
+                Exit::NotFound,
+                Some(pid),
+                format!("no such process (/proc/{pid}: {e})"),
+            )
+        })?
         .trim()
         .to_owned();
     let status = std::fs::read_to_string(base.join("status")).unwrap_or_default();
@@ -154,7 +163,7 @@ fn mapped(maps: &str, needle: &str) -> Option<String> {
 
 /// Diagnoses `pid`; `endpoint` asks its control endpoint (injected so the
 /// rules can be tested without one).
-pub fn diagnose(pid: i32, endpoint: impl FnOnce(i32) -> Endpoint) -> Result<Diagnosis, String> {
+pub fn diagnose(pid: i32, endpoint: impl FnOnce(i32) -> Endpoint) -> Result<Diagnosis, Failure> {
     let p = read_proc(pid)?;
     let mut f: Vec<Finding> = vec![];
     let mut add = |level, code, message: String| {
@@ -213,9 +222,8 @@ pub fn diagnose(pid: i32, endpoint: impl FnOnce(i32) -> Endpoint) -> Result<Diag
     }
 
     if let Some(lib) = &shim {
-        if let Ok(e) = &elf
-            && e.defines_malloc
-        {
+        let own_malloc = elf.as_ref().is_ok_and(|e| e.defines_malloc);
+        if own_malloc {
             add(
                 Level::Problem,
                 "own_malloc",
@@ -234,7 +242,7 @@ pub fn diagnose(pid: i32, endpoint: impl FnOnce(i32) -> Endpoint) -> Result<Diag
                  or the shim was dlopen'ed); stats and purge do not reflect the process's heap"
                     .into(),
             ),
-            Endpoint::Answered { interposed: true } if san.is_none() && !valgrind => {
+            Endpoint::Answered { interposed: true } if san.is_none() && !valgrind && !own_malloc => {
                 add(Level::Ok, "shim_active", format!("shim loaded from {lib} and answering on its control socket"))
             }
             Endpoint::Answered { .. } => {}
@@ -431,8 +439,29 @@ pub fn host_lines(h: &host::HostFacts) -> Vec<String> {
     v
 }
 
-/// Runs `doctor` with `endpoint` asking the control socket.
-pub fn run(a: DoctorArgs, endpoint: impl FnOnce(i32) -> Endpoint) -> ExitCode {
+/// Asks the control endpoint of `pid` for `stats`, if it has a socket.
+pub fn ask_endpoint(pid: i32) -> Endpoint {
+    let Ok(p) = discover::read_proc(pid) else {
+        return Endpoint::Absent;
+    };
+    if std::fs::symlink_metadata(discover::socket_loc(&p).path()).is_err() {
+        return Endpoint::Absent;
+    }
+    let req = memshim_proto::Request::Stats {
+        arenas: false,
+        pss: false,
+    };
+    match Client::open_proc(p).and_then(|mut c| c.request(&req)) {
+        Ok(memshim_proto::Reply::Stats(s)) => Endpoint::Answered {
+            interposed: s.config.interposed,
+        },
+        Ok(_) => Endpoint::Unreachable("answered stats with another kind of reply".into()),
+        Err(f) => Endpoint::Unreachable(f.message),
+    }
+}
+
+/// Runs `doctor`.
+pub fn run(a: DoctorArgs) -> Result<Exit, Failure> {
     let Some(pid) = a.pid else {
         let h = host::facts("self");
         let lib = super::run::locate_library(
@@ -457,15 +486,9 @@ pub fn run(a: DoctorArgs, endpoint: impl FnOnce(i32) -> Endpoint) -> ExitCode {
                 println!("{l}");
             }
         }
-        return ExitCode::SUCCESS;
+        return Ok(Exit::Ok);
     };
-    let d = match diagnose(pid, endpoint) {
-        Ok(d) => d,
-        Err(e) => {
-            eprintln!("memshim-ctl: doctor: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    let d = diagnose(pid, ask_endpoint)?;
     if a.json {
         println!("{}", serde_json::to_string(&d).expect("diagnosis encodes"));
     } else {
@@ -482,9 +505,9 @@ pub fn run(a: DoctorArgs, endpoint: impl FnOnce(i32) -> Endpoint) -> ExitCode {
             println!("{l}");
         }
     }
-    if d.has_problem() {
-        ExitCode::from(1)
+    Ok(if d.has_problem() {
+        Exit::Failed
     } else {
-        ExitCode::SUCCESS
-    }
+        Exit::Ok
+    })
 }

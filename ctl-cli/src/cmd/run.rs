@@ -7,7 +7,9 @@ use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
+use std::process::Command;
+
+use crate::exit::{Exit, Failure};
 
 /// Options of `memshim-ctl run`.
 #[derive(clap::Args, Debug)]
@@ -159,16 +161,13 @@ pub fn shim_env(a: &RunArgs) -> Vec<(&'static str, String)> {
     v
 }
 
-/// Runs the command; returns only if it could not be started.
-pub fn run(a: RunArgs) -> ExitCode {
+/// Runs the command in place of this process. Returns only with a failure
+/// to find the library; if the command itself cannot be executed, exits with
+/// 127 (not found) or 126 (not executable), as a shell does.
+pub fn run(a: RunArgs) -> Result<Exit, Failure> {
     let exe = std::env::current_exe().ok();
-    let lib = match locate_library(std::env::var_os("MEMSHIM_LIB").as_deref(), exe.as_deref()) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("memshim-ctl: run: {e}");
-            return ExitCode::from(127);
-        }
-    };
+    let lib = locate_library(std::env::var_os("MEMSHIM_LIB").as_deref(), exe.as_deref())
+        .map_err(|e| Failure::new(Exit::NotFound, None, e).hint("nothing was run"))?;
     let preload = prepend_preload(&lib.path, std::env::var_os("LD_PRELOAD").as_deref());
     let vars = shim_env(&a);
     let (prog, args) = a.command.split_first().expect("clap requires CMD");
@@ -190,11 +189,10 @@ pub fn run(a: RunArgs) -> ExitCode {
     }
     let err = cmd.exec();
     eprintln!(
-        "memshim-ctl: run: cannot execute {}: {err}",
+        "memshim-ctl: error: cannot execute {}: {err}",
         prog.to_string_lossy()
     );
-    // The shell's convention: 127 command not found, 126 found but not runnable.
-    ExitCode::from(if err.kind() == std::io::ErrorKind::NotFound {
+    std::process::exit(if err.kind() == std::io::ErrorKind::NotFound {
         127
     } else {
         126
