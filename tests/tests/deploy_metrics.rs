@@ -154,6 +154,68 @@ fn metrics_describes_a_shimmed_process_and_passes_promtool() {
 }
 
 #[test]
+fn metrics_reaches_a_process_in_its_own_pid_and_mount_namespace() {
+    // What a node exporter does for a container: the process is pid 1 in
+    // its own pid namespace with a private /tmp (its socket directory), and
+    // is reached from the host through /proc/<pid>/root.
+    let script = format!(
+        "mount -t tmpfs none /tmp && exec env LD_PRELOAD={} MEMSHIM_CONTROL=on {} -c \
+         'import os, sys; print(\"ready\", os.getpid(), flush=True); sys.stdin.read()'",
+        memshim_tests::shim().display(),
+        python().display()
+    );
+    let probe = Cmd::new(
+        "unshare",
+        ["--mount", "--pid", "--fork", "--mount-proc", "true"],
+    )
+    .run();
+    if probe.code != 0 {
+        eprintln!(
+            "SKIP metrics_reaches_a_process_in_its_own_pid_and_mount_namespace: unshare failed: {}",
+            probe.stderr
+        );
+        return;
+    }
+    let mut ns = Cmd::new(
+        "unshare",
+        [
+            "--mount",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--kill-child",
+            "sh",
+            "-c",
+            &script,
+        ],
+    )
+    .spawn();
+    assert_eq!(
+        ns.wait_for_line("ready", Duration::from_secs(60)),
+        "ready 1"
+    );
+    let children =
+        std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", ns.pid())).unwrap();
+    let host_pid: i32 = children.split_whitespace().next().unwrap().parse().unwrap();
+    assert_ne!(host_pid, 1);
+    let text = metrics_listing(host_pid);
+    assert!(
+        text.contains(&format!("memshim_resident_bytes{{pid=\"{host_pid}\"")),
+        "{text}"
+    );
+    // Its socket is not in the host's /tmp: only /proc/<pid>/root leads to it.
+    let starttime = std::fs::read_to_string(format!("/proc/{host_pid}/stat")).unwrap();
+    let starttime = starttime[starttime.rfind(')').unwrap() + 1..]
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .to_owned();
+    let name = format!("1-{starttime}.sock");
+    assert!(Path::new(&format!("/proc/{host_pid}/root/tmp/memshim-0/{name}")).exists());
+    assert!(!Path::new(&format!("/tmp/memshim-0/{name}")).exists());
+}
+
+#[test]
 fn metrics_asks_at_most_max_processes() {
     let (a, b) = (holder(), holder());
     metrics_listing(a.pid());
