@@ -182,4 +182,29 @@ mod tests {
         assert!(!sh.defines_malloc, "{sh:?}");
         assert!(inspect(Path::new("/etc/hostname")).is_err());
     }
+
+    #[test]
+    fn reads_a_32_bit_header_with_an_interpreter() {
+        // ELF32 little-endian i386 executable: header, one PT_INTERP entry,
+        // the interpreter string; no section headers.
+        let mut f = vec![0u8; 52 + 32];
+        f[..7].copy_from_slice(b"\x7fELF\x01\x01\x01");
+        f[18..20].copy_from_slice(&3u16.to_le_bytes()); // EM_386
+        f[28..32].copy_from_slice(&52u32.to_le_bytes()); // e_phoff
+        f[42..44].copy_from_slice(&32u16.to_le_bytes()); // e_phentsize
+        f[44..46].copy_from_slice(&1u16.to_le_bytes()); // e_phnum
+        let interp = b"/lib/ld-linux.so.2\0";
+        f[52..56].copy_from_slice(&3u32.to_le_bytes()); // PT_INTERP
+        f[56..60].copy_from_slice(&84u32.to_le_bytes()); // p_offset
+        f[68..72].copy_from_slice(&(interp.len() as u32).to_le_bytes()); // p_filesz
+        f.extend_from_slice(interp);
+        let path = std::env::temp_dir().join(format!("memshim-elf32-{}", std::process::id()));
+        std::fs::write(&path, &f).unwrap();
+        let e = inspect(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(
+            (e.bits, e.machine, e.interp.as_deref(), e.defines_malloc),
+            (32, 3, Some("/lib/ld-linux.so.2"), false)
+        );
+    }
 }
