@@ -172,17 +172,17 @@ impl Client {
                 },
             )
         };
-        self.reader
-            .get_mut()
-            .write_all(&req.to_line())
-            .map_err(|e| io_fail("writing to", e))?;
+        // A server that refuses us (permission, busy) may have answered and
+        // closed already: on a write error, still read what it said.
+        let wrote = self.reader.get_mut().write_all(&req.to_line());
         let mut line = Vec::new();
         let limit = memshim_proto::MAX_RESPONSE_BYTES as u64;
-        (&mut self.reader)
-            .take(limit)
-            .read_until(b'\n', &mut line)
-            .map_err(|e| io_fail("reading from", e))?;
+        let read = (&mut self.reader).take(limit).read_until(b'\n', &mut line);
         if line.is_empty() {
+            if let Err(e) = wrote {
+                return Err(io_fail("writing to", e));
+            }
+            read.map_err(|e| io_fail("reading from", e))?;
             return Err(io_fail(
                 "reading from",
                 io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed"),

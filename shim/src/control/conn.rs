@@ -9,6 +9,8 @@ use memshim_proto::*;
 const MAX_REQUESTS_PER_TURN: usize = 16;
 /// Bytes read per connection per wake-up.
 const READ_CHUNK: usize = 16 * 1024;
+/// How long a refused connection is kept so the client can read why.
+const DRAIN_MS: u64 = 1000;
 
 /// What to do with a connection after a turn.
 #[derive(Debug, PartialEq, Eq)]
@@ -29,6 +31,9 @@ pub struct Conn {
     close_after_output: bool,
     eof: bool,
     hello: bool,
+    /// Refused: the error line is queued; discard input until the client
+    /// closes or the (short) deadline passes, so it can read the line.
+    draining: bool,
     /// Monotonic ms after which the connection is closed.
     pub deadline_ms: u64,
     /// Monotonic ms of the accept, for eviction order.
@@ -46,9 +51,20 @@ impl Conn {
             close_after_output: false,
             eof: false,
             hello: false,
+            draining: false,
             deadline_ms: now_ms + IDLE_TIMEOUT_MS,
             accepted_ms: now_ms,
         }
+    }
+
+    /// A connection that is refused with `code`: it gets one error line,
+    /// and is closed when the client closes or after one second.
+    pub fn refused(slot: usize, now_ms: u64, code: ErrorCode, message: &str) -> Conn {
+        let mut c = Conn::new(slot, now_ms);
+        c.respond(&Response::Error(ErrorReply::new(code, message)), false);
+        c.draining = true;
+        c.deadline_ms = now_ms + DRAIN_MS;
+        c
     }
 
     /// The descriptor, if it is still ours.
@@ -58,11 +74,18 @@ impl Conn {
 
     /// The events to poll for: output first, then input.
     pub fn wants(&self) -> i16 {
-        if self.sent < self.output.len() {
+        // Queued requests ask for POLLOUT too: the socket is writable at
+        // once, so the loop comes back for them without waiting a tick.
+        if !self.draining && (self.sent < self.output.len() || self.has_backlog()) {
             libc::POLLOUT
         } else {
             libc::POLLIN
         }
+    }
+
+    /// Whether this is a refused connection waiting to be closed.
+    pub fn is_draining(&self) -> bool {
+        self.draining
     }
 
     /// Whether complete requests are waiting in the buffer.
@@ -96,7 +119,17 @@ impl Conn {
         if self.flush(fd) == Next::Close {
             return Next::Close;
         }
-        if self.sent >= self.output.len() && !self.eof {
+        if self.draining {
+            let mut chunk = [0u8; READ_CHUNK];
+            return match socket::recv(fd, &mut chunk) {
+                Ok(0) => Next::Close,
+                Ok(_) | Err(libc::EAGAIN) | Err(libc::EINTR) => Next::Keep,
+                Err(_) => Next::Close,
+            };
+        }
+        // Input is bounded: nothing more is read while a full line's worth
+        // is waiting.
+        if self.sent >= self.output.len() && !self.eof && self.input.len() < MAX_REQUEST_BYTES {
             let mut chunk = [0u8; READ_CHUNK];
             match socket::recv(fd, &mut chunk) {
                 Ok(0) => self.eof = true,

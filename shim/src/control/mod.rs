@@ -205,31 +205,40 @@ impl Endpoint {
                         "permission denied: this process runs as uid {me}; only uid {me} or root may use its \
                          control socket, and the request came from {who}"
                     );
-                    Conn::send_final(fd, ErrorCode::PermissionDenied, &msg);
-                    // SAFETY: closing the descriptor accept() just gave us.
-                    unsafe { libc::close(fd) };
+                    let slot = self.free_slot();
+                    fds::CONNS[slot].set(fd);
+                    self.conns[slot] =
+                        Some(Conn::refused(slot, now, ErrorCode::PermissionDenied, &msg));
+                    if let Some(c) = self.conns[slot].as_mut() {
+                        let _ = c.turn(now, self.starttime);
+                    }
                     continue;
                 }
             }
-            let slot = match self.conns.iter().position(Option::is_none) {
-                Some(i) => i,
-                None => {
-                    let oldest = (0..fds::MAX_CONNS)
-                        .min_by_key(|&i| self.conns[i].as_ref().map_or(0, |c| c.accepted_ms))
-                        .unwrap_or(0);
-                    if let Some(old) = self.conns[oldest].as_ref().and_then(|c| c.fd()) {
-                        Conn::send_final(
-                            old,
-                            ErrorCode::Busy,
-                            "too many connections; this one was closed",
-                        );
-                    }
-                    self.drop_conn(oldest);
-                    oldest
-                }
-            };
+            let slot = self.free_slot();
             fds::CONNS[slot].set(fd);
             self.conns[slot] = Some(Conn::new(slot, now));
+        }
+    }
+
+    /// A free connection slot, evicting the oldest connection if need be.
+    fn free_slot(&mut self) -> usize {
+        match self.conns.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                let oldest = (0..fds::MAX_CONNS)
+                    .min_by_key(|&i| self.conns[i].as_ref().map_or(0, |c| c.accepted_ms))
+                    .unwrap_or(0);
+                if let Some(old) = self.conns[oldest].as_ref().and_then(|c| c.fd()) {
+                    Conn::send_final(
+                        old,
+                        ErrorCode::Busy,
+                        "too many connections; this one was closed",
+                    );
+                }
+                self.drop_conn(oldest);
+                oldest
+            }
         }
     }
 
@@ -255,7 +264,9 @@ impl Endpoint {
                 self.conns[i] = None;
                 continue;
             };
-            if now >= c.deadline_ms {
+            if now >= c.deadline_ms && c.is_draining() {
+                self.drop_conn(i);
+            } else if now >= c.deadline_ms {
                 let msg = format!(
                     "no complete request within {} ms; closing",
                     memshim_proto::IDLE_TIMEOUT_MS
