@@ -17,7 +17,10 @@ fn doc_client() -> String {
 #[test]
 fn the_python_client_in_protocol_md_speaks_the_protocol() {
     let code = doc_client();
-    assert!(code.lines().count() <= 35, "the documented client should stay short");
+    assert!(
+        code.lines().count() <= 35,
+        "the documented client should stay short"
+    );
     let mut child = start_heap(&[]);
     let pid = child.pid();
     wait_endpoint(pid);

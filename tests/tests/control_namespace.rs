@@ -16,7 +16,10 @@ fn a_process_in_another_pid_and_mount_namespace_is_reachable_from_outside() {
     }
     let probe = Cmd::new("unshare", ["-pmf", "--mount-proc", "true"]).run();
     if probe.code != 0 {
-        eprintln!("SKIP: unshare -pmf does not work here: {}", probe.stderr.trim());
+        eprintln!(
+            "SKIP: unshare -pmf does not work here: {}",
+            probe.stderr.trim()
+        );
         return;
     }
     let script = format!(
@@ -30,19 +33,36 @@ fn a_process_in_another_pid_and_mount_namespace_is_reachable_from_outside() {
     let unshare_pid = ns.pid();
     let host_pid: i32 = wait_until(Duration::from_secs(5), || {
         let rd = std::fs::read_dir(format!("/proc/{unshare_pid}/task")).ok()?;
-        rd.flatten().find_map(|t| std::fs::read_to_string(t.path().join("children")).ok()?.split_whitespace().next()?.parse().ok())
+        rd.flatten().find_map(|t| {
+            std::fs::read_to_string(t.path().join("children"))
+                .ok()?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
     })
     .expect("the namespaced process");
     let nspid = std::fs::read_to_string(format!("/proc/{host_pid}/status")).unwrap();
-    assert!(nspid.lines().any(|l| l.starts_with("NSpid:") && l.ends_with("\t1")), "{nspid}");
+    assert!(
+        nspid
+            .lines()
+            .any(|l| l.starts_with("NSpid:") && l.ends_with("\t1")),
+        "{nspid}"
+    );
 
     // Its socket lives in its private /tmp, invisible at the host's path.
     let inside = format!("/tmp/memshim-0/1-{}.sock", starttime(host_pid));
     wait_until(Duration::from_secs(10), || {
-        std::path::Path::new(&format!("/proc/{host_pid}/root{inside}")).exists().then_some(())
+        std::path::Path::new(&format!("/proc/{host_pid}/root{inside}"))
+            .exists()
+            .then_some(())
     })
     .expect("socket inside the namespace");
-    assert!(!std::path::Path::new(&inside).exists(), "the namespace's /tmp should be private");
+    assert!(
+        !std::path::Path::new(&inside).exists(),
+        "the namespace's /tmp should be private"
+    );
 
     ns.send("alloc 64");
     ns.wait_for_line("ready", Duration::from_secs(30));
@@ -52,11 +72,24 @@ fn a_process_in_another_pid_and_mount_namespace_is_reachable_from_outside() {
     assert!(s["allocator"]["dirty"].as_u64().unwrap() > 16 << 20, "{s}");
     let (code, list) = ctl_json(&["list"]);
     assert_eq!(code, 0);
-    let me = list["processes"].as_array().unwrap().iter().find(|p| p["pid"] == host_pid).cloned().expect("listed");
-    assert_eq!((me["nspid"].as_i64(), me["endpoint"].as_bool()), (Some(1), Some(true)), "{me}");
+    let me = list["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == host_pid)
+        .cloned()
+        .expect("listed");
+    assert_eq!(
+        (me["nspid"].as_i64(), me["endpoint"].as_bool()),
+        (Some(1), Some(true)),
+        "{me}"
+    );
     let (code, p) = ctl_json(&["purge", &host_pid.to_string()]);
     assert_eq!(code, 0, "{p}");
-    assert!(p["purge"][0]["result"]["released"].as_u64().unwrap() > 16 << 20, "{p}");
+    assert!(
+        p["purge"][0]["result"]["released"].as_u64().unwrap() > 16 << 20,
+        "{p}"
+    );
     ns.send("quit");
     let out = ns.finish(Duration::from_secs(10));
     assert_eq!((out.code, out.stderr.as_str()), (0, ""));

@@ -37,20 +37,44 @@ fn parent_and_fork_child_each_answer_on_their_own_endpoint() {
     let dir = default_dir();
     let (psock, csock) = (socket_in(&dir, ppid), socket_in(&dir, cpid));
     assert_ne!(psock, csock);
-    assert_eq!(hello_pid(&psock), i64::from(ppid), "the parent's socket is answered by the parent");
-    assert_eq!(hello_pid(&csock), i64::from(cpid), "the child's socket is answered by the child");
+    assert_eq!(
+        hello_pid(&psock),
+        i64::from(ppid),
+        "the parent's socket is answered by the parent"
+    );
+    assert_eq!(
+        hello_pid(&csock),
+        i64::from(cpid),
+        "the child's socket is answered by the child"
+    );
     let (_, ps) = ctl_json(&["stats", &ppid.to_string()]);
     let (_, cs) = ctl_json(&["stats", &cpid.to_string()]);
-    assert_eq!((ps["config"]["fork_child"].as_bool(), cs["config"]["fork_child"].as_bool()), (Some(false), Some(true)));
+    assert_eq!(
+        (
+            ps["config"]["fork_child"].as_bool(),
+            cs["config"]["fork_child"].as_bool()
+        ),
+        (Some(false), Some(true))
+    );
     // The child closed every inherited descriptor of the parent's endpoint.
-    let shared: Vec<_> = sockets_of(ppid).intersection(&sockets_of(cpid)).cloned().collect();
-    assert!(shared.is_empty(), "child still holds the parent's sockets {shared:?}");
+    let shared: Vec<_> = sockets_of(ppid)
+        .intersection(&sockets_of(cpid))
+        .cloned()
+        .collect();
+    assert!(
+        shared.is_empty(),
+        "child still holds the parent's sockets {shared:?}"
+    );
 
     // The child exits normally (destructors run): its socket goes, the
     // parent's stays and answers.
     assert_eq!(Cmd::new("kill", ["-USR1", &cpid.to_string()]).run().code, 0);
-    wait_until(Duration::from_secs(10), || (!csock.exists()).then_some(())).expect("child's socket removed at exit");
-    assert!(psock.exists(), "the child's exit removed the parent's socket");
+    wait_until(Duration::from_secs(10), || (!csock.exists()).then_some(()))
+        .expect("child's socket removed at exit");
+    assert!(
+        psock.exists(),
+        "the child's exit removed the parent's socket"
+    );
     assert_eq!(hello_pid(&psock), i64::from(ppid));
     parent.send("quit");
     let out = parent.finish(Duration::from_secs(10));
@@ -66,13 +90,21 @@ fn a_stale_socket_after_kill_9_is_tolerated_and_cleaned_up() {
     let sock = socket_in(&default_dir(), pid);
     child.child.kill().unwrap();
     child.child.wait().unwrap();
-    assert!(sock.exists(), "kill -9 leaves the socket file (no destructor runs)");
+    assert!(
+        sock.exists(),
+        "kill -9 leaves the socket file (no destructor runs)"
+    );
     let o = ctl_run(&["stats", &pid.to_string()]);
     assert_eq!(o.code, 3, "{o:?}");
     assert!(o.stderr.contains("no such process"), "{o:?}");
     let (code, list) = ctl_json(&["list"]);
     assert_eq!(code, 0);
-    let removed: Vec<&str> = list["stale_removed"].as_array().unwrap().iter().filter_map(|v| v.as_str()).collect();
+    let removed: Vec<&str> = list["stale_removed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
     assert!(removed.contains(&sock.to_str().unwrap()), "{list}");
     assert!(!sock.exists());
 }
@@ -83,7 +115,10 @@ fn a_socket_from_an_earlier_process_with_the_same_pid_is_never_used() {
     let cat = Cmd::new("cat", Vec::<String>::new()).shimmed().spawn();
     let pid = cat.pid();
     wait_until(Duration::from_secs(5), || {
-        std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?.contains("libmemshim.so").then_some(())
+        std::fs::read_to_string(format!("/proc/{pid}/maps"))
+            .ok()?
+            .contains("libmemshim.so")
+            .then_some(())
     })
     .unwrap();
     let dir = default_dir();
@@ -96,7 +131,10 @@ fn a_socket_from_an_earlier_process_with_the_same_pid_is_never_used() {
     let o = ctl_run(&["stats", &pid.to_string()]);
     assert_eq!(o.code, 4, "{o:?}");
     assert!(o.stderr.contains("single-threaded"), "{o:?}");
-    assert!(impostor.accept().is_err(), "memshim-ctl connected to another process's socket");
+    assert!(
+        impostor.accept().is_err(),
+        "memshim-ctl connected to another process's socket"
+    );
 
     // Something answering at the exact name, but as another process: refused.
     let exact = socket_in(&dir, pid);
@@ -141,13 +179,19 @@ fn close_range_and_fd_reuse_by_the_app_do_not_confuse_the_endpoint() {
     child.send(&format!("close_range {ours} {}", app_path.display()));
     child.wait_for_line("app-listening", Duration::from_secs(10));
     // The endpoint notices and comes back at the same path.
-    wait_until(Duration::from_secs(5), || (ctl_run(&["stats", &pid.to_string()]).code == 0).then_some(()))
-        .expect("endpoint re-created after close_range");
+    wait_until(Duration::from_secs(5), || {
+        (ctl_run(&["stats", &pid.to_string()]).code == 0).then_some(())
+    })
+    .expect("endpoint re-created after close_range");
     assert_eq!(hello_pid(&sock), i64::from(pid));
     // The app's socket on that number is untouched and gets its own clients.
     child.send(&format!("check {ours}"));
     let l = child.wait_for_line(&format!("fd {ours}"), Duration::from_secs(5));
-    assert_eq!(l, format!("fd {ours} ok {}", app_path.display()), "the shim closed or replaced the app's descriptor");
+    assert_eq!(
+        l,
+        format!("fd {ours} ok {}", app_path.display()),
+        "the shim closed or replaced the app's descriptor"
+    );
     let _client = UnixStream::connect(&app_path).unwrap();
     child.send(&format!("accept {ours}"));
     child.wait_for_line("app-accepted", Duration::from_secs(5));

@@ -16,7 +16,11 @@ fn host_is_fine(child: &mut Child, threads_before: u64) {
     child.send("alloc 4");
     child.wait_for_line("ready", Duration::from_secs(10));
     assert_eq!(threads(child.pid()), threads_before, "thread count changed");
-    assert_eq!(ctl_run(&["stats", &child.pid().to_string()]).code, 0, "endpoint no longer answers");
+    assert_eq!(
+        ctl_run(&["stats", &child.pid().to_string()]).code,
+        0,
+        "endpoint no longer answers"
+    );
 }
 
 #[test]
@@ -37,11 +41,17 @@ fn garbage_and_oversized_lines_get_errors_and_the_endpoint_keeps_answering() {
     let v = c.ask(r#"{"op":"hello","version":0}"#);
     assert_eq!(v["error"]["code"], "version_mismatch", "{v}");
     let v = c.ask(r#"{"op":"hello","version":99}"#);
-    assert_eq!(v["ok"]["version"], 1, "a newer client gets the server's version: {v}");
+    assert_eq!(
+        v["ok"]["version"], 1,
+        "a newer client gets the server's version: {v}"
+    );
     let v = c.ask(r#"{"op":"decay","dirty_ms":-7}"#);
     assert_eq!(v["error"]["code"], "invalid_argument", "{v}");
     let v = c.ask(r#"{"op":"stats","arenas":true}"#);
-    assert!(v["ok"]["arenas"].as_array().is_some_and(|a| !a.is_empty()), "{v}");
+    assert!(
+        v["ok"]["arenas"].as_array().is_some_and(|a| !a.is_empty()),
+        "{v}"
+    );
 
     // A 1 MiB line: one too_large error, then the connection is closed.
     let mut big = Raw::connect(&sock);
@@ -87,11 +97,18 @@ fn half_open_idle_and_pipelining_clients_are_handled() {
     // Half-open: request, then shut down our write side; the answer still
     // comes, then end of file.
     let mut h = Raw::connect(&sock);
-    h.send(b"{\"op\":\"hello\",\"version\":1}\n{\"op\":\"purge\"}\n").unwrap();
-    h.reader.get_ref().shutdown(std::net::Shutdown::Write).unwrap();
+    h.send(b"{\"op\":\"hello\",\"version\":1}\n{\"op\":\"purge\"}\n")
+        .unwrap();
+    h.reader
+        .get_ref()
+        .shutdown(std::net::Shutdown::Write)
+        .unwrap();
     let a: serde_json::Value = serde_json::from_str(&h.line()).unwrap();
     let b: serde_json::Value = serde_json::from_str(&h.line()).unwrap();
-    assert_eq!((a["ok"]["kind"].as_str(), b["ok"]["kind"].as_str()), (Some("hello"), Some("purge")));
+    assert_eq!(
+        (a["ok"]["kind"].as_str(), b["ok"]["kind"].as_str()),
+        (Some("hello"), Some("purge"))
+    );
     assert_eq!(h.line(), "");
 
     // Pipelining: 200 requests in one write are all answered, in order.
@@ -102,13 +119,18 @@ fn half_open_idle_and_pipelining_clients_are_handled() {
     }
     p.send(batch.as_bytes()).unwrap();
     for i in 0..200 {
-        let v: serde_json::Value = serde_json::from_str(&p.line()).unwrap_or_else(|e| panic!("answer {i}: {e}"));
+        let v: serde_json::Value =
+            serde_json::from_str(&p.line()).unwrap_or_else(|e| panic!("answer {i}: {e}"));
         assert!(v.get("ok").is_some(), "answer {i}: {v}");
     }
 
     let v: serde_json::Value = serde_json::from_str(&idle.line()).unwrap();
     assert_eq!(v["error"]["code"], "timeout", "{v}");
-    assert!(t0.elapsed() >= Duration::from_millis(4500), "closed too early: {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() >= Duration::from_millis(4500),
+        "closed too early: {:?}",
+        t0.elapsed()
+    );
     assert_eq!(idle.line(), "");
 
     host_is_fine(&mut child, threads_before);
@@ -140,9 +162,15 @@ fn a_flood_of_1000_connections_leaves_the_host_alive_and_answering() {
     let o = ctl_run(&["stats", &pid.to_string(), "--json"]);
     assert_eq!(o.code, 0, "{o:?}");
     let grown = rss_bytes(pid).saturating_sub(rss_before);
-    assert!(grown < 8 << 20, "the flood grew the host by {:.1} MiB", mib(grown));
+    assert!(
+        grown < 8 << 20,
+        "the flood grew the host by {:.1} MiB",
+        mib(grown)
+    );
     // The shim holds at most a few descriptors, not one per client.
-    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count();
     assert!(fds < 40, "{fds} descriptors open in the host");
     drop(conns);
     host_is_fine(&mut child, threads_before);

@@ -16,7 +16,9 @@ pub fn heap_fixture() -> PathBuf {
 
 /// Starts the fixture under the shim with decay off, waits for "started".
 pub fn start_heap(extra_env: &[(&str, &str)]) -> Child {
-    let mut c = Cmd::new(heap_fixture(), Vec::<String>::new()).shimmed().env("MEMSHIM_DIRTY_DECAY_MS", "-1");
+    let mut c = Cmd::new(heap_fixture(), Vec::<String>::new())
+        .shimmed()
+        .env("MEMSHIM_DIRTY_DECAY_MS", "-1");
     for (k, v) in extra_env {
         c = c.env(k, v);
     }
@@ -35,21 +37,34 @@ pub fn ctl_json(args: &[&str]) -> (i32, serde_json::Value) {
     let mut a = args.to_vec();
     a.push("--json");
     let o = ctl_run(&a);
-    let v = serde_json::from_str(&o.stdout)
-        .unwrap_or_else(|e| panic!("memshim-ctl {args:?}: stdout is not one JSON document ({e}): {o:?}"));
+    let v = serde_json::from_str(&o.stdout).unwrap_or_else(|e| {
+        panic!("memshim-ctl {args:?}: stdout is not one JSON document ({e}): {o:?}")
+    });
     (o.code, v)
 }
 
 /// Field 22 of /proc/<pid>/stat.
 pub fn starttime(pid: i32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    s[s.rfind(')').unwrap() + 1..].split_whitespace().nth(19).unwrap().parse().unwrap()
+    s[s.rfind(')').unwrap() + 1..]
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .parse()
+        .unwrap()
 }
 
 /// The default socket directory of this (root or not) test process.
 pub fn default_dir() -> PathBuf {
     let s = std::fs::read_to_string("/proc/self/status").unwrap();
-    let uid = s.lines().find(|l| l.starts_with("Uid:")).unwrap().split_whitespace().nth(2).unwrap().to_owned();
+    let uid = s
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .unwrap()
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .to_owned();
     PathBuf::from(format!("/tmp/memshim-{uid}"))
 }
 
@@ -60,8 +75,15 @@ pub fn socket_in(dir: &std::path::Path, pid: i32) -> PathBuf {
 
 /// Waits until the endpoint of `pid` (default directory) answers `stats`.
 pub fn wait_endpoint(pid: i32) {
-    wait_until(Duration::from_secs(10), || (ctl_run(&["stats", &pid.to_string(), "--json"]).code == 0).then_some(()))
-        .unwrap_or_else(|| panic!("endpoint of {pid} never answered: {:?}", ctl_run(&["stats", &pid.to_string()])));
+    wait_until(Duration::from_secs(10), || {
+        (ctl_run(&["stats", &pid.to_string(), "--json"]).code == 0).then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "endpoint of {pid} never answered: {:?}",
+            ctl_run(&["stats", &pid.to_string()])
+        )
+    });
 }
 
 /// A raw protocol connection.
@@ -71,9 +93,12 @@ pub struct Raw {
 
 impl Raw {
     pub fn connect(path: &std::path::Path) -> Raw {
-        let s = UnixStream::connect(path).unwrap_or_else(|e| panic!("connect {}: {e}", path.display()));
+        let s =
+            UnixStream::connect(path).unwrap_or_else(|e| panic!("connect {}: {e}", path.display()));
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        Raw { reader: BufReader::new(s) }
+        Raw {
+            reader: BufReader::new(s),
+        }
     }
 
     pub fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
