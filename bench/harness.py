@@ -9,6 +9,7 @@ Stdlib only. Missing comparison allocators are reported as missing, never as fai
 
 import argparse
 import copy
+import json
 import os
 import sys
 import time
@@ -45,9 +46,23 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated scenario ids (s1..s7)")
     ap.add_argument("--configs", default="", help="comma-separated configuration names")
     ap.add_argument("--out", default="", help="directory for the report (default: repo root / bench/out/smoke)")
+    ap.add_argument("--set", action="append", default=[], metavar="S.KEY=VALUE",
+                    help="override a parameter, e.g. --set s4.kernels=large,medium --set reps.s4=1 (JSON or a "
+                         "comma list)")
     a = ap.parse_args()
 
     params = copy.deepcopy(SMOKE if a.smoke else FULL)
+    for item in a.set:
+        path, _, val = item.partition("=")
+        sec, _, key = path.partition(".")
+        old = params[sec][key]
+        try:
+            new = json.loads(val)
+        except ValueError:
+            new = val
+        if isinstance(old, list) and not isinstance(new, list):
+            new = [type(old[0])(x) if old else x for x in str(val).split(",") if x] if old else val.split(",")
+        params[sec][key] = new
     mode = "smoke" if a.smoke else "full"
     if a.out:
         out_dir = os.path.abspath(a.out)

@@ -7,7 +7,7 @@ from .configs import ROOT
 
 SRC = os.path.join(ROOT, "bench", "workloads")
 OUT = os.path.join(ROOT, "bench", "out")
-PROGRAMS = ("serve", "churn", "tput")
+PROGRAMS = ("serve", "churn", "tput", "dirty")
 
 
 def build_all():

@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SHIM = os.path.join(ROOT, "target", "release", "libmemshim.so")
+# BENCH_SHIM=/path/libmemshim.so measures another build (default: this checkout's release build).
+SHIM = os.environ.get("BENCH_SHIM") or os.path.join(ROOT, "target", "release", "libmemshim.so")
 
 # Variables a configuration may set; all of them are cleared from the harness's
 # own environment first so that nothing leaks from the caller into a run.
@@ -62,7 +63,10 @@ def variants():
                {"MEMSHIM_DIRTY_DECAY_MS": "-1", "MEMSHIM_MUZZY_DECAY_MS": "-1"}, True),
         Config("ms-oversize8m", "memshim, oversize_threshold 8 MiB (jemalloc's default)", SHIM,
                {"MEMSHIM_MALLOC_CONF": "oversize_threshold:8388608"}, True),
-        Config("ms-tcache4k", "memshim, tcache_max 4096", SHIM, {"MEMSHIM_MALLOC_CONF": "tcache_max:4096"}, True),
+        Config("ms-tcache4k", "memshim, tcache_max 4096 (smaller thread caches)", SHIM,
+               {"MEMSHIM_MALLOC_CONF": "tcache_max:4096"}, True),
+        Config("ms-tcache64k", "memshim, tcache_max 65536 (thread caches cover the medium sizes)", SHIM,
+               {"MEMSHIM_MALLOC_CONF": "tcache_max:65536"}, True),
     ]
 
 

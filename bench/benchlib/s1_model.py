@@ -12,7 +12,7 @@ from .svg import line_plot
 SCRIPT = os.path.join(ROOT, "bench", "workloads", "model_cycles.py")
 KIND_LABEL = {
     "torch": "real PyTorch + transformers `BertModel(BertConfig())` built from its config (random init, 110 M "
-             "parameters), 3 forward passes of (8, 128) tokens",
+             "parameters), 3 forward passes of (2, 128) tokens",
     "numpy": "FALLBACK (torch/transformers not importable): numpy float32 arrays with bert-base's tensor "
              "shapes (110 M parameters, filled), 3 matmul forward passes, plus Python-object churn with "
              "2 % survivors per cycle",
