@@ -20,10 +20,11 @@ def nice_ticks(lo, hi, n=6):
     start = math.floor(lo / step) * step
     ticks = []
     t = start
-    while t <= hi + step * 0.5:
+    while True:
         ticks.append(round(t, 10))
+        if t >= hi - 1e-9:
+            return ticks
         t += step
-    return ticks
 
 
 def line_plot(path, title, series, xlabel, ylabel, width=900, height=460, marks=None):
