@@ -7,7 +7,7 @@ PY_CONFIGS = ["glibc", "jemalloc", "tcmalloc", "mimalloc", "memshim"]
 FULL = {
     "reps": {"s1": 1, "s2": 2, "s3": 1, "s4": 3, "s5": 1},
     "s1": {"kind": "auto", "modes": ["thread", "main"], "cycles": 5, "idle": 2.0, "final_idle": 3.0, "scale": 1.0,
-           "variants": []},
+           "variants": [], "main_configs": ["glibc", "glibc-trim128k", "glibc-malloc_trim", "jemalloc", "memshim"]},
     "s2": {"threads": 8, "ops": 300000, "slots": 2000, "idle_checkpoints": [1, 6, 30], "variants": ALL_VARIANTS},
     "s3": {"threads": 4, "rate": 200, "seconds": 60, "idle": 20, "idle_step": 2, "variants": ALL_VARIANTS},
     "s4": {"kernels": ["prodcons", "larson", "small", "medium", "large"], "threads": [1, 2, 4], "seconds": 0.3,

@@ -40,14 +40,16 @@ def run(ctx):
                 f"RSS = VmRSS in MB, read by the process itself at each event; peak = VmHWM. "
                 f"Repetitions: {ctx.reps['s1']}."]
     for mode in p["modes"]:
-        runs = {c.name: [] for c in configs}
+        # The main-thread case (where glibc has no problem) runs a subset to fit the time budget.
+        cs = [c for c in configs if mode != "main" or not p.get("main_configs") or c.name in p["main_configs"]]
+        runs = {c.name: [] for c in cs}
         for rep in range(ctx.reps["s1"]):
-            for c in configs:
+            for c in cs:
                 ctx.log(f"s1 {kind} {mode} {c.name} rep {rep + 1}")
                 cmd = [ctx.python, SCRIPT, "--kind", kind, "--mode", mode, "--cycles", str(p["cycles"]),
                        "--idle", str(p["idle"]), "--final-idle", str(p["final_idle"]), "--scale", str(p["scale"])]
                 runs[c.name].append(Run(cmd, c, label="model_cycles.py").finish())
-        res["modes"][mode] = summarize(ctx, mode, configs, runs, p["cycles"])
+        res["modes"][mode] = summarize(ctx, mode, cs, runs, p["cycles"])
         sections.append(res["modes"][mode]["md"])
     res["md"] = "\n\n".join(sections)
     return res

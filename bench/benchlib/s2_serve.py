@@ -10,7 +10,7 @@ from .stats import fmt, fmt_ratio, mb, median, ratio, spread
 from .svg import line_plot
 
 
-def run(ctx, extra_configs=()):
+def run(ctx):
     p = ctx.p["s2"]
     configs = ctx.configs + [v for v in ctx.variants if v.name in p.get("variants", ())]
     checkpoints = p["idle_checkpoints"]
@@ -30,7 +30,7 @@ def run(ctx, extra_configs=()):
     def med(name, fn):
         return median([fn(r) for r in runs[name]])
 
-    res = {"peak": {}, "idle": {}, "ops": {}, "floor": None}
+    res = {"peak": {}, "idle": {}, "ops": {}, "floor": None, "base": {}}
     floor_live = median([mb(r.event("start")["rss_kb"] + r.event("work_done")["live_kb"])
                          for rs in runs.values() for r in rs])
     res["floor"] = floor_live
@@ -40,6 +40,7 @@ def run(ctx, extra_configs=()):
     for c in configs:
         n = c.name
         res["ops"][n] = med(n, lambda r: r.event("work_done")["ops_per_s"])
+        res["base"][n] = med(n, lambda r: mb(r.event("start")["rss_kb"]))
         res["peak"][n] = med(n, lambda r: mb(r.peak_kb))
         res["idle"][n] = {cp: med(n, lambda r, cp=cp: mb(r.event("idle", idle_s=cp)["rss_kb"])) for cp in checkpoints}
     rows = []

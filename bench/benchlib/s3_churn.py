@@ -21,11 +21,12 @@ def run(ctx):
         for r, n in live:
             runs[n].append(r.finish())
     steps = [e["idle_s"] for e in runs[configs[0].name][0].all("idle")]
-    res = {"final": {}, "peak": {}, "end": {}}
+    res = {"final": {}, "peak": {}, "end": {}, "base": {}}
     for c in configs:
         rs = runs[c.name]
         res["final"][c.name] = median([mb(r.all("idle")[-1]["rss_kb"]) for r in rs])
         res["peak"][c.name] = median([mb(r.peak_kb) for r in rs])
+        res["base"][c.name] = median([mb(r.event("start")["rss_kb"]) for r in rs])
         res["end"][c.name] = median([mb(r.event("churn_done")["rss_kb"]) for r in rs])
     headers = ["config", "requests/s", "peak MB", "end of churn"] + [f"idle {s:g} s" for s in steps] + [
         "final vs glibc", "final vs jemalloc", "peak vs glibc"]
