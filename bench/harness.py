@@ -152,7 +152,7 @@ DEFAULTS_NOTE = (
     "**oversize_threshold 0** (no dedicated huge arena): jemalloc's 8 MiB default purges large extents "
     "eagerly and loses the large-buffer case to glibc. **tcache_max** stays jemalloc's (32 KiB): 4 KiB "
     "roughly halves what parked threads keep in scenario 2 but costs small- and medium-size throughput; "
-    "64 KiB did not make the medium case faster in our runs and keeps the same memory. Arena count (from "
+    "larger values cannot be set in this jemalloc build (opt.tcache_max is capped at 32 KiB). Arena count (from "
     "the cgroup CPU quota) was not varied. These readings were taken on a shared 2-core VM; when a row "
     "of this run contradicts them, the table wins.")
 

@@ -1,7 +1,6 @@
 """Scenario parameters of the full run and of the smoke run."""
 
-ALL_VARIANTS = ["ms-decay0", "ms-decay5s", "ms-decay10s", "ms-nodecay", "ms-oversize8m", "ms-tcache4k",
-                "ms-tcache64k"]
+ALL_VARIANTS = ["ms-decay0", "ms-decay5s", "ms-decay10s", "ms-nodecay", "ms-oversize8m", "ms-tcache4k"]
 PY_CONFIGS = ["glibc", "jemalloc", "tcmalloc", "mimalloc", "memshim"]
 
 FULL = {
