@@ -41,12 +41,15 @@ lint: ## rustfmt and clippy, warnings are errors
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
 
+# Docs: README.md at the top of share/doc/memshim and docs/ beside it, so the
+# README's relative links resolve (and docs/README.md does not collide with it).
 install: build ## Install lib/libmemshim.so, bin/memshim-ctl and the docs under $(DESTDIR)$(PREFIX)
-	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/doc/memshim
+	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/doc/memshim/docs
 	install -m 0755 $(LIB) $(DESTDIR)$(PREFIX)/lib/libmemshim.so
 	strip --strip-debug $(DESTDIR)$(PREFIX)/lib/libmemshim.so
 	install -m 0755 $(CTL) $(DESTDIR)$(PREFIX)/bin/memshim-ctl
-	install -m 0644 README.md docs/*.md $(DESTDIR)$(PREFIX)/share/doc/memshim/
+	install -m 0644 README.md $(DESTDIR)$(PREFIX)/share/doc/memshim/
+	install -m 0644 docs/*.md $(DESTDIR)$(PREFIX)/share/doc/memshim/docs/
 
 uninstall: ## Remove what `make install` installed
 	rm -f $(DESTDIR)$(PREFIX)/lib/libmemshim.so $(DESTDIR)$(PREFIX)/bin/memshim-ctl

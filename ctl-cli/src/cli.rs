@@ -37,6 +37,14 @@ pub enum Command {
     EmptyCache(cmd::empty_cache::EmptyCacheArgs),
     /// gc, empty-cache and purge, in that order, with one figure per step.
     Release(cmd::release::ReleaseArgs),
+    /// Run a command with libmemshim.so preloaded (exec; its exit status is the command's).
+    Run(cmd::run::RunArgs),
+    /// Explain why a process has no shim or a degraded one; host memory facts.
+    Doctor(cmd::doctor::DoctorArgs),
+    /// Prometheus text exposition of every shimmed process you can reach.
+    Metrics(cmd::metrics::MetricsArgs),
+    /// Serve /metrics over HTTP for Prometheus (node_exporter style).
+    Serve(cmd::serve::ServeArgs),
 }
 
 impl Command {
@@ -51,6 +59,8 @@ impl Command {
             Command::Gc(a) => a.json,
             Command::EmptyCache(a) => a.json,
             Command::Release(a) => a.targets.json,
+            Command::Run(_) | Command::Metrics(_) | Command::Serve(_) => false,
+            Command::Doctor(a) => a.json,
         }
     }
 }
@@ -110,6 +120,21 @@ mod tests {
         assert!(
             matches!(parse(&["release", "--all"]).unwrap(), Command::Release(a) if a.targets.all)
         );
+        assert!(matches!(
+            parse(&["run", "--dirty-ms", "-1", "--", "python", "-X", "dev", "--dirty-ms", "5"]).unwrap(),
+            Command::Run(a) if a.dirty_ms == Some(-1) && a.command == ["python", "-X", "dev", "--dirty-ms", "5"]
+        ));
+        assert!(matches!(parse(&["doctor"]).unwrap(), Command::Doctor(a) if a.pid.is_none()));
+        assert!(
+            matches!(parse(&["doctor", "7", "--json"]).unwrap(), Command::Doctor(a) if a.pid == Some(7) && a.json)
+        );
+        assert!(
+            matches!(parse(&["metrics", "--max-processes", "3"]).unwrap(), Command::Metrics(a) if a.limits.max_processes == 3)
+        );
+        assert!(matches!(
+            parse(&["serve", "--listen", "127.0.0.1:0", "--enable-purge"]).unwrap(),
+            Command::Serve(a) if a.enable_purge && a.listen.port() == 0
+        ));
     }
 
     #[test]
@@ -124,6 +149,9 @@ mod tests {
             &["decay", "1", "--dirty-ms", "-2"],
             &["watch", "1", "--interval", "0"],
             &["frobnicate"],
+            &["run"], // no command
+            &["run", "--control", "sometimes", "--", "true"],
+            &["serve", "--listen", "not-an-address"],
         ] {
             let e = parse(bad).expect_err(&format!("{bad:?} must be refused"));
             assert_eq!(e.exit_code(), 2, "{bad:?}");

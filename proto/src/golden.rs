@@ -167,6 +167,7 @@ fn stats_field_names_are_stable() {
             "python",
             "torch",
             "python_unavailable",
+            "purges",
             "elapsed_ms"
         ])
     );

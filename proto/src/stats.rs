@@ -30,8 +30,21 @@ pub struct StatsReport {
     /// Why `python` is absent.
     #[serde(default)]
     pub python_unavailable: Option<PythonUnavailable>,
+    /// Purge requests served since the process started (or forked);
+    /// absent from shims that predate the field.
+    #[serde(default)]
+    pub purges: Option<PurgeCounters>,
     /// Time the server spent building this report, in ms.
     pub elapsed_ms: f64,
+}
+
+/// Cumulative purge figures of one process (Prometheus counters).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PurgeCounters {
+    /// `purge` requests served (each `release` includes one).
+    pub count: u64,
+    /// Sum of `released` (RSS before minus after) over those requests, in bytes.
+    pub released_bytes: u64,
 }
 
 /// Process-wide jemalloc figures from one `epoch` snapshot, in bytes.

@@ -30,10 +30,13 @@ const MIN_TICK_MS: i64 = 50;
 /// How long a fork may wait for the thread to stop before going ahead.
 const FORK_STOP_WAIT_MS: u64 = 200;
 
-/// An eventfd that fork handlers write to wake the thread. Its identity
-/// (device, inode) is recorded so a descriptor number that the application
-/// closed (`close_range`) and reused is never read from or written to.
-static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
+/// A pipe that fork handlers write to, to wake the thread. Its identity
+/// (device, inode: every pipe has an inode of its own, unlike eventfds,
+/// which all share one anonymous inode) is recorded, so a descriptor number
+/// that the application closed (`close_range`) and reused is never read
+/// from or written to.
+static WAKE_R: AtomicI32 = AtomicI32::new(-1);
+static WAKE_W: AtomicI32 = AtomicI32::new(-1);
 static WAKE_ID: AtomicU64 = AtomicU64::new(0);
 
 /// (st_dev, st_ino) of `fd` folded into one word, or 0 if not open.
@@ -52,36 +55,45 @@ pub(crate) fn fd_identity(fd: i32) -> u64 {
     }
 }
 
-fn wake_fd_if_ours() -> Option<i32> {
-    let fd = WAKE_FD.load(Acquire);
+fn ours(slot: &AtomicI32) -> Option<i32> {
+    let fd = slot.load(Acquire);
     (fd >= 0 && fd_identity(fd) == WAKE_ID.load(Acquire)).then_some(fd)
 }
 
-fn open_wake_fd() {
-    // SAFETY: plain syscall.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    if fd >= 0 {
-        WAKE_ID.store(fd_identity(fd), Release);
-        WAKE_FD.store(fd, Release);
+fn open_wake_pipe() {
+    let mut fds = [-1i32; 2];
+    // SAFETY: `fds` is a valid array of two ints.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } == 0 {
+        WAKE_ID.store(fd_identity(fds[0]), Release);
+        WAKE_R.store(fds[0], Release);
+        WAKE_W.store(fds[1], Release);
     }
 }
 
-fn close_wake_fd() {
-    if let Some(fd) = wake_fd_if_ours() {
-        WAKE_FD.store(-1, Release);
-        // SAFETY: the descriptor is still the eventfd we opened.
-        unsafe { libc::close(fd) };
-    } else {
+fn close_wake_pipe() {
+    for slot in [&WAKE_R, &WAKE_W] {
+        if let Some(fd) = ours(slot) {
+            // SAFETY: the descriptor is still the pipe end we opened.
+            unsafe { libc::close(fd) };
+        }
         // Closed under us by the application: forget the number, never close it.
-        WAKE_FD.store(-1, Release);
+        slot.store(-1, Release);
     }
 }
 
 fn wake() {
-    if let Some(fd) = wake_fd_if_ours() {
-        let one: u64 = 1;
-        // SAFETY: writing 8 bytes to our eventfd.
-        unsafe { libc::write(fd, (&raw const one).cast(), 8) };
+    if let Some(fd) = ours(&WAKE_W) {
+        let one = 1u8;
+        // SAFETY: writing one byte to our pipe.
+        unsafe { libc::write(fd, (&raw const one).cast(), 1) };
+    }
+}
+
+fn drain_wake_pipe() {
+    if let Some(fd) = ours(&WAKE_R) {
+        let mut buf = [0u8; 64];
+        // SAFETY: reading into a local buffer from our nonblocking pipe.
+        while unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
     }
 }
 
@@ -127,7 +139,7 @@ extern "C" fn thread_main(_: *mut c_void) -> *mut c_void {
     // SAFETY: naming the calling thread; the name is a static C string.
     unsafe { libc::pthread_setname_np(libc::pthread_self(), c"memshim".as_ptr()) };
     let _ = jemalloc::disable_own_tcache();
-    open_wake_fd();
+    open_wake_pipe();
     lifecycle::set_thread_state(ThreadState::Running);
     let mut endpoint = control::Endpoint::open();
     let mut last_decay = sys::monotonic_ms();
@@ -137,14 +149,14 @@ extern "C" fn thread_main(_: *mut c_void) -> *mut c_void {
             .map(|d| d.0)
             .unwrap_or(options::dirty_decay_ms());
         let tick = tick_ms(dirty);
-        // fds[0]: the wake eventfd; then the endpoint's listener and connections.
+        // fds[0]: the wake pipe; then the endpoint's listener and connections.
         let mut fds = [libc::pollfd {
             fd: -1,
             events: 0,
             revents: 0,
         }; 1 + control::MAX_POLL_FDS];
         fds[0] = libc::pollfd {
-            fd: wake_fd_if_ours().unwrap_or(-1),
+            fd: ours(&WAKE_R).unwrap_or(-1),
             events: libc::POLLIN,
             revents: 0,
         };
@@ -153,16 +165,12 @@ extern "C" fn thread_main(_: *mut c_void) -> *mut c_void {
         // negative fds are ignored.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), (1 + n_ep) as libc::nfds_t, tick as i32) };
         if n > 0 && fds[0].revents != 0 {
-            if let Some(fd) = wake_fd_if_ours() {
-                let mut v: u64 = 0;
-                // SAFETY: reading 8 bytes from our eventfd into a local.
-                unsafe { libc::read(fd, (&raw mut v).cast(), 8) };
-            }
+            drain_wake_pipe();
         }
-        if WAKE_FD.load(Acquire) < 0 || wake_fd_if_ours().is_none() {
+        if ours(&WAKE_R).is_none() || ours(&WAKE_W).is_none() {
             // The application closed it (close_range): make a new one.
-            WAKE_FD.store(-1, Release);
-            open_wake_fd();
+            close_wake_pipe();
+            open_wake_pipe();
         }
         if STOP.swap(false, AcqRel) && try_stop(&mut endpoint) {
             return core::ptr::null_mut();
@@ -205,12 +213,12 @@ fn try_stop(endpoint: &mut Option<control::Endpoint>) -> bool {
     if let Some(e) = endpoint.take() {
         e.close();
     }
-    close_wake_fd();
+    close_wake_pipe();
     lifecycle::set_thread_state(ThreadState::Idle);
     // A thread created while we were stopping wants us back.
     if WANTED.load(Acquire) && lifecycle::cas_thread_state(ThreadState::Idle, ThreadState::Running)
     {
-        open_wake_fd();
+        open_wake_pipe();
         *endpoint = control::Endpoint::open();
         return false;
     }
@@ -246,14 +254,10 @@ pub(crate) fn stop_for_fork() {
     }
 }
 
-/// Fork child: the thread is not here; close the inherited eventfd if it is
+/// Fork child: the thread is not here; close the inherited wake pipe if it is
 /// still ours. Async-signal-safe (fstat, close).
 pub(crate) fn after_fork_child() {
-    if let Some(fd) = wake_fd_if_ours() {
-        // SAFETY: closing our own inherited descriptor.
-        unsafe { libc::close(fd) };
-    }
-    WAKE_FD.store(-1, Relaxed);
+    close_wake_pipe();
 }
 
 #[cfg(test)]

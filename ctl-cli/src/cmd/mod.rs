@@ -18,11 +18,15 @@
 //! commands that take `<PID>... | --all`.
 
 pub mod decay;
+pub mod doctor;
 pub mod empty_cache;
 pub mod gc;
 pub mod list;
+pub mod metrics;
 pub mod purge;
 pub mod release;
+pub mod run;
+pub mod serve;
 pub mod stats;
 pub mod watch;
 
@@ -42,6 +46,10 @@ pub fn run(cmd: Command) -> Result<Exit, Failure> {
         Command::Gc(a) => gc::run(a),
         Command::EmptyCache(a) => empty_cache::run(a),
         Command::Release(a) => release::run(a),
+        Command::Run(a) => run::run(a),
+        Command::Doctor(a) => doctor::run(a),
+        Command::Metrics(a) => metrics::run(a),
+        Command::Serve(a) => serve::run(a),
     }
 }
 

@@ -5,7 +5,19 @@ use super::procfs;
 use crate::options::{self, Control};
 use crate::{jemalloc, lifecycle};
 use memshim_proto::*;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
+
+/// `purge` requests served in this process, and the RSS they released
+/// (reported as `purges` in `stats`; reset in a fork child).
+static PURGES: AtomicU64 = AtomicU64::new(0);
+static PURGED_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// Fork child: the parent's purges are not the child's. Async-signal-safe.
+pub fn reset_purge_counters() {
+    PURGES.store(0, Relaxed);
+    PURGED_BYTES.store(0, Relaxed);
+}
 
 /// How long `stats` waits for the interpreter before reporting "busy".
 const PY_STATS_TIMEOUT: Duration = Duration::from_millis(250);
@@ -116,6 +128,10 @@ pub fn stats(arenas: bool, pss: bool) -> Result<StatsReport, ErrorReply> {
         python,
         torch,
         python_unavailable,
+        purges: Some(PurgeCounters {
+            count: PURGES.load(Relaxed),
+            released_bytes: PURGED_BYTES.load(Relaxed),
+        }),
         elapsed_ms: ms(t0),
     })
 }
@@ -129,6 +145,8 @@ pub fn purge() -> Result<PurgeResult, ErrorReply> {
     jemalloc::purge_all().map_err(|e| internal("arena.4096.purge", e))?;
     let after = jemalloc::stats().unwrap_or(before);
     let rss_after = procfs::rss();
+    PURGES.fetch_add(1, Relaxed);
+    PURGED_BYTES.fetch_add(rss_before.saturating_sub(rss_after), Relaxed);
     Ok(PurgeResult {
         rss_before,
         rss_after,

@@ -313,6 +313,7 @@ impl Endpoint {
 /// close).
 pub fn after_fork_child() {
     fds::close_all();
+    handlers::reset_purge_counters();
 }
 
 /// Library destructor: remove this process's socket file, and make sure the

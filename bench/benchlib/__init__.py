@@ -1,0 +1,1 @@
+"""memshim's benchmark harness (stdlib only). Entry point: bench/harness.py."""

@@ -1,0 +1,24 @@
+"""Compiles the C workloads into bench/out/ with gcc."""
+
+import os
+import subprocess
+
+from .configs import ROOT
+
+SRC = os.path.join(ROOT, "bench", "workloads")
+OUT = os.path.join(ROOT, "bench", "out")
+PROGRAMS = ("serve", "churn", "tput", "dirty")
+
+
+def build_all():
+    os.makedirs(OUT, exist_ok=True)
+    paths = {}
+    for name in PROGRAMS:
+        src = os.path.join(SRC, f"{name}.c")
+        exe = os.path.join(OUT, name)
+        deps = [src, os.path.join(SRC, "common.h")]
+        if not os.path.exists(exe) or os.path.getmtime(exe) < max(os.path.getmtime(d) for d in deps):
+            subprocess.run(["gcc", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-pthread", "-o", exe, src, "-lm"],
+                           check=True)
+        paths[name] = exe
+    return paths

@@ -1,0 +1,74 @@
+"""The allocator configurations every scenario runs under."""
+
+import os
+from dataclasses import dataclass, field
+
+LIBDIR = "/usr/lib/x86_64-linux-gnu"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# BENCH_SHIM=/path/libmemshim.so measures another build (default: this checkout's release build).
+SHIM = os.environ.get("BENCH_SHIM") or os.path.join(ROOT, "target", "release", "libmemshim.so")
+
+# Variables a configuration may set; all of them are cleared from the harness's
+# own environment first so that nothing leaks from the caller into a run.
+CONTROLLED_PREFIXES = ("LD_PRELOAD", "MALLOC_", "_RJEM_MALLOC_CONF", "MEMSHIM_", "GLIBC_TUNABLES",
+                       "BENCH_MALLOC_TRIM", "PYTHONMALLOC", "MIMALLOC_", "TCMALLOC_")
+
+
+@dataclass
+class Config:
+    name: str          # short id used in tables and file names
+    label: str         # what it is, for the report
+    preload: str = ""  # LD_PRELOAD path, "" for glibc
+    env: dict = field(default_factory=dict)
+    variant: bool = False  # a memshim tuning variant (defaults study), not a competitor
+
+    def missing(self):
+        return bool(self.preload) and not os.path.exists(self.preload)
+
+    def environ(self, extra=None):
+        e = {k: v for k, v in os.environ.items() if not k.startswith(CONTROLLED_PREFIXES)}
+        if self.preload:
+            e["LD_PRELOAD"] = self.preload
+        e.update(self.env)
+        if extra:
+            e.update(extra)
+        return e
+
+
+def competitors():
+    return [
+        Config("glibc", "glibc 2.36 malloc, as shipped"),
+        Config("glibc-trim128k", "glibc, MALLOC_TRIM_THRESHOLD_=131072 (best glibc tuning)",
+               env={"MALLOC_TRIM_THRESHOLD_": "131072"}),
+        Config("glibc-arena2", "glibc, MALLOC_ARENA_MAX=2", env={"MALLOC_ARENA_MAX": "2"}),
+        Config("glibc-malloc_trim", "glibc + malloc_trim(0) after every unload (code change)",
+               env={"BENCH_MALLOC_TRIM": "1"}),
+        Config("jemalloc", "Debian libjemalloc.so.2 (5.3.0), defaults", preload=f"{LIBDIR}/libjemalloc.so.2"),
+        Config("tcmalloc", "Debian libtcmalloc_minimal.so.4 (gperftools 2.10)",
+               preload=f"{LIBDIR}/libtcmalloc_minimal.so.4"),
+        Config("mimalloc", "Debian libmimalloc.so.2 (2.0.9)", preload=f"{LIBDIR}/libmimalloc.so.2"),
+        Config("memshim", "memshim, defaults", preload=SHIM),
+    ]
+
+
+# memshim variants for choosing the defaults; each differs from the defaults in one knob.
+def variants():
+    return [
+        Config("ms-decay0", "memshim, dirty_decay_ms 0 (purge at once)", SHIM,
+               {"MEMSHIM_DIRTY_DECAY_MS": "0"}, True),
+        Config("ms-decay5s", "memshim, dirty_decay_ms 5000", SHIM, {"MEMSHIM_DIRTY_DECAY_MS": "5000"}, True),
+        Config("ms-decay10s", "memshim, dirty_decay_ms 10000 (jemalloc's default)", SHIM,
+               {"MEMSHIM_DIRTY_DECAY_MS": "10000"}, True),
+        Config("ms-nodecay", "memshim, decay off (-1): the PyTorch-tuning-guide style", SHIM,
+               {"MEMSHIM_DIRTY_DECAY_MS": "-1", "MEMSHIM_MUZZY_DECAY_MS": "-1"}, True),
+        Config("ms-oversize8m", "memshim, oversize_threshold 8 MiB (jemalloc's default)", SHIM,
+               {"MEMSHIM_MALLOC_CONF": "oversize_threshold:8388608"}, True),
+        Config("ms-tcache4k", "memshim, tcache_max 4096 (smaller thread caches)", SHIM,
+               {"MEMSHIM_MALLOC_CONF": "tcache_max:4096"}, True),
+        # No larger tcache_max variant: this jemalloc build (tikv-jemalloc-sys, 5.3.1) caps
+        # opt.tcache_max at 32 KiB, so tcache_max:65536 reads back as 32768 and measures nothing.
+    ]
+
+
+def by_name():
+    return {c.name: c for c in competitors() + variants()}

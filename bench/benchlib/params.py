@@ -1,0 +1,32 @@
+"""Scenario parameters of the full run and of the smoke run."""
+
+ALL_VARIANTS = ["ms-decay0", "ms-decay5s", "ms-decay10s", "ms-nodecay", "ms-oversize8m", "ms-tcache4k"]
+PY_CONFIGS = ["glibc", "jemalloc", "tcmalloc", "mimalloc", "memshim"]
+
+FULL = {
+    "reps": {"s1": 1, "s2": 2, "s3": 1, "s4": 3, "s5": 1},
+    "s1": {"kind": "auto", "modes": ["thread", "main"], "cycles": 5, "idle": 2.0, "final_idle": 3.0, "scale": 1.0,
+           "variants": [], "main_configs": ["glibc", "glibc-trim128k", "glibc-malloc_trim", "jemalloc", "memshim"]},
+    "s2": {"threads": 8, "ops": 300000, "slots": 2000, "idle_checkpoints": [1, 6, 30], "variants": ALL_VARIANTS},
+    "s3": {"threads": 4, "rate": 200, "seconds": 60, "idle": 20, "idle_step": 2, "variants": ALL_VARIANTS},
+    "s4": {"kernels": ["prodcons", "larson", "small", "medium", "large"], "threads": [1, 2, 4], "seconds": 0.3,
+           "seconds_large": 1.0, "variants": ALL_VARIANTS, "variant_kernels": ["medium", "large"]},
+    "s5": {"pyperf": True, "processes": 2, "values": 3, "micro_scale": 1.0, "micro_repeat": 3,
+           "configs": PY_CONFIGS},
+    "s6": {"n_true": 300, "n_python": 40, "n_loop": 3, "loop": 1000, "configs": PY_CONFIGS},
+    "s7": {"n_stats": 200, "n_purge": 20},
+}
+
+SMOKE = {
+    "reps": {"s1": 1, "s2": 1, "s3": 1, "s4": 1, "s5": 1},
+    "s1": {"kind": "smoke", "modes": ["thread", "main"], "cycles": 2, "idle": 0.2, "final_idle": 0.2, "scale": 0.05,
+           "variants": []},
+    "s2": {"threads": 8, "ops": 5000, "slots": 200, "idle_checkpoints": [0.2, 0.5], "variants": ["ms-decay0"]},
+    "s3": {"threads": 2, "rate": 100, "seconds": 1, "idle": 0.6, "idle_step": 0.3, "variants": []},
+    "s4": {"kernels": ["prodcons", "larson", "small", "medium", "large"], "threads": [1, 2], "seconds": 0.1,
+           "seconds_large": 0.2, "variants": ["ms-nodecay"], "variant_kernels": ["large"]},
+    "s5": {"pyperf": False, "processes": 1, "values": 1, "micro_scale": 0.02, "micro_repeat": 1,
+           "configs": PY_CONFIGS},
+    "s6": {"n_true": 5, "n_python": 2, "n_loop": 1, "loop": 20, "configs": PY_CONFIGS},
+    "s7": {"n_stats": 5, "n_purge": 2},
+}

@@ -1,0 +1,513 @@
+//! `memshim-ctl doctor [PID]`: why a process has no shim or a degraded one,
+//! and the host facts that change memory behaviour. Reads /proc, /sys and
+//! the executable's ELF headers; asks the process's control endpoint when it
+//! has one. Exit status: 0 when the process runs with a working shim (or no
+//! PID was given), 1 when a problem was found, 3 when there is no such process.
+
+mod elf;
+pub mod host;
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::client::Client;
+use crate::discover;
+use crate::exit::{Exit, Failure};
+
+/// Options of `memshim-ctl doctor`.
+#[derive(clap::Args, Debug)]
+pub struct DoctorArgs {
+    /// Process to examine; without it, only host facts and the library `run` would use
+    pub pid: Option<i32>,
+    /// Print the diagnosis as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// How serious a finding is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Level {
+    /// Working as intended.
+    Ok,
+    /// Worth knowing, nothing wrong.
+    Note,
+    /// The shim is not in effect, or cannot do its job.
+    Problem,
+}
+
+/// One line of the diagnosis.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    /// Severity.
+    pub level: Level,
+    /// Stable identifier (`static_binary`, `secure_exec`, ...).
+    pub code: &'static str,
+    /// What it means and what to do.
+    pub message: String,
+}
+
+/// What the control endpoint said, if it was asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// No socket for the process.
+    Absent,
+    /// A socket exists but did not answer.
+    Unreachable(String),
+    /// It answered `stats`.
+    Answered {
+        /// `config.interposed`.
+        interposed: bool,
+    },
+}
+
+/// The whole diagnosis of one process.
+#[derive(Debug, Clone, Serialize)]
+pub struct Diagnosis {
+    /// The process.
+    pub pid: i32,
+    /// Its `comm`.
+    pub command: String,
+    /// Path of the mapped libmemshim.so, if any.
+    pub shim: Option<String>,
+    /// Everything found, most important first.
+    pub findings: Vec<Finding>,
+    /// Host facts as they apply to this process.
+    pub host: host::HostFacts,
+}
+
+impl Diagnosis {
+    /// True if a problem was found.
+    pub fn has_problem(&self) -> bool {
+        self.findings.iter().any(|f| f.level == Level::Problem)
+    }
+}
+
+/// Facts read from /proc for one process. `None` where unreadable.
+#[derive(Debug, Default)]
+struct Proc {
+    comm: String,
+    exe: Option<PathBuf>,
+    maps: Option<String>,
+    environ: Option<Vec<(String, String)>>,
+    at_secure: Option<bool>,
+    threads: Option<u64>,
+    parent_comm: Option<String>,
+}
+
+fn read_proc(pid: i32) -> Result<Proc, Failure> {
+    let base = PathBuf::from(format!("/proc/{pid}"));
+    let comm = std::fs::read_to_string(base.join("comm"))
+        .map_err(|e| {
+            Failure::new(
+                Exit::NotFound,
+                Some(pid),
+                format!("no such process (/proc/{pid}: {e})"),
+            )
+        })?
+        .trim()
+        .to_owned();
+    let status = std::fs::read_to_string(base.join("status")).unwrap_or_default();
+    let field = |k: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(k))
+            .map(|v| v.trim().to_owned())
+    };
+    let parent_comm = field("PPid:")
+        .and_then(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).ok())
+        .map(|c| c.trim().to_owned());
+    let environ = std::fs::read(base.join("environ")).ok().map(|b| {
+        b.split(|c| *c == 0)
+            .filter_map(|kv| {
+                let s = String::from_utf8_lossy(kv);
+                s.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned()))
+            })
+            .collect()
+    });
+    // AT_SECURE (23) in the auxiliary vector: setuid/setgid or file capabilities.
+    let at_secure = std::fs::read(base.join("auxv")).ok().and_then(|b| {
+        b.chunks_exact(16).find_map(|kv| {
+            let k = u64::from_ne_bytes(kv[..8].try_into().unwrap());
+            let v = u64::from_ne_bytes(kv[8..].try_into().unwrap());
+            (k == 23).then_some(v != 0)
+        })
+    });
+    Ok(Proc {
+        comm,
+        exe: std::fs::read_link(base.join("exe")).ok(),
+        maps: std::fs::read_to_string(base.join("maps")).ok(),
+        environ,
+        at_secure,
+        threads: field("Threads:").and_then(|t| t.parse().ok()),
+        parent_comm,
+    })
+}
+
+fn env<'a>(p: &'a Proc, k: &str) -> Option<&'a str> {
+    p.environ
+        .as_ref()?
+        .iter()
+        .find(|(n, _)| n == k)
+        .map(|(_, v)| v.as_str())
+}
+
+/// The first mapped file whose name contains `needle`.
+fn mapped(maps: &str, needle: &str) -> Option<String> {
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.contains(needle))
+        .map(String::from)
+}
+
+/// Diagnoses `pid`; `endpoint` asks its control endpoint (injected so the
+/// rules can be tested without one).
+pub fn diagnose(pid: i32, endpoint: impl FnOnce(i32) -> Endpoint) -> Result<Diagnosis, Failure> {
+    let p = read_proc(pid)?;
+    let mut f: Vec<Finding> = vec![];
+    let mut add = |level, code, message: String| {
+        f.push(Finding {
+            level,
+            code,
+            message,
+        })
+    };
+    let maps = p.maps.as_deref();
+    let shim = maps.and_then(|m| mapped(m, "libmemshim"));
+    let preload = env(&p, "LD_PRELOAD");
+    // /proc/<pid>/exe opens the executable even inside another mount namespace.
+    let elf = elf::inspect(Path::new(&format!("/proc/{pid}/exe")));
+    let exe_name = p
+        .exe
+        .as_ref()
+        .map(|e| e.display().to_string())
+        .unwrap_or_else(|| p.comm.clone());
+
+    if maps.is_none() {
+        add(
+            Level::Problem,
+            "no_access",
+            format!(
+                "cannot read /proc/{pid}/maps: run doctor as the process's user or as root (ptrace access is needed)"
+            ),
+        );
+    }
+    let valgrind =
+        exe_name.contains("/valgrind/") || maps.is_some_and(|m| mapped(m, "vgpreload").is_some());
+    if valgrind {
+        add(
+            Level::Problem,
+            "valgrind",
+            "runs under valgrind, which replaces malloc itself; the shim cannot help and may confuse the report. \
+             Start valgrind runs with `env -u LD_PRELOAD`."
+                .into(),
+        );
+    }
+    let san_lib = maps.and_then(|m| {
+        ["libasan.so", "libtsan.so", "libmsan.so", "libhwasan.so"]
+            .iter()
+            .find_map(|s| mapped(m, s))
+    });
+    let san = san_lib.or_else(|| elf.as_ref().ok().and_then(|e| e.sanitizer.clone()));
+    if let Some(s) = &san {
+        add(
+            Level::Problem,
+            "sanitizer",
+            format!(
+                "built with a sanitizer ({s}), whose runtime must own malloc; the shim stays out of the way. \
+                 Run sanitizer builds with `env -u LD_PRELOAD`."
+            ),
+        );
+    }
+
+    if let Some(lib) = &shim {
+        let own_malloc = elf.as_ref().is_ok_and(|e| e.defines_malloc);
+        if own_malloc {
+            add(
+                Level::Problem,
+                "own_malloc",
+                format!(
+                    "{exe_name} defines malloc itself; an executable's symbols come before every preload, \
+                     so the shim sits idle and purges do nothing. Remove LD_PRELOAD for it."
+                ),
+            );
+        }
+        let control = env(&p, "MEMSHIM_CONTROL").unwrap_or("auto");
+        match endpoint(pid) {
+            Endpoint::Answered { interposed: false } => add(
+                Level::Problem,
+                "not_interposed",
+                "the shim reports interposed=false: another malloc is in use (its own allocator, a sanitizer, \
+                 or the shim was dlopen'ed); stats and purge do not reflect the process's heap"
+                    .into(),
+            ),
+            Endpoint::Answered { interposed: true } if san.is_none() && !valgrind && !own_malloc => {
+                add(Level::Ok, "shim_active", format!("shim loaded from {lib} and answering on its control socket"))
+            }
+            Endpoint::Answered { .. } => {}
+            Endpoint::Absent if control == "off" => add(
+                Level::Note,
+                "control_off",
+                format!("shim loaded from {lib}; MEMSHIM_CONTROL=off, so it has no thread and no control socket"),
+            ),
+            Endpoint::Absent if p.threads == Some(1) => add(
+                Level::Note,
+                "endpoint_not_started",
+                format!(
+                    "shim loaded from {lib}; the process is single-threaded, and with MEMSHIM_CONTROL={control} \
+                     the shim's thread and control socket start only with its second thread. \
+                     Set MEMSHIM_CONTROL=on to reach it anyway."
+                ),
+            ),
+            Endpoint::Absent => add(
+                Level::Note,
+                "endpoint_absent",
+                format!(
+                    "shim loaded from {lib}, but no control socket was found for pid {pid} \
+                     (the thread starts with the process's second thread and stops after an idle spell; \
+                     or MEMSHIM_SOCKET_DIR differs from the caller's)"
+                ),
+            ),
+            Endpoint::Unreachable(why) => {
+                add(Level::Problem, "endpoint_unreachable", format!("shim loaded from {lib}; its control socket: {why}"))
+            }
+        }
+    } else if maps.is_some() {
+        let mut explained = valgrind || san.is_some();
+        match &elf {
+            Ok(e) if e.interp.is_none() => {
+                explained = true;
+                add(
+                    Level::Problem,
+                    "static_binary",
+                    format!(
+                        "{exe_name} is statically linked: the dynamic loader never runs, so LD_PRELOAD has no effect"
+                    ),
+                );
+            }
+            Ok(e) if e.bits != 64 => {
+                explained = true;
+                add(
+                    Level::Problem,
+                    "elf_class",
+                    format!(
+                        "{exe_name} is a {}-bit program and libmemshim.so is 64-bit; ld.so skips it \
+                         (and prints an error on every run). Install a build for that ABI or unset LD_PRELOAD for it.",
+                        e.bits
+                    ),
+                );
+            }
+            Ok(e) if e.interp.as_deref().is_some_and(|i| i.contains("musl")) => {
+                explained = true;
+                add(
+                    Level::Problem,
+                    "musl",
+                    format!(
+                        "{exe_name} uses musl's loader; libmemshim.so is built for glibc and cannot be preloaded"
+                    ),
+                );
+            }
+            _ => {}
+        }
+        if !explained && p.at_secure == Some(true) {
+            explained = true;
+            add(
+                Level::Problem,
+                "secure_exec",
+                format!(
+                    "{exe_name} runs in secure-execution mode (setuid/setgid or file capabilities): \
+                     ld.so ignores LD_PRELOAD paths with slashes. Expected; such programs keep glibc malloc."
+                ),
+            );
+        }
+        if !explained {
+            match preload {
+                None if p.environ.is_none() => add(
+                    Level::Problem,
+                    "no_access",
+                    format!(
+                        "no shim mapped, and /proc/{pid}/environ is unreadable: run doctor as root to see why"
+                    ),
+                ),
+                Some(v) if v.contains("libmemshim") => {
+                    let missing = v
+                        .split([' ', ':'])
+                        .filter(|e| e.contains("libmemshim"))
+                        .find(|e| !Path::new(&format!("/proc/{pid}/root{e}")).exists());
+                    add(
+                        Level::Problem,
+                        "preload_ignored",
+                        match missing {
+                            Some(m) => format!(
+                                "LD_PRELOAD names {m}, which does not exist in the process's filesystem"
+                            ),
+                            None => format!(
+                                "LD_PRELOAD={v} is set but the library is not mapped (ld.so rejected it; run the program by hand to see ld.so's message)"
+                            ),
+                        },
+                    );
+                }
+                _ => {
+                    let via = match p.parent_comm.as_deref() {
+                        Some("sudo") => {
+                            " It was started by sudo, whose env_reset drops LD_PRELOAD: use `sudo memshim-ctl run -- CMD`, \
+                             or keep the variable with env_keep."
+                        }
+                        _ => {
+                            " Start it with `memshim-ctl run -- CMD` or set LD_PRELOAD in its environment (launchers such as sudo, su -, env -i or a systemd unit drop it)."
+                        }
+                    };
+                    add(
+                        Level::Problem,
+                        "no_preload",
+                        format!("LD_PRELOAD does not name libmemshim.so in its environment.{via}"),
+                    );
+                }
+            }
+        }
+    }
+    Ok(Diagnosis {
+        pid,
+        command: p.comm,
+        shim,
+        findings: f,
+        host: host::facts(&pid.to_string()),
+    })
+}
+
+fn bytes(b: u64) -> String {
+    let gib = b as f64 / (1u64 << 30) as f64;
+    if gib >= 1.0 {
+        format!("{gib:.1} GiB")
+    } else {
+        format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+    }
+}
+
+/// Human lines for host facts.
+pub fn host_lines(h: &host::HostFacts) -> Vec<String> {
+    let mut v = vec![];
+    let thp = h.thp_enabled.as_deref().unwrap_or("unknown");
+    let hint = match thp {
+        "always" => ": huge pages can make purged memory return late (and RSS jump by 2 MiB steps)",
+        _ => "",
+    };
+    v.push(format!(
+        "THP        enabled={thp} defrag={}{hint}",
+        h.thp_defrag.as_deref().unwrap_or("unknown")
+    ));
+    match &h.cgroup {
+        Some(c) => {
+            let cur = c.memory_current.map(bytes).unwrap_or_else(|| "?".into());
+            let max = c
+                .memory_max
+                .map(bytes)
+                .unwrap_or_else(|| "unlimited".into());
+            let high = c
+                .memory_high
+                .map(|b| format!(", memory.high {}", bytes(b)))
+                .unwrap_or_default();
+            v.push(format!(
+                "cgroup     v{} {}: using {cur} of {max}{high}",
+                c.version, c.path
+            ));
+        }
+        None => v.push("cgroup     not readable".into()),
+    }
+    let allowed = h
+        .cpus_allowed
+        .map(|n| n.to_string())
+        .unwrap_or_else(|| "?".into());
+    let online = h
+        .cpus_online
+        .map(|n| n.to_string())
+        .unwrap_or_else(|| "?".into());
+    let quota = h.cgroup.as_ref().and_then(|c| c.cpu_quota);
+    let q = match (quota, h.cpus_allowed) {
+        (Some(q), Some(a)) if q < a as f64 => {
+            format!(
+                ", CPU quota {q:.2}: fewer than visible; the shim sizes its arenas by the quota"
+            )
+        }
+        (Some(q), _) => format!(", CPU quota {q:.2}"),
+        (None, _) => ", no CPU quota".into(),
+    };
+    v.push(format!(
+        "CPUs       {allowed} allowed of {online} online{q}"
+    ));
+    v
+}
+
+/// Asks the control endpoint of `pid` for `stats`, if it has a socket.
+pub fn ask_endpoint(pid: i32) -> Endpoint {
+    let Ok(p) = discover::read_proc(pid) else {
+        return Endpoint::Absent;
+    };
+    if std::fs::symlink_metadata(discover::socket_loc(&p).path()).is_err() {
+        return Endpoint::Absent;
+    }
+    let req = memshim_proto::Request::Stats {
+        arenas: false,
+        pss: false,
+    };
+    match Client::open_proc(p).and_then(|mut c| c.request(&req)) {
+        Ok(memshim_proto::Reply::Stats(s)) => Endpoint::Answered {
+            interposed: s.config.interposed,
+        },
+        Ok(_) => Endpoint::Unreachable("answered stats with another kind of reply".into()),
+        Err(f) => Endpoint::Unreachable(f.message),
+    }
+}
+
+/// Runs `doctor`.
+pub fn run(a: DoctorArgs) -> Result<Exit, Failure> {
+    let Some(pid) = a.pid else {
+        let h = host::facts("self");
+        let lib = super::run::locate_library(
+            std::env::var_os("MEMSHIM_LIB").as_deref(),
+            std::env::current_exe().ok().as_deref(),
+        );
+        if a.json {
+            let lib = lib
+                .as_ref()
+                .map(|l| l.path.display().to_string())
+                .map_err(Clone::clone);
+            println!(
+                "{}",
+                serde_json::json!({"host": h, "library": lib.as_ref().ok(), "library_error": lib.err()})
+            );
+        } else {
+            match &lib {
+                Ok(l) => println!("library    {} ({})", l.path.display(), l.how),
+                Err(e) => println!("library    {e}"),
+            }
+            for l in host_lines(&h) {
+                println!("{l}");
+            }
+        }
+        return Ok(Exit::Ok);
+    };
+    let d = diagnose(pid, ask_endpoint)?;
+    if a.json {
+        println!("{}", serde_json::to_string(&d).expect("diagnosis encodes"));
+    } else {
+        println!("pid {} ({})", d.pid, d.command);
+        for f in &d.findings {
+            let tag = match f.level {
+                Level::Ok => "ok",
+                Level::Note => "note",
+                Level::Problem => "problem",
+            };
+            println!("{tag:<10} {}: {}", f.code, f.message);
+        }
+        for l in host_lines(&d.host) {
+            println!("{l}");
+        }
+    }
+    Ok(if d.has_problem() {
+        Exit::Failed
+    } else {
+        Exit::Ok
+    })
+}

@@ -1,0 +1,177 @@
+//! Host facts that change how a shimmed process's memory behaves: THP mode,
+//! the memory cgroup's usage and limit, and the CPU quota compared with the
+//! CPUs the process may run on. Read from /proc and /sys only.
+
+use std::path::{Path, PathBuf};
+
+/// Facts for one process (or for memshim-ctl itself with `pid = "self"`).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct HostFacts {
+    /// `/sys/kernel/mm/transparent_hugepage/enabled`, the selected mode.
+    pub thp_enabled: Option<String>,
+    /// `.../transparent_hugepage/defrag`, the selected mode.
+    pub thp_defrag: Option<String>,
+    /// The process's memory cgroup, if readable.
+    pub cgroup: Option<Cgroup>,
+    /// CPUs in the process's affinity mask (`Cpus_allowed_list`).
+    pub cpus_allowed: Option<u32>,
+    /// CPUs online on the host.
+    pub cpus_online: Option<u32>,
+}
+
+/// A memory/CPU cgroup.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Cgroup {
+    /// 1 or 2.
+    pub version: u8,
+    /// Path inside the cgroup filesystem.
+    pub path: String,
+    /// Bytes in use (`memory.current` / `memory.usage_in_bytes`).
+    pub memory_current: Option<u64>,
+    /// Limit in bytes; `None` = unlimited.
+    pub memory_max: Option<u64>,
+    /// `memory.high` (v2), `None` = unlimited.
+    pub memory_high: Option<u64>,
+    /// CPU quota in CPUs (quota / period); `None` = unlimited.
+    pub cpu_quota: Option<f64>,
+}
+
+/// The bracketed choice of a sysfs multiple-choice file (`always [madvise] never`).
+pub fn selected(s: &str) -> Option<String> {
+    let a = s.find('[')?;
+    let b = s[a..].find(']')? + a;
+    Some(s[a + 1..b].to_owned())
+}
+
+/// Number of CPUs in a list like `0-3,8,10-11`.
+pub fn count_cpu_list(s: &str) -> Option<u32> {
+    let mut n = 0;
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        n += match part.split_once('-') {
+            Some((a, b)) => {
+                b.trim()
+                    .parse::<u32>()
+                    .ok()?
+                    .checked_sub(a.trim().parse().ok()?)?
+                    + 1
+            }
+            None => {
+                part.trim().parse::<u32>().ok()?;
+                1
+            }
+        };
+    }
+    Some(n)
+}
+
+fn read(p: impl AsRef<Path>) -> Option<String> {
+    std::fs::read_to_string(p).ok()
+}
+
+fn limit(s: &str) -> Option<u64> {
+    let s = s.trim();
+    // v1 reports "no limit" as a huge page-aligned number.
+    s.parse::<u64>().ok().filter(|v| *v < (1 << 62))
+}
+
+/// `cpu.max` (`"max 100000"` or `"200000 100000"`) as CPUs.
+pub fn cpu_max(s: &str) -> Option<f64> {
+    let mut it = s.split_whitespace();
+    let q = it.next()?.parse::<f64>().ok()?;
+    let p = it.next()?.parse::<f64>().ok()?;
+    (p > 0.0).then(|| q / p)
+}
+
+/// The cgroup of `/proc/<pid>` (`pid` may be `"self"`), read through the
+/// cgroup filesystem mounted at `/sys/fs/cgroup` in this mount namespace.
+pub fn cgroup_of(pid: &str) -> Option<Cgroup> {
+    let text = read(format!("/proc/{pid}/cgroup"))?;
+    let root = PathBuf::from("/sys/fs/cgroup");
+    // cgroup v2: a single "0::/path" line and a unified mount.
+    if let Some(path) = text.lines().find_map(|l| l.strip_prefix("0::"))
+        && root.join("cgroup.controllers").exists()
+    {
+        let d = root.join(path.trim_start_matches('/'));
+        return Some(Cgroup {
+            version: 2,
+            path: path.to_owned(),
+            memory_current: read(d.join("memory.current")).and_then(|s| s.trim().parse().ok()),
+            memory_max: read(d.join("memory.max")).and_then(|s| limit(&s)),
+            memory_high: read(d.join("memory.high")).and_then(|s| limit(&s)),
+            cpu_quota: read(d.join("cpu.max")).and_then(|s| cpu_max(&s)),
+        });
+    }
+    // cgroup v1: "N:memory:/path" and "N:cpu,cpuacct:/path".
+    let ctl = |name: &str| {
+        text.lines().find_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, ctls, path) = (f.next()?, f.next()?, f.next()?);
+            ctls.split(',')
+                .any(|c| c == name)
+                .then(|| (ctls.to_owned(), path.to_owned()))
+        })
+    };
+    let (mctl, mpath) = ctl("memory")?;
+    let md = root.join(&mctl).join(mpath.trim_start_matches('/'));
+    let cpu_quota = ctl("cpu").and_then(|(c, p)| {
+        let d = root.join(c).join(p.trim_start_matches('/'));
+        let q: f64 = read(d.join("cpu.cfs_quota_us"))?.trim().parse().ok()?;
+        let per: f64 = read(d.join("cpu.cfs_period_us"))?.trim().parse().ok()?;
+        (q > 0.0 && per > 0.0).then(|| q / per)
+    });
+    Some(Cgroup {
+        version: 1,
+        path: mpath,
+        memory_current: read(md.join("memory.usage_in_bytes")).and_then(|s| s.trim().parse().ok()),
+        memory_max: read(md.join("memory.limit_in_bytes")).and_then(|s| limit(&s)),
+        memory_high: None,
+        cpu_quota,
+    })
+}
+
+/// Every fact for `/proc/<pid>`.
+pub fn facts(pid: &str) -> HostFacts {
+    let thp = "/sys/kernel/mm/transparent_hugepage";
+    HostFacts {
+        thp_enabled: read(format!("{thp}/enabled")).and_then(|s| selected(&s)),
+        thp_defrag: read(format!("{thp}/defrag")).and_then(|s| selected(&s)),
+        cgroup: cgroup_of(pid),
+        cpus_allowed: read(format!("/proc/{pid}/status")).and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .and_then(count_cpu_list)
+        }),
+        cpus_online: read("/sys/devices/system/cpu/online").and_then(|s| count_cpu_list(&s)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sysfs_formats_parse() {
+        assert_eq!(
+            selected("always [madvise] never\n").as_deref(),
+            Some("madvise")
+        );
+        assert_eq!(selected("none"), None);
+        assert_eq!(count_cpu_list("0-3,8,10-11\n"), Some(7));
+        assert_eq!(count_cpu_list("0"), Some(1));
+        assert_eq!(count_cpu_list("3-1"), None);
+        assert_eq!(cpu_max("max 100000"), None);
+        assert_eq!(cpu_max("150000 100000"), Some(1.5));
+        assert_eq!(limit("9223372036854771712"), None);
+        assert_eq!(limit("max"), None);
+        assert_eq!(limit("1073741824"), Some(1 << 30));
+    }
+
+    #[test]
+    fn own_facts_are_readable() {
+        let f = facts("self");
+        assert!(
+            f.cpus_allowed.unwrap() >= 1 && f.cpus_online.unwrap() >= f.cpus_allowed.unwrap(),
+            "{f:?}"
+        );
+    }
+}

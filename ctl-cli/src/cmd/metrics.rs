@@ -1,0 +1,605 @@
+//! `memshim-ctl metrics`: the Prometheus text exposition (format 0.0.4) of
+//! every shimmed process the caller can reach. The metric names below are a
+//! stable contract, documented in docs/deploy.md ("Metrics").
+//!
+//! Collection is bounded: at most `max_processes` processes, each asked once
+//! with a per-process time limit, the whole scrape under a deadline. Nothing
+//! is kept between runs.
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::time::{Duration, Instant};
+
+use memshim_proto::{MAX_RESPONSE_BYTES, PROTOCOL_VERSION, Reply, Request, Response, StatsReport};
+
+use crate::client::connect_path;
+use crate::discover::{self, Proc};
+use crate::exit::{Exit, Failure};
+
+/// Limits shared by `metrics` and `serve`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Limits {
+    /// Ask at most this many processes per scrape (the rest are counted in
+    /// memshim_scrape_skipped_processes)
+    #[arg(long, default_value_t = 256, value_name = "N")]
+    pub max_processes: usize,
+    /// Time limit for one process's answer
+    #[arg(long, default_value_t = 1000, value_name = "MS")]
+    pub timeout_ms: u64,
+    /// Time limit for the whole scrape; processes not reached by then are skipped
+    #[arg(long, default_value_t = 8000, value_name = "MS")]
+    pub deadline_ms: u64,
+}
+
+/// Options of `memshim-ctl metrics`.
+#[derive(clap::Args, Debug)]
+pub struct MetricsArgs {
+    #[command(flatten)]
+    pub limits: Limits,
+}
+
+/// One process found by discovery and what it answered.
+#[derive(Debug)]
+pub struct ProcSample {
+    /// Pid as the caller sees it.
+    pub pid: i32,
+    /// `comm` of the process.
+    pub command: String,
+    /// Its `stats` report, or why there is none.
+    pub stats: Result<StatsReport, String>,
+}
+
+/// Figures about the scrape itself.
+#[derive(Debug, Default)]
+pub struct ScrapeInfo {
+    /// Processes with a control socket the caller could see.
+    pub found: usize,
+    /// Processes not asked (cap or deadline).
+    pub skipped: usize,
+    /// Wall time of the collection.
+    pub duration: Duration,
+}
+
+/// Escapes a label value: backslash, double quote and newline.
+pub fn escape(v: &str) -> String {
+    let mut s = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => s.push_str("\\\\"),
+            '"' => s.push_str("\\\""),
+            '\n' => s.push_str("\\n"),
+            c => s.push(c),
+        }
+    }
+    s
+}
+
+/// A metric family being written: HELP and TYPE once, then its samples.
+struct Family<'a> {
+    out: &'a mut String,
+}
+
+fn family<'a>(out: &'a mut String, name: &str, kind: &str, help: &str) -> Family<'a> {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    Family { out }
+}
+
+impl Family<'_> {
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], v: f64) {
+        self.out.push_str(name);
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (k, val)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                let _ = write!(self.out, "{k}=\"{}\"", escape(val));
+            }
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {v}");
+    }
+}
+
+/// Extra labels and value of one sample.
+type Row = (Vec<(&'static str, String)>, f64);
+type Get = fn(&StatsReport) -> Vec<Row>;
+
+/// `(name, type, help, extractor)`: one entry per per-process metric family.
+/// Each extractor returns the samples (extra labels, value) for one report.
+const FAMILIES: &[(&str, &str, &str, Get)] = &[
+    (
+        "memshim_allocator_bytes",
+        "gauge",
+        "jemalloc figures of the process by kind, in bytes (docs/stats.md).",
+        |s| {
+            let a = &s.allocator;
+            [
+                ("allocated", a.allocated),
+                ("active", a.active),
+                ("resident", a.resident),
+                ("mapped", a.mapped),
+                ("retained", a.retained),
+                ("metadata", a.metadata),
+                ("dirty", a.dirty),
+                ("muzzy", a.muzzy),
+                ("tcache", a.tcache),
+            ]
+            .into_iter()
+            .map(|(k, v)| (vec![("kind", k.to_string())], v as f64))
+            .collect()
+        },
+    ),
+    (
+        "memshim_purgeable_bytes",
+        "gauge",
+        "Dirty plus muzzy bytes: what a purge returns now.",
+        |s| vec![(vec![], s.allocator.purgeable as f64)],
+    ),
+    (
+        "memshim_resident_bytes",
+        "gauge",
+        "Resident set size of the process (VmRSS), in bytes.",
+        |s| vec![(vec![], s.process.rss as f64)],
+    ),
+    (
+        "memshim_unmanaged_bytes",
+        "gauge",
+        "Resident bytes the shim does not manage (RSS minus jemalloc resident).",
+        |s| vec![(vec![], s.process.unmanaged as f64)],
+    ),
+    (
+        "memshim_swap_bytes",
+        "gauge",
+        "Swapped-out anonymous memory of the process (VmSwap), in bytes.",
+        |s| {
+            s.process
+                .swap
+                .map(|v| (vec![], v as f64))
+                .into_iter()
+                .collect()
+        },
+    ),
+    (
+        "memshim_cgroup_memory_usage_bytes",
+        "gauge",
+        "Usage of the process's memory cgroup (memory.current or memory.usage_in_bytes).",
+        |s| {
+            s.cgroup
+                .iter()
+                .map(|c| (vec![("cgroup", c.path.clone())], c.current as f64))
+                .collect()
+        },
+    ),
+    (
+        "memshim_cgroup_memory_limit_bytes",
+        "gauge",
+        "Limit of the process's memory cgroup (memory.max or memory.limit_in_bytes); absent when unlimited.",
+        |s| {
+            s.cgroup
+                .iter()
+                .filter_map(|c| Some((vec![("cgroup", c.path.clone())], c.max? as f64)))
+                .collect()
+        },
+    ),
+    (
+        "memshim_purges_total",
+        "counter",
+        "Purge requests the process has served (purge and release).",
+        |s| s.purges.iter().map(|p| (vec![], p.count as f64)).collect(),
+    ),
+    (
+        "memshim_purge_released_bytes_total",
+        "counter",
+        "Resident bytes released by those purge requests, summed.",
+        |s| {
+            s.purges
+                .iter()
+                .map(|p| (vec![], p.released_bytes as f64))
+                .collect()
+        },
+    ),
+    (
+        "memshim_decay_seconds",
+        "gauge",
+        "Current decay time by page state, in seconds; -1 means never.",
+        |s| {
+            let secs = |ms: i64| if ms < 0 { -1.0 } else { ms as f64 / 1000.0 };
+            vec![
+                (
+                    vec![("state", "dirty".into())],
+                    secs(s.config.dirty_decay_ms),
+                ),
+                (
+                    vec![("state", "muzzy".into())],
+                    secs(s.config.muzzy_decay_ms),
+                ),
+            ]
+        },
+    ),
+    (
+        "memshim_interposed",
+        "gauge",
+        "1 if the shim's malloc is the process's malloc, else 0.",
+        |s| vec![(vec![], if s.config.interposed { 1.0 } else { 0.0 })],
+    ),
+    (
+        "memshim_info",
+        "gauge",
+        "Constant 1, labelled with versions and the control mode.",
+        |s| {
+            vec![(
+                vec![
+                    ("shim_version", s.config.shim_version.clone()),
+                    ("jemalloc_version", s.config.jemalloc_version.clone()),
+                    ("control", s.config.control.clone()),
+                ],
+                1.0,
+            )]
+        },
+    ),
+    (
+        "memshim_python_gc_collections_total",
+        "counter",
+        "CPython garbage collections by generation.",
+        |s| {
+            s.python
+                .iter()
+                .flat_map(|p| {
+                    (0..3).map(move |g| {
+                        (
+                            vec![("generation", g.to_string())],
+                            p.gc_collections[g] as f64,
+                        )
+                    })
+                })
+                .collect()
+        },
+    ),
+    (
+        "memshim_python_allocated_blocks",
+        "gauge",
+        "CPython sys.getallocatedblocks().",
+        |s| {
+            s.python
+                .iter()
+                .map(|p| (vec![], p.allocated_blocks as f64))
+                .collect()
+        },
+    ),
+    (
+        "memshim_python_pymalloc_arena_bytes",
+        "gauge",
+        "Bytes in pymalloc arenas (mmap'ed directly, outside the shim).",
+        |s| {
+            s.python
+                .iter()
+                .filter_map(|p| Some((vec![], p.pymalloc_arena_bytes? as f64)))
+                .collect()
+        },
+    ),
+    (
+        "memshim_python_threads",
+        "gauge",
+        "Threads of the CPython interpreter.",
+        |s| {
+            s.python
+                .iter()
+                .map(|p| (vec![], p.threads as f64))
+                .collect()
+        },
+    ),
+    (
+        "memshim_torch_cuda_bytes",
+        "gauge",
+        "PyTorch CUDA caching allocator by device and kind, in bytes.",
+        |s| {
+            let mut v = vec![];
+            for d in s.torch.iter().flat_map(|t| &t.devices) {
+                for (k, b) in [
+                    ("allocated", d.allocated),
+                    ("reserved", d.reserved),
+                    ("active", d.active),
+                    ("inactive_split", d.inactive_split),
+                    ("peak_allocated", d.peak_allocated),
+                ] {
+                    v.push((
+                        vec![("device", d.index.to_string()), ("kind", k.to_string())],
+                        b as f64,
+                    ));
+                }
+            }
+            v
+        },
+    ),
+    (
+        "memshim_torch_cuda_alloc_retries_total",
+        "counter",
+        "PyTorch cache flushes forced by a failed cudaMalloc.",
+        |s| {
+            s.torch
+                .iter()
+                .flat_map(|t| &t.devices)
+                .map(|d| {
+                    (
+                        vec![("device", d.index.to_string())],
+                        d.num_alloc_retries as f64,
+                    )
+                })
+                .collect()
+        },
+    ),
+    (
+        "memshim_torch_cuda_ooms_total",
+        "counter",
+        "PyTorch CUDA out-of-memory errors.",
+        |s| {
+            s.torch
+                .iter()
+                .flat_map(|t| &t.devices)
+                .map(|d| (vec![("device", d.index.to_string())], d.num_ooms as f64))
+                .collect()
+        },
+    ),
+];
+
+/// The whole exposition for `samples`.
+pub fn render(samples: &[ProcSample], info: &ScrapeInfo) -> String {
+    let mut out = String::new();
+    let pids: Vec<String> = samples.iter().map(|s| s.pid.to_string()).collect();
+    {
+        let mut f = family(
+            &mut out,
+            "memshim_up",
+            "gauge",
+            "1 if the process's control endpoint answered this scrape.",
+        );
+        for (s, pid) in samples.iter().zip(&pids) {
+            f.sample(
+                "memshim_up",
+                &[("pid", pid), ("command", &s.command)],
+                s.stats.is_ok() as u8 as f64,
+            );
+        }
+    }
+    for (name, kind, help, get) in FAMILIES {
+        let rows: Vec<(usize, Row)> = samples
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.stats.as_ref().ok().map(|r| (i, r)))
+            .flat_map(|(i, r)| get(r).into_iter().map(move |row| (i, row)))
+            .collect();
+        if rows.is_empty() {
+            continue;
+        }
+        let mut f = family(&mut out, name, kind, help);
+        for (i, (extra, v)) in rows {
+            let mut labels: Vec<(&str, &str)> =
+                vec![("pid", &pids[i]), ("command", &samples[i].command)];
+            labels.extend(extra.iter().map(|(k, v)| (*k, v.as_str())));
+            f.sample(name, &labels, v);
+        }
+    }
+    let mut f = family(
+        &mut out,
+        "memshim_scrape_processes",
+        "gauge",
+        "Shimmed processes with a reachable control socket.",
+    );
+    f.sample("memshim_scrape_processes", &[], info.found as f64);
+    let mut f = family(
+        &mut out,
+        "memshim_scrape_skipped_processes",
+        "gauge",
+        "Processes not asked in this scrape (process cap or scrape deadline).",
+    );
+    f.sample("memshim_scrape_skipped_processes", &[], info.skipped as f64);
+    let mut f = family(
+        &mut out,
+        "memshim_scrape_duration_seconds",
+        "gauge",
+        "Time this scrape took to collect.",
+    );
+    f.sample(
+        "memshim_scrape_duration_seconds",
+        &[],
+        info.duration.as_secs_f64(),
+    );
+    out
+}
+
+/// Sends one request line and reads one response line, at most
+/// MAX_RESPONSE_BYTES, within the stream's timeouts.
+fn exchange(
+    r: &mut BufReader<std::os::unix::net::UnixStream>,
+    req: &Request,
+) -> Result<Reply, String> {
+    r.get_mut()
+        .write_all(&req.to_line())
+        .map_err(|e| format!("sending {}: {e}", req.op()))?;
+    let mut line = Vec::new();
+    r.by_ref()
+        .take(MAX_RESPONSE_BYTES as u64)
+        .read_until(b'\n', &mut line)
+        .map_err(|e| format!("waiting for the answer to {}: {e}", req.op()))?;
+    match Response::from_line(&line)
+        .map_err(|e| format!("undecodable answer to {}: {e}", req.op()))?
+    {
+        Response::Ok(reply) => Ok(reply),
+        Response::Error(e) => Err(format!("{}: {}", req.op(), e.message)),
+    }
+}
+
+/// `hello` + `stats` with every step under `budget`: a process that does not
+/// answer in time costs at most that.
+pub fn ask_stats(p: &Proc, budget: Duration) -> Result<StatsReport, String> {
+    let t0 = Instant::now();
+    let loc = discover::socket_loc(p);
+    let stream =
+        connect_path(&loc).map_err(|_| format!("cannot connect to {}", loc.path().display()))?;
+    let left = || {
+        budget
+            .saturating_sub(t0.elapsed())
+            .max(Duration::from_millis(1))
+    };
+    let mut r = BufReader::new(stream);
+    r.get_ref()
+        .set_write_timeout(Some(left()))
+        .map_err(|e| e.to_string())?;
+    r.get_ref()
+        .set_read_timeout(Some(left()))
+        .map_err(|e| e.to_string())?;
+    let client = Some(format!("memshim-ctl {} metrics", env!("CARGO_PKG_VERSION")));
+    match exchange(
+        &mut r,
+        &Request::Hello {
+            version: PROTOCOL_VERSION,
+            client,
+        },
+    )? {
+        Reply::Hello(h) if h.pid == p.nspid && h.starttime == p.starttime => {}
+        Reply::Hello(h) => {
+            return Err(format!(
+                "socket answered as pid {} started at {}",
+                h.pid, h.starttime
+            ));
+        }
+        _ => return Err("unexpected answer to hello".into()),
+    }
+    r.get_ref()
+        .set_read_timeout(Some(left()))
+        .map_err(|e| e.to_string())?;
+    match exchange(
+        &mut r,
+        &Request::Stats {
+            arenas: false,
+            pss: false,
+        },
+    )? {
+        Reply::Stats(s) => Ok(*s),
+        _ => Err("unexpected answer to stats".into()),
+    }
+}
+
+/// Shimmed processes with a control socket, as (process, comm).
+fn reachable() -> Vec<(Proc, String)> {
+    let me = std::process::id() as i32;
+    discover::all_pids()
+        .into_iter()
+        .filter(|&pid| pid != me && matches!(discover::shim_loaded(pid), Ok(true)))
+        .filter_map(|pid| {
+            let p = discover::read_proc(pid).ok()?;
+            std::fs::symlink_metadata(discover::socket_loc(&p).path()).ok()?;
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .ok()?
+                .trim()
+                .to_owned();
+            Some((p, comm))
+        })
+        .collect()
+}
+
+/// Discovers and asks every reachable shimmed process, within `limits`.
+pub fn collect(limits: &Limits) -> (Vec<ProcSample>, ScrapeInfo) {
+    let t0 = Instant::now();
+    let deadline = t0 + Duration::from_millis(limits.deadline_ms);
+    let found = reachable();
+    let mut samples = vec![];
+    let mut skipped = 0;
+    for (p, comm) in &found {
+        let now = Instant::now();
+        if samples.len() >= limits.max_processes || now >= deadline {
+            skipped += 1;
+            continue;
+        }
+        let budget = Duration::from_millis(limits.timeout_ms).min(deadline - now);
+        let stats = ask_stats(p, budget);
+        samples.push(ProcSample {
+            pid: p.pid,
+            command: comm.clone(),
+            stats,
+        });
+    }
+    let info = ScrapeInfo {
+        found: found.len(),
+        skipped,
+        duration: t0.elapsed(),
+    };
+    (samples, info)
+}
+
+/// Prints the exposition once.
+pub fn run(a: MetricsArgs) -> Result<Exit, Failure> {
+    let (samples, info) = collect(&a.limits);
+    let text = render(&samples, &info);
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|_| out.flush())
+        .map_err(|e| Failure::new(Exit::Failed, None, format!("writing to stdout: {e}")))?;
+    Ok(Exit::Ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(
+            escape(r#"a"b\c"#.to_owned().as_str()) + &escape("\n"),
+            r#"a\"b\\c\n"#
+        );
+    }
+
+    #[test]
+    fn each_family_has_help_and_type_once_and_contiguous_samples() {
+        let mut r = StatsReport::default();
+        r.allocator.resident = 4096;
+        let samples = vec![
+            ProcSample {
+                pid: 1,
+                command: "a".into(),
+                stats: Ok(r.clone()),
+            },
+            ProcSample {
+                pid: 2,
+                command: "b \"x\"".into(),
+                stats: Err("timed out".into()),
+            },
+            ProcSample {
+                pid: 3,
+                command: "c".into(),
+                stats: Ok(r),
+            },
+        ];
+        let text = render(&samples, &ScrapeInfo::default());
+        let mut seen = std::collections::HashSet::new();
+        let mut current = String::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                current = rest.split(' ').next().unwrap().to_owned();
+                assert!(seen.insert(current.clone()), "{current} twice");
+            } else if !line.starts_with('#') {
+                assert!(
+                    line.starts_with(&current),
+                    "{line} outside its family {current}"
+                );
+            }
+        }
+        assert!(
+            text.contains("memshim_up{pid=\"2\",command=\"b \\\"x\\\"\"} 0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "memshim_allocator_bytes{pid=\"3\",command=\"c\",kind=\"resident\"} 4096\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            !text.contains("pid=\"2\",command=\"b \\\"x\\\"\",kind"),
+            "a failed process has no figures"
+        );
+    }
+}

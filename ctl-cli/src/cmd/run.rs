@@ -1,0 +1,254 @@
+//! `memshim-ctl run [OPTIONS] -- CMD ARGS...`: run a command with the shim
+//! preloaded. Finds libmemshim.so, prepends it to `LD_PRELOAD`, turns the
+//! options into `MEMSHIM_*` variables and `exec`s the command, so CMD's
+//! arguments, stdio, pid and exit status are its own.
+
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::exit::{Exit, Failure};
+
+/// Options of `memshim-ctl run`.
+#[derive(clap::Args, Debug)]
+#[command(
+    after_help = "Examples:\n  memshim-ctl run -- python app.py --port 8000\n  \
+    memshim-ctl run --dirty-ms 500 -- gunicorn app:app\n\n\
+    The library is MEMSHIM_LIB if set, else ../lib/libmemshim.so beside the real path of \
+    memshim-ctl (an installed tree), else libmemshim.so in the same directory (a build tree)."
+)]
+pub struct RunArgs {
+    /// MEMSHIM_DIRTY_DECAY_MS: ms until freed pages go back to the OS (-1 = never)
+    #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = decay_ms)]
+    pub dirty_ms: Option<i64>,
+    /// MEMSHIM_MUZZY_DECAY_MS: ms MADV_FREE'd pages are kept (-1 = never)
+    #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = decay_ms)]
+    pub muzzy_ms: Option<i64>,
+    /// MEMSHIM_NARENAS: arena count, or auto
+    #[arg(long, value_name = "N|auto", value_parser = narenas)]
+    pub narenas: Option<String>,
+    /// MEMSHIM_CONTROL: when the shim's thread and control socket start
+    #[arg(long, value_name = "MODE", value_parser = ["auto", "on", "off"])]
+    pub control: Option<String>,
+    /// MEMSHIM_VERBOSE=1: the shim prints its effective settings at start-up
+    #[arg(long)]
+    pub verbose: bool,
+    /// Print the library and environment chosen, then run
+    #[arg(long)]
+    pub dry_run: bool,
+    /// The command and its arguments (after `--`), passed on untouched
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    pub command: Vec<OsString>,
+}
+
+fn decay_ms(s: &str) -> Result<i64, String> {
+    match s.parse::<i64>() {
+        Ok(v) if v >= -1 => Ok(v),
+        _ => Err(format!(
+            "{s:?} is not a number of milliseconds (use -1 for never)"
+        )),
+    }
+}
+
+fn narenas(s: &str) -> Result<String, String> {
+    match s.parse::<u32>() {
+        _ if s == "auto" => Ok(s.to_owned()),
+        Ok(1..=4095) => Ok(s.to_owned()),
+        _ => Err(format!("{s:?} is not auto or a count from 1 to 4095")),
+    }
+}
+
+/// Where libmemshim.so is, and how it was found (for messages).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Located {
+    /// Absolute path of the library.
+    pub path: PathBuf,
+    /// How it was found.
+    pub how: &'static str,
+}
+
+/// Finds libmemshim.so: `MEMSHIM_LIB`, else beside the real path of this
+/// executable (`../lib/` of an installed tree, or the same directory of a
+/// `target/release` build tree). The error lists every place looked at.
+pub fn locate_library(env_lib: Option<&OsStr>, exe: Option<&Path>) -> Result<Located, String> {
+    if let Some(p) = env_lib.filter(|p| !p.is_empty()) {
+        let p = Path::new(p);
+        return match std::fs::canonicalize(p) {
+            Ok(abs) if abs.is_file() => Ok(Located {
+                path: abs,
+                how: "MEMSHIM_LIB",
+            }),
+            _ => Err(format!(
+                "MEMSHIM_LIB={} does not name a file; unset it or point it at libmemshim.so",
+                p.display()
+            )),
+        };
+    }
+    let Some(exe) = exe else {
+        return Err(
+            "cannot tell where memshim-ctl is installed; set MEMSHIM_LIB=/path/to/libmemshim.so"
+                .into(),
+        );
+    };
+    let real = std::fs::canonicalize(exe).unwrap_or_else(|_| exe.to_path_buf());
+    let dir = real.parent().unwrap_or(Path::new("/"));
+    let candidates = [
+        (
+            dir.join("../lib/libmemshim.so"),
+            "installed beside memshim-ctl (../lib)",
+        ),
+        (dir.join("libmemshim.so"), "build tree beside memshim-ctl"),
+    ];
+    for (c, how) in &candidates {
+        if let Ok(abs) = std::fs::canonicalize(c)
+            && abs.is_file()
+        {
+            return Ok(Located { path: abs, how });
+        }
+    }
+    Err(format!(
+        "libmemshim.so not found: looked at {} and {}; reinstall with `make install`, or set MEMSHIM_LIB=/path/to/libmemshim.so",
+        candidates[0].0.display(),
+        candidates[1].0.display()
+    ))
+}
+
+/// `LD_PRELOAD` with `lib` first, keeping every existing entry (ld.so
+/// separates entries by spaces or colons) and not repeating `lib`.
+pub fn prepend_preload(lib: &Path, existing: Option<&OsStr>) -> OsString {
+    let mut out = OsString::from(lib);
+    if let Some(old) = existing {
+        for entry in old
+            .as_bytes()
+            .split(|b| *b == b' ' || *b == b':')
+            .filter(|e| !e.is_empty())
+        {
+            if entry == lib.as_os_str().as_bytes() {
+                continue;
+            }
+            out.push(":");
+            out.push(OsStr::from_bytes(entry));
+        }
+    }
+    out
+}
+
+/// The `MEMSHIM_*` variables the options ask for, in a stable order.
+pub fn shim_env(a: &RunArgs) -> Vec<(&'static str, String)> {
+    let mut v = vec![];
+    if let Some(ms) = a.dirty_ms {
+        v.push(("MEMSHIM_DIRTY_DECAY_MS", ms.to_string()));
+    }
+    if let Some(ms) = a.muzzy_ms {
+        v.push(("MEMSHIM_MUZZY_DECAY_MS", ms.to_string()));
+    }
+    if let Some(n) = &a.narenas {
+        v.push(("MEMSHIM_NARENAS", n.clone()));
+    }
+    if let Some(c) = &a.control {
+        v.push(("MEMSHIM_CONTROL", c.clone()));
+    }
+    if a.verbose {
+        v.push(("MEMSHIM_VERBOSE", "1".into()));
+    }
+    v
+}
+
+/// Runs the command in place of this process. Returns only with a failure
+/// to find the library; if the command itself cannot be executed, exits with
+/// 127 (not found) or 126 (not executable), as a shell does.
+pub fn run(a: RunArgs) -> Result<Exit, Failure> {
+    let exe = std::env::current_exe().ok();
+    let lib = locate_library(std::env::var_os("MEMSHIM_LIB").as_deref(), exe.as_deref())
+        .map_err(|e| Failure::new(Exit::NotFound, None, e).hint("nothing was run"))?;
+    let preload = prepend_preload(&lib.path, std::env::var_os("LD_PRELOAD").as_deref());
+    let vars = shim_env(&a);
+    let (prog, args) = a.command.split_first().expect("clap requires CMD");
+    if a.dry_run {
+        eprintln!(
+            "memshim-ctl: run: library {} ({})",
+            lib.path.display(),
+            lib.how
+        );
+        eprintln!("memshim-ctl: run: LD_PRELOAD={}", preload.to_string_lossy());
+        for (k, v) in &vars {
+            eprintln!("memshim-ctl: run: {k}={v}");
+        }
+    }
+    let mut cmd = Command::new(prog);
+    cmd.args(args).env("LD_PRELOAD", &preload);
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    let err = cmd.exec();
+    eprintln!(
+        "memshim-ctl: error: cannot execute {}: {err}",
+        prog.to_string_lossy()
+    );
+    std::process::exit(if err.kind() == std::io::ErrorKind::NotFound {
+        127
+    } else {
+        126
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preload_is_prepended_once_keeping_other_entries() {
+        let lib = Path::new("/opt/m/lib/libmemshim.so");
+        assert_eq!(prepend_preload(lib, None), "/opt/m/lib/libmemshim.so");
+        assert_eq!(
+            prepend_preload(lib, Some(OsStr::new(""))),
+            "/opt/m/lib/libmemshim.so"
+        );
+        assert_eq!(
+            prepend_preload(
+                lib,
+                Some(OsStr::new("/a.so /opt/m/lib/libmemshim.so:/b.so"))
+            ),
+            "/opt/m/lib/libmemshim.so:/a.so:/b.so"
+        );
+    }
+
+    #[test]
+    fn option_values_are_checked() {
+        assert_eq!(decay_ms("-1"), Ok(-1));
+        assert_eq!(decay_ms("0"), Ok(0));
+        assert!(decay_ms("-2").is_err() && decay_ms("1s").is_err());
+        assert!(narenas("auto").is_ok() && narenas("8").is_ok());
+        assert!(narenas("0").is_err() && narenas("4096").is_err() && narenas("x").is_err());
+    }
+
+    #[test]
+    fn missing_library_error_names_the_places_looked_at_and_the_fix() {
+        let dir = std::env::temp_dir().join(format!("memshim-run-unit-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("bin")).unwrap();
+        let exe = dir.join("bin/memshim-ctl");
+        std::fs::write(&exe, b"").unwrap();
+        let e = locate_library(None, Some(&exe)).unwrap_err();
+        assert!(
+            e.contains("lib/libmemshim.so") && e.contains("MEMSHIM_LIB"),
+            "{e}"
+        );
+        std::fs::create_dir_all(dir.join("lib")).unwrap();
+        std::fs::write(dir.join("lib/libmemshim.so"), b"").unwrap();
+        let l = locate_library(None, Some(&exe)).unwrap();
+        assert_eq!(
+            l.path,
+            std::fs::canonicalize(dir.join("lib/libmemshim.so")).unwrap()
+        );
+        let e = locate_library(Some(OsStr::new("/nonexistent/x.so")), Some(&exe)).unwrap_err();
+        assert!(e.starts_with("MEMSHIM_LIB="), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,283 @@
+//! `memshim-ctl serve --listen ADDR`: `/metrics` over HTTP for Prometheus,
+//! node_exporter style. Std-only HTTP/1.0-style server: one connection at a
+//! time, `Connection: close`, request head capped at 8 KiB and 5 s, each
+//! scrape bounded by [`Limits`]. Nothing is kept between requests.
+//!
+//! It takes no actions, except `POST /purge?pid=N` when started with
+//! `--enable-purge`, which is refused unless the listen address is loopback
+//! and, per request, unless the request carries `X-Memshim-Purge: 1` (a
+//! header a cross-site browser form cannot set) and a loopback `Host`
+//! (against DNS rebinding).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
+
+use crate::exit::{Exit, Failure};
+
+use super::metrics::{Limits, collect, render};
+
+/// Options of `memshim-ctl serve`.
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on (port 0 picks a free port; the address is printed)
+    #[arg(long, default_value = "127.0.0.1:9464", value_name = "ADDR:PORT")]
+    pub listen: SocketAddr,
+    /// Also accept POST /purge?pid=N (loopback listen address only; requests need `X-Memshim-Purge: 1`)
+    #[arg(long)]
+    pub enable_purge: bool,
+    #[command(flatten)]
+    pub limits: Limits,
+}
+
+const MAX_HEAD: usize = 8 * 1024;
+const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A parsed request head.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Head {
+    /// `GET`, `POST`, ...
+    pub method: String,
+    /// Path without the query.
+    pub path: String,
+    /// The query string, if any.
+    pub query: Option<String>,
+    /// `Host` header value.
+    pub host: Option<String>,
+    /// `X-Memshim-Purge` header value.
+    pub purge_header: Option<String>,
+}
+
+/// Reads one request head (up to the blank line), at most [`MAX_HEAD`] bytes.
+pub fn read_head(r: impl Read) -> Result<Head, (u16, &'static str)> {
+    let mut r = BufReader::new(r.take(MAX_HEAD as u64));
+    let mut line = String::new();
+    r.read_line(&mut line)
+        .map_err(|_| (400, "unreadable request"))?;
+    let mut parts = line.split_whitespace();
+    let (Some(method), Some(target), Some(_version)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return Err((400, "malformed request line"));
+    };
+    let (path, query) = match target.split_once('?') {
+        Some((p, q)) => (p.to_owned(), Some(q.to_owned())),
+        None => (target.to_owned(), None),
+    };
+    let method = method.to_owned();
+    let (mut host, mut purge_header) = (None, None);
+    loop {
+        line.clear();
+        match r.read_line(&mut line) {
+            Ok(0) => return Err((431, "request head too large or cut off")),
+            Ok(_) if line == "\r\n" || line == "\n" => break,
+            Ok(_) => {
+                if let Some((k, v)) = line.split_once(':') {
+                    let v = v.trim().to_owned();
+                    if k.eq_ignore_ascii_case("host") {
+                        host = Some(v);
+                    } else if k.eq_ignore_ascii_case("x-memshim-purge") {
+                        purge_header = Some(v);
+                    }
+                }
+            }
+            Err(_) => return Err((400, "unreadable request")),
+        }
+    }
+    Ok(Head {
+        method,
+        path,
+        query,
+        host,
+        purge_header,
+    })
+}
+
+fn respond(s: &mut TcpStream, code: u16, ctype: &str, body: &str, head_only: bool) {
+    let reason = match code {
+        200 => "OK",
+        400 => "Bad Request",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        431 => "Request Header Fields Too Large",
+        _ => "Error",
+    };
+    let _ = write!(
+        s,
+        "HTTP/1.1 {code} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    if !head_only {
+        let _ = s.write_all(body.as_bytes());
+    }
+    let _ = s.flush();
+}
+
+/// A `Host` header naming a loopback address (with or without port).
+pub fn loopback_host(h: &str) -> bool {
+    if let Ok(ip) = h.parse::<std::net::IpAddr>() {
+        return ip.is_loopback();
+    }
+    let name = if let Some(rest) = h.strip_prefix('[') {
+        rest.split(']').next().unwrap_or("")
+    } else {
+        h.rsplit_once(':').map_or(h, |(n, _)| n)
+    };
+    name == "localhost"
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+fn purge(head: &Head) -> (u16, String) {
+    if head.purge_header.as_deref() != Some("1") {
+        return (
+            403,
+            "{\"error\":\"POST /purge needs the header X-Memshim-Purge: 1\"}\n".into(),
+        );
+    }
+    if !head.host.as_deref().is_some_and(loopback_host) {
+        return (
+            403,
+            "{\"error\":\"POST /purge needs a loopback Host header\"}\n".into(),
+        );
+    }
+    let pid = head
+        .query
+        .as_deref()
+        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("pid=")))
+        .and_then(|p| p.parse::<i32>().ok())
+        .filter(|p| *p > 0);
+    let Some(pid) = pid else {
+        return (
+            400,
+            "{\"error\":\"POST /purge?pid=N with a positive pid\"}\n".into(),
+        );
+    };
+    let reply = crate::client::Client::open(pid)
+        .and_then(|mut c| c.request(&memshim_proto::Request::Purge))
+        .map_err(|f| f.line());
+    match reply {
+        Ok(r) => (200, serde_json::to_string(&r).unwrap_or_default() + "\n"),
+        Err(e) => (502, serde_json::json!({ "error": e }).to_string() + "\n"),
+    }
+}
+
+fn handle(mut s: TcpStream, a: &ServeArgs) {
+    let _ = s.set_read_timeout(Some(IO_TIMEOUT));
+    let _ = s.set_write_timeout(Some(IO_TIMEOUT));
+    let head = match read_head(&mut s) {
+        Ok(h) => h,
+        Err((code, msg)) => return respond(&mut s, code, "text/plain", &format!("{msg}\n"), false),
+    };
+    let get = head.method == "GET" || head.method == "HEAD";
+    let head_only = head.method == "HEAD";
+    match head.path.as_str() {
+        "/metrics" if get => {
+            let (samples, info) = collect(&a.limits);
+            let body = render(&samples, &info);
+            respond(
+                &mut s,
+                200,
+                "text/plain; version=0.0.4; charset=utf-8",
+                &body,
+                head_only,
+            )
+        }
+        "/" if get => respond(
+            &mut s,
+            200,
+            "text/html; charset=utf-8",
+            "<html><head><title>memshim</title></head><body><h1>memshim-ctl serve</h1>\
+             <p><a href=\"/metrics\">Metrics</a></p></body></html>\n",
+            head_only,
+        ),
+        "/purge" if head.method == "POST" && a.enable_purge => {
+            let (code, body) = purge(&head);
+            respond(&mut s, code, "application/json", &body, false)
+        }
+        "/metrics" | "/" => respond(&mut s, 405, "text/plain", "method not allowed\n", false),
+        _ => respond(
+            &mut s,
+            404,
+            "text/plain",
+            "not found: try /metrics\n",
+            false,
+        ),
+    }
+}
+
+/// Serves until killed.
+pub fn run(a: ServeArgs) -> Result<Exit, Failure> {
+    if a.enable_purge && !a.listen.ip().is_loopback() {
+        return Err(Failure::new(
+            Exit::Failed,
+            None,
+            format!(
+                "--enable-purge is only allowed on a loopback address, not {}",
+                a.listen
+            ),
+        )
+        .hint("listen on 127.0.0.1 or [::1], or drop --enable-purge"));
+    }
+    let l = TcpListener::bind(a.listen).map_err(|e| {
+        Failure::new(
+            Exit::Failed,
+            None,
+            format!("cannot listen on {}: {e}", a.listen),
+        )
+    })?;
+    let addr = l
+        .local_addr()
+        .map(|x| x.to_string())
+        .unwrap_or_else(|_| a.listen.to_string());
+    println!("serving http://{addr}/metrics");
+    let _ = std::io::stdout().flush();
+    for conn in l.incoming() {
+        match conn {
+            Ok(s) => handle(s, &a),
+            Err(e) => {
+                // EMFILE and friends: back off briefly instead of spinning.
+                eprintln!("memshim-ctl: serve: accept: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+    Ok(Exit::Ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_heads_parse_and_oversized_ones_are_refused() {
+        let h = read_head(
+            &b"GET /metrics?x=1 HTTP/1.1\r\nHost: 127.0.0.1:9464\r\nX-Memshim-Purge: 1\r\n\r\n"[..],
+        )
+        .unwrap();
+        assert_eq!(h.path, "/metrics");
+        assert_eq!(h.query.as_deref(), Some("x=1"));
+        assert_eq!(h.host.as_deref(), Some("127.0.0.1:9464"));
+        assert_eq!(h.purge_header.as_deref(), Some("1"));
+        let big = format!("GET / HTTP/1.1\r\nX-Pad: {}\r\n\r\n", "a".repeat(MAX_HEAD));
+        assert_eq!(read_head(big.as_bytes()).unwrap_err().0, 431);
+        assert_eq!(read_head(&b"nonsense\r\n\r\n"[..]).unwrap_err().0, 400);
+    }
+
+    #[test]
+    fn only_loopback_hosts_count_as_loopback() {
+        for h in [
+            "127.0.0.1",
+            "127.0.0.1:9464",
+            "localhost:1",
+            "[::1]:9464",
+            "::1",
+        ] {
+            assert!(loopback_host(h), "{h}");
+        }
+        for h in ["evil.example:9464", "10.0.0.1:9464", "[fe80::1]:1", ""] {
+            assert!(!loopback_host(h), "{h}");
+        }
+    }
+}
