@@ -244,13 +244,15 @@ const FAMILIES: &[(&str, &str, &str, Get)] = &[
         "counter",
         "CPython garbage collections by generation.",
         |s| {
+            // Absent when the program never imported gc (gc_collections is None).
             s.python
                 .iter()
-                .flat_map(|p| {
+                .filter_map(|p| p.gc_collections)
+                .flat_map(|c| {
                     (0..3).map(move |g| {
                         (
                             vec![("generation", g.to_string())],
-                            p.gc_collections[g] as f64,
+                            c[g] as f64,
                         )
                     })
                 })
