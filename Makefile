@@ -23,7 +23,7 @@ build: ## Build the release library and CLI
 
 $(LIB) $(CTL): build
 
-test: build test-unit test-integration bench-smoke ## Run every test (what CI runs)
+test: build test-unit test-integration test-torch bench-smoke ## Run every test (what CI runs)
 
 test-unit: ## Unit tests of every crate
 	$(CARGO) test --release --workspace --lib --bins
@@ -31,7 +31,7 @@ test-unit: ## Unit tests of every crate
 test-integration: build ## Real processes under LD_PRELOAD (tests/)
 	$(CARGO) test --release -p memshim-tests --tests -- --test-threads=2
 
-test-torch: build ## PyTorch bridge tests (needs torch; CI installs it)
+test-torch: build ## PyTorch bridge tests (fails without torch; .ci/run installs it)
 	$(CARGO) test --release -p memshim-tests --test python_torch -- --ignored --test-threads=1
 
 test-gpu: build ## GPU checks (needs an NVIDIA GPU; skips cleanly without)
