@@ -249,12 +249,7 @@ const FAMILIES: &[(&str, &str, &str, Get)] = &[
                 .iter()
                 .filter_map(|p| p.gc_collections)
                 .flat_map(|c| {
-                    (0..3).map(move |g| {
-                        (
-                            vec![("generation", g.to_string())],
-                            c[g] as f64,
-                        )
-                    })
+                    (0..3).map(move |g| (vec![("generation", g.to_string())], c[g] as f64))
                 })
                 .collect()
         },

@@ -193,7 +193,10 @@ pub fn human(s: &StatsReport, pid: i32, command: &str) -> String {
             );
             // None: the program never imported gc (the bridge never imports it).
             let three = |v: Option<[u64; 3]>| {
-                v.map_or_else(|| "- (gc not imported)".to_owned(), |v| format!("{} {} {}", v[0], v[1], v[2]))
+                v.map_or_else(
+                    || "- (gc not imported)".to_owned(),
+                    |v| format!("{} {} {}", v[0], v[1], v[2]),
+                )
             };
             out += &kv(&[
                 ("gc_enabled", yes(py.gc_enabled), ""),
