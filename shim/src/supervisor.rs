@@ -7,7 +7,10 @@
 //!   jemalloc alone only decays on allocator activity;
 //! * serves the control socket (`control.rs`) when it is readable;
 //! * stops when the process has been alone (main thread + us) for the decay
-//!   time plus a grace second, or at once when a fork handler asks.
+//!   time plus a grace second, or at once when a fork handler asks;
+//! * ends within a tick, in every mode, once every application thread has
+//!   ended (main called `pthread_exit` and the others returned), so the
+//!   process exits as it would without the shim.
 //!
 //! All signals are blocked on this thread (it is created with a full mask),
 //! so the application's handlers never run here. It holds no lock of its own
@@ -162,6 +165,14 @@ extern "C" fn thread_main(_: *mut c_void) -> *mut c_void {
             let _ = jemalloc::decay_all();
             last_decay = now;
         }
+        if only_we_remain() && try_stop(&mut endpoint) {
+            // Every thread of the application has ended (its main thread
+            // with pthread_exit). Without us the process would have exited;
+            // returning lets glibc's last-thread exit(0) happen, in any
+            // mode. Staying would keep it alive forever, and since we block
+            // every signal, even SIGTERM would stay pending.
+            return core::ptr::null_mut();
+        }
         if options::control() == Control::Auto {
             if sys::num_threads().is_some_and(|n| n <= 2) {
                 let since = *alone_since.get_or_insert(now);
@@ -173,6 +184,12 @@ extern "C" fn thread_main(_: *mut c_void) -> *mut c_void {
             }
         }
     }
+}
+
+/// The only threads left are the exited main thread (a zombie until the
+/// process ends) and us.
+fn only_we_remain() -> bool {
+    sys::num_threads().is_some_and(|n| n <= 2) && sys::leader_exited()
 }
 
 /// Leaves the loop unless the process created a thread meanwhile.
