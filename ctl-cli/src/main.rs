@@ -1,8 +1,25 @@
 //! memshim-ctl: finds shimmed processes and shows or releases their memory.
+//!
+//! `main` only parses the command line, runs the subcommand and turns its
+//! outcome into an exit code (exit.rs documents them). Subcommands live in
+//! `cmd/`, one file each; `cmd/mod.rs` says how to add one.
 
 #![forbid(unsafe_code)]
 
+mod cli;
+mod client;
+mod cmd;
+mod discover;
+mod exit;
+mod render;
+
+use clap::Parser;
+
 fn main() -> std::process::ExitCode {
-    eprintln!("memshim-ctl: no commands yet");
-    std::process::ExitCode::from(2)
+    let cli = cli::Cli::parse();
+    let json = cli.command.json();
+    match cmd::run(cli.command) {
+        Ok(code) => code.into(),
+        Err(failure) => failure.report(json),
+    }
 }

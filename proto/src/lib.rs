@@ -1,8 +1,305 @@
 //! The control protocol shared by libmemshim.so and memshim-ctl
 //! (specified in docs/protocol.md).
+//!
+//! * Transport: a Unix stream socket, one per process
+//!   (`<dir>/<pid>-<starttime>.sock`).
+//! * Framing: newline-delimited JSON. The client writes one request line,
+//!   the server answers with one response line, and so on. A request line is
+//!   at most [`MAX_REQUEST_BYTES`] bytes including its `\n`.
+//! * The first request on a connection must be [`Request::Hello`].
+//! * A response is `{"ok":{"kind":...,...}}` or `{"error":{"code":...,...}}`.
+//!
+//! Compatibility: fields may be added to replies and optional fields to
+//! requests without a version bump (both sides ignore unknown fields and
+//! treat missing optional fields as absent). Removing or changing the
+//! meaning of a field, or a new required request field, bumps
+//! [`PROTOCOL_VERSION`].
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod actions;
+#[cfg(test)]
+mod doc_examples;
+mod error;
+#[cfg(test)]
+mod golden;
+mod python;
+mod stats;
+
+pub use actions::*;
+pub use error::*;
+pub use python::*;
+pub use stats::*;
+
+use serde::{Deserialize, Serialize};
+
 /// Protocol version spoken by this build.
 pub const PROTOCOL_VERSION: u32 = 1;
+/// Oldest protocol version this build still speaks.
+pub const MIN_PROTOCOL_VERSION: u32 = 1;
+/// Longest request line the server accepts, `\n` included.
+pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+/// Longest response line a client should accept, `\n` included.
+pub const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
+/// Milliseconds a connection may stay without sending a complete request before
+/// the server closes it.
+pub const IDLE_TIMEOUT_MS: u64 = 5000;
+
+/// A request: one JSON object on one line, discriminated by `"op"`.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// First request of every connection: the client's protocol version.
+    Hello {
+        /// Highest protocol version the client speaks.
+        version: u32,
+        /// Free-form client name, for logs (`"memshim-ctl 0.1.0"`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        client: Option<String>,
+    },
+    /// The memory report ([`StatsReport`]).
+    Stats {
+        /// Include the per-arena list.
+        #[serde(default)]
+        arenas: bool,
+        /// Read PSS from `/proc/self/smaps_rollup` (costs about 16 ms per
+        /// GiB resident, so it is opt-in).
+        #[serde(default)]
+        pss: bool,
+    },
+    /// Flush the shim thread's cache and purge every arena ([`PurgeResult`]).
+    Purge,
+    /// Change decay at runtime ([`DecayResult`]). Absent fields are unchanged.
+    Decay {
+        /// New dirty decay in ms, -1 = never.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        dirty_ms: Option<i64>,
+        /// New muzzy decay in ms, -1 = never.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        muzzy_ms: Option<i64>,
+    },
+    /// A full `gc.collect()` in the hosted CPython ([`GcResult`]).
+    Gc,
+    /// `torch.cuda.empty_cache()` on devices that already have a context
+    /// ([`EmptyCacheResult`]).
+    EmptyCache,
+    /// gc, then empty_cache, then purge ([`ReleaseResult`]).
+    Release,
+}
+
+/// Every `op` this build knows, in documentation order.
+pub const OPS: &[&str] = &[
+    "hello",
+    "stats",
+    "purge",
+    "decay",
+    "gc",
+    "empty_cache",
+    "release",
+];
+
+impl Request {
+    /// The `op` string of this request.
+    pub fn op(&self) -> &'static str {
+        match self {
+            Request::Hello { .. } => "hello",
+            Request::Stats { .. } => "stats",
+            Request::Purge => "purge",
+            Request::Decay { .. } => "decay",
+            Request::Gc => "gc",
+            Request::EmptyCache => "empty_cache",
+            Request::Release => "release",
+        }
+    }
+}
+
+/// The answer to `hello`.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct HelloReply {
+    /// Protocol version used on this connection from now on.
+    pub version: u32,
+    /// Oldest version the server speaks.
+    pub min_version: u32,
+    /// Newest version the server speaks.
+    pub max_version: u32,
+    /// The process id as the process itself sees it (its own pid namespace).
+    pub pid: i32,
+    /// Field 22 of `/proc/self/stat` (clock ticks after boot): with `pid`,
+    /// tells a reused pid from the process that created the socket.
+    pub starttime: u64,
+    /// libmemshim version.
+    pub shim_version: String,
+    /// Longest request line accepted, `\n` included.
+    pub max_request_bytes: u64,
+    /// Requests this server understands.
+    pub ops: Vec<String>,
+}
+
+/// A successful reply, discriminated by `"kind"` (the request's `op`).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Reply {
+    /// Answer to `hello`.
+    Hello(HelloReply),
+    /// Answer to `stats`.
+    Stats(Box<StatsReport>),
+    /// Answer to `purge`.
+    Purge(PurgeResult),
+    /// Answer to `decay`.
+    Decay(DecayResult),
+    /// Answer to `gc`.
+    Gc(GcResult),
+    /// Answer to `empty_cache`.
+    EmptyCache(EmptyCacheResult),
+    /// Answer to `release`.
+    Release(ReleaseResult),
+}
+
+/// One response line: `{"ok":{...}}` or `{"error":{...}}`.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(rename_all = "snake_case")]
+pub enum Response {
+    /// The request succeeded.
+    Ok(Reply),
+    /// The request failed; see [`ErrorCode`].
+    Error(ErrorReply),
+}
+
+impl Response {
+    /// One line of JSON, `\n` included.
+    pub fn to_line(&self) -> Vec<u8> {
+        let mut v = serde_json::to_vec(self).unwrap_or_else(|_| {
+            br#"{"error":{"code":"internal","message":"response could not be encoded"}}"#.to_vec()
+        });
+        v.push(b'\n');
+        v
+    }
+
+    /// Decodes one response line (trailing `\n` optional).
+    pub fn from_line(line: &[u8]) -> Result<Response, serde_json::Error> {
+        serde_json::from_slice(trim_newline(line))
+    }
+}
+
+impl Request {
+    /// One line of JSON, `\n` included.
+    pub fn to_line(&self) -> Vec<u8> {
+        let mut v = serde_json::to_vec(self).expect("requests always encode");
+        v.push(b'\n');
+        v
+    }
+}
+
+fn trim_newline(line: &[u8]) -> &[u8] {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    line.strip_suffix(b"\r").unwrap_or(line)
+}
+
+/// Decodes one request line, telling an unknown `op` (a newer client) from
+/// a malformed line.
+pub fn parse_request(line: &[u8]) -> Result<Request, ErrorReply> {
+    let line = trim_newline(line);
+    let value: serde_json::Value = serde_json::from_slice(line).map_err(|e| {
+        ErrorReply::new(
+            ErrorCode::BadRequest,
+            format!("request is not valid JSON: {e}"),
+        )
+    })?;
+    let Some(obj) = value.as_object() else {
+        return Err(ErrorReply::new(
+            ErrorCode::BadRequest,
+            "request must be a JSON object",
+        ));
+    };
+    let op = match obj.get("op") {
+        Some(serde_json::Value::String(s)) => s.clone(),
+        _ => {
+            return Err(ErrorReply::new(
+                ErrorCode::BadRequest,
+                "request has no \"op\" string",
+            ));
+        }
+    };
+    if !OPS.contains(&op.as_str()) {
+        let shown: String = op.chars().take(64).collect();
+        return Err(ErrorReply::new(
+            ErrorCode::UnknownOp,
+            format!("unknown op {shown:?}; this server knows {}", OPS.join(", ")),
+        ));
+    }
+    serde_json::from_value(value)
+        .map_err(|e| ErrorReply::new(ErrorCode::BadRequest, format!("bad {op} request: {e}")))
+}
+
+/// The version a server speaking `[min, max]` answers to a client that
+/// speaks up to `client`, or `None` if they have none in common.
+pub fn negotiate(client: u32, min: u32, max: u32) -> Option<u32> {
+    (client >= min).then(|| client.min(max))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_op_is_told_apart_from_garbage() {
+        assert_eq!(
+            parse_request(b"{\"op\":\"frobnicate\"}\n")
+                .unwrap_err()
+                .code,
+            ErrorCode::UnknownOp
+        );
+        assert_eq!(
+            parse_request(b"\x00\xff").unwrap_err().code,
+            ErrorCode::BadRequest
+        );
+        assert_eq!(
+            parse_request(b"[1,2]").unwrap_err().code,
+            ErrorCode::BadRequest
+        );
+        assert_eq!(
+            parse_request(b"{\"op\":7}").unwrap_err().code,
+            ErrorCode::BadRequest
+        );
+        assert_eq!(
+            parse_request(b"{\"op\":\"decay\",\"dirty_ms\":\"x\"}")
+                .unwrap_err()
+                .code,
+            ErrorCode::BadRequest
+        );
+    }
+
+    #[test]
+    fn requests_round_trip() {
+        for r in [
+            Request::Hello {
+                version: 1,
+                client: Some("t".into()),
+            },
+            Request::Stats {
+                arenas: true,
+                pss: false,
+            },
+            Request::Purge,
+            Request::Decay {
+                dirty_ms: Some(-1),
+                muzzy_ms: None,
+            },
+            Request::Gc,
+            Request::EmptyCache,
+            Request::Release,
+        ] {
+            let line = r.to_line();
+            assert_eq!(parse_request(&line).unwrap(), r);
+            assert!(OPS.contains(&r.op()));
+        }
+    }
+
+    #[test]
+    fn negotiation() {
+        assert_eq!(negotiate(1, 1, 1), Some(1));
+        assert_eq!(negotiate(7, 1, 2), Some(2));
+        assert_eq!(negotiate(0, 1, 2), None);
+    }
+}

@@ -12,6 +12,7 @@
 //!   shim may have a thread (never in a single-threaded process).
 //! * [`supervisor`]: that thread: idle purging and the control socket.
 //! * [`control`]: the per-process control endpoint.
+//! * [`python`]: the CPython / PyTorch bridge used by control requests.
 //! * [`dlopen`]: `RTLD_DEEPBIND` clearing.
 //! * [`jemalloc`]: the only file that calls `mallctl`.
 //! * [`sys`], [`log`]: allocation-free primitives and the warning line.
@@ -29,6 +30,7 @@ pub mod jemalloc;
 pub mod lifecycle;
 pub mod log;
 pub mod options;
+pub mod python;
 pub mod report;
 pub mod supervisor;
 pub mod sys;

@@ -269,7 +269,9 @@ extern "C" fn constructor() {
     if options::verbose() {
         crate::report::print_verbose();
     }
-    let already_threaded = PENDING.load(Relaxed) || sys::num_threads().is_some_and(|n| n > 1);
+    // A library constructor that created a thread before ours ran went
+    // through our pthread_create and left PENDING set.
+    let already_threaded = PENDING.load(Relaxed);
     match options::control() {
         Control::On => arm(),
         Control::Auto if already_threaded => arm(),

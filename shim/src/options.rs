@@ -172,7 +172,7 @@ unsafe extern "C" {
 #[cfg(test)]
 unsafe fn __real_secure_getenv(name: *const c_char) -> *mut c_char {
     // SAFETY: forwarding a C string.
-    unsafe { libc::secure_getenv(name) }
+    unsafe { libc::getenv(name) }
 }
 
 fn env(name: &CStr) -> Option<&'static [u8]> {

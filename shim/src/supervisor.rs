@@ -5,7 +5,8 @@
 //! * every tick, `arena.4096.decay` (`jemalloc::decay_all`), so pages freed
 //!   by a process that then goes idle are returned within the decay time;
 //!   jemalloc alone only decays on allocator activity;
-//! * serves the control socket (`control.rs`) when it is readable;
+//! * serves the control socket (`control/`): its listener and client
+//!   connections are polled here, `Endpoint::on_events` answers them;
 //! * stops when the process has been alone (main thread + us) for the decay
 //!   time plus a grace second, or at once when a fork handler asks;
 //! * ends within a tick, in every mode, once every application thread has
@@ -133,12 +134,13 @@ extern "C" fn thread_main(_: *mut c_void) -> *mut c_void {
     loop {
         let dirty = jemalloc::decay_ms().map(|d| d.0).unwrap_or(options::dirty_decay_ms());
         let tick = tick_ms(dirty);
-        let mut fds = [
-            libc::pollfd { fd: wake_fd_if_ours().unwrap_or(-1), events: libc::POLLIN, revents: 0 },
-            libc::pollfd { fd: endpoint.as_ref().and_then(|e| e.poll_fd()).unwrap_or(-1), events: libc::POLLIN, revents: 0 },
-        ];
-        // SAFETY: `fds` is a live array of two pollfd; negative fds are ignored.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, tick as i32) };
+        // fds[0]: the wake eventfd; then the endpoint's listener and connections.
+        let mut fds = [libc::pollfd { fd: -1, events: 0, revents: 0 }; 1 + control::MAX_POLL_FDS];
+        fds[0] = libc::pollfd { fd: wake_fd_if_ours().unwrap_or(-1), events: libc::POLLIN, revents: 0 };
+        let n_ep = endpoint.as_ref().map_or(0, |e| e.poll_fds(&mut fds[1..]));
+        // SAFETY: `fds` is a live array of at least 1 + n_ep pollfd;
+        // negative fds are ignored.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), (1 + n_ep) as libc::nfds_t, tick as i32) };
         if n > 0 && fds[0].revents != 0 {
             if let Some(fd) = wake_fd_if_ours() {
                 let mut v: u64 = 0;
@@ -155,8 +157,8 @@ extern "C" fn thread_main(_: *mut c_void) -> *mut c_void {
             return core::ptr::null_mut();
         }
         if let Some(e) = endpoint.as_mut() {
-            if n > 0 && fds[1].revents != 0 {
-                e.on_ready();
+            if n > 0 {
+                e.on_events(&fds[1..1 + n_ep]);
             }
             e.on_tick();
         }

@@ -1,0 +1,132 @@
+//! The command line (clap derive). Each subcommand's arguments are a struct
+//! in its own `cmd/<name>.rs`; this file only lists them.
+
+use crate::cmd;
+use clap::{Args, Parser, Subcommand};
+
+/// Find processes running with libmemshim.so, show where their memory is,
+/// and make them return free memory to the OS.
+#[derive(Parser, Debug)]
+#[command(name = "memshim-ctl", version, about, after_help = AFTER_HELP)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+const AFTER_HELP: &str = "Exit codes: 0 ok, 1 some targets failed, 2 usage, 3 no such process or no shim, \
+4 endpoint not running, 5 permission denied, 6 the process answered with an error.\n\
+Figures are defined in docs/stats.md; errors in docs/troubleshooting.md.";
+
+/// Subcommands. To add one, see the comment at the top of `cmd/mod.rs`.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Every process you can see that has the shim loaded.
+    List(cmd::list::ListArgs),
+    /// The memory report of one process.
+    Stats(cmd::stats::StatsArgs),
+    /// Return every free page of the allocator to the OS now.
+    Purge(cmd::purge::PurgeArgs),
+    /// Change how fast freed memory is returned (at runtime).
+    Decay(cmd::decay::DecayArgs),
+    /// A live view of RSS, resident and purgeable memory.
+    Watch(cmd::watch::WatchArgs),
+    /// Run a full gc.collect() in a Python process.
+    Gc(cmd::gc::GcArgs),
+    /// Run torch.cuda.empty_cache() on the devices a process already uses.
+    EmptyCache(cmd::empty_cache::EmptyCacheArgs),
+    /// gc, empty-cache and purge, in that order, with one figure per step.
+    Release(cmd::release::ReleaseArgs),
+}
+
+impl Command {
+    /// Whether the user asked for JSON (errors are then JSON too).
+    pub fn json(&self) -> bool {
+        match self {
+            Command::List(a) => a.json,
+            Command::Stats(a) => a.json,
+            Command::Purge(a) => a.targets.json,
+            Command::Decay(a) => a.json,
+            Command::Watch(_) => false,
+            Command::Gc(a) => a.json,
+            Command::EmptyCache(a) => a.json,
+            Command::Release(a) => a.targets.json,
+        }
+    }
+}
+
+/// `<PID>... | --all [--json]`, shared by purge and release.
+#[derive(Args, Debug, Clone)]
+pub struct Targets {
+    /// Process ids (as this shell sees them).
+    #[arg(required_unless_present = "all", conflicts_with = "all", value_parser = clap::value_parser!(i32).range(1..))]
+    pub pids: Vec<i32>,
+    /// Every shimmed process whose endpoint is running.
+    #[arg(long)]
+    pub all: bool,
+    /// One JSON document on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A single `<PID>`.
+pub fn pid_parser() -> clap::builder::RangedI64ValueParser<i32> {
+    clap::value_parser!(i32).range(1..)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Command, clap::Error> {
+        Cli::try_parse_from(std::iter::once("memshim-ctl").chain(args.iter().copied()))
+            .map(|c| c.command)
+    }
+
+    #[test]
+    fn parses_every_subcommand() {
+        assert!(matches!(parse(&["list", "--json"]).unwrap(), Command::List(a) if a.json));
+        assert!(
+            matches!(parse(&["stats", "42", "--arenas"]).unwrap(), Command::Stats(a) if a.pid == 42 && a.arenas)
+        );
+        assert!(
+            matches!(parse(&["purge", "1", "2"]).unwrap(), Command::Purge(a) if a.targets.pids == [1, 2] && !a.targets.all)
+        );
+        assert!(
+            matches!(parse(&["purge", "--all", "--json"]).unwrap(), Command::Purge(a) if a.targets.all && a.targets.json)
+        );
+        assert!(matches!(
+            parse(&["decay", "7", "--dirty-ms", "-1", "--muzzy-ms", "0"]).unwrap(),
+            Command::Decay(a) if a.dirty_ms == Some(-1) && a.muzzy_ms == Some(0)
+        ));
+        assert!(matches!(
+            parse(&["watch", "7", "--interval", "0.5", "--count", "3"]).unwrap(),
+            Command::Watch(a) if a.interval == 0.5 && a.count == Some(3)
+        ));
+        assert!(matches!(parse(&["gc", "7"]).unwrap(), Command::Gc(a) if a.pid == 7));
+        assert!(
+            matches!(parse(&["empty-cache", "7", "--json"]).unwrap(), Command::EmptyCache(a) if a.json)
+        );
+        assert!(
+            matches!(parse(&["release", "--all"]).unwrap(), Command::Release(a) if a.targets.all)
+        );
+    }
+
+    #[test]
+    fn rejects_bad_usage() {
+        for bad in [
+            &["purge"][..],           // no target
+            &["purge", "1", "--all"], // both
+            &["stats"],               // no pid
+            &["stats", "0"],          // not a pid
+            &["stats", "abc"],        // not a number
+            &["decay", "1"],          // nothing to change
+            &["decay", "1", "--dirty-ms", "-2"],
+            &["watch", "1", "--interval", "0"],
+            &["frobnicate"],
+        ] {
+            let e = parse(bad).expect_err(&format!("{bad:?} must be refused"));
+            assert_eq!(e.exit_code(), 2, "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! `memshim-ctl decay <PID> [--dirty-ms N] [--muzzy-ms N] [--json]`.
+
+use crate::cli::pid_parser;
+use crate::client::Client;
+use crate::exit::{Exit, Failure};
+use clap::Args;
+use memshim_proto::{Reply, Request};
+
+/// Options of `decay`.
+#[derive(Args, Debug)]
+#[command(group = clap::ArgGroup::new("change").required(true).multiple(true).args(["dirty_ms", "muzzy_ms"]))]
+pub struct DecayArgs {
+    /// Process id.
+    #[arg(value_parser = pid_parser())]
+    pub pid: i32,
+    /// Milliseconds until freed pages are returned to the OS (-1: never).
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(-1..))]
+    pub dirty_ms: Option<i64>,
+    /// Milliseconds MADV_FREE'd pages are kept (-1: never).
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(-1..))]
+    pub muzzy_ms: Option<i64>,
+    /// One JSON document on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `decay`.
+pub fn run(a: DecayArgs) -> Result<Exit, Failure> {
+    let mut c = Client::open(a.pid)?;
+    let r = match c.request(&Request::Decay {
+        dirty_ms: a.dirty_ms,
+        muzzy_ms: a.muzzy_ms,
+    })? {
+        Reply::Decay(d) => d,
+        other => return Err(c.unexpected(&other)),
+    };
+    if a.json {
+        println!("{}", serde_json::to_string(&r).unwrap_or_default());
+    } else {
+        let show = |v: i64| {
+            if v < 0 {
+                "never".to_owned()
+            } else {
+                format!("{v} ms")
+            }
+        };
+        println!(
+            "pid {}: dirty decay {}, muzzy decay {}",
+            a.pid,
+            show(r.dirty_decay_ms),
+            show(r.muzzy_decay_ms)
+        );
+    }
+    Ok(Exit::Ok)
+}

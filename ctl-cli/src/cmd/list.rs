@@ -1,0 +1,276 @@
+//! `memshim-ctl list [--json]`: every visible process with the shim loaded.
+
+use crate::client::{self, Client, ConnectError};
+use crate::discover::{self, Proc};
+use crate::exit::{Exit, Failure};
+use crate::render;
+use clap::Args;
+use memshim_proto::{Reply, Request};
+use serde::Serialize;
+
+/// Options of `list`.
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    /// One JSON document on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One row of `list`.
+#[derive(Serialize, Debug)]
+pub struct Entry {
+    /// Pid as we see it.
+    pub pid: i32,
+    /// Pid inside its own namespace.
+    pub nspid: i32,
+    /// Effective uid.
+    pub uid: u32,
+    /// Command line.
+    pub command: String,
+    /// RSS in bytes (from /proc, always present).
+    pub rss: u64,
+    /// Whether the endpoint answered.
+    pub endpoint: bool,
+    /// The socket path (as reached from here).
+    pub socket: String,
+    /// Why there is no endpoint.
+    pub reason: Option<String>,
+    /// jemalloc resident bytes (endpoint only).
+    pub resident: Option<u64>,
+    /// Bytes a purge could give back now (endpoint only).
+    pub purgeable: Option<u64>,
+}
+
+/// The whole `list` document.
+#[derive(Serialize, Debug)]
+pub struct Listing {
+    /// Shimmed processes.
+    pub processes: Vec<Entry>,
+    /// Processes whose maps we could not read (other users' processes).
+    pub unreadable: usize,
+    /// Stale socket files (no listener, no such process) that were removed.
+    pub stale_removed: Vec<String>,
+}
+
+fn entry(p: Proc) -> Entry {
+    let loc = discover::socket_loc(&p);
+    let socket = loc.path().display().to_string();
+    let mut e = Entry {
+        pid: p.pid,
+        nspid: p.nspid,
+        uid: p.uid,
+        command: p.command.clone(),
+        rss: p.rss,
+        endpoint: false,
+        socket,
+        reason: None,
+        resident: None,
+        purgeable: None,
+    };
+    let stats = Client::open_proc(p).and_then(|mut c| {
+        match c.request(&Request::Stats {
+            arenas: false,
+            pss: false,
+        })? {
+            Reply::Stats(s) => Ok(s),
+            other => Err(c.unexpected(&other)),
+        }
+    });
+    match stats {
+        Ok(s) => {
+            e.endpoint = true;
+            e.rss = s.process.rss;
+            e.resident = Some(s.allocator.resident);
+            e.purgeable = Some(s.allocator.purgeable);
+        }
+        Err(f) => e.reason = Some(f.message),
+    }
+    e
+}
+
+/// Removes socket files in `dir` that nobody listens on and whose
+/// `<pid>-<starttime>` matches no live process we can see (only in
+/// directories of our own mount namespace, where the pids are ours).
+fn remove_stale(dirs: &[std::path::PathBuf]) -> Vec<String> {
+    let mut removed = vec![];
+    for dir in dirs {
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for f in rd.flatten() {
+            let name = f.file_name().to_string_lossy().into_owned();
+            let Some((pid, start)) = name.strip_suffix(".sock").and_then(|s| s.split_once('-'))
+            else {
+                continue;
+            };
+            let (Ok(pid), Ok(start)) = (pid.parse::<i32>(), start.parse::<u64>()) else {
+                continue;
+            };
+            if discover::read_proc(pid).is_ok_and(|p| p.starttime == start) {
+                continue; // a live process: its shim manages the file
+            }
+            let loc = discover::SocketLoc {
+                dir_inside: dir.clone(),
+                dir: dir.clone(),
+                name: name.clone(),
+            };
+            if matches!(client::connect_path(&loc), Err(ConnectError::Refused))
+                && std::fs::remove_file(f.path()).is_ok()
+            {
+                removed.push(f.path().display().to_string());
+            }
+        }
+    }
+    removed
+}
+
+/// Runs `list`.
+pub fn run(a: ListArgs) -> Result<Exit, Failure> {
+    let me = std::process::id() as i32;
+    let mut processes = vec![];
+    let mut unreadable = 0;
+    let mut dirs = vec![];
+    for pid in discover::all_pids() {
+        if pid == me {
+            continue;
+        }
+        match discover::shim_loaded(pid) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                unreadable += 1;
+                continue;
+            }
+            Err(_) => continue, // exited meanwhile, or a kernel thread
+        }
+        let Ok(p) = discover::read_proc(pid) else {
+            continue;
+        };
+        let loc = discover::socket_loc(&p);
+        if loc.dir == loc.dir_inside && !dirs.contains(&loc.dir) {
+            dirs.push(loc.dir.clone());
+        }
+        processes.push(entry(p));
+    }
+    let listing = Listing {
+        processes,
+        unreadable,
+        stale_removed: remove_stale(&dirs),
+    };
+    if a.json {
+        println!("{}", serde_json::to_string(&listing).unwrap_or_default());
+    } else {
+        print!("{}", human(&listing));
+    }
+    Ok(Exit::Ok)
+}
+
+/// The human form of a listing.
+pub fn human(l: &Listing) -> String {
+    if l.processes.is_empty() {
+        let mut s = "no process with libmemshim.so loaded is visible".to_owned();
+        if l.unreadable > 0 {
+            s.push_str(&format!(
+                " ({} processes of other users could not be read; try as root)",
+                l.unreadable
+            ));
+        }
+        return s + "\n";
+    }
+    let rows: Vec<Vec<String>> = l
+        .processes
+        .iter()
+        .map(|e| {
+            vec![
+                e.pid.to_string(),
+                render::bytes(e.rss),
+                render::opt_bytes(e.resident),
+                render::opt_bytes(e.purgeable),
+                if e.endpoint {
+                    "up".into()
+                } else {
+                    "down".into()
+                },
+                render::shorten(&e.command, 40),
+            ]
+        })
+        .collect();
+    let mut s = render::table(
+        &["PID", "RSS", "RESIDENT", "PURGEABLE", "ENDPOINT", "COMMAND"],
+        &rows,
+    );
+    let down: Vec<&Entry> = l.processes.iter().filter(|e| !e.endpoint).collect();
+    if !down.is_empty() {
+        s.push_str("\nendpoint down:\n");
+        for e in down {
+            s.push_str(&format!(
+                "  pid {}: {}\n",
+                e.pid,
+                e.reason.as_deref().unwrap_or("?")
+            ));
+        }
+    }
+    if l.unreadable > 0 {
+        s.push_str(&format!(
+            "({} processes of other users could not be read; run as root to see them)\n",
+            l.unreadable
+        ));
+    }
+    for f in &l.stale_removed {
+        s.push_str(&format!("removed stale socket {f}\n"));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_listing_shows_endpoint_state() {
+        let l = Listing {
+            processes: vec![
+                Entry {
+                    pid: 10,
+                    nspid: 10,
+                    uid: 0,
+                    command: "python3 app.py".into(),
+                    rss: 300 << 20,
+                    endpoint: true,
+                    socket: "/tmp/memshim-0/10-5.sock".into(),
+                    reason: None,
+                    resident: Some(200 << 20),
+                    purgeable: Some(64 << 20),
+                },
+                Entry {
+                    pid: 11,
+                    nspid: 11,
+                    uid: 0,
+                    command: "cat".into(),
+                    rss: 1 << 20,
+                    endpoint: false,
+                    socket: "/tmp/memshim-0/11-6.sock".into(),
+                    reason: Some("single-threaded process".into()),
+                    resident: None,
+                    purgeable: None,
+                },
+            ],
+            unreadable: 0,
+            stale_removed: vec![],
+        };
+        let h = human(&l);
+        assert!(
+            h.starts_with("PID        RSS   RESIDENT  PURGEABLE  ENDPOINT"),
+            "{h}"
+        );
+        assert!(h.contains("300.0 MiB  200.0 MiB   64.0 MiB  up"), "{h}");
+        assert!(h.contains("down      cat"), "{h}");
+        assert!(
+            h.contains("endpoint down:\n  pid 11: single-threaded process\n"),
+            "{h}"
+        );
+        let j = serde_json::to_value(&l).unwrap();
+        assert_eq!(j["processes"][1]["endpoint"], false);
+        assert_eq!(j["processes"][0]["purgeable"], 64 << 20);
+    }
+}

@@ -1,0 +1,126 @@
+//! Subcommands, one file each.
+//!
+//! Adding a subcommand (for example `run`, `doctor`, `metrics`, `serve`):
+//!
+//! 1. Create `cmd/<name>.rs` with a `#[derive(clap::Args, Debug)] pub struct
+//!    <Name>Args` (its options, with doc comments: they are the `--help`
+//!    text) and `pub fn run(args: <Name>Args) -> Result<Exit, Failure>`.
+//!    Print data to stdout (`--json`: exactly one JSON document); return a
+//!    `Failure` (exit.rs) for errors, never print them yourself.
+//! 2. Add `pub mod <name>;` below.
+//! 3. Add a variant `<Name>(cmd::<name>::<Name>Args)` with a one-line doc
+//!    comment to `Command` in `cli.rs`, and its `--json` flag (or `false`)
+//!    to `Command::json`.
+//! 4. Add the arm to `run` below, and a parsing case to the tests in `cli.rs`.
+//!
+//! Shared helpers: `discover` (processes, sockets), `client::Client`
+//! (connect + requests), `render` (sizes, tables), and [`for_targets`] for
+//! commands that take `<PID>... | --all`.
+
+pub mod decay;
+pub mod empty_cache;
+pub mod gc;
+pub mod list;
+pub mod purge;
+pub mod release;
+pub mod stats;
+pub mod watch;
+
+use crate::cli::{Command, Targets};
+use crate::client::Client;
+use crate::discover;
+use crate::exit::{Exit, Failure};
+
+/// Runs one subcommand.
+pub fn run(cmd: Command) -> Result<Exit, Failure> {
+    match cmd {
+        Command::List(a) => list::run(a),
+        Command::Stats(a) => stats::run(a),
+        Command::Purge(a) => purge::run(a),
+        Command::Decay(a) => decay::run(a),
+        Command::Watch(a) => watch::run(a),
+        Command::Gc(a) => gc::run(a),
+        Command::EmptyCache(a) => empty_cache::run(a),
+        Command::Release(a) => release::run(a),
+    }
+}
+
+/// The outcome for one target of a multi-target command.
+pub struct Outcome<T> {
+    /// Pid as given.
+    pub pid: i32,
+    /// Command line, if the process was found.
+    pub command: Option<String>,
+    /// The answer or the failure.
+    pub result: Result<T, Failure>,
+}
+
+/// Runs `f` on a connected client for every target: the given pids, or with
+/// `--all` every shimmed process whose endpoint is up (others are skipped,
+/// and listed by `memshim-ctl list`). Returns the outcomes and the exit
+/// status: 0 if all succeeded; the target's own code if there was exactly
+/// one; 1 if some of several failed.
+pub fn for_targets<T>(
+    t: &Targets,
+    mut f: impl FnMut(&mut Client) -> Result<T, Failure>,
+) -> (Vec<Outcome<T>>, Exit) {
+    let mut out = Vec::new();
+    if t.all {
+        for pid in discover::all_pids() {
+            let Ok(p) = discover::read_proc(pid) else {
+                continue;
+            };
+            if !matches!(discover::shim_loaded(pid), Ok(true)) || pid == std::process::id() as i32 {
+                continue;
+            }
+            if std::fs::symlink_metadata(discover::socket_loc(&p).path()).is_err() {
+                continue; // no endpoint: `list` says why
+            }
+            let command = Some(p.command.clone());
+            let result = Client::open_proc(p).and_then(|mut c| f(&mut c));
+            out.push(Outcome {
+                pid,
+                command,
+                result,
+            });
+        }
+    } else {
+        for &pid in &t.pids {
+            let command = discover::read_proc(pid).ok().map(|p| p.command);
+            let result = Client::open(pid).and_then(|mut c| f(&mut c));
+            out.push(Outcome {
+                pid,
+                command,
+                result,
+            });
+        }
+    }
+    let failed: Vec<&Failure> = out.iter().filter_map(|o| o.result.as_ref().err()).collect();
+    let exit = match (failed.len(), out.len()) {
+        (0, _) => Exit::Ok,
+        (1, 1) => failed[0].exit,
+        _ => Exit::Failed,
+    };
+    (out, exit)
+}
+
+/// Prints the failures of a multi-target human report to stderr.
+pub fn print_failures<T>(outcomes: &[Outcome<T>]) {
+    for o in outcomes {
+        if let Err(f) = &o.result {
+            eprintln!("memshim-ctl: error: {}", f.line());
+            if let Some(h) = &f.hint {
+                eprintln!("  hint: {h}");
+            }
+        }
+    }
+}
+
+/// JSON for one outcome: `{"pid":..,"command":..,"result":{..}}` or
+/// `{"pid":..,"command":..,"error":{..}}`.
+pub fn outcome_json<T: serde::Serialize>(o: &Outcome<T>) -> serde_json::Value {
+    match &o.result {
+        Ok(r) => serde_json::json!({"pid": o.pid, "command": o.command, "result": r}),
+        Err(f) => serde_json::json!({"pid": o.pid, "command": o.command, "error": f}),
+    }
+}

@@ -1,0 +1,378 @@
+//! Finding shimmed processes and their control sockets through `/proc`.
+//!
+//! * The shim is loaded if `/proc/<pid>/maps` maps a `libmemshim.so`.
+//! * The socket is `<dir>/<nspid>-<starttime>.sock`, where `<dir>` is the
+//!   process's `MEMSHIM_SOCKET_DIR` (from `/proc/<pid>/environ`) or
+//!   `/tmp/memshim-<euid>`, `<nspid>` is the last `NSpid` entry of
+//!   `/proc/<pid>/status` (the pid inside the process's own pid namespace)
+//!   and `<starttime>` is field 22 of `/proc/<pid>/stat`. A file with the
+//!   right pid but another start time belongs to an earlier process that had
+//!   the same pid, and is never used.
+//! * A process in another mount namespace (a container) is reached through
+//!   `/proc/<pid>/root/<dir>` (needs root or ptrace rights). Its euid is
+//!   translated through `/proc/<pid>/uid_map` when it has its own user
+//!   namespace.
+
+use crate::exit::{Exit, Failure};
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Longest socket directory the shim accepts (options.rs MAX_SOCKET_DIR).
+const MAX_SOCKET_DIR: usize = 72;
+
+/// What `/proc` says about one process.
+#[derive(Debug, Clone)]
+pub struct Proc {
+    /// Pid as we see it.
+    pub pid: i32,
+    /// Pid inside its own pid namespace (last `NSpid` entry).
+    pub nspid: i32,
+    /// Effective uid as we see it.
+    pub uid: u32,
+    /// Command line (or `[comm]`), shortened for display elsewhere.
+    pub command: String,
+    /// Threads.
+    pub threads: u64,
+    /// Field 22 of `stat`.
+    pub starttime: u64,
+    /// `VmRSS` in bytes.
+    pub rss: u64,
+}
+
+fn proc_path(pid: i32, file: &str) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/{file}"))
+}
+
+/// Field 22 of a `stat` line (fields counted after the last `)`).
+pub fn parse_starttime(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// A `Key:` line of `status`, split into fields.
+fn status_fields<'a>(status: &'a str, key: &str) -> Option<Vec<&'a str>> {
+    status.lines().find_map(|l| {
+        Some(
+            l.strip_prefix(key)?
+                .strip_prefix(':')?
+                .split_whitespace()
+                .collect(),
+        )
+    })
+}
+
+/// Reads what `/proc/<pid>` says. `NotFound` if there is no such process.
+pub fn read_proc(pid: i32) -> Result<Proc, Failure> {
+    let status = std::fs::read_to_string(proc_path(pid, "status")).map_err(|e| gone(pid, e))?;
+    let stat = std::fs::read_to_string(proc_path(pid, "stat")).map_err(|e| gone(pid, e))?;
+    let nspid = status_fields(&status, "NSpid")
+        .and_then(|f| f.last().and_then(|s| s.parse().ok()))
+        .unwrap_or(pid);
+    let uid = status_fields(&status, "Uid")
+        .and_then(|f| f.get(1).and_then(|s| s.parse().ok()))
+        .unwrap_or(u32::MAX);
+    let threads = status_fields(&status, "Threads")
+        .and_then(|f| f.first().and_then(|s| s.parse().ok()))
+        .unwrap_or(0);
+    let rss = status_fields(&status, "VmRSS")
+        .and_then(|f| f.first().and_then(|s| s.parse::<u64>().ok()))
+        .unwrap_or(0)
+        * 1024;
+    let command = match std::fs::read(proc_path(pid, "cmdline")) {
+        Ok(c) if !c.is_empty() => {
+            let parts: Vec<String> = c
+                .split(|&b| b == 0)
+                .filter(|p| !p.is_empty())
+                .map(|p| String::from_utf8_lossy(p).into_owned())
+                .collect();
+            parts
+                .join(" ")
+                .chars()
+                .map(|c| if c.is_control() { ' ' } else { c })
+                .collect()
+        }
+        _ => format!(
+            "[{}]",
+            status_fields(&status, "Name")
+                .map(|f| f.join(" "))
+                .unwrap_or_default()
+        ),
+    };
+    Ok(Proc {
+        pid,
+        nspid,
+        uid,
+        command,
+        threads,
+        starttime: parse_starttime(&stat).unwrap_or(0),
+        rss,
+    })
+}
+
+fn gone(pid: i32, e: io::Error) -> Failure {
+    Failure::new(
+        Exit::NotFound,
+        Some(pid),
+        format!("no such process (/proc/{pid}: {e})"),
+    )
+    .hint("check the pid with `memshim-ctl list`")
+}
+
+/// Every pid in `/proc`, ascending.
+pub fn all_pids() -> Vec<i32> {
+    let mut v: Vec<i32> = std::fs::read_dir("/proc")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort_unstable();
+    v
+}
+
+/// Whether `/proc/<pid>/maps` maps libmemshim.so.
+pub fn shim_loaded(pid: i32) -> io::Result<bool> {
+    let maps = std::fs::read(proc_path(pid, "maps"))?;
+    Ok(maps
+        .split(|&b| b == b'\n')
+        .any(|l| l.ends_with(b"/libmemshim.so") || l.ends_with(b"/libmemshim.so (deleted)")))
+}
+
+/// A `MEMSHIM_*` variable of the process's initial environment, if readable.
+pub fn environ_var(pid: i32, key: &str) -> Option<String> {
+    let env = std::fs::read(proc_path(pid, "environ")).ok()?;
+    let prefix = format!("{key}=");
+    env.split(|&b| b == 0).find_map(|kv| {
+        kv.strip_prefix(prefix.as_bytes())
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    })
+}
+
+/// Translates a uid of ours into the process's user namespace
+/// (`/proc/<pid>/uid_map`: "inside outside count" lines).
+pub fn uid_inside(pid: i32, uid: u32) -> u32 {
+    let Ok(map) = std::fs::read_to_string(proc_path(pid, "uid_map")) else {
+        return uid;
+    };
+    map_uid(&map, uid).unwrap_or(uid)
+}
+
+/// `uid` (outside) mapped through a uid_map text.
+pub fn map_uid(map: &str, uid: u32) -> Option<u32> {
+    map.lines().find_map(|l| {
+        let f: Vec<u64> = l
+            .split_whitespace()
+            .filter_map(|s| s.parse().ok())
+            .collect();
+        let [inside, outside, count] = f[..] else {
+            return None;
+        };
+        let u = u64::from(uid);
+        (u >= outside && u < outside + count).then(|| (u - outside + inside) as u32)
+    })
+}
+
+fn same_mount_ns(pid: i32) -> bool {
+    match (
+        std::fs::read_link("/proc/self/ns/mnt"),
+        std::fs::read_link(proc_path(pid, "ns/mnt")),
+    ) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => true,
+    }
+}
+
+/// Where a process's control socket is.
+#[derive(Debug, Clone)]
+pub struct SocketLoc {
+    /// The directory as the process sees it.
+    pub dir_inside: PathBuf,
+    /// The directory as we reach it (`/proc/<pid>/root/...` across mount
+    /// namespaces).
+    pub dir: PathBuf,
+    /// `<nspid>-<starttime>.sock`.
+    pub name: String,
+}
+
+impl SocketLoc {
+    /// Full path as we reach it.
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(&self.name)
+    }
+}
+
+/// The socket directory the shim in `p` uses, and how we reach it.
+pub fn socket_loc(p: &Proc) -> SocketLoc {
+    let dir_inside = environ_var(p.pid, "MEMSHIM_SOCKET_DIR")
+        .filter(|d| d.starts_with('/') && d.len() <= MAX_SOCKET_DIR)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(format!("/tmp/memshim-{}", uid_inside(p.pid, p.uid))));
+    let dir = if same_mount_ns(p.pid) {
+        dir_inside.clone()
+    } else {
+        proc_path(p.pid, "root").join(dir_inside.strip_prefix("/").unwrap_or(&dir_inside))
+    };
+    SocketLoc {
+        dir_inside,
+        dir,
+        name: format!("{}-{}.sock", p.nspid, p.starttime),
+    }
+}
+
+/// Why a directory is one the shim refuses, if it is.
+pub fn unsafe_dir(dir: &Path, uid: u32) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(dir).ok()?;
+    if m.file_type().is_symlink() {
+        return Some(format!(
+            "{} is a symbolic link; the shim refuses it",
+            dir.display()
+        ));
+    }
+    if !m.is_dir() {
+        return Some(format!("{} is not a directory", dir.display()));
+    }
+    if m.uid() != uid {
+        return Some(format!(
+            "{} is owned by uid {}, not by the process's uid {uid}; the shim refuses it",
+            dir.display(),
+            m.uid()
+        ));
+    }
+    if m.mode() & 0o077 != 0 {
+        return Some(format!(
+            "{} has mode {:04o}; the shim refuses a directory group or others can use",
+            dir.display(),
+            m.mode() & 0o7777
+        ));
+    }
+    None
+}
+
+/// Why the endpoint of a shimmed process is not there, for a person.
+pub fn why_no_endpoint(p: &Proc, loc: &SocketLoc) -> (String, String) {
+    let control = environ_var(p.pid, "MEMSHIM_CONTROL")
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    if matches!(control.as_str(), "off" | "0" | "false" | "no") {
+        return (
+            "MEMSHIM_CONTROL=off: this process has no control endpoint".into(),
+            "restart it without MEMSHIM_CONTROL=off".into(),
+        );
+    }
+    let on = matches!(control.as_str(), "on" | "1" | "true" | "yes");
+    if p.threads <= 1 && !on {
+        return (
+            "single-threaded process: the endpoint starts with its second thread, or set MEMSHIM_CONTROL=on".into(),
+            "start the process with MEMSHIM_CONTROL=on to have the endpoint from the start".into(),
+        );
+    }
+    if let Some(why) = unsafe_dir(&loc.dir, p.uid) {
+        return (
+            why,
+            format!(
+                "remove {} (the shim re-creates it safely within 5 s)",
+                loc.dir.display()
+            ),
+        );
+    }
+    let has_thread = std::fs::read_dir(proc_path(p.pid, "task"))
+        .map(|rd| {
+            rd.flatten().any(|t| {
+                std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "memshim")
+            })
+        })
+        .unwrap_or(true);
+    if !has_thread {
+        return (
+            "the shim's thread is not running (it stops when the process has been single-threaded for a while, and \
+             never runs where the shim does not interpose malloc)"
+                .into(),
+            "set MEMSHIM_CONTROL=on, or check with MEMSHIM_VERBOSE=1 that the shim interposes".into(),
+        );
+    }
+    (
+        format!("no socket at {}", loc.path().display()),
+        "the endpoint may be starting (retry in a few seconds); MEMSHIM_VERBOSE=1 shows why it failed".into(),
+    )
+}
+
+/// Resolves `pid` to a process with the shim loaded.
+pub fn shimmed(pid: i32) -> Result<Proc, Failure> {
+    let p = read_proc(pid)?;
+    match shim_loaded(pid) {
+        Ok(true) => Ok(p),
+        Ok(false) => Err(Failure::new(
+            Exit::NotFound,
+            Some(pid),
+            format!("libmemshim.so is not loaded in this process ({})", p.command),
+        )
+        .hint("start it with LD_PRELOAD=/path/to/libmemshim.so (it is dropped for setuid programs and by sudo)")),
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => Err(permission(&p, &format!("/proc/{pid}/maps"))),
+        Err(e) => Err(gone(pid, e)),
+    }
+}
+
+/// The permission-denied failure for `p` at `path`.
+pub fn permission(p: &Proc, path: &str) -> Failure {
+    let f = Failure::new(
+        Exit::Permission,
+        Some(p.pid),
+        format!(
+            "permission denied: {path} (the process runs as uid {})",
+            p.uid
+        ),
+    );
+    if my_euid() == Some(0) {
+        f.hint("denied even to root: the process may be in another user namespace, or ptrace access is restricted (Yama ptrace_scope, seccomp, LSM)")
+    } else {
+        f.hint(format!("run memshim-ctl as uid {} or as root", p.uid))
+    }
+}
+
+/// Our effective uid (from /proc/self/status; the CLI has no unsafe code).
+pub fn my_euid() -> Option<u32> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    status_fields(&s, "Uid")?.get(1)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_stat_with_odd_command_names() {
+        let stat = "42 (a) b (c)) S 1 42 42 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 987654 1000 10";
+        assert_eq!(parse_starttime(stat), Some(987654));
+        assert_eq!(parse_starttime("garbage"), None);
+    }
+
+    #[test]
+    fn maps_uids_through_user_namespaces() {
+        assert_eq!(
+            map_uid("         0     100000      65536\n", 100000),
+            Some(0)
+        );
+        assert_eq!(
+            map_uid("         0     100000      65536\n", 100005),
+            Some(5)
+        );
+        assert_eq!(map_uid("         0     100000      65536\n", 5), None);
+        assert_eq!(
+            map_uid("         0          0 4294967295\n", 1000),
+            Some(1000)
+        );
+    }
+
+    #[test]
+    fn reads_own_process() {
+        let me = std::process::id() as i32;
+        let p = read_proc(me).unwrap();
+        assert_eq!(p.pid, me);
+        assert!(p.starttime > 0 && p.rss > 0 && p.threads >= 1);
+        let loc = socket_loc(&p);
+        assert_eq!(loc.name, format!("{}-{}.sock", p.nspid, p.starttime));
+        assert!(read_proc(i32::MAX).is_err_and(|f| f.exit == Exit::NotFound));
+    }
+}

@@ -1,0 +1,133 @@
+//! Exit codes and the one error type every subcommand returns.
+//!
+//! | code | meaning |
+//! |------|---------|
+//! | 0 | success |
+//! | 1 | some of several targets failed, or an unexpected error |
+//! | 2 | usage error (bad arguments; clap's own code) |
+//! | 3 | no such process, or the shim is not loaded in it |
+//! | 4 | the shim is loaded but its control endpoint is not running |
+//! | 5 | permission denied |
+//! | 6 | the process answered with an error (protocol, Python unavailable, ...) |
+//!
+//! docs/troubleshooting.md lists the messages and what to do about each.
+
+use serde::Serialize;
+use std::process::ExitCode;
+
+/// How memshim-ctl exits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Exit {
+    /// 0
+    Ok,
+    /// 1
+    Failed,
+    /// 3
+    NotFound,
+    /// 4
+    NoEndpoint,
+    /// 5
+    Permission,
+    /// 6
+    Remote,
+}
+
+impl Exit {
+    /// The numeric exit status.
+    pub fn code(self) -> u8 {
+        match self {
+            Exit::Ok => 0,
+            Exit::Failed => 1,
+            Exit::NotFound => 3,
+            Exit::NoEndpoint => 4,
+            Exit::Permission => 5,
+            Exit::Remote => 6,
+        }
+    }
+}
+
+impl From<Exit> for ExitCode {
+    fn from(e: Exit) -> ExitCode {
+        ExitCode::from(e.code())
+    }
+}
+
+/// A failure for one target: what went wrong, for which pid, and what to do.
+#[derive(Debug, Clone, Serialize)]
+pub struct Failure {
+    /// Exit category.
+    #[serde(rename = "code")]
+    pub exit: Exit,
+    /// The pid concerned, if any.
+    pub pid: Option<i32>,
+    /// What is wrong (names the path where one is involved).
+    pub message: String,
+    /// What to do about it.
+    pub hint: Option<String>,
+}
+
+impl Failure {
+    /// A failure of kind `exit`.
+    pub fn new(exit: Exit, pid: Option<i32>, message: impl Into<String>) -> Failure {
+        Failure {
+            exit,
+            pid,
+            message: message.into(),
+            hint: None,
+        }
+    }
+
+    /// Adds what to do.
+    pub fn hint(mut self, hint: impl Into<String>) -> Failure {
+        self.hint = Some(hint.into());
+        self
+    }
+
+    /// One line for a person: `pid 123: message`.
+    pub fn line(&self) -> String {
+        match self.pid {
+            Some(p) => format!("pid {p}: {}", self.message),
+            None => self.message.clone(),
+        }
+    }
+
+    /// Prints the failure (stderr; also stdout as JSON with `--json`) and
+    /// returns the exit code.
+    pub fn report(&self, json: bool) -> ExitCode {
+        if json {
+            let doc = serde_json::json!({ "error": self });
+            println!("{doc}");
+        }
+        eprintln!("memshim-ctl: error: {}", self.line());
+        if let Some(h) = &self.hint {
+            eprintln!("  hint: {h}");
+        }
+        eprintln!("  (exit {}; see docs/troubleshooting.md)", self.exit.code());
+        self.exit.into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_the_documented_ones() {
+        let all = [
+            Exit::Ok,
+            Exit::Failed,
+            Exit::NotFound,
+            Exit::NoEndpoint,
+            Exit::Permission,
+            Exit::Remote,
+        ];
+        assert_eq!(all.map(Exit::code), [0, 1, 3, 4, 5, 6]);
+        let f = Failure::new(Exit::NotFound, Some(7), "no such process");
+        assert_eq!(f.line(), "pid 7: no such process");
+        assert_eq!(
+            serde_json::to_string(&f).unwrap(),
+            r#"{"code":"not_found","pid":7,"message":"no such process","hint":null}"#
+        );
+    }
+}

@@ -1,0 +1,241 @@
+//! Golden encodings: these exact bytes are the wire contract. A change here
+//! is a protocol change (docs/protocol.md, "Compatibility").
+
+use crate::*;
+
+fn line<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).unwrap()
+}
+
+#[test]
+fn requests_encode_exactly() {
+    let cases: &[(Request, &str)] = &[
+        (
+            Request::Hello {
+                version: 1,
+                client: None,
+            },
+            r#"{"op":"hello","version":1}"#,
+        ),
+        (
+            Request::Hello {
+                version: 1,
+                client: Some("memshim-ctl 0.1.0".into()),
+            },
+            r#"{"op":"hello","version":1,"client":"memshim-ctl 0.1.0"}"#,
+        ),
+        (
+            Request::Stats {
+                arenas: false,
+                pss: false,
+            },
+            r#"{"op":"stats","arenas":false,"pss":false}"#,
+        ),
+        (Request::Purge, r#"{"op":"purge"}"#),
+        (
+            Request::Decay {
+                dirty_ms: Some(-1),
+                muzzy_ms: None,
+            },
+            r#"{"op":"decay","dirty_ms":-1}"#,
+        ),
+        (Request::Gc, r#"{"op":"gc"}"#),
+        (Request::EmptyCache, r#"{"op":"empty_cache"}"#),
+        (Request::Release, r#"{"op":"release"}"#),
+    ];
+    for (req, want) in cases {
+        assert_eq!(line(req), *want);
+        assert_eq!(req.to_line(), format!("{want}\n").into_bytes());
+        assert_eq!(&parse_request(want.as_bytes()).unwrap(), req);
+    }
+    // Optional request fields may be left out.
+    assert_eq!(
+        parse_request(br#"{"op":"stats"}"#).unwrap(),
+        Request::Stats {
+            arenas: false,
+            pss: false
+        }
+    );
+}
+
+#[test]
+fn replies_encode_exactly() {
+    let purge = Response::Ok(Reply::Purge(PurgeResult {
+        rss_before: 1_200_000_000,
+        rss_after: 140_000_000,
+        released: 1_060_000_000,
+        resident_before: 1_100_000_000,
+        resident_after: 40_000_000,
+        purgeable_before: 1_060_000_000,
+        elapsed_ms: 41.5,
+    }));
+    assert_eq!(
+        line(&purge),
+        r#"{"ok":{"kind":"purge","rss_before":1200000000,"rss_after":140000000,"released":1060000000,"resident_before":1100000000,"resident_after":40000000,"purgeable_before":1060000000,"elapsed_ms":41.5}}"#
+    );
+    let decay = Response::Ok(Reply::Decay(DecayResult {
+        dirty_decay_ms: 1000,
+        muzzy_decay_ms: 0,
+    }));
+    assert_eq!(
+        line(&decay),
+        r#"{"ok":{"kind":"decay","dirty_decay_ms":1000,"muzzy_decay_ms":0}}"#
+    );
+    let release = Response::Ok(Reply::Release(ReleaseResult {
+        rss_before: 10,
+        rss_after: 4,
+        released: 6,
+        elapsed_ms: 3.0,
+        steps: vec![ReleaseStep {
+            step: ReleaseStepKind::EmptyCache,
+            measure: "cuda_reserved".into(),
+            before: 0,
+            after: 0,
+            elapsed_ms: 0.0,
+            skipped: Some("torch is not imported".into()),
+        }],
+    }));
+    assert_eq!(
+        line(&release),
+        r#"{"ok":{"kind":"release","rss_before":10,"rss_after":4,"released":6,"elapsed_ms":3.0,"steps":[{"step":"empty_cache","measure":"cuda_reserved","before":0,"after":0,"elapsed_ms":0.0,"skipped":"torch is not imported"}]}}"#
+    );
+}
+
+#[test]
+fn errors_encode_exactly() {
+    let e = Response::Error(ErrorReply::new(
+        ErrorCode::TooLarge,
+        "request line longer than 65536 bytes",
+    ));
+    assert_eq!(
+        line(&e),
+        r#"{"error":{"code":"too_large","message":"request line longer than 65536 bytes"}}"#
+    );
+    let p = Response::Error(ErrorReply::python(PythonUnavailable::Busy {
+        waited_ms: 1000,
+    }));
+    assert_eq!(
+        line(&p),
+        r#"{"error":{"code":"python_unavailable","message":"CPython was busy: the GIL could not be had within 1000 ms; try again","python":{"reason":"busy","waited_ms":1000}}}"#
+    );
+    assert_eq!(
+        line(&PythonUnavailable::NoPython),
+        r#"{"reason":"no_python"}"#
+    );
+    // A code from a newer server still decodes.
+    let r = Response::from_line(br#"{"error":{"code":"shiny_new","message":"x"}}"#).unwrap();
+    assert!(matches!(
+        r,
+        Response::Error(ErrorReply {
+            code: ErrorCode::Unknown,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn stats_field_names_are_stable() {
+    let s = StatsReport {
+        python: Some(PythonSection::default()),
+        torch: Some(TorchSection {
+            devices: vec![TorchDevice::default()],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let v: serde_json::Value =
+        serde_json::to_value(Response::Ok(Reply::Stats(Box::new(s)))).unwrap();
+    // serde_json's map is sorted; compare as sorted sets of names.
+    let keys =
+        |v: &serde_json::Value| -> Vec<String> { v.as_object().unwrap().keys().cloned().collect() };
+    let want = |names: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+        v.sort();
+        v
+    };
+    let ok = &v["ok"];
+    assert_eq!(
+        keys(ok),
+        want(&[
+            "kind",
+            "pid",
+            "allocator",
+            "arenas",
+            "process",
+            "cgroup",
+            "config",
+            "python",
+            "torch",
+            "python_unavailable",
+            "elapsed_ms"
+        ])
+    );
+    assert_eq!(
+        keys(&ok["allocator"]),
+        want(&[
+            "allocated",
+            "active",
+            "resident",
+            "mapped",
+            "retained",
+            "metadata",
+            "dirty",
+            "muzzy",
+            "tcache",
+            "purgeable"
+        ])
+    );
+    assert_eq!(
+        keys(&ok["process"]),
+        want(&["rss", "pss", "anon", "file", "shmem", "swap", "unmanaged"])
+    );
+    assert_eq!(
+        keys(&ok["config"]),
+        want(&[
+            "dirty_decay_ms",
+            "muzzy_decay_ms",
+            "narenas",
+            "background_purge",
+            "jemalloc_background_thread",
+            "jemalloc_version",
+            "shim_version",
+            "interposed",
+            "control",
+            "uptime_ms",
+            "fork_child",
+            "deepbind_cleared",
+            "thread_starts"
+        ])
+    );
+    assert_eq!(
+        keys(&ok["python"]),
+        want(&[
+            "version",
+            "free_threaded",
+            "gc_enabled",
+            "gc_counts",
+            "gc_thresholds",
+            "gc_collections",
+            "allocated_blocks",
+            "threads",
+            "pymalloc_arena_bytes"
+        ])
+    );
+    assert_eq!(
+        keys(&ok["torch"]),
+        want(&["version", "cuda_initialized", "devices"])
+    );
+    assert_eq!(
+        keys(&ok["torch"]["devices"][0]),
+        want(&[
+            "index",
+            "allocated",
+            "reserved",
+            "active",
+            "inactive_split",
+            "peak_allocated",
+            "num_alloc_retries",
+            "num_ooms"
+        ])
+    );
+}

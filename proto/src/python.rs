@@ -1,0 +1,118 @@
+//! The CPython and PyTorch parts of the protocol (issue "Python bridge").
+//! The shim fills them through `crate::python` (shim/src/python/).
+
+use serde::{Deserialize, Serialize};
+
+/// The interpreter, as `stats` reports it.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct PythonSection {
+    /// `sys.version` up to the first space, e.g. `"3.11.9"`.
+    pub version: String,
+    /// A free-threaded (`Py_GIL_DISABLED`, "3.13t") build.
+    pub free_threaded: bool,
+    /// `gc.isenabled()`.
+    pub gc_enabled: bool,
+    /// `gc.get_count()`: allocations minus deallocations per generation
+    /// since its last collection.
+    pub gc_counts: [u64; 3],
+    /// `gc.get_threshold()`.
+    pub gc_thresholds: [u64; 3],
+    /// `gc.get_stats()[i]["collections"]`: collections run per generation.
+    pub gc_collections: [u64; 3],
+    /// `sys.getallocatedblocks()`: blocks pymalloc has handed out.
+    pub allocated_blocks: u64,
+    /// Threads of the interpreter (`threading.active_count()` or the
+    /// thread-state list), not OS threads.
+    pub threads: u64,
+    /// Bytes in pymalloc arenas, which are `mmap`ed directly and bypass
+    /// malloc (and so the shim), where it can be read.
+    pub pymalloc_arena_bytes: Option<u64>,
+}
+
+/// PyTorch, as `stats` reports it (only if `torch` is already imported).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct TorchSection {
+    /// `torch.__version__`.
+    pub version: String,
+    /// `torch.cuda.is_initialized()`.
+    pub cuda_initialized: bool,
+    /// One entry per device that has a context (empty unless CUDA is
+    /// initialized).
+    pub devices: Vec<TorchDevice>,
+}
+
+/// The CUDA caching allocator of one device
+/// (`torch.cuda.memory_stats(index)`, bytes and counts).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct TorchDevice {
+    /// Device index.
+    pub index: u32,
+    /// `allocated_bytes.all.current`: bytes in live tensors.
+    pub allocated: u64,
+    /// `reserved_bytes.all.current`: bytes the cache holds from the driver.
+    pub reserved: u64,
+    /// `active_bytes.all.current`.
+    pub active: u64,
+    /// `inactive_split_bytes.all.current`: free fragments of split blocks.
+    pub inactive_split: u64,
+    /// `allocated_bytes.all.peak`.
+    pub peak_allocated: u64,
+    /// `num_alloc_retries`: cache flushes forced by a failed cudaMalloc.
+    pub num_alloc_retries: u64,
+    /// `num_ooms`: out-of-memory errors raised.
+    pub num_ooms: u64,
+}
+
+/// Why CPython could not be used for a request.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum PythonUnavailable {
+    /// No CPython C-API in the process's global scope (not a Python
+    /// process, or one that embeds Python `RTLD_LOCAL`).
+    NoPython,
+    /// The interpreter is not initialised yet.
+    NotInitialized,
+    /// The interpreter is finalising (or has finalised).
+    Finalizing,
+    /// A CPython version the bridge does not support.
+    Unsupported {
+        /// The version found.
+        version: String,
+    },
+    /// The GIL (or the main thread) could not be had within the time limit.
+    Busy {
+        /// How long the bridge waited.
+        waited_ms: u64,
+    },
+    /// Python raised, or the bridge failed; nothing was left half-done.
+    Error {
+        /// What failed.
+        message: String,
+    },
+}
+
+impl std::fmt::Display for PythonUnavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PythonUnavailable::NoPython => {
+                f.write_str("no CPython in this process (or it is loaded RTLD_LOCAL)")
+            }
+            PythonUnavailable::NotInitialized => {
+                f.write_str("the CPython interpreter is not initialised yet")
+            }
+            PythonUnavailable::Finalizing => {
+                f.write_str("the CPython interpreter is shutting down")
+            }
+            PythonUnavailable::Unsupported { version } => {
+                write!(f, "CPython {version} is not supported")
+            }
+            PythonUnavailable::Busy { waited_ms } => {
+                write!(
+                    f,
+                    "CPython was busy: the GIL could not be had within {waited_ms} ms; try again"
+                )
+            }
+            PythonUnavailable::Error { message } => write!(f, "Python failed: {message}"),
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! The `stats` report. Every field is defined in docs/stats.md; the JSON
+//! names are a stable contract.
+
+use crate::python::{PythonSection, PythonUnavailable, TorchSection};
+use serde::{Deserialize, Serialize};
+
+/// Answer to `stats`.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct StatsReport {
+    /// The process id in its own pid namespace.
+    pub pid: i32,
+    /// jemalloc's figures, in bytes.
+    pub allocator: AllocatorStats,
+    /// Per-arena summaries (only when asked for with `"arenas":true`).
+    #[serde(default)]
+    pub arenas: Option<Vec<ArenaStats>>,
+    /// The process as the kernel sees it, in bytes.
+    pub process: ProcessStats,
+    /// The memory cgroup the process is in, if one can be read.
+    #[serde(default)]
+    pub cgroup: Option<CgroupStats>,
+    /// Effective configuration and the shim's state.
+    pub config: ConfigState,
+    /// The hosted CPython, if any (see `python_unavailable` otherwise).
+    #[serde(default)]
+    pub python: Option<PythonSection>,
+    /// PyTorch, only if `torch` is already imported.
+    #[serde(default)]
+    pub torch: Option<TorchSection>,
+    /// Why `python` is absent.
+    #[serde(default)]
+    pub python_unavailable: Option<PythonUnavailable>,
+    /// Time the server spent building this report, in ms.
+    pub elapsed_ms: f64,
+}
+
+/// Process-wide jemalloc figures from one `epoch` snapshot, in bytes.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AllocatorStats {
+    /// Bytes in live allocations.
+    pub allocated: u64,
+    /// Bytes in active pages (allocated plus rounding and fragmentation).
+    pub active: u64,
+    /// Bytes in resident pages jemalloc maps (data, dirty pages, metadata).
+    pub resident: u64,
+    /// Bytes in extents jemalloc has mapped and uses.
+    pub mapped: u64,
+    /// Virtual memory kept for reuse, not resident.
+    pub retained: u64,
+    /// jemalloc's own bookkeeping.
+    pub metadata: u64,
+    /// Unused dirty pages: what a purge gives back now.
+    pub dirty: u64,
+    /// Pages released with MADV_FREE and not yet reclaimed (still in RSS).
+    pub muzzy: u64,
+    /// Bytes cached by threads; a purge cannot reach them.
+    pub tcache: u64,
+    /// `dirty + muzzy`: what `purge` can return.
+    pub purgeable: u64,
+}
+
+/// One arena.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ArenaStats {
+    /// Arena index.
+    pub index: u32,
+    /// Threads bound to it.
+    pub threads: u32,
+    /// Bytes in active pages.
+    pub active: u64,
+    /// Unused dirty bytes.
+    pub dirty: u64,
+    /// Muzzy bytes.
+    pub muzzy: u64,
+    /// Resident bytes.
+    pub resident: u64,
+    /// Bytes in thread caches of threads bound to it.
+    pub tcache: u64,
+}
+
+/// The process, from `/proc/self`, in bytes.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ProcessStats {
+    /// Resident set size (`VmRSS`).
+    pub rss: u64,
+    /// Proportional set size from `smaps_rollup` (only with `"pss":true`).
+    #[serde(default)]
+    pub pss: Option<u64>,
+    /// Anonymous resident memory (`RssAnon`).
+    #[serde(default)]
+    pub anon: Option<u64>,
+    /// File-backed resident memory (`RssFile`).
+    #[serde(default)]
+    pub file: Option<u64>,
+    /// Shared memory, tmpfs (`RssShmem`).
+    #[serde(default)]
+    pub shmem: Option<u64>,
+    /// Swapped-out anonymous memory (`VmSwap`).
+    #[serde(default)]
+    pub swap: Option<u64>,
+    /// `max(0, rss - allocator.resident)`: memory the shim does not manage
+    /// (pymalloc arenas, direct mmap, stacks, code, ...).
+    pub unmanaged: u64,
+}
+
+/// The memory cgroup, in bytes.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct CgroupStats {
+    /// 2 (unified) or 1 (legacy `memory` controller).
+    pub version: u8,
+    /// Path of the cgroup inside the cgroup filesystem.
+    pub path: String,
+    /// `memory.current` (v1: `memory.usage_in_bytes`).
+    pub current: u64,
+    /// `memory.max` (v1: `memory.limit_in_bytes`); `null` = no limit.
+    #[serde(default)]
+    pub max: Option<u64>,
+    /// `anon` of `memory.stat` (v1: `total_rss`).
+    #[serde(default)]
+    pub anon: Option<u64>,
+    /// `file` of `memory.stat` (v1: `total_cache`).
+    #[serde(default)]
+    pub file: Option<u64>,
+    /// `kernel` of `memory.stat` (v1: `memory.kmem.usage_in_bytes`).
+    #[serde(default)]
+    pub kernel: Option<u64>,
+}
+
+/// Effective configuration and the shim's state.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct ConfigState {
+    /// Current dirty decay (ms, -1 = never).
+    pub dirty_decay_ms: i64,
+    /// Current muzzy decay (ms, -1 = never).
+    pub muzzy_decay_ms: i64,
+    /// Arena slots.
+    pub narenas: u32,
+    /// The shim's thread runs its decay tick (always true while it answers).
+    pub background_purge: bool,
+    /// jemalloc's own background threads are enabled.
+    pub jemalloc_background_thread: bool,
+    /// jemalloc's version string.
+    pub jemalloc_version: String,
+    /// libmemshim version.
+    pub shim_version: String,
+    /// The shim's `malloc` is the process's `malloc`.
+    pub interposed: bool,
+    /// `MEMSHIM_CONTROL`: `"auto"`, `"on"` or `"off"`.
+    pub control: String,
+    /// Milliseconds since the shim started in this process (or since fork).
+    pub uptime_ms: u64,
+    /// This process is a fork child of a shimmed process.
+    pub fork_child: bool,
+    /// `dlopen` calls whose `RTLD_DEEPBIND` the shim removed.
+    pub deepbind_cleared: u64,
+    /// How often the shim's thread was started in this process.
+    pub thread_starts: u64,
+}

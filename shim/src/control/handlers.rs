@@ -1,0 +1,258 @@
+//! What each request does. Runs on the shim's thread, one request at a
+//! time; nothing here blocks longer than the Python bridge's time limit.
+
+use super::procfs;
+use crate::options::{self, Control};
+use crate::{jemalloc, lifecycle};
+use memshim_proto::*;
+use std::time::{Duration, Instant};
+
+/// How long `stats` waits for the interpreter before reporting "busy".
+const PY_STATS_TIMEOUT: Duration = Duration::from_millis(250);
+/// How long `gc` / `empty_cache` wait for the interpreter.
+const PY_ACTION_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest decay accepted at runtime (about 31 years), as in options.rs.
+const MAX_DECAY_MS: i64 = 1_000_000_000_000;
+
+fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1000.0
+}
+
+fn internal(what: &str, e: jemalloc::Error) -> ErrorReply {
+    ErrorReply::new(ErrorCode::Internal, format!("{what} failed: {e}"))
+}
+
+/// The answer to `hello`, or `None` if the versions have nothing in common.
+pub fn hello(client_version: u32, starttime: u64) -> Result<HelloReply, ErrorReply> {
+    let Some(version) = negotiate(client_version, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION) else {
+        return Err(ErrorReply::new(
+            ErrorCode::VersionMismatch,
+            format!(
+                "client speaks protocol {client_version}, this process speaks {MIN_PROTOCOL_VERSION}..{PROTOCOL_VERSION}; \
+                 use a memshim-ctl of the same release as the library"
+            ),
+        ));
+    };
+    Ok(HelloReply {
+        version,
+        min_version: MIN_PROTOCOL_VERSION,
+        max_version: PROTOCOL_VERSION,
+        pid: crate::sys::getpid(),
+        starttime,
+        shim_version: env!("CARGO_PKG_VERSION").to_owned(),
+        max_request_bytes: MAX_REQUEST_BYTES as u64,
+        ops: OPS.iter().map(|s| s.to_string()).collect(),
+    })
+}
+
+fn allocator(s: &jemalloc::Stats) -> AllocatorStats {
+    AllocatorStats {
+        allocated: s.allocated,
+        active: s.active,
+        resident: s.resident,
+        mapped: s.mapped,
+        retained: s.retained,
+        metadata: s.metadata,
+        dirty: s.dirty,
+        muzzy: s.muzzy,
+        tcache: s.tcache,
+        purgeable: s.dirty + s.muzzy,
+    }
+}
+
+fn config() -> ConfigState {
+    let (dirty, muzzy) = jemalloc::decay_ms().unwrap_or((options::dirty_decay_ms(), -1));
+    ConfigState {
+        dirty_decay_ms: dirty,
+        muzzy_decay_ms: muzzy,
+        narenas: jemalloc::narenas(),
+        background_purge: dirty >= 0,
+        jemalloc_background_thread: jemalloc::background_thread(),
+        jemalloc_version: jemalloc::version().to_owned(),
+        shim_version: env!("CARGO_PKG_VERSION").to_owned(),
+        interposed: lifecycle::interposed(),
+        control: match options::control() {
+            Control::Auto => "auto",
+            Control::On => "on",
+            Control::Off => "off",
+        }
+        .to_owned(),
+        uptime_ms: lifecycle::uptime_ms(),
+        fork_child: lifecycle::is_fork_child(),
+        deepbind_cleared: crate::dlopen::deepbind_cleared(),
+        thread_starts: lifecycle::thread_starts(),
+    }
+}
+
+/// `stats`.
+pub fn stats(arenas: bool, pss: bool) -> Result<StatsReport, ErrorReply> {
+    let t0 = Instant::now();
+    let s = jemalloc::stats().map_err(|e| internal("reading jemalloc statistics", e))?;
+    let arenas = arenas.then(|| {
+        (0..jemalloc::narenas())
+            .filter_map(jemalloc::arena_stats)
+            .map(|a| ArenaStats {
+                index: a.index,
+                threads: a.threads,
+                active: a.active,
+                dirty: a.dirty,
+                muzzy: a.muzzy,
+                resident: a.resident,
+                tcache: a.tcache,
+            })
+            .collect()
+    });
+    let (python, torch, python_unavailable) = match crate::python::stats(PY_STATS_TIMEOUT) {
+        Ok((p, t)) => (Some(p), t, None),
+        Err(why) => (None, None, Some(why)),
+    };
+    Ok(StatsReport {
+        pid: crate::sys::getpid(),
+        allocator: allocator(&s),
+        arenas,
+        process: procfs::process(s.resident, pss),
+        cgroup: procfs::cgroup(),
+        config: config(),
+        python,
+        torch,
+        python_unavailable,
+        elapsed_ms: ms(t0),
+    })
+}
+
+/// `purge`: empties this thread's cache and purges every arena.
+pub fn purge() -> Result<PurgeResult, ErrorReply> {
+    let t0 = Instant::now();
+    let rss_before = procfs::rss();
+    let before = jemalloc::stats().map_err(|e| internal("reading jemalloc statistics", e))?;
+    let _ = jemalloc::flush_own_tcache();
+    jemalloc::purge_all().map_err(|e| internal("arena.4096.purge", e))?;
+    let after = jemalloc::stats().unwrap_or(before);
+    let rss_after = procfs::rss();
+    Ok(PurgeResult {
+        rss_before,
+        rss_after,
+        released: rss_before.saturating_sub(rss_after),
+        resident_before: before.resident,
+        resident_after: after.resident,
+        purgeable_before: before.dirty + before.muzzy,
+        elapsed_ms: ms(t0),
+    })
+}
+
+/// `decay`.
+pub fn decay(dirty: Option<i64>, muzzy: Option<i64>) -> Result<DecayResult, ErrorReply> {
+    for (name, v) in [("dirty_ms", dirty), ("muzzy_ms", muzzy)] {
+        if let Some(v) = v
+            && !(-1..=MAX_DECAY_MS).contains(&v)
+        {
+            return Err(ErrorReply::new(
+                ErrorCode::InvalidArgument,
+                format!("{name} must be -1 (never) or between 0 and {MAX_DECAY_MS}, not {v}"),
+            ));
+        }
+    }
+    if dirty.is_some() || muzzy.is_some() {
+        jemalloc::set_decay_ms(dirty, muzzy).map_err(|e| internal("setting decay", e))?;
+    }
+    let (d, m) = jemalloc::decay_ms().map_err(|e| internal("reading decay", e))?;
+    Ok(DecayResult {
+        dirty_decay_ms: d,
+        muzzy_decay_ms: m,
+    })
+}
+
+/// `gc`.
+pub fn gc() -> Result<GcResult, ErrorReply> {
+    crate::python::gc(PY_ACTION_TIMEOUT).map_err(ErrorReply::python)
+}
+
+/// `empty_cache`.
+pub fn empty_cache() -> Result<EmptyCacheResult, ErrorReply> {
+    crate::python::empty_cache(PY_ACTION_TIMEOUT).map_err(ErrorReply::python)
+}
+
+/// `release`: gc, empty_cache, purge, one figure per step. A step that
+/// cannot run is reported as skipped; the purge always runs.
+pub fn release() -> Result<ReleaseResult, ErrorReply> {
+    let t0 = Instant::now();
+    let rss_before = procfs::rss();
+    let mut steps = Vec::with_capacity(3);
+
+    let t = Instant::now();
+    let before = procfs::rss();
+    let skipped = crate::python::gc(PY_ACTION_TIMEOUT)
+        .err()
+        .map(|why| why.to_string());
+    steps.push(ReleaseStep {
+        step: ReleaseStepKind::Gc,
+        measure: "rss".into(),
+        before,
+        after: procfs::rss(),
+        elapsed_ms: ms(t),
+        skipped,
+    });
+
+    let t = Instant::now();
+    let step = match crate::python::empty_cache(PY_ACTION_TIMEOUT) {
+        Ok(r) => ReleaseStep {
+            step: ReleaseStepKind::EmptyCache,
+            measure: "cuda_reserved".into(),
+            before: r.reserved_before,
+            after: r.reserved_after,
+            elapsed_ms: ms(t),
+            skipped: r.skipped,
+        },
+        Err(why) => ReleaseStep {
+            step: ReleaseStepKind::EmptyCache,
+            measure: "cuda_reserved".into(),
+            before: 0,
+            after: 0,
+            elapsed_ms: ms(t),
+            skipped: Some(why.to_string()),
+        },
+    };
+    steps.push(step);
+
+    let p = purge()?;
+    steps.push(ReleaseStep {
+        step: ReleaseStepKind::Purge,
+        measure: "rss".into(),
+        before: p.rss_before,
+        after: p.rss_after,
+        elapsed_ms: p.elapsed_ms,
+        skipped: None,
+    });
+    let rss_after = procfs::rss();
+    Ok(ReleaseResult {
+        rss_before,
+        rss_after,
+        released: rss_before.saturating_sub(rss_after),
+        elapsed_ms: ms(t0),
+        steps,
+    })
+}
+
+/// Runs one decoded request (other than `hello`).
+pub fn dispatch(req: &Request) -> Response {
+    let r = match *req {
+        Request::Hello { .. } => unreachable_hello(),
+        Request::Stats { arenas, pss } => stats(arenas, pss).map(|s| Reply::Stats(Box::new(s))),
+        Request::Purge => purge().map(Reply::Purge),
+        Request::Decay { dirty_ms, muzzy_ms } => decay(dirty_ms, muzzy_ms).map(Reply::Decay),
+        Request::Gc => gc().map(Reply::Gc),
+        Request::EmptyCache => empty_cache().map(Reply::EmptyCache),
+        Request::Release => release().map(Reply::Release),
+    };
+    match r {
+        Ok(reply) => Response::Ok(reply),
+        Err(e) => Response::Error(e),
+    }
+}
+
+fn unreachable_hello() -> Result<Reply, ErrorReply> {
+    Err(ErrorReply::new(
+        ErrorCode::Internal,
+        "hello is handled by the connection",
+    ))
+}

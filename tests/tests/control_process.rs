@@ -1,0 +1,244 @@
+//! The endpoint across the life of processes: fork, exit, kill -9, pid
+//! reuse, and an application that closes every descriptor (hazard 26).
+
+mod control_support;
+
+use control_support::*;
+use memshim_tests::*;
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::time::Duration;
+
+fn sockets_of(pid: i32) -> HashSet<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .map(|l| l.display().to_string())
+        .filter(|l| l.starts_with("socket:"))
+        .collect()
+}
+
+fn hello_pid(path: &std::path::Path) -> i64 {
+    Raw::connect(path).hello()["ok"]["pid"].as_i64().unwrap()
+}
+
+#[test]
+fn parent_and_fork_child_each_answer_on_their_own_endpoint() {
+    let mut parent = start_heap(&[]);
+    let ppid = parent.pid();
+    wait_endpoint(ppid);
+    parent.send("fork");
+    let line = parent.wait_for_line("child ", Duration::from_secs(10));
+    let cpid: i32 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    wait_endpoint(cpid);
+
+    let dir = default_dir();
+    let (psock, csock) = (socket_in(&dir, ppid), socket_in(&dir, cpid));
+    assert_ne!(psock, csock);
+    assert_eq!(
+        hello_pid(&psock),
+        i64::from(ppid),
+        "the parent's socket is answered by the parent"
+    );
+    assert_eq!(
+        hello_pid(&csock),
+        i64::from(cpid),
+        "the child's socket is answered by the child"
+    );
+    let (_, ps) = ctl_json(&["stats", &ppid.to_string()]);
+    let (_, cs) = ctl_json(&["stats", &cpid.to_string()]);
+    assert_eq!(
+        (
+            ps["config"]["fork_child"].as_bool(),
+            cs["config"]["fork_child"].as_bool()
+        ),
+        (Some(false), Some(true))
+    );
+    // The child closed every inherited descriptor of the parent's endpoint.
+    let shared: Vec<_> = sockets_of(ppid)
+        .intersection(&sockets_of(cpid))
+        .cloned()
+        .collect();
+    assert!(
+        shared.is_empty(),
+        "child still holds the parent's sockets {shared:?}"
+    );
+
+    // The child exits normally (destructors run): its socket goes, the
+    // parent's stays and answers.
+    assert_eq!(Cmd::new("kill", ["-USR1", &cpid.to_string()]).run().code, 0);
+    wait_until(Duration::from_secs(10), || (!csock.exists()).then_some(()))
+        .expect("child's socket removed at exit");
+    assert!(
+        psock.exists(),
+        "the child's exit removed the parent's socket"
+    );
+    assert_eq!(hello_pid(&psock), i64::from(ppid));
+    parent.send("quit");
+    let out = parent.finish(Duration::from_secs(10));
+    assert_eq!((out.code, out.stderr.as_str()), (0, ""));
+    assert!(!psock.exists(), "socket removed at exit");
+}
+
+#[test]
+fn a_stale_socket_after_kill_9_is_tolerated_and_cleaned_up() {
+    let mut child = start_heap(&[]);
+    let pid = child.pid();
+    wait_endpoint(pid);
+    let sock = socket_in(&default_dir(), pid);
+    child.child.kill().unwrap();
+    child.child.wait().unwrap();
+    assert!(
+        sock.exists(),
+        "kill -9 leaves the socket file (no destructor runs)"
+    );
+    let o = ctl_run(&["stats", &pid.to_string()]);
+    assert_eq!(o.code, 3, "{o:?}");
+    assert!(o.stderr.contains("no such process"), "{o:?}");
+    let (code, list) = ctl_json(&["list"]);
+    assert_eq!(code, 0);
+    let removed: Vec<&str> = list["stale_removed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert!(removed.contains(&sock.to_str().unwrap()), "{list}");
+    assert!(!sock.exists());
+}
+
+#[test]
+fn a_socket_from_an_earlier_process_with_the_same_pid_is_never_used() {
+    // A live shimmed process without an endpoint (single-threaded `cat`).
+    let cat = Cmd::new("cat", Vec::<String>::new()).shimmed().spawn();
+    let pid = cat.pid();
+    wait_until(Duration::from_secs(5), || {
+        std::fs::read_to_string(format!("/proc/{pid}/maps"))
+            .ok()?
+            .contains("libmemshim.so")
+            .then_some(())
+    })
+    .unwrap();
+    let dir = default_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    // An earlier process with the same pid left a (listening!) socket.
+    let old = dir.join(format!("{pid}-{}.sock", starttime(pid) - 1));
+    let _ = std::fs::remove_file(&old);
+    let impostor = UnixListener::bind(&old).unwrap();
+    impostor.set_nonblocking(true).unwrap();
+    let o = ctl_run(&["stats", &pid.to_string()]);
+    assert_eq!(o.code, 4, "{o:?}");
+    assert!(o.stderr.contains("single-threaded"), "{o:?}");
+    assert!(
+        impostor.accept().is_err(),
+        "memshim-ctl connected to another process's socket"
+    );
+
+    // Something answering at the exact name, but as another process: refused.
+    let exact = socket_in(&dir, pid);
+    let _ = std::fs::remove_file(&exact);
+    let fake = UnixListener::bind(&exact).unwrap();
+    let server = std::thread::spawn(move || {
+        let (s, _) = fake.accept().unwrap();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        let mut l = String::new();
+        r.read_line(&mut l).unwrap();
+        let hello = r#"{"ok":{"kind":"hello","version":1,"min_version":1,"max_version":1,"pid":1,"starttime":5,"shim_version":"0","max_request_bytes":65536,"ops":[]}}"#;
+        (&s).write_all(format!("{hello}\n").as_bytes()).unwrap();
+    });
+    let o = ctl_run(&["stats", &pid.to_string()]);
+    server.join().unwrap();
+    assert_eq!(o.code, 6, "{o:?}");
+    assert!(o.stderr.contains("refusing to use it"), "{o:?}");
+    let _ = std::fs::remove_file(&exact);
+    let _ = std::fs::remove_file(&old);
+}
+
+#[test]
+fn close_range_and_fd_reuse_by_the_app_do_not_confuse_the_endpoint() {
+    let mut child = start_heap(&[]);
+    let pid = child.pid();
+    wait_endpoint(pid);
+    let sock = socket_in(&default_dir(), pid);
+    // The shim's listener: a socket at a high descriptor number.
+    let ours: i32 = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let n: i32 = e.file_name().to_str()?.parse().ok()?;
+            let l = std::fs::read_link(e.path()).ok()?;
+            (n >= 512 && l.to_string_lossy().starts_with("socket:")).then_some(n)
+        })
+        .min()
+        .expect("the shim's listener at fd >= 512");
+    let app_path = std::path::PathBuf::from(format!("/tmp/msh-app-{pid}.sock"));
+    // The app closes everything and puts its own listening socket on the
+    // very number the shim's listener had.
+    child.send(&format!("close_range {ours} {}", app_path.display()));
+    child.wait_for_line("app-listening", Duration::from_secs(10));
+    // The endpoint notices and comes back at the same path.
+    wait_until(Duration::from_secs(5), || {
+        (ctl_run(&["stats", &pid.to_string()]).code == 0).then_some(())
+    })
+    .expect("endpoint re-created after close_range");
+    assert_eq!(hello_pid(&sock), i64::from(pid));
+    // The app's socket on that number is untouched and gets its own clients.
+    child.send(&format!("check {ours}"));
+    let l = child.wait_for_line(&format!("fd {ours}"), Duration::from_secs(5));
+    assert_eq!(
+        l,
+        format!("fd {ours} ok {}", app_path.display()),
+        "the shim closed or replaced the app's descriptor"
+    );
+    let _client = UnixStream::connect(&app_path).unwrap();
+    child.send(&format!("accept {ours}"));
+    child.wait_for_line("app-accepted", Duration::from_secs(5));
+    child.send("quit");
+    let out = child.finish(Duration::from_secs(10));
+    assert_eq!((out.code, out.stderr.as_str()), (0, ""));
+    let _ = std::fs::remove_file(&app_path);
+}
+
+#[test]
+fn the_socket_goes_when_the_shim_thread_stops_and_comes_back_with_a_new_thread() {
+    let script = r#"
+import sys, threading, time
+def run(seconds):
+    t = threading.Thread(target=time.sleep, args=(seconds,), daemon=True)
+    t.start()
+    return t
+t = run(1.0)
+print("threaded", flush=True)
+t.join()
+print("alone", flush=True)
+sys.stdin.readline()
+t = run(30)
+print("threaded again", flush=True)
+sys.stdin.readline()
+"#;
+    let mut child = Cmd::new(python(), ["-c", script])
+        .shimmed()
+        .env("MEMSHIM_DIRTY_DECAY_MS", "0")
+        .spawn();
+    let pid = child.pid();
+    child.wait_for_line("threaded", Duration::from_secs(10));
+    wait_endpoint(pid);
+    let sock = socket_in(&default_dir(), pid);
+    assert!(sock.exists());
+    child.wait_for_line("alone", Duration::from_secs(10));
+    // Alone for the decay time plus a second: the thread stops, the socket goes.
+    wait_until(Duration::from_secs(10), || (!sock.exists()).then_some(()))
+        .expect("socket removed when the thread stopped");
+    let o = ctl_run(&["stats", &pid.to_string()]);
+    assert_eq!(o.code, 4, "{o:?}");
+    assert!(o.stderr.contains("single-threaded"), "{o:?}");
+    child.send("go");
+    child.wait_for_line("threaded again", Duration::from_secs(10));
+    wait_endpoint(pid);
+    assert_eq!(hello_pid(&sock), i64::from(pid));
+    child.send("quit");
+    let out = child.finish(Duration::from_secs(10));
+    assert_eq!((out.code, out.stderr.as_str()), (0, ""));
+}
