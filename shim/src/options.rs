@@ -259,10 +259,23 @@ pub fn valid_socket_dir(v: &[u8]) -> bool {
     v.first() == Some(&b'/') && v.len() <= MAX_SOCKET_DIR && !v.contains(&0)
 }
 
-/// Raw jemalloc conf: printable ASCII without spaces, bounded length.
-/// jemalloc itself validates each key:value pair (and we relay its message).
+/// Raw jemalloc conf: printable ASCII without spaces, bounded length, and
+/// the `key:value,key:value` shape jemalloc's parser needs. A malformed
+/// string would make jemalloc stop reading the composed conf string at that
+/// point (hiding later settings, and naming no variable), so it is refused
+/// here with a warning that names the variable. jemalloc itself still
+/// validates each key and value (and we relay its message).
 pub fn valid_raw_conf(v: &[u8]) -> bool {
-    v.len() <= MAX_RAW_CONF && v.iter().all(|b| b.is_ascii_graphic())
+    let key_ok =
+        |k: &[u8]| !k.is_empty() && k.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'_');
+    v.len() <= MAX_RAW_CONF
+        && v.iter().all(|b| b.is_ascii_graphic())
+        && (v.is_empty()
+            || v.split(|b| *b == b',').all(|pair| {
+                pair.iter()
+                    .position(|b| *b == b':')
+                    .is_some_and(|c| key_ok(&pair[..c]))
+            }))
 }
 
 fn bad(name: &str, value: &[u8], expected: &str, default: &str) {
@@ -285,7 +298,12 @@ pub fn load() {
                 DIRTY_DECAY_MS.store(n, Relaxed);
                 DIRTY_SET.store(true, Relaxed);
             }
-            None => bad("MEMSHIM_DIRTY_DECAY_MS", v, "milliseconds, or -1 for never", "1000"),
+            None => bad(
+                "MEMSHIM_DIRTY_DECAY_MS",
+                v,
+                "milliseconds, or -1 for never",
+                "1000",
+            ),
         }
     }
     if let Some(v) = env(c"MEMSHIM_MUZZY_DECAY_MS") {
@@ -294,13 +312,23 @@ pub fn load() {
                 MUZZY_DECAY_MS.store(n, Relaxed);
                 MUZZY_SET.store(true, Relaxed);
             }
-            None => bad("MEMSHIM_MUZZY_DECAY_MS", v, "milliseconds, or -1 for never", "0"),
+            None => bad(
+                "MEMSHIM_MUZZY_DECAY_MS",
+                v,
+                "milliseconds, or -1 for never",
+                "0",
+            ),
         }
     }
     if let Some(v) = env(c"MEMSHIM_NARENAS") {
         match parse_narenas(v) {
             Some(n) => NARENAS.store(n, Relaxed),
-            None => bad("MEMSHIM_NARENAS", v, "auto, or a count from 1 to 4095", "auto"),
+            None => bad(
+                "MEMSHIM_NARENAS",
+                v,
+                "auto, or a count from 1 to 4095",
+                "auto",
+            ),
         }
     }
     if let Some(v) = env(c"MEMSHIM_CONTROL") {
@@ -312,13 +340,23 @@ pub fn load() {
     if let Some(v) = env(c"MEMSHIM_CLEAR_DEEPBIND") {
         match parse_bool(v) {
             Some(b) => CLEAR_DEEPBIND.store(b, Relaxed),
-            None => bad("MEMSHIM_CLEAR_DEEPBIND", v, "a boolean: 1/0, true/false, yes/no, on/off", "1"),
+            None => bad(
+                "MEMSHIM_CLEAR_DEEPBIND",
+                v,
+                "a boolean: 1/0, true/false, yes/no, on/off",
+                "1",
+            ),
         }
     }
     if let Some(v) = env(c"MEMSHIM_VERBOSE") {
         match parse_bool(v) {
             Some(b) => VERBOSE.store(b, Relaxed),
-            None => bad("MEMSHIM_VERBOSE", v, "a boolean: 1/0, true/false, yes/no, on/off", "0"),
+            None => bad(
+                "MEMSHIM_VERBOSE",
+                v,
+                "a boolean: 1/0, true/false, yes/no, on/off",
+                "0",
+            ),
         }
     }
     if let Some(v) = env(c"MEMSHIM_SOCKET_DIR") {
@@ -429,7 +467,9 @@ fn cgroup_quota_cpus() -> Option<u32> {
     let mut buf = [0u8; 128];
     // cgroup v2: "max 100000" or "<quota> <period>".
     if let Some(n) = sys::read_file(c"/sys/fs/cgroup/cpu.max", &mut buf) {
-        let mut it = buf[..n].split(|b| b.is_ascii_whitespace()).filter(|f| !f.is_empty());
+        let mut it = buf[..n]
+            .split(|b| b.is_ascii_whitespace())
+            .filter(|f| !f.is_empty());
         let quota = sys::parse_u64(it.next()?)?;
         let period = sys::parse_u64(it.next()?)?;
         return quota_to_cpus(quota, period);
@@ -564,7 +604,15 @@ mod tests {
         assert_eq!(parse_decay(b"0"), Some(0));
         assert_eq!(parse_decay(b"10000"), Some(10000));
         assert_eq!(parse_decay(b"1000000000000"), Some(MAX_DECAY_MS));
-        for bad in [&b""[..], b"-2", b"1e3", b"abc", b" 5", b"99999999999999999999", b"1000000000001"] {
+        for bad in [
+            &b""[..],
+            b"-2",
+            b"1e3",
+            b"abc",
+            b" 5",
+            b"99999999999999999999",
+            b"1000000000001",
+        ] {
             assert_eq!(parse_decay(bad), None, "{bad:?}");
         }
     }
@@ -601,6 +649,12 @@ mod tests {
         assert!(valid_raw_conf(b"narenas:2,tcache_max:4096"));
         assert!(!valid_raw_conf(b"narenas: 2"));
         assert!(!valid_raw_conf(&[b'a'; 2049]));
+        assert!(valid_raw_conf(b""));
+        assert!(!valid_raw_conf(b"x!y"));
+        assert!(!valid_raw_conf(b"-5"));
+        assert!(!valid_raw_conf(b"narenas"));
+        assert!(!valid_raw_conf(b"narenas:2,"));
+        assert!(!valid_raw_conf(b"na-renas:2"));
     }
 
     #[test]
@@ -614,8 +668,16 @@ mod tests {
     fn docs_list_every_setting() {
         let doc = include_str!("../../docs/configuration.md");
         for s in TABLE {
-            assert!(doc.contains(&format!("### `{}`", s.name)), "docs/configuration.md lacks {}", s.name);
-            assert!(doc.contains(&format!("*Default: `{}`*", s.default)), "docs lack default of {}", s.name);
+            assert!(
+                doc.contains(&format!("### `{}`", s.name)),
+                "docs/configuration.md lacks {}",
+                s.name
+            );
+            assert!(
+                doc.contains(&format!("*Default: `{}`*", s.default)),
+                "docs lack default of {}",
+                s.name
+            );
         }
     }
 }
