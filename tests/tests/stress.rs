@@ -1,0 +1,45 @@
+//! Reliability suite (docs/reliability.md): compatibility with other
+//! people's test suites, stress, fork storms, hostile lifecycles, hostile
+//! input and bad configuration.
+//!
+//! Every test has a smoke form, run by `make test`, and a full form marked
+//! `#[ignore]`, run by `make stress` (`MEMSHIM_STRESS=full ... --ignored`).
+//! `MEMSHIM_STRESS_SEED` replays a seed printed by a failure;
+//! `MEMSHIM_STRESS_SECS` overrides the duration of the timed tests.
+//! Figures of each run go to `target/test-scratch/reliability-<level>.txt`.
+
+#[path = "reliab/alloc.rs"]
+mod alloc;
+#[path = "reliab/common.rs"]
+mod common;
+#[path = "reliab/config.rs"]
+mod config;
+#[path = "reliab/control.rs"]
+mod control;
+#[path = "reliab/cpython.rs"]
+mod cpython;
+
+use common::Level;
+
+macro_rules! smoke_and_full {
+    ($($smoke:ident, $full:ident => $f:path;)*) => {$(
+        #[test]
+        fn $smoke() {
+            $f(Level::smoke())
+        }
+        #[test]
+        #[ignore = "long: run by `make stress`"]
+        fn $full() {
+            $f(Level::Full)
+        }
+    )*};
+}
+
+smoke_and_full! {
+    cpython_regression_tests_have_no_new_failures_under_the_shim,
+        full_cpython_regression_tests_have_no_new_failures_under_the_shim => cpython::run;
+    every_bad_memshim_variable_gives_one_warning_and_changes_nothing_else,
+        full_every_bad_memshim_variable_gives_one_warning_and_changes_nothing_else => config::run;
+    threads_allocating_under_control_requests_never_corrupt_or_grow,
+        full_threads_allocating_under_control_requests_never_corrupt_or_grow => alloc::run;
+}
