@@ -17,7 +17,7 @@
 //! Only x86_64 has the wrapper; elsewhere `dlopen` is not interposed and the
 //! hazard is documented (docs/design.md, "Portability").
 
-use core::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
+use core::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering::*};
 
 /// 1 while clearing is enabled (read by the assembly).
 static CLEAR: AtomicU8 = AtomicU8::new(1);
@@ -57,7 +57,10 @@ pub fn deepbind_cleared() -> u64 {
 #[cfg(target_arch = "x86_64")]
 #[cfg_attr(not(test), unsafe(no_mangle))]
 #[unsafe(naked)]
-pub unsafe extern "C" fn dlopen(file: *const core::ffi::c_char, mode: core::ffi::c_int) -> *mut core::ffi::c_void {
+pub unsafe extern "C" fn dlopen(
+    file: *const core::ffi::c_char,
+    mode: core::ffi::c_int,
+) -> *mut core::ffi::c_void {
     core::arch::naked_asm!(
         // if (mode & RTLD_DEEPBIND) && CLEAR: clear the flag and count it
         "test esi, 8",

@@ -108,77 +108,163 @@ macro_rules! export {
 }
 
 // --- The functions glibc's manual says a replacement must provide ----------
-export!(/// `malloc`
-    fn malloc(size: usize) -> *mut c_void { je::malloc(size) });
-export!(/// `free`, keeping errno.
-    fn free(p: *mut c_void) { free_keep_errno(p) });
-export!(/// `calloc`; jemalloc checks `n * size` for overflow and sets ENOMEM.
-    fn calloc(n: usize, size: usize) -> *mut c_void { je::calloc(n, size) });
-export!(/// `realloc`; `realloc(p, 0)` frees like glibc.
-    fn realloc(p: *mut c_void, size: usize) -> *mut c_void { realloc_like_glibc(p, size) });
+export!(
+    /// `malloc`
+    fn malloc(size: usize) -> *mut c_void {
+        je::malloc(size)
+    }
+);
+export!(
+    /// `free`, keeping errno.
+    fn free(p: *mut c_void) {
+        free_keep_errno(p)
+    }
+);
+export!(
+    /// `calloc`; jemalloc checks `n * size` for overflow and sets ENOMEM.
+    fn calloc(n: usize, size: usize) -> *mut c_void {
+        je::calloc(n, size)
+    }
+);
+export!(
+    /// `realloc`; `realloc(p, 0)` frees like glibc.
+    fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+        realloc_like_glibc(p, size)
+    }
+);
 
 // --- The functions it says a general-purpose replacement should provide ----
-export!(/// `reallocarray` (glibc 2.26): overflow is ENOMEM, as in glibc.
+export!(
+    /// `reallocarray` (glibc 2.26): overflow is ENOMEM, as in glibc.
     fn reallocarray(p: *mut c_void, n: usize, size: usize) -> *mut c_void {
         match n.checked_mul(size) {
             Some(total) => realloc_like_glibc(p, total),
-            None => { set_errno(libc::ENOMEM); ptr::null_mut() }
+            None => {
+                set_errno(libc::ENOMEM);
+                ptr::null_mut()
+            }
         }
-    });
-export!(/// `aligned_alloc`: strict (C17) where the host glibc is >= 2.38, like `memalign` before.
+    }
+);
+export!(
+    /// `aligned_alloc`: strict (C17) where the host glibc is >= 2.38, like `memalign` before.
     fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
         if ALIGNED_ALLOC_STRICT.load(Relaxed) && !align.is_power_of_two() {
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         }
         memalign_like_glibc(align, size)
-    });
-export!(/// `posix_memalign`: jemalloc applies POSIX's checks (EINVAL, ENOMEM).
+    }
+);
+export!(
+    /// `posix_memalign`: jemalloc applies POSIX's checks (EINVAL, ENOMEM).
     fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> c_int {
         je::posix_memalign(out, align, size)
-    });
-export!(/// `memalign`: any alignment, rounded up to a power of two like glibc.
-    fn memalign(align: usize, size: usize) -> *mut c_void { memalign_like_glibc(align, size) });
-export!(/// `valloc`: page-aligned.
-    fn valloc(size: usize) -> *mut c_void { memalign_like_glibc(page(), size) });
-export!(/// `pvalloc`: page-aligned, size rounded up to whole pages (overflow is ENOMEM).
+    }
+);
+export!(
+    /// `memalign`: any alignment, rounded up to a power of two like glibc.
+    fn memalign(align: usize, size: usize) -> *mut c_void {
+        memalign_like_glibc(align, size)
+    }
+);
+export!(
+    /// `valloc`: page-aligned.
+    fn valloc(size: usize) -> *mut c_void {
+        memalign_like_glibc(page(), size)
+    }
+);
+export!(
+    /// `pvalloc`: page-aligned, size rounded up to whole pages (overflow is ENOMEM).
     fn pvalloc(size: usize) -> *mut c_void {
         let pg = page();
         match size.checked_add(pg - 1) {
             Some(s) => memalign_like_glibc(pg, s & !(pg - 1)),
-            None => { set_errno(libc::ENOMEM); ptr::null_mut() }
+            None => {
+                set_errno(libc::ENOMEM);
+                ptr::null_mut()
+            }
         }
-    });
-export!(/// `malloc_usable_size`: 0 for NULL, like glibc.
+    }
+);
+export!(
+    /// `malloc_usable_size`: 0 for NULL, like glibc.
     fn malloc_usable_size(p: *mut c_void) -> usize {
-        if p.is_null() { 0 } else { je::malloc_usable_size(p) }
-    });
-export!(/// `free_sized` (C23, glibc 2.43). The size is ignored, as glibc does:
+        if p.is_null() {
+            0
+        } else {
+            je::malloc_usable_size(p)
+        }
+    }
+);
+export!(
+    /// `free_sized` (C23, glibc 2.43). The size is ignored, as glibc does:
     /// jemalloc's sized free trusts it, and a wrong size from a buggy caller
     /// would corrupt the heap instead of being harmless.
-    fn free_sized(p: *mut c_void, _size: usize) { free_keep_errno(p) });
-export!(/// `free_aligned_sized` (C23): see `free_sized`.
-    fn free_aligned_sized(p: *mut c_void, _align: usize, _size: usize) { free_keep_errno(p) });
-export!(/// `cfree`: obsolete alias of `free`, still called by very old programs.
-    fn cfree(p: *mut c_void) { free_keep_errno(p) });
+    fn free_sized(p: *mut c_void, _size: usize) {
+        free_keep_errno(p)
+    }
+);
+export!(
+    /// `free_aligned_sized` (C23): see `free_sized`.
+    fn free_aligned_sized(p: *mut c_void, _align: usize, _size: usize) {
+        free_keep_errno(p)
+    }
+);
+export!(
+    /// `cfree`: obsolete alias of `free`, still called by very old programs.
+    fn cfree(p: *mut c_void) {
+        free_keep_errno(p)
+    }
+);
 
 // --- glibc's internal names, which other interposers and debug tools call
 //     as "the real malloc" ---------------------------------------------------
-export!(/// `__libc_malloc`
-    fn __libc_malloc(size: usize) -> *mut c_void { je::malloc(size) });
-export!(/// `__libc_free`
-    fn __libc_free(p: *mut c_void) { free_keep_errno(p) });
-export!(/// `__libc_calloc`
-    fn __libc_calloc(n: usize, size: usize) -> *mut c_void { je::calloc(n, size) });
-export!(/// `__libc_realloc`
-    fn __libc_realloc(p: *mut c_void, size: usize) -> *mut c_void { realloc_like_glibc(p, size) });
-export!(/// `__libc_memalign` (ld.so used it before glibc 2.25)
-    fn __libc_memalign(align: usize, size: usize) -> *mut c_void { memalign_like_glibc(align, size) });
-export!(/// `__libc_valloc`
-    fn __libc_valloc(size: usize) -> *mut c_void { memalign_like_glibc(page(), size) });
-export!(/// `__libc_pvalloc`
-    fn __libc_pvalloc(size: usize) -> *mut c_void { pvalloc(size) });
-export!(/// `__posix_memalign`
+export!(
+    /// `__libc_malloc`
+    fn __libc_malloc(size: usize) -> *mut c_void {
+        je::malloc(size)
+    }
+);
+export!(
+    /// `__libc_free`
+    fn __libc_free(p: *mut c_void) {
+        free_keep_errno(p)
+    }
+);
+export!(
+    /// `__libc_calloc`
+    fn __libc_calloc(n: usize, size: usize) -> *mut c_void {
+        je::calloc(n, size)
+    }
+);
+export!(
+    /// `__libc_realloc`
+    fn __libc_realloc(p: *mut c_void, size: usize) -> *mut c_void {
+        realloc_like_glibc(p, size)
+    }
+);
+export!(
+    /// `__libc_memalign` (ld.so used it before glibc 2.25)
+    fn __libc_memalign(align: usize, size: usize) -> *mut c_void {
+        memalign_like_glibc(align, size)
+    }
+);
+export!(
+    /// `__libc_valloc`
+    fn __libc_valloc(size: usize) -> *mut c_void {
+        memalign_like_glibc(page(), size)
+    }
+);
+export!(
+    /// `__libc_pvalloc`
+    fn __libc_pvalloc(size: usize) -> *mut c_void {
+        pvalloc(size)
+    }
+);
+export!(
+    /// `__posix_memalign`
     fn __posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> c_int {
         je::posix_memalign(out, align, size)
-    });
+    }
+);

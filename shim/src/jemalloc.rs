@@ -79,7 +79,13 @@ fn run(key: &[u8]) -> Result<(), Error> {
     debug_assert_eq!(key.last(), Some(&0));
     // SAFETY: `key` is NUL-terminated; action keys take no buffers.
     let rc = unsafe {
-        sys::mallctl(key.as_ptr().cast::<c_char>(), ptr::null_mut(), ptr::null_mut(), ptr::null_mut(), 0)
+        sys::mallctl(
+            key.as_ptr().cast::<c_char>(),
+            ptr::null_mut(),
+            ptr::null_mut(),
+            ptr::null_mut(),
+            0,
+        )
     };
     if rc == 0 { Ok(()) } else { Err(Error(rc)) }
 }
@@ -96,7 +102,9 @@ fn arena_key(arena: u32, suffix: &str) -> crate::sys::StackBuf<64> {
 pub fn version() -> &'static str {
     match read::<*const c_char>(b"version\0") {
         // SAFETY: jemalloc returns a pointer to a static NUL-terminated string.
-        Ok(p) if !p.is_null() => unsafe { core::ffi::CStr::from_ptr(p) }.to_str().unwrap_or("?"),
+        Ok(p) if !p.is_null() => unsafe { core::ffi::CStr::from_ptr(p) }
+            .to_str()
+            .unwrap_or("?"),
         _ => "?",
     }
 }
@@ -185,7 +193,9 @@ pub struct Stats {
 
 /// `arenas.page`: jemalloc's page size.
 pub fn page_size() -> u64 {
-    read::<usize>(b"arenas.page\0").map(|p| p as u64).unwrap_or(4096)
+    read::<usize>(b"arenas.page\0")
+        .map(|p| p as u64)
+        .unwrap_or(4096)
 }
 
 /// `arenas.narenas`: number of arena slots.
@@ -246,7 +256,11 @@ pub fn arena_stats(index: u32) -> Option<ArenaStats> {
         let _ = write!(k, "stats.arenas.{index}.{suffix}\0");
         k
     };
-    let sz = |s: &str| read::<usize>(key(s).as_bytes()).map(|v| v as u64).unwrap_or(0);
+    let sz = |s: &str| {
+        read::<usize>(key(s).as_bytes())
+            .map(|v| v as u64)
+            .unwrap_or(0)
+    };
     Some(ArenaStats {
         index,
         threads: read::<u32>(key("nthreads").as_bytes()).unwrap_or(0),

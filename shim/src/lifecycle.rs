@@ -72,7 +72,9 @@ pub(crate) fn set_thread_state(s: ThreadState) {
 }
 
 pub(crate) fn cas_thread_state(from: ThreadState, to: ThreadState) -> bool {
-    THREAD.compare_exchange(from as u8, to as u8, AcqRel, Acquire).is_ok()
+    THREAD
+        .compare_exchange(from as u8, to as u8, AcqRel, Acquire)
+        .is_ok()
 }
 
 /// Whether this process really routes `malloc` to the shim.
@@ -191,6 +193,7 @@ pub unsafe extern "C" fn pthread_create(
 /// so the child is copied from a single-threaded parent and callers that
 /// count threads (CPython's fork warning) see what they would without us.
 extern "C" fn prepare_fork() {
+    crate::fork_fence::before_fork();
     if options::control() != Control::Auto || thread_state() != ThreadState::Running {
         return;
     }
@@ -202,9 +205,15 @@ extern "C" fn prepare_fork() {
     sys::set_errno(e);
 }
 
+/// In the parent after fork.
+extern "C" fn parent_after_fork() {
+    crate::fork_fence::after_fork_parent();
+}
+
 /// In the child: the shim's thread does not exist here. Reset state and
 /// close inherited descriptors. Only async-signal-safe work.
 extern "C" fn child_after_fork() {
+    crate::fork_fence::after_fork_child();
     PID.store(sys::getpid(), Relaxed);
     FORK_CHILD.store(true, Relaxed);
     START_MS.store(sys::monotonic_ms(), Relaxed);
@@ -230,7 +239,12 @@ fn detect_interposition() -> bool {
         if global as *const c_void != ours {
             return false;
         }
-        for sym in [c"__asan_init", c"__tsan_init", c"__msan_init", c"__hwasan_init"] {
+        for sym in [
+            c"__asan_init",
+            c"__tsan_init",
+            c"__msan_init",
+            c"__hwasan_init",
+        ] {
             if !libc::dlsym(libc::RTLD_DEFAULT, sym.as_ptr()).is_null() {
                 return false;
             }
@@ -264,7 +278,13 @@ extern "C" fn constructor() {
     let _ = real_pthread_create();
     crate::dlopen::init();
     // SAFETY: registering plain extern "C" functions.
-    unsafe { libc::pthread_atfork(Some(prepare_fork), None, Some(child_after_fork)) };
+    unsafe {
+        libc::pthread_atfork(
+            Some(prepare_fork),
+            Some(parent_after_fork),
+            Some(child_after_fork),
+        )
+    };
     CTOR_DONE.store(true, Release);
     if options::verbose() {
         crate::report::print_verbose();

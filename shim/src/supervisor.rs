@@ -61,6 +61,10 @@ fn wake_fd_if_ours() -> Option<i32> {
 }
 
 fn open_wake_fd() {
+    // No fork may copy the eventfd before it is recorded; the loop retries.
+    let Some(_fence) = crate::fork_fence::enter() else {
+        return;
+    };
     // SAFETY: plain syscall.
     let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
     if fd >= 0 {
@@ -113,7 +117,11 @@ pub(crate) fn spawn() -> Option<libc::pthread_t> {
 
 /// Tick length: a quarter of the dirty decay time, within [50 ms, 1 s].
 fn tick_ms(dirty_decay_ms: i64) -> i64 {
-    if dirty_decay_ms > 0 { (dirty_decay_ms / 4).clamp(MIN_TICK_MS, MAX_TICK_MS) } else { MAX_TICK_MS }
+    if dirty_decay_ms > 0 {
+        (dirty_decay_ms / 4).clamp(MIN_TICK_MS, MAX_TICK_MS)
+    } else {
+        MAX_TICK_MS
+    }
 }
 
 /// How long the process must be alone before the thread stops by itself:
@@ -132,11 +140,21 @@ extern "C" fn thread_main(_: *mut c_void) -> *mut c_void {
     let mut last_decay = sys::monotonic_ms();
     let mut alone_since: Option<u64> = None;
     loop {
-        let dirty = jemalloc::decay_ms().map(|d| d.0).unwrap_or(options::dirty_decay_ms());
+        let dirty = jemalloc::decay_ms()
+            .map(|d| d.0)
+            .unwrap_or(options::dirty_decay_ms());
         let tick = tick_ms(dirty);
         // fds[0]: the wake eventfd; then the endpoint's listener and connections.
-        let mut fds = [libc::pollfd { fd: -1, events: 0, revents: 0 }; 1 + control::MAX_POLL_FDS];
-        fds[0] = libc::pollfd { fd: wake_fd_if_ours().unwrap_or(-1), events: libc::POLLIN, revents: 0 };
+        let mut fds = [libc::pollfd {
+            fd: -1,
+            events: 0,
+            revents: 0,
+        }; 1 + control::MAX_POLL_FDS];
+        fds[0] = libc::pollfd {
+            fd: wake_fd_if_ours().unwrap_or(-1),
+            events: libc::POLLIN,
+            revents: 0,
+        };
         let n_ep = endpoint.as_ref().map_or(0, |e| e.poll_fds(&mut fds[1..]));
         // SAFETY: `fds` is a live array of at least 1 + n_ep pollfd;
         // negative fds are ignored.
@@ -211,7 +229,8 @@ fn try_stop(endpoint: &mut Option<control::Endpoint>) -> bool {
     close_wake_fd();
     lifecycle::set_thread_state(ThreadState::Idle);
     // A thread created while we were stopping wants us back.
-    if WANTED.load(Acquire) && lifecycle::cas_thread_state(ThreadState::Idle, ThreadState::Running) {
+    if WANTED.load(Acquire) && lifecycle::cas_thread_state(ThreadState::Idle, ThreadState::Running)
+    {
         open_wake_fd();
         *endpoint = control::Endpoint::open();
         return false;
@@ -232,7 +251,10 @@ pub(crate) fn stop_for_fork() {
             STOP.store(false, Release);
             return;
         }
-        let ts = libc::timespec { tv_sec: 0, tv_nsec: 200_000 };
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 200_000,
+        };
         // SAFETY: sleeping on a local timespec.
         unsafe { libc::nanosleep(&ts, core::ptr::null_mut()) };
     }

@@ -133,7 +133,10 @@ pub fn parse_i64(s: &[u8]) -> Option<i64> {
 
 /// Monotonic clock in milliseconds.
 pub fn monotonic_ms() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `ts` is a valid out-pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
@@ -149,7 +152,10 @@ pub struct StackBuf<const N: usize> {
 impl<const N: usize> StackBuf<N> {
     /// An empty buffer.
     pub const fn new() -> Self {
-        StackBuf { buf: [0; N], len: 0 }
+        StackBuf {
+            buf: [0; N],
+            len: 0,
+        }
     }
 
     /// Appends raw bytes (cut off at capacity).

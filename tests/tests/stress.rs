@@ -18,6 +18,8 @@ mod config;
 mod control;
 #[path = "reliab/cpython.rs"]
 mod cpython;
+#[path = "reliab/forks.rs"]
+mod forks;
 
 use common::Level;
 
@@ -42,4 +44,8 @@ smoke_and_full! {
         full_every_bad_memshim_variable_gives_one_warning_and_changes_nothing_else => config::run;
     threads_allocating_under_control_requests_never_corrupt_or_grow,
         full_threads_allocating_under_control_requests_never_corrupt_or_grow => alloc::run;
+    multiprocessing_storms_under_purges_give_right_results_and_inherit_nothing,
+        full_multiprocessing_storms_under_purges_give_right_results_and_inherit_nothing => forks::multiprocessing;
+    spawn_and_fork_loops_under_purges_give_right_results_and_inherit_nothing,
+        full_spawn_and_fork_loops_under_purges_give_right_results_and_inherit_nothing => forks::spawn_loop;
 }

@@ -96,6 +96,11 @@ impl Endpoint {
         }
         let pid = crate::sys::getpid();
         let path = socket::socket_path(&dir, pid, self.starttime);
+        // No fork may copy the listener before it is recorded.
+        let Some(_fence) = crate::fork_fence::enter() else {
+            self.retry_at_ms = now_ms() + 10;
+            return;
+        };
         let Some(fd) = socket::listen(&path) else {
             self.fail(format_args!(
                 "control socket not created: {}",
@@ -191,6 +196,11 @@ impl Endpoint {
             return;
         };
         for _ in 0..MAX_ACCEPTS_PER_TURN {
+            // No fork may copy a connection before it is recorded; during
+            // a fork, accept on a later turn.
+            let Some(_fence) = crate::fork_fence::enter() else {
+                return;
+            };
             let fd = match socket::accept(listener) {
                 Ok(fd) => fd,
                 Err(libc::EINTR) | Err(libc::ECONNABORTED) => continue,
