@@ -20,6 +20,8 @@ mod control;
 mod cpython;
 #[path = "reliab/forks.rs"]
 mod forks;
+#[path = "reliab/lifecycles.rs"]
+mod lifecycles;
 
 use common::Level;
 
@@ -48,4 +50,14 @@ smoke_and_full! {
         full_multiprocessing_storms_under_purges_give_right_results_and_inherit_nothing => forks::multiprocessing;
     spawn_and_fork_loops_under_purges_give_right_results_and_inherit_nothing,
         full_spawn_and_fork_loops_under_purges_give_right_results_and_inherit_nothing => forks::spawn_loop;
+    a_process_whose_main_thread_exits_first_ends_with_its_last_thread,
+        full_a_process_whose_main_thread_exits_first_ends_with_its_last_thread => lifecycles::main_thread_exits_first;
+    signal_storms_never_run_the_apps_handler_on_the_shims_thread,
+        full_signal_storms_never_run_the_apps_handler_on_the_shims_thread => lifecycles::signal_storm;
+    a_daemon_that_closes_every_fd_keeps_its_connections_and_the_endpoint_heals,
+        full_a_daemon_that_closes_every_fd_keeps_its_connections_and_the_endpoint_heals => lifecycles::fd_closing_daemon;
+    exec_chains_bash_python_c_behave_as_without_the_shim,
+        full_exec_chains_bash_python_c_behave_as_without_the_shim => lifecycles::exec_chain;
+    kill_9_during_a_purge_leaves_clients_unblocked_and_a_refusing_stale_socket,
+        full_kill_9_during_a_purge_leaves_clients_unblocked_and_a_refusing_stale_socket => lifecycles::kill_9_during_purge;
 }
