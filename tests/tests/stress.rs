@@ -20,6 +20,8 @@ mod control;
 mod cpython;
 #[path = "reliab/forks.rs"]
 mod forks;
+#[path = "reliab/fuzz.rs"]
+mod fuzz;
 #[path = "reliab/lifecycles.rs"]
 mod lifecycles;
 
@@ -60,4 +62,8 @@ smoke_and_full! {
         full_exec_chains_bash_python_c_behave_as_without_the_shim => lifecycles::exec_chain;
     kill_9_during_a_purge_leaves_clients_unblocked_and_a_refusing_stale_socket,
         full_kill_9_during_a_purge_leaves_clients_unblocked_and_a_refusing_stale_socket => lifecycles::kill_9_during_purge;
+    the_protocol_decoder_rejects_hostile_lines_cleanly,
+        full_the_protocol_decoder_rejects_hostile_lines_cleanly => fuzz::decoder;
+    a_hostile_socket_client_leaves_the_host_alive_bounded_and_answering,
+        full_a_hostile_socket_client_leaves_the_host_alive_bounded_and_answering => fuzz::live_socket;
 }
