@@ -22,6 +22,8 @@ mod cpython;
 mod forks;
 #[path = "reliab/fuzz.rs"]
 mod fuzz;
+#[path = "reliab/global_preload.rs"]
+mod global_preload;
 #[path = "reliab/lifecycles.rs"]
 mod lifecycles;
 
@@ -66,4 +68,6 @@ smoke_and_full! {
         full_the_protocol_decoder_rejects_hostile_lines_cleanly => fuzz::decoder;
     a_hostile_socket_client_leaves_the_host_alive_bounded_and_answering,
         full_a_hostile_socket_client_leaves_the_host_alive_bounded_and_answering => fuzz::live_socket;
+    a_globally_preloaded_shell_runs_apt_pip_make_git_tar_sort_find_unchanged,
+        full_a_globally_preloaded_shell_runs_apt_pip_make_git_tar_sort_find_unchanged => global_preload::run;
 }
