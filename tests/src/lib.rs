@@ -18,7 +18,10 @@ use std::time::{Duration, Instant};
 
 /// Workspace root.
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 fn artifact(env: &str, rel: &str) -> PathBuf {
@@ -26,7 +29,11 @@ fn artifact(env: &str, rel: &str) -> PathBuf {
         return PathBuf::from(p);
     }
     let p = root().join(rel);
-    assert!(p.exists(), "{} is missing: run `make` first (or set {env})", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run `make` first (or set {env})",
+        p.display()
+    );
     p
 }
 
@@ -54,17 +61,36 @@ pub fn fixture(name: &str, extra: &[&str]) -> PathBuf {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let src = root().join("tests/fixtures").join(format!("{name}.c"));
     let shared = extra.contains(&"-shared");
-    let tag = if extra.is_empty() { String::new() } else { format!("-{:x}", hash(extra)) };
-    let out = scratch().join(if shared { format!("lib{name}{tag}.so") } else { format!("{name}{tag}") });
-    let fresh = out.metadata().and_then(|o| Ok(o.modified()? >= src.metadata()?.modified()?)).unwrap_or(false);
+    let tag = if extra.is_empty() {
+        String::new()
+    } else {
+        format!("-{:x}", hash(extra))
+    };
+    let out = scratch().join(if shared {
+        format!("lib{name}{tag}.so")
+    } else {
+        format!("{name}{tag}")
+    });
+    let fresh = out
+        .metadata()
+        .and_then(|o| Ok(o.modified()? >= src.metadata()?.modified()?))
+        .unwrap_or(false);
     if !fresh {
         let mut cmd = Command::new("cc");
-        cmd.args(["-O1", "-g", "-Wall", "-pthread", "-o"]).arg(&out).arg(&src).args(extra);
+        cmd.args(["-O1", "-g", "-Wall", "-pthread", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .args(extra);
         if !shared {
             cmd.args(["-ldl"]);
         }
         let o = cmd.output().expect("run cc");
-        assert!(o.status.success(), "compiling {}: {}", src.display(), String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "compiling {}: {}",
+            src.display(),
+            String::from_utf8_lossy(&o.stderr)
+        );
     }
     out
 }
@@ -96,7 +122,9 @@ pub fn python() -> PathBuf {
 
 /// Every CPython under `~/.pyenv/versions` as (version, executable).
 pub fn pyenv_pythons() -> Vec<(String, PathBuf)> {
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| "/root".into());
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "/root".into());
     let mut out = vec![];
     if let Ok(rd) = std::fs::read_dir(home.join(".pyenv/versions")) {
         for e in rd.flatten() {
@@ -134,7 +162,10 @@ pub struct Cmd {
 impl Cmd {
     /// `program args...`, with `LD_PRELOAD` and every `MEMSHIM_*` variable
     /// of the test environment removed.
-    pub fn new<S: AsRef<OsStr>>(program: impl AsRef<OsStr>, args: impl IntoIterator<Item = S>) -> Cmd {
+    pub fn new<S: AsRef<OsStr>>(
+        program: impl AsRef<OsStr>,
+        args: impl IntoIterator<Item = S>,
+    ) -> Cmd {
         let mut cmd = Command::new(program);
         cmd.args(args).env_remove("LD_PRELOAD");
         for (k, _) in std::env::vars_os() {
@@ -165,7 +196,10 @@ impl Cmd {
 
     /// Feeds `input` on stdin.
     pub fn stdin(self, input: &str) -> RunWithInput {
-        RunWithInput { cmd: self, input: input.to_owned() }
+        RunWithInput {
+            cmd: self,
+            input: input.to_owned(),
+        }
     }
 
     /// Access to the underlying `Command`.
@@ -186,7 +220,10 @@ impl Cmd {
 
     /// Starts it in the background with piped stdout.
     pub fn spawn(mut self) -> Child {
-        self.cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        self.cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         let mut child = self.cmd.spawn().expect("spawn");
         let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
         Child { child, stdout }
@@ -244,7 +281,9 @@ fn run_captured(mut c: Command, input: Option<String>, timeout: Duration) -> Out
         std::thread::sleep(Duration::from_millis(5));
     };
     use std::os::unix::process::ExitStatusExt;
-    let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    let code = status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
     Output {
         code,
         stdout: String::from_utf8_lossy(&t1.join().unwrap()).into_owned(),
@@ -277,12 +316,18 @@ impl Child {
             let n = self.stdout.read_line(&mut line).unwrap_or(0);
             if n == 0 {
                 let st = self.child.try_wait();
-                panic!("process {} ended before printing {needle:?} (status {st:?})", self.pid());
+                panic!(
+                    "process {} ended before printing {needle:?} (status {st:?})",
+                    self.pid()
+                );
             }
             if line.contains(needle) {
                 return line.trim_end().to_owned();
             }
-            assert!(Instant::now() < deadline, "no line containing {needle:?} within {timeout:?}");
+            assert!(
+                Instant::now() < deadline,
+                "no line containing {needle:?} within {timeout:?}"
+            );
         }
     }
 
@@ -303,7 +348,11 @@ impl Child {
             if let Some(s) = self.child.try_wait().unwrap() {
                 break s;
             }
-            assert!(Instant::now() < deadline, "process {} did not exit within {timeout:?}", self.pid());
+            assert!(
+                Instant::now() < deadline,
+                "process {} did not exit within {timeout:?}",
+                self.pid()
+            );
             std::thread::sleep(Duration::from_millis(10));
         };
         let mut out = String::new();
@@ -314,7 +363,9 @@ impl Child {
         }
         use std::os::unix::process::ExitStatusExt;
         Output {
-            code: status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)),
+            code: status
+                .code()
+                .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)),
             stdout: out,
             stderr: err,
         }

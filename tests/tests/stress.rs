@@ -8,6 +8,8 @@
 //! `MEMSHIM_STRESS_SECS` overrides the duration of the timed tests.
 //! Figures of each run go to `target/test-scratch/reliability-<level>.txt`.
 
+#[path = "reliab/access.rs"]
+mod access;
 #[path = "reliab/alloc.rs"]
 mod alloc;
 #[path = "reliab/common.rs"]
@@ -70,4 +72,6 @@ smoke_and_full! {
         full_a_hostile_socket_client_leaves_the_host_alive_bounded_and_answering => fuzz::live_socket;
     a_globally_preloaded_shell_runs_apt_pip_make_git_tar_sort_find_unchanged,
         full_a_globally_preloaded_shell_runs_apt_pip_make_git_tar_sort_find_unchanged => global_preload::run;
+    another_uid_cannot_plant_or_reach_the_socket_directory,
+        full_another_uid_cannot_plant_or_reach_the_socket_directory => access::run;
 }

@@ -30,7 +30,13 @@ fn field(line: &str, key: &str) -> u64 {
 /// Sends requests to `pid`'s socket until `stop`; returns how many were
 /// answered. Panics (with the seed and the last requests) on a wrong or
 /// missing answer.
-fn hammer(dir: std::path::PathBuf, pid: i32, seed: u64, stop: Arc<AtomicBool>, count: Arc<AtomicU64>) {
+fn hammer(
+    dir: std::path::PathBuf,
+    pid: i32,
+    seed: u64,
+    stop: Arc<AtomicBool>,
+    count: Arc<AtomicU64>,
+) {
     let mut rng = Rng::new(seed ^ 0xC0FFEE);
     let mut last: VecDeque<String> = VecDeque::new();
     let mut conn: Option<Conn> = None;
@@ -63,7 +69,9 @@ fn hammer(dir: std::path::PathBuf, pid: i32, seed: u64, stop: Arc<AtomicBool>, c
             }
             // The run ended under our feet: fine.
             Err(_) if stop.load(Relaxed) || !alive(pid) => return,
-            other => panic!("seed {seed}: pid {pid}: answer to {req}: {other:?}; last requests: {last:?}"),
+            other => panic!(
+                "seed {seed}: pid {pid}: answer to {req}: {other:?}; last requests: {last:?}"
+            ),
         }
     }
     // Leave the process with the default decay.
@@ -77,11 +85,18 @@ pub fn run(level: Level) {
     let seed = seed();
     let exe = fixture("stress_alloc", &["-O2"]);
     let dir = private_socket_dir("alloc");
-    let mut child = Cmd::new(&exe, [THREADS.to_string(), secs.as_secs().to_string(), seed.to_string()])
-        .shimmed()
-        .env("MEMSHIM_CONTROL", "on")
-        .env("MEMSHIM_SOCKET_DIR", &dir)
-        .spawn();
+    let mut child = Cmd::new(
+        &exe,
+        [
+            THREADS.to_string(),
+            secs.as_secs().to_string(),
+            seed.to_string(),
+        ],
+    )
+    .shimmed()
+    .env("MEMSHIM_CONTROL", "on")
+    .env("MEMSHIM_SOCKET_DIR", &dir)
+    .spawn();
     let pid = child.pid();
     child.wait_for_line("ready", Duration::from_secs(20));
     let stop = Arc::new(AtomicBool::new(false));
@@ -97,18 +112,29 @@ pub fn run(level: Level) {
     let t0 = Instant::now();
     let done = loop {
         let line = child.wait_for_line("", secs + Duration::from_secs(120));
-        assert!(!line.contains("CHECKSUM ERROR"), "seed {seed} pid {pid}: {line}");
+        assert!(
+            !line.contains("CHECKSUM ERROR"),
+            "seed {seed} pid {pid}: {line}"
+        );
         if line.starts_with("sample") {
-            samples.push(Sample { ms: field(&line, "ms"), metadata: field(&line, "metadata"), threads: field(&line, "threads") });
+            samples.push(Sample {
+                ms: field(&line, "ms"),
+                metadata: field(&line, "metadata"),
+                threads: field(&line, "threads"),
+            });
             memshim_seen.push(memshim_threads(pid));
         } else if line.starts_with("done") {
             break line;
         }
-        assert!(t0.elapsed() < secs + Duration::from_secs(120), "seed {seed} pid {pid}: no end (deadlock?)");
+        assert!(
+            t0.elapsed() < secs + Duration::from_secs(120),
+            "seed {seed} pid {pid}: no end (deadlock?)"
+        );
     };
     stop.store(true, Relaxed);
     for h in hammers {
-        h.join().unwrap_or_else(|_| panic!("seed {seed}: a control client failed (see above)"));
+        h.join()
+            .unwrap_or_else(|_| panic!("seed {seed}: a control client failed (see above)"));
     }
     let out = child.finish(Duration::from_secs(30));
     assert_eq!(out.code, 0, "seed {seed} pid {pid}: {out:?}");
@@ -117,22 +143,38 @@ pub fn run(level: Level) {
     let verified = field(&done, "verified_bytes");
     let requests = count.load(Relaxed);
     // Threads: the workers, main, and exactly one memshim thread, throughout.
-    assert!(samples.len() >= 4, "seed {seed}: too few samples ({})", samples.len());
+    assert!(
+        samples.len() >= 4,
+        "seed {seed}: too few samples ({})",
+        samples.len()
+    );
     for (s, m) in samples.iter().zip(&memshim_seen) {
-        assert_eq!(s.threads, THREADS as u64 + 2, "seed {seed}: thread count at {} ms", s.ms);
+        assert_eq!(
+            s.threads,
+            THREADS as u64 + 2,
+            "seed {seed}: thread count at {} ms",
+            s.ms
+        );
         assert_eq!(*m, 1, "seed {seed}: memshim threads at {} ms", s.ms);
     }
     // Metadata: after the first quarter (warm-up) it may wobble with the
     // workload, but not climb: the end is within 1.5x (+2 MiB) of the most
     // seen in the second quarter.
     let q = samples.len() / 4;
-    let warm = samples[q..2 * q.max(1)].iter().map(|s| s.metadata).max().unwrap_or(0);
+    let warm = samples[q..2 * q.max(1)]
+        .iter()
+        .map(|s| s.metadata)
+        .max()
+        .unwrap_or(0);
     let end = samples.last().unwrap().metadata;
     assert!(
         end <= warm * 3 / 2 + (2 << 20),
         "seed {seed}: jemalloc metadata grew from {warm} to {end} bytes over the run"
     );
-    assert!(requests > 10, "seed {seed}: only {requests} control requests answered");
+    assert!(
+        requests > 10,
+        "seed {seed}: only {requests} control requests answered"
+    );
     let _ = std::fs::remove_dir_all(&dir);
     figures(
         level,

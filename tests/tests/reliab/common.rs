@@ -34,7 +34,9 @@ impl Level {
 
     /// A duration: `MEMSHIM_STRESS_SECS` overrides both figures.
     pub fn secs(self, smoke: u64, full: u64) -> Duration {
-        let s = std::env::var("MEMSHIM_STRESS_SECS").ok().and_then(|v| v.parse().ok());
+        let s = std::env::var("MEMSHIM_STRESS_SECS")
+            .ok()
+            .and_then(|v| v.parse().ok());
         Duration::from_secs(s.unwrap_or(self.pick(smoke, full)))
     }
 
@@ -46,10 +48,15 @@ impl Level {
 /// The seed of this run: `MEMSHIM_STRESS_SEED`, else derived from the clock.
 /// Every failure message includes it.
 pub fn seed() -> u64 {
-    if let Some(s) = std::env::var("MEMSHIM_STRESS_SEED").ok().and_then(|v| v.parse().ok()) {
+    if let Some(s) = std::env::var("MEMSHIM_STRESS_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
         return s;
     }
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
     (t.as_nanos() as u64) ^ u64::from(std::process::id()).rotate_left(32)
 }
 
@@ -62,7 +69,11 @@ pub fn figures(level: Level, name: &str, kv: &[(&str, String)]) {
     }
     println!("reliability figures: {line}");
     let path = memshim_tests::scratch().join(format!("reliability-{}.txt", level.name()));
-    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
         let _ = writeln!(f, "{line}");
     }
 }
@@ -109,7 +120,11 @@ pub fn memshim_threads(pid: i32) -> usize {
 /// Files in the socket directory of this uid (`/tmp/memshim-<uid>`) or `dir`.
 pub fn socket_files(dir: &std::path::Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
-        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
         .unwrap_or_default();
     v.sort();
     v
@@ -127,6 +142,9 @@ pub fn private_socket_dir(tag: &str) -> std::path::PathBuf {
 pub fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
-        .and_then(|s| s.rfind(')').map(|i| s[i + 1..].trim_start().chars().next() != Some('Z')))
+        .and_then(|s| {
+            s.rfind(')')
+                .map(|i| s[i + 1..].trim_start().chars().next() != Some('Z'))
+        })
         .unwrap_or(false)
 }

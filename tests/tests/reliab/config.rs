@@ -58,16 +58,36 @@ pub fn run(level: Level) {
         for (kind, value) in &vals {
             for (prog, args, want) in [
                 (py.as_path(), vec!["-c", PROGRAM], &base),
-                (std::path::Path::new("/bin/sh"), vec!["-c", "echo ok; printf '%s\\n' done"], &sh_base),
+                (
+                    std::path::Path::new("/bin/sh"),
+                    vec!["-c", "echo ok; printf '%s\\n' done"],
+                    &sh_base,
+                ),
             ] {
                 let o = Cmd::new(prog, &args).shimmed().env(var, value).run();
                 cases += 1;
-                let ctx = format!("{var}={kind} ({} bytes) running {}", value.len(), prog.display());
-                assert_eq!((o.code, &o.stdout), (want.code, &want.stdout), "{ctx}: the process behaved differently");
+                let ctx = format!(
+                    "{var}={kind} ({} bytes) running {}",
+                    value.len(),
+                    prog.display()
+                );
+                assert_eq!(
+                    (o.code, &o.stdout),
+                    (want.code, &want.stdout),
+                    "{ctx}: the process behaved differently"
+                );
                 let lines: Vec<&str> = o.stderr.lines().collect();
-                assert_eq!(lines.len(), expected(var, value), "{ctx}: stderr was {:?}", o.stderr);
+                assert_eq!(
+                    lines.len(),
+                    expected(var, value),
+                    "{ctx}: stderr was {:?}",
+                    o.stderr
+                );
                 for l in &lines {
-                    assert!(l.starts_with("memshim: warning: ") && l.contains(var), "{ctx}: {l:?}");
+                    assert!(
+                        l.starts_with("memshim: warning: ") && l.contains(var),
+                        "{ctx}: {l:?}"
+                    );
                     assert!(l.len() <= 1100, "{ctx}: warning line of {} bytes", l.len());
                 }
             }
@@ -80,11 +100,36 @@ pub fn run(level: Level) {
         c = c.env(var, "x!y");
         want_lines += expected(var, "x!y");
     }
-    let o = c.env("MALLOC_CONF", "-5").env("_RJEM_MALLOC_CONF", "narenas").run();
+    let o = c
+        .env("MALLOC_CONF", "-5")
+        .env("_RJEM_MALLOC_CONF", "narenas")
+        .run();
     want_lines += 2;
     cases += 1;
-    assert_eq!((o.code, &o.stdout), (base.code, &base.stdout), "all bad at once: {o:?}");
-    assert_eq!(o.stderr.lines().count(), want_lines, "all bad at once: {}", o.stderr);
-    assert!(o.stderr.lines().all(|l| l.starts_with("memshim: warning: ")), "{}", o.stderr);
-    figures(level, "bad_configuration", &[("variables", VARS.len().to_string()), ("cases", cases.to_string())]);
+    assert_eq!(
+        (o.code, &o.stdout),
+        (base.code, &base.stdout),
+        "all bad at once: {o:?}"
+    );
+    assert_eq!(
+        o.stderr.lines().count(),
+        want_lines,
+        "all bad at once: {}",
+        o.stderr
+    );
+    assert!(
+        o.stderr
+            .lines()
+            .all(|l| l.starts_with("memshim: warning: ")),
+        "{}",
+        o.stderr
+    );
+    figures(
+        level,
+        "bad_configuration",
+        &[
+            ("variables", VARS.len().to_string()),
+            ("cases", cases.to_string()),
+        ],
+    );
 }

@@ -8,27 +8,58 @@ use std::time::Duration;
 /// At least 12 modules: gc, threading, subprocess, fork, signals, mmap,
 /// ctypes, os, sqlite3, pickle, json, zlib, tracemalloc.
 const FULL: &[&str] = &[
-    "test_gc", "test_threading", "test_subprocess", "test_fork1", "test_signal", "test_mmap",
-    "test_ctypes", "test_os", "test_sqlite3", "test_pickle", "test_json", "test_zlib",
-    "test_tracemalloc", "test_faulthandler", "test_select", "test_thread", "test_tempfile",
+    "test_gc",
+    "test_threading",
+    "test_subprocess",
+    "test_fork1",
+    "test_signal",
+    "test_mmap",
+    "test_ctypes",
+    "test_os",
+    "test_sqlite3",
+    "test_pickle",
+    "test_json",
+    "test_zlib",
+    "test_tracemalloc",
+    "test_faulthandler",
+    "test_select",
+    "test_thread",
+    "test_tempfile",
 ];
 /// The same areas minus the slow test_subprocess (33 s alone) and the
 /// extras; about 20 s per mode on two cores.
 const SMOKE: &[&str] = &[
-    "test_gc", "test_threading", "test_fork1", "test_signal", "test_mmap", "test_ctypes",
-    "test_os", "test_sqlite3", "test_pickle", "test_json", "test_zlib", "test_tracemalloc",
+    "test_gc",
+    "test_threading",
+    "test_fork1",
+    "test_signal",
+    "test_mmap",
+    "test_ctypes",
+    "test_os",
+    "test_sqlite3",
+    "test_pickle",
+    "test_json",
+    "test_zlib",
+    "test_tracemalloc",
 ];
 
 /// The CPython that has `Lib/test` (pyenv's 3.11 by default).
 fn cpython() -> Option<std::path::PathBuf> {
     let py = python();
-    let o = Cmd::new(&py, ["-c", "import test.support, test.libregrtest; print('ok')"]).run();
+    let o = Cmd::new(
+        &py,
+        ["-c", "import test.support, test.libregrtest; print('ok')"],
+    )
+    .run();
     (o.code == 0).then_some(py)
 }
 
 pub fn run(level: Level) {
     let Some(py) = cpython() else {
-        println!("SKIP: {} has no Lib/test (CPython's test suite is not installed)", python().display());
+        println!(
+            "SKIP: {} has no Lib/test (CPython's test suite is not installed)",
+            python().display()
+        );
         return;
     };
     let modules = level.pick(SMOKE, FULL);
@@ -44,16 +75,28 @@ pub fn run(level: Level) {
     ];
     args.extend(modules.iter().map(|m| m.to_string()));
     let t0 = std::time::Instant::now();
-    let o = Cmd::new(&py, &args).dir(scratch()).run_timeout(Duration::from_secs(level.pick(900, 1800)));
-    assert_eq!(o.code, 0, "regrtest_compare.py failed: {}\n{}", o.stderr, o.stdout);
+    let o = Cmd::new(&py, &args)
+        .dir(scratch())
+        .run_timeout(Duration::from_secs(level.pick(900, 1800)));
+    assert_eq!(
+        o.code, 0,
+        "regrtest_compare.py failed: {}\n{}",
+        o.stderr, o.stdout
+    );
     let v: serde_json::Value = serde_json::from_str(&o.stdout)
         .unwrap_or_else(|e| panic!("regrtest_compare.py output is not JSON ({e}): {}", o.stdout));
     let runs = v["runs"].as_array().unwrap();
-    let mut kv = vec![("python", v["python"].as_str().unwrap_or("?").to_owned()), ("modules", modules.len().to_string())];
+    let mut kv = vec![
+        ("python", v["python"].as_str().unwrap_or("?").to_owned()),
+        ("modules", modules.len().to_string()),
+    ];
     for r in runs {
         let m = r["mode"].as_str().unwrap();
         kv.push((leak(format!("{m}_tests_run")), r["tests_run"].to_string()));
-        kv.push((leak(format!("{m}_failures")), r["failures"].as_array().unwrap().len().to_string()));
+        kv.push((
+            leak(format!("{m}_failures")),
+            r["failures"].as_array().unwrap().len().to_string(),
+        ));
         kv.push((leak(format!("{m}_seconds")), r["seconds"].to_string()));
         println!(
             "mode {m}: rc {} tests run {} failures {} (not reproduced alone: {})",
@@ -65,7 +108,12 @@ pub fn run(level: Level) {
     kv.push(("seconds", t0.elapsed().as_secs().to_string()));
     figures(level, "cpython_regrtest", &kv);
     for r in runs {
-        assert!(r["tests_run"].as_u64().unwrap_or(0) > 100, "mode {} ran almost nothing: {}", r["mode"], r["tail"]);
+        assert!(
+            r["tests_run"].as_u64().unwrap_or(0) > 100,
+            "mode {} ran almost nothing: {}",
+            r["mode"],
+            r["tail"]
+        );
     }
     assert!(
         new.is_empty(),

@@ -21,7 +21,9 @@ fn endpoint_inodes(dir: &Path) -> Vec<(u64, String)> {
         .lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() >= 8 && f[7].starts_with(&prefix)).then(|| Some((f[6].parse().ok()?, l.to_owned()))).flatten()
+            (f.len() >= 8 && f[7].starts_with(&prefix))
+                .then(|| Some((f[6].parse().ok()?, l.to_owned())))
+                .flatten()
         })
         .collect()
 }
@@ -47,7 +49,9 @@ impl Purger {
                 for name in socket_files(&dir) {
                     // Processes come and go: a refused or vanished endpoint is fine here.
                     if let Ok(mut c) = Conn::open(&dir.join(&name)) {
-                        if c.ask(r#"{"op":"purge"}"#).is_ok_and(|v| v.get("ok").is_some()) {
+                        if c.ask(r#"{"op":"purge"}"#)
+                            .is_ok_and(|v| v.get("ok").is_some())
+                        {
                             p.fetch_add(1, Relaxed);
                         }
                     }
@@ -55,13 +59,21 @@ impl Purger {
                 std::thread::sleep(Duration::from_millis(5));
             }
         });
-        Purger { stop, purges, inodes, handle: Some(handle) }
+        Purger {
+            stop,
+            purges,
+            inodes,
+            handle: Some(handle),
+        }
     }
 
     fn finish(mut self) -> (u64, std::collections::HashMap<u64, String>) {
         self.stop.store(true, Relaxed);
         self.handle.take().unwrap().join().expect("purger thread");
-        (self.purges.load(Relaxed), self.inodes.lock().unwrap().clone())
+        (
+            self.purges.load(Relaxed),
+            self.inodes.lock().unwrap().clone(),
+        )
     }
 }
 
@@ -71,8 +83,13 @@ fn live_leftovers(dir: &Path) -> Vec<String> {
     socket_files(dir)
         .into_iter()
         .filter(|n| {
-            let pid: i32 = n.split('-').next().and_then(|p| p.parse().ok()).unwrap_or(0);
-            super::common::alive(pid) || std::os::unix::net::UnixStream::connect(dir.join(n)).is_ok()
+            let pid: i32 = n
+                .split('-')
+                .next()
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(0);
+            super::common::alive(pid)
+                || std::os::unix::net::UnixStream::connect(dir.join(n)).is_ok()
         })
         .collect()
 }
@@ -82,10 +99,17 @@ pub fn multiprocessing(level: Level) {
     let dir = private_socket_dir("mp");
     let purger = Purger::start(dir.clone());
     let script = root().join("tests/fixtures/mp_storm.py");
-    let o = Cmd::new(python(), [script.display().to_string(), rounds.to_string(), tasks.to_string()])
-        .shimmed()
-        .env("MEMSHIM_SOCKET_DIR", &dir)
-        .run_timeout(Duration::from_secs(level.pick(300, 900)));
+    let o = Cmd::new(
+        python(),
+        [
+            script.display().to_string(),
+            rounds.to_string(),
+            tasks.to_string(),
+        ],
+    )
+    .shimmed()
+    .env("MEMSHIM_SOCKET_DIR", &dir)
+    .run_timeout(Duration::from_secs(level.pick(300, 900)));
     let (purges, inodes) = purger.finish();
     assert_eq!(o.code, 0, "{o:?}");
     assert_eq!(o.stderr, "", "stderr must stay empty");
@@ -99,8 +123,17 @@ pub fn multiprocessing(level: Level) {
         total_tasks += v["tasks"].as_u64().unwrap();
         workers += v["workers"].as_u64().unwrap();
         for f in v["first"].as_array().unwrap() {
-            let names: Vec<&str> = f["threads"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
-            assert!(!names.contains(&"memshim"), "{m}: worker {} inherited a memshim thread: {names:?}", f["pid"]);
+            let names: Vec<&str> = f["threads"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|n| n.as_str().unwrap())
+                .collect();
+            assert!(
+                !names.contains(&"memshim"),
+                "{m}: worker {} inherited a memshim thread: {names:?}",
+                f["pid"]
+            );
             for s in f["sockets"].as_array().unwrap() {
                 let s = s.as_u64().unwrap();
                 assert!(
@@ -115,7 +148,10 @@ pub fn multiprocessing(level: Level) {
     assert!(o.stdout.contains("done"), "{}", o.stdout);
     assert_eq!(total_tasks, 3 * rounds * tasks);
     let left = live_leftovers(&dir);
-    assert!(left.is_empty(), "live sockets left after every process ended: {left:?}");
+    assert!(
+        left.is_empty(),
+        "live sockets left after every process ended: {left:?}"
+    );
     let stale = socket_files(&dir).len();
     let _ = std::fs::remove_dir_all(&dir);
     figures(
@@ -145,16 +181,31 @@ pub fn spawn_loop(level: Level) {
     let (purges, inodes) = purger.finish();
     assert_eq!(o.code, 0, "{o:?}");
     assert_eq!(o.stderr, "");
-    assert!(o.stdout.contains(&format!("done children={n} bad=0")), "{}", o.stdout);
-    assert!(purges > 0 && !inodes.is_empty(), "the parent's endpoint was never purged ({purges})");
+    assert!(
+        o.stdout.contains(&format!("done children={n} bad=0")),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        purges > 0 && !inodes.is_empty(),
+        "the parent's endpoint was never purged ({purges})"
+    );
     let left = live_leftovers(&dir);
     assert!(left.is_empty(), "live sockets left: {left:?}");
     let stale = socket_files(&dir);
-    assert!(stale.is_empty(), "the parent exited normally but left {stale:?}");
+    assert!(
+        stale.is_empty(),
+        "the parent exited normally but left {stale:?}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
     figures(
         level,
         "fork_storm_spawn",
-        &[("children", n.to_string()), ("kinds", "posix_spawn,fork+exec,fork".into()), ("purges", purges.to_string()), ("failures", "0".into())],
+        &[
+            ("children", n.to_string()),
+            ("kinds", "posix_spawn,fork+exec,fork".into()),
+            ("purges", purges.to_string()),
+            ("failures", "0".into()),
+        ],
     );
 }

@@ -28,7 +28,9 @@ fn hostile_line(rng: &mut Rng) -> Vec<u8> {
         0 => (0..rng.below(200)).map(|_| rng.next() as u8).collect(),
         1 | 2 => {
             // A valid request with a few bytes flipped, inserted or removed.
-            let mut v = VALID[rng.below(VALID.len() as u64) as usize].as_bytes().to_vec();
+            let mut v = VALID[rng.below(VALID.len() as u64) as usize]
+                .as_bytes()
+                .to_vec();
             for _ in 0..1 + rng.below(4) {
                 let i = rng.below(v.len() as u64 + 1) as usize;
                 match rng.below(3) {
@@ -50,15 +52,45 @@ fn hostile_line(rng: &mut Rng) -> Vec<u8> {
             let open = if rng.below(2) == 0 { "[" } else { "{\"a\":" };
             format!("{}1", open.repeat(d)).into_bytes()
         }
-        4 => format!(r#"{{"op":"decay","dirty_ms":{}{}}}"#, rng.next() as i64, "9".repeat(rng.below(40) as usize)).into_bytes(),
+        4 => format!(
+            r#"{{"op":"decay","dirty_ms":{}{}}}"#,
+            rng.next() as i64,
+            "9".repeat(rng.below(40) as usize)
+        )
+        .into_bytes(),
         5 => {
-            let ops = ["exec", "eval", "system", "shell", "python", "dlopen", "__import__('os').system('id')", "", "STATS", "stats\u{0}"];
-            format!(r#"{{"op":{:?},"code":"import os; os.system('touch /tmp/memshim-pwned')"}}"#, ops[rng.below(ops.len() as u64) as usize]).into_bytes()
+            let ops = [
+                "exec",
+                "eval",
+                "system",
+                "shell",
+                "python",
+                "dlopen",
+                "__import__('os').system('id')",
+                "",
+                "STATS",
+                "stats\u{0}",
+            ];
+            format!(
+                r#"{{"op":{:?},"code":"import os; os.system('touch /tmp/memshim-pwned')"}}"#,
+                ops[rng.below(ops.len() as u64) as usize]
+            )
+            .into_bytes()
         }
-        6 => format!(r#"{{"op":"hello","version":{}}}"#, [0i64, -1, 1, 2, u32::MAX as i64, i64::MAX][rng.below(6) as usize]).into_bytes(),
+        6 => format!(
+            r#"{{"op":"hello","version":{}}}"#,
+            [0i64, -1, 1, 2, u32::MAX as i64, i64::MAX][rng.below(6) as usize]
+        )
+        .into_bytes(),
         _ => {
-            let s: String = (0..rng.below(64)).map(|_| char::from_u32(rng.below(0x11_0000) as u32).unwrap_or('?')).collect();
-            format!(r#"{{"op":"stats","arenas":{s:?},"x":[{}]}}"#, "1,".repeat(rng.below(100) as usize)).into_bytes()
+            let s: String = (0..rng.below(64))
+                .map(|_| char::from_u32(rng.below(0x11_0000) as u32).unwrap_or('?'))
+                .collect();
+            format!(
+                r#"{{"op":"stats","arenas":{s:?},"x":[{}]}}"#,
+                "1,".repeat(rng.below(100) as usize)
+            )
+            .into_bytes()
         }
     }
 }
@@ -76,8 +108,14 @@ pub fn decoder(level: Level) {
                 ok += 1;
                 // What decodes re-encodes to something that decodes the same.
                 let again = serde_json::to_vec(&req).unwrap();
-                let back: Request = parse_request(&again).unwrap_or_else(|e| panic!("seed {seed} case {i}: {e:?}"));
-                assert_eq!(back, req, "seed {seed} case {i}: {:?}", String::from_utf8_lossy(&line));
+                let back: Request =
+                    parse_request(&again).unwrap_or_else(|e| panic!("seed {seed} case {i}: {e:?}"));
+                assert_eq!(
+                    back,
+                    req,
+                    "seed {seed} case {i}: {:?}",
+                    String::from_utf8_lossy(&line)
+                );
             }
             Err(e) => {
                 errs += 1;
@@ -87,14 +125,25 @@ pub fn decoder(level: Level) {
                     e.code,
                     String::from_utf8_lossy(&line)
                 );
-                assert!(e.message.len() < 1024, "seed {seed} case {i}: message of {} bytes", e.message.len());
+                assert!(
+                    e.message.len() < 1024,
+                    "seed {seed} case {i}: message of {} bytes",
+                    e.message.len()
+                );
             }
         }
     }
     figures(
         level,
         "fuzz_decoder",
-        &[("cases", cases.to_string()), ("decoded", ok.to_string()), ("rejected", errs.to_string()), ("seconds", t0.elapsed().as_secs().to_string()), ("seed", seed.to_string()), ("failures", "0".into())],
+        &[
+            ("cases", cases.to_string()),
+            ("decoded", ok.to_string()),
+            ("rejected", errs.to_string()),
+            ("seconds", t0.elapsed().as_secs().to_string()),
+            ("seed", seed.to_string()),
+            ("failures", "0".into()),
+        ],
     );
 }
 
@@ -134,7 +183,10 @@ pub fn live_socket(level: Level) {
         junk = [bytearray(4096) for _ in range(2000)]\n\
         print('ready', flush=True)\n\
         time.sleep(3600)";
-    let mut child = Cmd::new(python(), ["-c", prog]).shimmed().env("MEMSHIM_SOCKET_DIR", &dir).spawn();
+    let mut child = Cmd::new(python(), ["-c", prog])
+        .shimmed()
+        .env("MEMSHIM_SOCKET_DIR", &dir)
+        .spawn();
     let pid = child.pid();
     child.wait_for_line("ready", Duration::from_secs(30));
     let mut probe = Conn::to_pid(&dir, pid).unwrap_or_else(|e| panic!("{e}"));
@@ -157,7 +209,8 @@ pub fn live_socket(level: Level) {
         if i % 40 == 0 {
             conn = connect(&path).unwrap();
             if rng.below(2) == 0 {
-                conn.write_all(b"{\"op\":\"hello\",\"version\":1}\n").unwrap();
+                conn.write_all(b"{\"op\":\"hello\",\"version\":1}\n")
+                    .unwrap();
             }
         }
         let mut l = hostile_line(&mut rng);
@@ -170,7 +223,10 @@ pub fn live_socket(level: Level) {
         sent += 1;
     }
     drop(conn);
-    assert!(alive(pid), "seed {seed}: host {pid} died; last lines: {last:?}");
+    assert!(
+        alive(pid),
+        "seed {seed}: host {pid} died; last lines: {last:?}"
+    );
 
     // 2. Oversized frames: 70 KB and 8 MiB without a newline.
     let mut oversized = 0;
@@ -179,7 +235,10 @@ pub fn live_socket(level: Level) {
         let _ = s.write_all(b"{\"op\":\"hello\",\"version\":1}\n");
         let _ = s.write_all(&vec![b'a'; size]);
         let got = String::from_utf8_lossy(&drain(&mut s)).into_owned();
-        assert!(got.contains("too_large"), "seed {seed}: {size}-byte frame got {got:?}");
+        assert!(
+            got.contains("too_large"),
+            "seed {seed}: {size}-byte frame got {got:?}"
+        );
         oversized += 1;
     }
 
@@ -194,7 +253,8 @@ pub fn live_socket(level: Level) {
         for s in &mut slows {
             let _ = s.write_all(b"{");
         }
-        let mut c = Conn::open(&path).unwrap_or_else(|e| panic!("seed {seed}: during slowloris: {e}"));
+        let mut c =
+            Conn::open(&path).unwrap_or_else(|e| panic!("seed {seed}: during slowloris: {e}"));
         let v = c.ask(r#"{"op":"stats"}"#).unwrap();
         assert!(v.get("ok").is_some(), "{v}");
         answered_during += 1;
@@ -213,7 +273,10 @@ pub fn live_socket(level: Level) {
                 many.push(s);
             }
             Err(e) => assert!(
-                matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::ECONNREFUSED)),
+                matches!(
+                    e.raw_os_error(),
+                    Some(libc::EAGAIN) | Some(libc::ECONNREFUSED)
+                ),
                 "seed {seed}: connect: {e}"
             ),
         }
@@ -221,9 +284,13 @@ pub fn live_socket(level: Level) {
     let connected = many.len();
     let (mut hello_ok, mut busy) = (0, 0);
     for s in &mut many {
-        s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
         let mut b = [0u8; 512];
-        let got = s.read(&mut b).map(|k| String::from_utf8_lossy(&b[..k]).into_owned()).unwrap_or_default();
+        let got = s
+            .read(&mut b)
+            .map(|k| String::from_utf8_lossy(&b[..k]).into_owned())
+            .unwrap_or_default();
         if got.contains("\"hello\"") {
             hello_ok += 1;
         } else if got.contains("busy") {
@@ -234,23 +301,50 @@ pub fn live_socket(level: Level) {
 
     // 5. Unknown and code-like requests: refused, nothing runs.
     let mut c = Conn::open(&path).unwrap();
-    for op in ["frobnicate", "exec", "eval", "system", "shell", "python", "dlopen", "__import__('os').system('touch /tmp/memshim-pwned')"] {
-        let v = c.ask(&format!(r#"{{"op":{op:?},"code":"import os; os.system('touch /tmp/memshim-pwned')"}}"#)).unwrap();
+    for op in [
+        "frobnicate",
+        "exec",
+        "eval",
+        "system",
+        "shell",
+        "python",
+        "dlopen",
+        "__import__('os').system('touch /tmp/memshim-pwned')",
+    ] {
+        let v = c
+            .ask(&format!(
+                r#"{{"op":{op:?},"code":"import os; os.system('touch /tmp/memshim-pwned')"}}"#
+            ))
+            .unwrap();
         assert_eq!(v["error"]["code"], "unknown_op", "{op}: {v}");
     }
     let v = c.ask(r#"{"op":"gc","code":"import os; os.system('touch /tmp/memshim-pwned')","script":"/tmp/x.py"}"#).unwrap();
-    assert!(v.get("ok").is_some() || v["error"]["code"] == "python_unavailable", "{v}");
+    assert!(
+        v.get("ok").is_some() || v["error"]["code"] == "python_unavailable",
+        "{v}"
+    );
     assert!(!marker.exists(), "a request ran client-chosen code");
 
     // The host is fine and answers.
     std::thread::sleep(Duration::from_millis(300));
-    let v = probe.ask(r#"{"op":"stats"}"#).or_else(|_| Conn::to_pid(&dir, pid)?.ask(r#"{"op":"stats"}"#)).unwrap();
+    let v = probe
+        .ask(r#"{"op":"stats"}"#)
+        .or_else(|_| Conn::to_pid(&dir, pid)?.ask(r#"{"op":"stats"}"#))
+        .unwrap();
     assert!(v.get("ok").is_some(), "seed {seed}: {v}");
     assert!(alive(pid));
     let threads_after = threads(pid);
     let rss_after = rss_bytes(pid);
-    assert_eq!(threads_after, threads_before, "seed {seed}: thread count changed");
-    assert!(rss_after < rss_before + (32 << 20), "seed {seed}: RSS grew from {} to {} MiB", mib(rss_before), mib(rss_after));
+    assert_eq!(
+        threads_after, threads_before,
+        "seed {seed}: thread count changed"
+    );
+    assert!(
+        rss_after < rss_before + (32 << 20),
+        "seed {seed}: RSS grew from {} to {} MiB",
+        mib(rss_before),
+        mib(rss_after)
+    );
     let out = {
         drop(child.child.kill());
         child.finish(Duration::from_secs(10))

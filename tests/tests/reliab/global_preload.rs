@@ -74,13 +74,31 @@ pub fn run(level: Level) {
                 outs.push(c.run_timeout(Duration::from_secs(300)));
             }
             let (base, shim) = (&outs[0], &outs[1]);
-            assert_eq!(base.code, 0, "{name} failed without the shim (the test's fault): {base:?}");
+            assert_eq!(
+                base.code, 0,
+                "{name} failed without the shim (the test's fault): {base:?}"
+            );
             assert_eq!(shim.code, base.code, "{name}: exit code differs: {shim:?}");
             assert_eq!(shim.stdout, base.stdout, "{name}: stdout differs");
-            assert_eq!(shim.stderr, "", "{name}: stderr under the shim (without: {:?})", base.stderr);
+            assert_eq!(
+                shim.stderr, "",
+                "{name}: stderr under the shim (without: {:?})",
+                base.stderr
+            );
             done += 1;
         }
     }
     let _ = std::fs::remove_dir_all(&work);
-    figures(level, "global_preload", &[("steps", done.to_string()), ("tools", "apt-cache,apt-get,venv,pip,make,gcc,git,tar,sort,find".into()), ("failures", "0".into())]);
+    figures(
+        level,
+        "global_preload",
+        &[
+            ("steps", done.to_string()),
+            (
+                "tools",
+                "apt-cache,apt-get,venv,pip,make,gcc,git,tar,sort,find".into(),
+            ),
+            ("failures", "0".into()),
+        ],
+    );
 }

@@ -22,12 +22,23 @@ pub fn main_thread_exits_first(level: Level) {
                 .env("MEMSHIM_CONTROL", mode)
                 .run_timeout(Duration::from_secs(30));
             let took = t0.elapsed();
-            assert_eq!((o.code, o.stdout.as_str(), o.stderr.as_str()), (0, "worker done\n", ""), "mode {mode}");
+            assert_eq!(
+                (o.code, o.stdout.as_str(), o.stderr.as_str()),
+                (0, "worker done\n", ""),
+                "mode {mode}"
+            );
             // Without the shim: 0.1 s. One tick of the shim's thread (at most 1 s) may be added.
-            assert!(took < Duration::from_millis(1500), "mode {mode}: the process took {took:?} to end");
+            assert!(
+                took < Duration::from_millis(1500),
+                "mode {mode}: the process took {took:?} to end"
+            );
         }
     }
-    figures(level, "main_thread_exits_first", &[("runs", (rounds * 3).to_string()), ("failures", "0".into())]);
+    figures(
+        level,
+        "main_thread_exits_first",
+        &[("runs", (rounds * 3).to_string()), ("failures", "0".into())],
+    );
 }
 
 fn sigblk(pid: i32, tid: i32) -> u64 {
@@ -41,16 +52,31 @@ pub fn signal_storm(level: Level) {
     let exe = fixture("sig_storm", &[]);
     let mut figures_kv = vec![];
     for mode in ["auto", "on"] {
-        let mut child = Cmd::new(&exe, Vec::<String>::new()).shimmed().env("MEMSHIM_CONTROL", mode).spawn();
+        let mut child = Cmd::new(&exe, Vec::<String>::new())
+            .shimmed()
+            .env("MEMSHIM_CONTROL", mode)
+            .spawn();
         let pid = child.pid();
         child.wait_for_line("ready", Duration::from_secs(10));
-        let tid = wait_until(Duration::from_secs(10), || tasks(pid).into_iter().find(|(_, n)| n == "memshim").map(|(t, _)| t))
-            .unwrap_or_else(|| panic!("mode {mode}: no memshim thread in {pid}: {:?}", tasks(pid)));
+        let tid = wait_until(Duration::from_secs(10), || {
+            tasks(pid)
+                .into_iter()
+                .find(|(_, n)| n == "memshim")
+                .map(|(t, _)| t)
+        })
+        .unwrap_or_else(|| panic!("mode {mode}: no memshim thread in {pid}: {:?}", tasks(pid)));
         // Every signal blocked except those the kernel and glibc refuse to
         // block: SIGKILL (9), SIGSTOP (19), and glibc's 32 and 33.
-        let must: u64 = (1..=64u32).filter(|s| ![9, 19, 32, 33].contains(s)).map(|s| 1u64 << (s - 1)).sum();
+        let must: u64 = (1..=64u32)
+            .filter(|s| ![9, 19, 32, 33].contains(s))
+            .map(|s| 1u64 << (s - 1))
+            .sum();
         let blk = sigblk(pid, tid);
-        assert_eq!(blk & must, must, "mode {mode}: SigBlk of the memshim thread is {blk:016x}");
+        assert_eq!(
+            blk & must,
+            must,
+            "mode {mode}: SigBlk of the memshim thread is {blk:016x}"
+        );
         let t0 = Instant::now();
         for i in 0..n {
             // SAFETY: kill(2) on our own child.
@@ -64,14 +90,34 @@ pub fn signal_storm(level: Level) {
         assert_eq!(out.code, 0, "mode {mode}: {out:?}");
         assert_eq!(out.stderr, "");
         let field = |k: &str| -> i64 {
-            line.split_whitespace().find_map(|f| f.strip_prefix(k)?.strip_prefix('=')?.parse().ok()).unwrap()
+            line.split_whitespace()
+                .find_map(|f| f.strip_prefix(k)?.strip_prefix('=')?.parse().ok())
+                .unwrap()
         };
         assert_eq!(field("memshim_tid"), i64::from(tid), "mode {mode}: {line}");
-        assert_eq!(field("on_memshim"), 0, "mode {mode}: the app's handler ran on the memshim thread: {line}");
+        assert_eq!(
+            field("on_memshim"),
+            0,
+            "mode {mode}: the app's handler ran on the memshim thread: {line}"
+        );
         // Standard signals coalesce while pending: some were handled, not all.
         assert!(field("handled") > 0, "{line}");
-        figures_kv.push((if mode == "auto" { "auto_handled" } else { "on_handled" }, field("handled").to_string()));
-        figures_kv.push((if mode == "auto" { "auto_rate_per_s" } else { "on_rate_per_s" }, format!("{rate:.0}")));
+        figures_kv.push((
+            if mode == "auto" {
+                "auto_handled"
+            } else {
+                "on_handled"
+            },
+            field("handled").to_string(),
+        ));
+        figures_kv.push((
+            if mode == "auto" {
+                "auto_rate_per_s"
+            } else {
+                "on_rate_per_s"
+            },
+            format!("{rate:.0}"),
+        ));
     }
     figures_kv.push(("signals_sent_per_mode", n.to_string()));
     figures_kv.push(("on_memshim", "0".into()));
@@ -83,19 +129,27 @@ pub fn fd_closing_daemon(level: Level) {
     let dir = private_socket_dir("daemon");
     let app_sock = format!("/tmp/msr-{}-app.sock", std::process::id());
     let exe = fixture("fd_daemon", &[]);
-    let mut child = Cmd::new(&exe, [app_sock.clone(), dir.display().to_string()]).shimmed().env("MEMSHIM_SOCKET_DIR", &dir).spawn();
+    let mut child = Cmd::new(&exe, [app_sock.clone(), dir.display().to_string()])
+        .shimmed()
+        .env("MEMSHIM_SOCKET_DIR", &dir)
+        .spawn();
     let pid = child.pid();
     let ready = child.wait_for_line("ready", Duration::from_secs(20));
     // The shim's endpoint comes back by itself (on another number).
-    let mut shim = Conn::to_pid(&dir, pid).unwrap_or_else(|e| panic!("endpoint of {pid} did not come back: {e}"));
+    let mut shim = Conn::to_pid(&dir, pid)
+        .unwrap_or_else(|e| panic!("endpoint of {pid} did not come back: {e}"));
     let mut served = 0;
     for i in 0..conns {
-        let mut s = std::os::unix::net::UnixStream::connect(&app_sock).unwrap_or_else(|e| panic!("connection {i} to the app: {e}"));
+        let mut s = std::os::unix::net::UnixStream::connect(&app_sock)
+            .unwrap_or_else(|e| panic!("connection {i} to the app: {e}"));
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         s.write_all(b"ping\n").unwrap();
         let mut a = String::new();
         s.read_to_string(&mut a).unwrap();
-        assert!(a.starts_with("app "), "connection {i} to the app's socket got {a:?} (stolen by the shim?)");
+        assert!(
+            a.starts_with("app "),
+            "connection {i} to the app's socket got {a:?} (stolen by the shim?)"
+        );
         served += 1;
         if i % 20 == 0 {
             let v = shim.ask(r#"{"op":"purge"}"#).unwrap();
@@ -110,7 +164,15 @@ pub fn fd_closing_daemon(level: Level) {
     assert_eq!(line, format!("served={served} own_fds_intact=1"), "{ready}");
     let _ = std::fs::remove_file(&app_sock);
     let _ = std::fs::remove_dir_all(&dir);
-    figures(level, "fd_closing_daemon", &[("app_connections", served.to_string()), ("stolen", "0".into()), ("failures", "0".into())]);
+    figures(
+        level,
+        "fd_closing_daemon",
+        &[
+            ("app_connections", served.to_string()),
+            ("stolen", "0".into()),
+            ("failures", "0".into()),
+        ],
+    );
 }
 
 pub fn exec_chain(level: Level) {
@@ -129,12 +191,26 @@ pub fn exec_chain(level: Level) {
                 py.display(),
                 exe.display()
             );
-            let o = Cmd::new("bash", ["-c", &script]).shimmed().env("MEMSHIM_CONTROL", mode).run();
+            let o = Cmd::new("bash", ["-c", &script])
+                .shimmed()
+                .env("MEMSHIM_CONTROL", mode)
+                .run();
             assert!(want.contains(&o.code), "mode {mode}: {o:?}");
-            assert_eq!((o.stdout.as_str(), o.stderr.as_str()), ("bash\npython\n", ""), "mode {mode}");
+            assert_eq!(
+                (o.stdout.as_str(), o.stderr.as_str()),
+                ("bash\npython\n", ""),
+                "mode {mode}"
+            );
         }
     }
-    figures(level, "exec_chain", &[("chains", (rounds * 3).to_string()), ("failures", "0".into())]);
+    figures(
+        level,
+        "exec_chain",
+        &[
+            ("chains", (rounds * 3).to_string()),
+            ("failures", "0".into()),
+        ],
+    );
 }
 
 pub fn kill_9_during_purge(level: Level) {
@@ -158,7 +234,8 @@ pub fn kill_9_during_purge(level: Level) {
             .spawn();
         let pid = child.pid();
         child.wait_for_line("ready", Duration::from_secs(30));
-        let mut c = Conn::to_pid(&dir, pid).unwrap_or_else(|e| panic!("seed {seed} round {r}: {e}"));
+        let mut c =
+            Conn::to_pid(&dir, pid).unwrap_or_else(|e| panic!("seed {seed} round {r}: {e}"));
         let path = socket_path(&dir, pid).unwrap();
         let delay = Duration::from_micros(rng.below(30_000));
         let killer = std::thread::spawn(move || {
@@ -172,7 +249,10 @@ pub fn kill_9_during_purge(level: Level) {
                 assert!(v.get("ok").is_some(), "{v}");
                 answered += 1;
             }
-            Err(e) => assert!(e.contains("closed") || e.contains("reset"), "seed {seed} round {r} pid {pid}: {e}"),
+            Err(e) => assert!(
+                e.contains("closed") || e.contains("reset"),
+                "seed {seed} round {r} pid {pid}: {e}"
+            ),
         }
         killer.join().unwrap();
         let out = child.finish(Duration::from_secs(10));
@@ -180,13 +260,25 @@ pub fn kill_9_during_purge(level: Level) {
         assert!(!alive(pid));
         // The stale file refuses connections; a client cannot hang on it.
         if path.exists() {
-            let e = std::os::unix::net::UnixStream::connect(&path).expect_err("a dead process accepted a connection");
+            let e = std::os::unix::net::UnixStream::connect(&path)
+                .expect_err("a dead process accepted a connection");
             assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
         }
     }
     // memshim-ctl copes with the stale files (and removes them).
-    let o = Cmd::new(ctl(), ["list", "--json"]).env("MEMSHIM_SOCKET_DIR", &dir).run();
+    let o = Cmd::new(ctl(), ["list", "--json"])
+        .env("MEMSHIM_SOCKET_DIR", &dir)
+        .run();
     assert_eq!(o.code, 0, "{o:?}");
     let _ = std::fs::remove_dir_all(&dir);
-    figures(level, "kill_9_during_purge", &[("rounds", rounds.to_string()), ("answered_before_kill", answered.to_string()), ("seed", seed.to_string()), ("failures", "0".into())]);
+    figures(
+        level,
+        "kill_9_during_purge",
+        &[
+            ("rounds", rounds.to_string()),
+            ("answered_before_kill", answered.to_string()),
+            ("seed", seed.to_string()),
+            ("failures", "0".into()),
+        ],
+    );
 }
