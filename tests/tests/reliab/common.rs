@@ -63,7 +63,7 @@ pub fn seed() -> u64 {
 /// Records one line of figures (`name key=value ...`): printed, and
 /// appended to `target/test-scratch/reliability-<level>.txt`.
 pub fn figures(level: Level, name: &str, kv: &[(&str, String)]) {
-    let mut line = format!("{name}");
+    let mut line = name.to_string();
     for (k, v) in kv {
         line.push_str(&format!(" {k}={v}"));
     }
@@ -144,7 +144,7 @@ pub fn alive(pid: i32) -> bool {
         .ok()
         .and_then(|s| {
             s.rfind(')')
-                .map(|i| s[i + 1..].trim_start().chars().next() != Some('Z'))
+                .map(|i| !s[i + 1..].trim_start().starts_with('Z'))
         })
         .unwrap_or(false)
 }

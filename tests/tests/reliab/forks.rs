@@ -48,12 +48,11 @@ impl Purger {
                 i.lock().unwrap().extend(endpoint_inodes(&dir));
                 for name in socket_files(&dir) {
                     // Processes come and go: a refused or vanished endpoint is fine here.
-                    if let Ok(mut c) = Conn::open(&dir.join(&name)) {
-                        if c.ask(r#"{"op":"purge"}"#)
-                            .is_ok_and(|v| v.get("ok").is_some())
-                        {
-                            p.fetch_add(1, Relaxed);
-                        }
+                    let answered = Conn::open(&dir.join(&name))
+                        .and_then(|mut c| c.ask(r#"{"op":"purge"}"#))
+                        .is_ok_and(|v| v.get("ok").is_some());
+                    if answered {
+                        p.fetch_add(1, Relaxed);
                     }
                 }
                 std::thread::sleep(Duration::from_millis(5));
