@@ -66,7 +66,14 @@ fn open_wake_fd() {
         return;
     };
     // SAFETY: plain syscall.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    let low = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    // Out of the low numbers (3 would otherwise be ours in most processes,
+    // where programs expect their own first file), like the control socket.
+    let fd = if low >= 0 {
+        crate::control::move_high(low)
+    } else {
+        low
+    };
     if fd >= 0 {
         WAKE_ID.store(fd_identity(fd), Release);
         WAKE_FD.store(fd, Release);

@@ -21,6 +21,18 @@ import subprocess
 import sys
 import time
 
+# Differences that are the documented cost of a mode, not bugs: reported
+# as "expected", never as new failures. Keep this list short and explained.
+EXPECTED = {
+    "on": {
+        # The test lists every descriptor open in a fresh child. With
+        # MEMSHIM_CONTROL=on every process has the shim's thread, and with it
+        # its eventfd and control socket (both at numbers >= 512).
+        "test.test_subprocess.POSIXProcessTestCase.test_pass_fds_redirected":
+            "the shim's own descriptors (>= 512) are visible with MEMSHIM_CONTROL=on",
+    },
+}
+
 CASE = re.compile(r"^(FAIL|ERROR): (\S+) \((\S+?)\)", re.M)
 # "test_x failed", "test_x crashed (Exit code -9)", "test_x timed out", ...
 MODULE = re.compile(r"^\S.*?\[[ \d/]+\] (test_\w+) (failed|crashed|timed out|.*?env changed)", re.M)
@@ -97,6 +109,8 @@ def main():
     for m in modes:
         r = runs[m]
         suspects = sorted(set(r["failures"]) - base) if m != "base" else []
+        expected = [c for c in suspects if c in EXPECTED.get(m, {})]
+        suspects = [c for c in suspects if c not in expected]
         confirmed, flaky = [], []
         for case in suspects:
             fails_shim = all(case_fails(m, a.shim, case, a.timeout) for _ in range(2))
@@ -105,6 +119,7 @@ def main():
         report["runs"].append({
             "mode": m, "rc": r["rc"], "seconds": r["seconds"], "tests_run": r["tests_run"],
             "failures": r["failures"], "new_failures": confirmed, "not_reproduced": flaky,
+            "expected": {c: EXPECTED[m][c] for c in expected},
             "tail": r["tail"] if confirmed else "",
         })
         report["new_failures"] += [f"{m}: {c}" for c in confirmed]

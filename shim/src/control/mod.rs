@@ -25,6 +25,7 @@
 
 mod conn;
 mod fds;
+pub(crate) use fds::move_high;
 mod handlers;
 mod procfs;
 mod socket;

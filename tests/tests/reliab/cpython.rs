@@ -69,7 +69,7 @@ pub fn run(level: Level) {
         "--shim".into(),
         shim().display().to_string(),
         "--modes".into(),
-        "base,on,off".into(),
+        level.pick("base,on,off", "base,on,off,auto").into(),
         "--jobs".into(),
         "2".into(),
     ];
@@ -99,9 +99,14 @@ pub fn run(level: Level) {
         ));
         kv.push((leak(format!("{m}_seconds")), r["seconds"].to_string()));
         println!(
-            "mode {m}: rc {} tests run {} failures {} (not reproduced alone: {})",
-            r["rc"], r["tests_run"], r["failures"], r["not_reproduced"]
+            "mode {m}: rc {} tests run {} failures {} (not reproduced alone: {}; expected in this mode: {})",
+            r["rc"], r["tests_run"], r["failures"], r["not_reproduced"], r["expected"]
         );
+        let expected = r["expected"].as_object().map_or(0, |o| o.len());
+        kv.push((
+            leak(format!("{m}_expected_differences")),
+            expected.to_string(),
+        ));
     }
     let new = v["new_failures"].as_array().unwrap();
     kv.push(("new_failures", new.len().to_string()));

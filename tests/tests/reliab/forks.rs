@@ -28,8 +28,8 @@ fn endpoint_inodes(dir: &Path) -> Vec<(u64, String)> {
         .collect()
 }
 
-/// Purges every process with a socket in `dir` until `stop`; records the
-/// endpoint inodes it saw. Returns the number of purges answered.
+/// Purges (and releases) every process with a socket in `dir` until
+/// `stop`; records the endpoint inodes it saw and counts the answers.
 struct Purger {
     stop: Arc<AtomicBool>,
     purges: Arc<AtomicU64>,
@@ -44,12 +44,22 @@ impl Purger {
         let inodes = Arc::new(Mutex::new(std::collections::HashMap::new()));
         let (s, p, i) = (stop.clone(), purges.clone(), inodes.clone());
         let handle = std::thread::spawn(move || {
+            let mut round = 0u64;
             while !s.load(Relaxed) {
                 i.lock().unwrap().extend(endpoint_inodes(&dir));
                 for name in socket_files(&dir) {
                     // Processes come and go: a refused or vanished endpoint is fine here.
+                    // Alternate `purge` and `release` (gc in CPython, then purge):
+                    // the Python bridge runs on the shim's thread while the
+                    // process forks.
+                    let op = if round % 2 == 0 {
+                        r#"{"op":"purge"}"#
+                    } else {
+                        r#"{"op":"release"}"#
+                    };
+                    round += 1;
                     let answered = Conn::open(&dir.join(&name))
-                        .and_then(|mut c| c.ask(r#"{"op":"purge"}"#))
+                        .and_then(|mut c| c.ask(op))
                         .is_ok_and(|v| v.get("ok").is_some());
                     if answered {
                         p.fetch_add(1, Relaxed);
@@ -160,7 +170,7 @@ pub fn multiprocessing(level: Level) {
             ("methods", "fork,spawn,forkserver".into()),
             ("tasks", total_tasks.to_string()),
             ("worker_processes", workers.to_string()),
-            ("purges", purges.to_string()),
+            ("purges_and_releases", purges.to_string()),
             ("endpoints_seen", inodes.len().to_string()),
             ("stale_socket_files", stale.to_string()),
             ("failures", "0".into()),
@@ -203,7 +213,7 @@ pub fn spawn_loop(level: Level) {
         &[
             ("children", n.to_string()),
             ("kinds", "posix_spawn,fork+exec,fork".into()),
-            ("purges", purges.to_string()),
+            ("purges_and_releases", purges.to_string()),
             ("failures", "0".into()),
         ],
     );
