@@ -194,20 +194,44 @@ pub unsafe extern "C" fn pthread_create(
 /// count threads (CPython's fork warning) see what they would without us.
 extern "C" fn prepare_fork() {
     crate::fork_fence::before_fork();
-    if options::control() != Control::Auto || thread_state() != ThreadState::Running {
+    if options::control() != Control::Auto
+        || !matches!(thread_state(), ThreadState::Running | ThreadState::Starting)
+    {
         return;
     }
     if sys::num_threads() != Some(2) {
         return;
     }
     let e = sys::errno();
-    supervisor::stop_for_fork();
+    // A process that creates, joins and forks at once (CPython:
+    // `t.start(); t.join(); os.fork()`) can fork while our thread is still
+    // on its way into its loop. It gets there within microseconds; wait for
+    // it (bounded) so it is stopped like a running one.
+    wait_while_starting();
+    if thread_state() == ThreadState::Running {
+        supervisor::stop_for_fork();
+    }
     sys::set_errno(e);
 }
 
 /// In the parent after fork.
 extern "C" fn parent_after_fork() {
     crate::fork_fence::after_fork_parent();
+}
+
+/// Longest wait in the fork prepare handler for a starting thread.
+const FORK_START_WAIT_MS: u64 = 200;
+
+fn wait_while_starting() {
+    let deadline = sys::monotonic_ms() + FORK_START_WAIT_MS;
+    while thread_state() == ThreadState::Starting && sys::monotonic_ms() < deadline {
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 100_000,
+        };
+        // SAFETY: sleeping on a local timespec.
+        unsafe { libc::nanosleep(&ts, core::ptr::null_mut()) };
+    }
 }
 
 /// In the child: the shim's thread does not exist here. Reset state and
@@ -234,9 +258,13 @@ extern "C" fn child_after_fork() {
 fn detect_interposition() -> bool {
     // SAFETY: dlsym with static C strings; RTLD_DEFAULT is the global scope.
     unsafe {
+        // Compare the *object* that defines the global `malloc` with ours.
+        // Comparing with `interpose::malloc as *const _` does not work: that
+        // address is taken through our GOT, which the loader binds to the
+        // global definition too, so the test always passed (an executable
+        // with its own malloc, or a dlopen'ed shim, read as interposed).
         let global = libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr());
-        let ours = crate::interpose::malloc as *const c_void;
-        if global as *const c_void != ours {
+        if global.is_null() || !defined_in_this_library(global) {
             return false;
         }
         for sym in [
@@ -251,6 +279,22 @@ fn detect_interposition() -> bool {
         }
     }
     true
+}
+
+/// Whether `addr` lies in this shared object (compared by load base;
+/// `INTERPOSED` is a local static, so its address is never interposed).
+fn defined_in_this_library(addr: *const c_void) -> bool {
+    // SAFETY: dladdr only reads the loader's tables into the Dl_info we pass;
+    // Dl_info is plain data, valid when zeroed.
+    unsafe {
+        let mut theirs: libc::Dl_info = core::mem::zeroed();
+        let mut ours: libc::Dl_info = core::mem::zeroed();
+        let here = (&raw const INTERPOSED).cast::<c_void>();
+        libc::dladdr(addr, &mut theirs) != 0
+            && libc::dladdr(here, &mut ours) != 0
+            && !ours.dli_fbase.is_null()
+            && theirs.dli_fbase == ours.dli_fbase
+    }
 }
 
 fn glibc_is_at_least(major: u32, minor: u32) -> bool {

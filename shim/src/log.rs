@@ -41,7 +41,13 @@ pub fn info(args: fmt::Arguments<'_>) {
 /// Receives jemalloc's own messages (`malloc_message`). Its complaints about
 /// bad `MALLOC_CONF` pairs become our single-line warnings; anything else
 /// (for example `stats_print:true` output the user asked for) passes through.
-pub extern "C" fn jemalloc_message(_opaque: *mut core::ffi::c_void, msg: *const core::ffi::c_char) {
+///
+/// # Safety
+/// `msg` must be NULL or a NUL-terminated string (jemalloc's contract).
+pub unsafe extern "C" fn jemalloc_message(
+    _opaque: *mut core::ffi::c_void,
+    msg: *const core::ffi::c_char,
+) {
     if msg.is_null() {
         return;
     }
@@ -53,8 +59,18 @@ pub extern "C" fn jemalloc_message(_opaque: *mut core::ffi::c_void, msg: *const 
         // string in both: print each distinct complaint once.
         Some(_) if already_said(bytes) => {}
         Some(rest) => {
-            let text = core::str::from_utf8(rest).unwrap_or("(non-UTF-8 message)");
-            warning(format_args!("jemalloc: {}", text.trim_end()));
+            let text = core::str::from_utf8(rest)
+                .unwrap_or("(non-UTF-8 message)")
+                .trim_end();
+            if text.starts_with("Invalid conf") {
+                // A well-formed pair with a bad key or value: name where it
+                // came from and what happens instead, like our own warnings.
+                warning(format_args!(
+                    "jemalloc: {text} (from MALLOC_CONF or MEMSHIM_MALLOC_CONF); ignored, jemalloc's default applies"
+                ));
+            } else {
+                warning(format_args!("jemalloc: {text}"));
+            }
         }
         None => write_stderr(bytes),
     }

@@ -111,8 +111,10 @@ pub const DEFAULT_DIRTY_DECAY_MS: i64 = 1000;
 pub const DEFAULT_MUZZY_DECAY_MS: i64 = 0;
 /// Largest decay accepted (about 31 years); jemalloc's own bound is larger.
 const MAX_DECAY_MS: i64 = 1_000_000_000_000;
-/// Largest arena count accepted (jemalloc's MALLOCX_ARENA_LIMIT is 4095).
-const MAX_NARENAS: u64 = 4095;
+/// Largest arena count accepted: jemalloc 5.3 reduces anything above 4094
+/// (its arena limit, MALLOCX_ARENA_LIMIT 4095, less one) with a warning of
+/// its own.
+const MAX_NARENAS: u64 = 4094;
 /// Longest raw jemalloc conf we pass on from one variable.
 const MAX_RAW_CONF: usize = 2048;
 /// Longest socket directory (sun_path is 108 bytes, the file name needs ~30).
@@ -233,7 +235,7 @@ pub fn parse_decay(v: &[u8]) -> Option<i64> {
     }
 }
 
-/// Parses `MEMSHIM_NARENAS`: `auto` (0) or 1..=4095.
+/// Parses `MEMSHIM_NARENAS`: `auto` (0) or 1..=4094.
 pub fn parse_narenas(v: &[u8]) -> Option<u32> {
     if v.to_ascii_lowercase_stack().as_slice() == b"auto" {
         return Some(0);
@@ -260,28 +262,38 @@ pub fn valid_socket_dir(v: &[u8]) -> bool {
 }
 
 /// Raw jemalloc conf: printable ASCII without spaces, bounded length, and
-/// the `key:value,key:value` shape jemalloc's parser needs. A malformed
-/// string would make jemalloc stop reading the composed conf string at that
-/// point (hiding later settings, and naming no variable), so it is refused
-/// here with a warning that names the variable. jemalloc itself still
-/// validates each key and value (and we relay its message).
+/// the shape `key:value(,key:value)*` with keys of `[A-Za-z0-9_]` (empty is
+/// fine). The shape matters: jemalloc stops parsing at a malformed spot
+/// (`junk`, `a:1,,b:2`, a trailing comma), which would silently drop every
+/// setting composed after it (our knobs, `MEMSHIM_MALLOC_CONF`), and it
+/// reports such strings twice. jemalloc itself validates each key and value
+/// of a well-formed string (and we relay its message).
 pub fn valid_raw_conf(v: &[u8]) -> bool {
-    let key_ok =
-        |k: &[u8]| !k.is_empty() && k.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'_');
-    v.len() <= MAX_RAW_CONF
-        && v.iter().all(|b| b.is_ascii_graphic())
-        && (v.is_empty()
-            || v.split(|b| *b == b',').all(|pair| {
-                pair.iter()
-                    .position(|b| *b == b':')
-                    .is_some_and(|c| key_ok(&pair[..c]))
-            }))
+    if v.len() > MAX_RAW_CONF || !v.iter().all(|b| b.is_ascii_graphic()) {
+        return false;
+    }
+    v.is_empty()
+        || v.split(|&b| b == b',')
+            .all(|pair| match pair.iter().position(|&b| b == b':') {
+                Some(k) if k > 0 => pair[..k]
+                    .iter()
+                    .all(|b| b.is_ascii_alphanumeric() || *b == b'_'),
+                _ => false,
+            })
 }
 
 fn bad(name: &str, value: &[u8], expected: &str, default: &str) {
+    // Quote at most this much of the value, so a huge one cannot push the
+    // default off the end of the (bounded) line.
+    const SHOW_MAX: usize = 80;
+    let (shown, more) = if value.len() > SHOW_MAX {
+        (&value[..SHOW_MAX], "...")
+    } else {
+        (value, "")
+    };
     log::warning(format_args!(
-        "{name}=\"{}\" is not valid ({expected}); using the default {default}",
-        show(value)
+        "{name}=\"{}{more}\" is not valid ({expected}); using the default {default}",
+        show(shown)
     ));
 }
 
@@ -326,7 +338,7 @@ pub fn load() {
             None => bad(
                 "MEMSHIM_NARENAS",
                 v,
-                "auto, or a count from 1 to 4095",
+                "auto, or a count from 1 to 4094",
                 "auto",
             ),
         }
@@ -622,8 +634,8 @@ mod tests {
         assert_eq!(parse_narenas(b"auto"), Some(0));
         assert_eq!(parse_narenas(b"AUTO"), Some(0));
         assert_eq!(parse_narenas(b"1"), Some(1));
-        assert_eq!(parse_narenas(b"4095"), Some(4095));
-        for bad in [&b"0"[..], b"4096", b"-1", b"", b"many"] {
+        assert_eq!(parse_narenas(b"4094"), Some(4094));
+        for bad in [&b"0"[..], b"4095", b"4096", b"-1", b"", b"many"] {
             assert_eq!(parse_narenas(bad), None, "{bad:?}");
         }
     }
@@ -650,11 +662,18 @@ mod tests {
         assert!(!valid_raw_conf(b"narenas: 2"));
         assert!(!valid_raw_conf(&[b'a'; 2049]));
         assert!(valid_raw_conf(b""));
-        assert!(!valid_raw_conf(b"x!y"));
-        assert!(!valid_raw_conf(b"-5"));
-        assert!(!valid_raw_conf(b"narenas"));
-        assert!(!valid_raw_conf(b"narenas:2,"));
-        assert!(!valid_raw_conf(b"na-renas:2"));
+        assert!(valid_raw_conf(b"prof_prefix:/tmp/x:y,narenas:"));
+        for bad in [
+            &b"junk"[..],
+            b",",
+            b"narenas:2,",
+            b"a:1,,b:2",
+            b":1",
+            b"na-renas:1",
+            b"narenas:2,junk",
+        ] {
+            assert!(!valid_raw_conf(bad), "{bad:?}");
+        }
     }
 
     #[test]

@@ -129,7 +129,15 @@ pub fn run(a: ListArgs) -> Result<Exit, Failure> {
     let me = std::process::id() as i32;
     let mut processes = vec![];
     let mut unreadable = 0;
+    // Stale files are looked for in our own default directory, and in the
+    // directory of every shimmed process found below.
     let mut dirs = vec![];
+    if let Some(uid) = discover::my_euid() {
+        dirs.push(std::path::PathBuf::from(format!("/tmp/memshim-{uid}")));
+    }
+    if let Some(d) = std::env::var_os("MEMSHIM_SOCKET_DIR") {
+        dirs.push(std::path::PathBuf::from(d));
+    }
     for pid in discover::all_pids() {
         if pid == me {
             continue;

@@ -193,13 +193,14 @@ impl Endpoint {
     }
 
     fn accept_some(&mut self, now: u64) {
-        let Some(listener) = fds::LISTENER.get() else {
-            return;
-        };
         for _ in 0..MAX_ACCEPTS_PER_TURN {
             // No fork may copy a connection before it is recorded; during
             // a fork, accept on a later turn.
             let Some(_fence) = crate::fork_fence::enter() else {
+                return;
+            };
+            // Identity checked before every accept (hazard 26).
+            let Some(listener) = fds::LISTENER.get() else {
                 return;
             };
             let fd = match socket::accept(listener) {

@@ -1,0 +1,229 @@
+//! Compatibility with what real processes do around the allocator: fork
+//! while threads allocate, allocation in library constructors,
+//! `RTLD_DEEPBIND` (hazard 15), dlopen's caller semantics, `errno` across
+//! `free` (hazard 4), and glibc's answers for the aligned allocators.
+
+use memshim_tests::{Cmd, fixture, scratch, shim};
+use std::path::PathBuf;
+use std::time::Duration;
+
+fn shared(name: &str) -> PathBuf {
+    fixture(name, &["-shared", "-fPIC"])
+}
+
+#[test]
+fn fork_in_a_loop_while_eight_threads_allocate_does_not_deadlock() {
+    let f = fixture("fork_threads", &[]);
+    for shimmed in [false, true] {
+        let mut c = Cmd::new(&f, ["25"]);
+        if shimmed {
+            c = c.shimmed();
+        }
+        // A deadlock hangs the process: run_timeout kills it and fails.
+        let o = c.run_timeout(Duration::from_secs(60));
+        assert_eq!(
+            (o.code, o.stdout.trim(), o.stderr.as_str()),
+            (0, "forks ok 25", ""),
+            "shimmed={shimmed}: {o:?}"
+        );
+    }
+}
+
+#[test]
+fn allocation_in_a_dt_needed_library_constructor_works() {
+    let lib = shared("needed_ctor_lib");
+    let exe = fixture("needed_ctor_main", &[lib.to_str().unwrap()]);
+    let want = "allocated in a DT_NEEDED constructor\nok\n";
+    let plain = Cmd::new(&exe, [""; 0]).run();
+    assert_eq!(
+        (plain.code, plain.stdout.as_str(), plain.stderr.as_str()),
+        (0, want, ""),
+        "{plain:?}"
+    );
+    let o = Cmd::new(&exe, [""; 0]).shimmed().run();
+    assert_eq!(
+        (o.code, o.stdout.as_str(), o.stderr.as_str()),
+        (0, want, ""),
+        "{o:?}"
+    );
+    // junk filling would expose a block the constructor got from another allocator.
+    let o = Cmd::new(&exe, [""; 0])
+        .shimmed()
+        .env("MEMSHIM_MALLOC_CONF", "junk:true")
+        .run();
+    assert_eq!(
+        (o.code, o.stdout.as_str(), o.stderr.as_str()),
+        (0, want, ""),
+        "{o:?}"
+    );
+}
+
+fn deepbind(shimmed: bool, clear: Option<&str>) -> memshim_tests::Output {
+    let lib = shared("deepbind_lib");
+    let mut c = Cmd::new(fixture("deepbind_main", &[]), [lib.to_str().unwrap()]);
+    if shimmed {
+        c = c.shimmed();
+    }
+    if let Some(v) = clear {
+        c = c.env("MEMSHIM_CLEAR_DEEPBIND", v);
+    }
+    c.run_timeout(Duration::from_secs(30))
+}
+
+#[test]
+fn deepbind_library_shares_the_shim_allocator_by_default() {
+    let want = "allocated inside the DEEPBIND library\nsurvived\n";
+    let o = deepbind(true, None);
+    assert_eq!(
+        (o.code, o.stdout.as_str(), o.stderr.as_str()),
+        (0, want, ""),
+        "{o:?}"
+    );
+    let o = deepbind(false, None);
+    assert_eq!(
+        (o.code, o.stdout.as_str(), o.stderr.as_str()),
+        (0, want, ""),
+        "without the shim: {o:?}"
+    );
+}
+
+#[test]
+fn deepbind_crashes_when_the_flag_is_kept_proving_the_test_is_live() {
+    // With the flag left in place the library binds glibc's malloc and the
+    // first pointer that crosses allocators kills the process.
+    let o = deepbind(true, Some("0"));
+    assert!(
+        o.code > 128,
+        "expected death by signal with MEMSHIM_CLEAR_DEEPBIND=0, got {o:?}"
+    );
+    assert!(!o.stdout.contains("survived"), "{o:?}");
+}
+
+/// Lays out `dir/runpath_main` (RUNPATH=$ORIGIN/plugins) and
+/// `dir/plugins/librunpath_plugin.so`.
+fn runpath_layout() -> PathBuf {
+    let dir = scratch().join("runpath");
+    std::fs::create_dir_all(dir.join("plugins")).unwrap();
+    let exe = fixture(
+        "runpath_main",
+        &["-Wl,--enable-new-dtags,-rpath,$ORIGIN/plugins"],
+    );
+    std::fs::copy(&exe, dir.join("runpath_main")).unwrap();
+    std::fs::copy(
+        shared("runpath_plugin"),
+        dir.join("plugins/librunpath_plugin.so"),
+    )
+    .unwrap();
+    dir
+}
+
+#[test]
+fn dlopen_searches_the_callers_runpath_under_the_shim() {
+    let dir = runpath_layout();
+    let exe = dir.join("runpath_main");
+    let want = "plugin found via the caller's RUNPATH\n";
+    for shimmed in [false, true] {
+        let mut c = Cmd::new(&exe, ["librunpath_plugin.so"]);
+        if shimmed {
+            c = c.shimmed();
+        }
+        let o = c.run();
+        assert_eq!(
+            (o.code, o.stdout.as_str(), o.stderr.as_str()),
+            (0, want, ""),
+            "shimmed={shimmed}: {o:?}"
+        );
+    }
+    // Live: a dlopen wrapper that is an ordinary function call becomes the
+    // "caller" and the same lookup fails.
+    let naive = shared("naive_dlopen_wrapper");
+    let o = Cmd::new(&exe, ["librunpath_plugin.so"])
+        .env("LD_PRELOAD", &naive)
+        .run();
+    assert_eq!(
+        o.code, 1,
+        "a naive wrapper should break the RUNPATH lookup: {o:?}"
+    );
+    assert!(o.stdout.contains("dlopen failed"), "{o:?}");
+}
+
+#[test]
+fn free_keeps_errno_when_the_purge_inside_it_fails() {
+    let fm = shared("failing_madvise");
+    let preload = format!("{}:{}", shim().display(), fm.display());
+    let o = Cmd::new(fixture("errno_free", &[]), [""; 0])
+        .env("LD_PRELOAD", &preload)
+        .env("MEMSHIM_DIRTY_DECAY_MS", "0")
+        .run();
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    let calls: i64 = o
+        .stdout
+        .trim()
+        .strip_prefix("errno kept 100 madvise=")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected output {o:?}"));
+    // Live: the failing madvise (which sets errno) really ran during the frees.
+    assert!(
+        calls > 0,
+        "jemalloc never called madvise: the test proves nothing ({o:?})"
+    );
+}
+
+#[test]
+fn aligned_allocators_and_overflow_checks_answer_like_glibc() {
+    let f = fixture("align_edges", &[]);
+    let glibc = Cmd::new(&f, [""; 0]).run();
+    let ours = Cmd::new(&f, [""; 0]).shimmed().run();
+    assert_eq!((glibc.code, glibc.stderr.as_str()), (0, ""), "{glibc:?}");
+    assert_eq!((ours.code, ours.stderr.as_str()), (0, ""), "{ours:?}");
+    // Sanity: the fixture exercises successes, EINVAL and ENOMEM.
+    for needle in [
+        "-> ok errno=0 aligned=1",
+        "errno=22",
+        "errno=12",
+        "rc=22",
+        "rc=12",
+        "rc=0",
+    ] {
+        assert!(glibc.stdout.contains(needle), "fixture lacks {needle:?}");
+    }
+    assert!(
+        !glibc.stdout.contains("aligned=0"),
+        "glibc misaligned?\n{}",
+        glibc.stdout
+    );
+    let diff: Vec<String> = glibc
+        .stdout
+        .lines()
+        .zip(ours.stdout.lines())
+        .filter(|(a, b)| a != b)
+        .map(|(a, b)| format!("glibc: {a}\nshim:  {b}"))
+        .collect();
+    assert!(
+        diff.is_empty(),
+        "differences from glibc:\n{}",
+        diff.join("\n")
+    );
+    assert_eq!(glibc.stdout.lines().count(), ours.stdout.lines().count());
+}
+
+#[test]
+fn closing_all_descriptors_never_lets_the_shim_touch_a_reused_one() {
+    // close_range(3, ~0) while the shim's thread runs, then a file takes the
+    // freed numbers (the shim's eventfd among them), then forks (the fork
+    // handler wakes the thread) and a new thread re-arms it.
+    let file = scratch().join("fd_reuse.txt");
+    let f = fixture("fd_reuse", &[]);
+    for shimmed in [false, true] {
+        let mut c = Cmd::new(&f, [file.to_str().unwrap()]);
+        if shimmed {
+            c = c.shimmed();
+        }
+        let o = c.run_timeout(Duration::from_secs(30));
+        assert_eq!(
+            (o.code, o.stdout.as_str(), o.stderr.as_str()),
+            (0, "file ok 3\n", ""),
+            "shimmed={shimmed}: {o:?}"
+        );
+    }
+}

@@ -1,0 +1,364 @@
+//! Option parsing (shim/src/options.rs): every `MEMSHIM_*` variable, valid
+//! and invalid. A bad value gets exactly one `memshim: warning:` line that
+//! names the variable and the default, and nothing else changes; good
+//! values take effect before `main`.
+
+use memshim_tests::{Cmd, Output, fixture};
+
+/// (variable, default as the warning prints it, bad values).
+fn bad_values() -> Vec<(&'static str, &'static str, Vec<String>)> {
+    let decay_bad = || {
+        [
+            "abc",
+            "",
+            "-2",
+            "1e3",
+            " 5",
+            "99999999999999999999",
+            "1000000000001",
+            "0x10",
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    vec![
+        ("MEMSHIM_DIRTY_DECAY_MS", "1000", decay_bad()),
+        ("MEMSHIM_MUZZY_DECAY_MS", "0", decay_bad()),
+        (
+            "MEMSHIM_NARENAS",
+            "auto",
+            [
+                "0",
+                "-1",
+                "4095",
+                "4096",
+                "",
+                "many",
+                "99999999999999999999",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ),
+        (
+            "MEMSHIM_CONTROL",
+            "auto",
+            ["", "maybe", "2", "auto-ish"].map(String::from).to_vec(),
+        ),
+        (
+            "MEMSHIM_CLEAR_DEEPBIND",
+            "1",
+            ["", "2", "maybe"].map(String::from).to_vec(),
+        ),
+        (
+            "MEMSHIM_VERBOSE",
+            "0",
+            ["", "2", "loud"].map(String::from).to_vec(),
+        ),
+        (
+            "MEMSHIM_SOCKET_DIR",
+            "/tmp/memshim-<uid>",
+            vec![
+                "".into(),
+                "relative/dir".into(),
+                format!("/{}", "d".repeat(100)),
+            ],
+        ),
+        (
+            "MEMSHIM_MALLOC_CONF",
+            "(empty)",
+            vec![
+                "narenas: 2".into(),
+                "junk".into(),
+                "narenas:2,".into(),
+                "a:1,,b:2".into(),
+                "x:y,".repeat(600),
+            ],
+        ),
+        (
+            "MALLOC_CONF",
+            "(ignored)",
+            ["junk", ",", "narenas:1 dirty_decay_ms:5"]
+                .map(String::from)
+                .to_vec(),
+        ),
+    ]
+}
+
+fn echo(envs: &[(&str, &str)]) -> Output {
+    let mut c = Cmd::new("/bin/echo", ["still here"]).shimmed();
+    for (k, v) in envs {
+        c = c.env(k, v);
+    }
+    c.run()
+}
+
+fn verbose(envs: &[(&str, &str)]) -> String {
+    let mut all = vec![("MEMSHIM_VERBOSE", "1")];
+    all.extend_from_slice(envs);
+    let o = echo(&all);
+    assert_eq!(
+        (o.code, o.stdout.as_str()),
+        (0, "still here\n"),
+        "{envs:?}: {o:?}"
+    );
+    assert!(!o.stderr.contains("warning"), "{envs:?}: {o:?}");
+    o.stderr
+}
+
+#[test]
+fn every_bad_value_gets_exactly_one_warning_naming_variable_and_default() {
+    let mut checked = 0;
+    for (var, default, values) in bad_values() {
+        for v in values {
+            let o = echo(&[(var, &v)]);
+            assert_eq!(
+                (o.code, o.stdout.as_str()),
+                (0, "still here\n"),
+                "{var}={v:?}: {o:?}"
+            );
+            let lines: Vec<&str> = o.stderr.lines().collect();
+            assert_eq!(
+                lines.len(),
+                1,
+                "{var}={v:?}: expected exactly one line: {o:?}"
+            );
+            let l = lines[0];
+            assert!(l.starts_with("memshim: warning: "), "{var}={v:?}: {l}");
+            assert!(
+                l.contains(&format!("{var}=")),
+                "{var}={v:?}: does not name the variable: {l}"
+            );
+            assert!(
+                l.contains(&format!("default {default}")),
+                "{var}={v:?}: does not name the default: {l}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 40);
+}
+
+#[test]
+fn each_bad_variable_gets_its_own_line_and_the_good_ones_still_apply() {
+    let o = echo(&[
+        ("MEMSHIM_DIRTY_DECAY_MS", "soon"),
+        ("MEMSHIM_NARENAS", "lots"),
+        ("MEMSHIM_CONTROL", "sometimes"),
+        ("MEMSHIM_MUZZY_DECAY_MS", "250"),
+        ("MEMSHIM_VERBOSE", "1"),
+    ]);
+    assert_eq!((o.code, o.stdout.as_str()), (0, "still here\n"), "{o:?}");
+    let warnings: Vec<&str> = o
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("memshim: warning: "))
+        .collect();
+    assert_eq!(warnings.len(), 3, "{o:?}");
+    for var in [
+        "MEMSHIM_DIRTY_DECAY_MS",
+        "MEMSHIM_NARENAS",
+        "MEMSHIM_CONTROL",
+    ] {
+        assert_eq!(
+            warnings.iter().filter(|l| l.contains(var)).count(),
+            1,
+            "{var}: {o:?}"
+        );
+    }
+    assert!(
+        o.stderr.contains("dirty_decay_ms=1000 muzzy_decay_ms=250"),
+        "{o:?}"
+    );
+}
+
+#[test]
+fn malformed_malloc_conf_does_not_swallow_the_settings_after_it() {
+    // jemalloc stops parsing a conf string at a malformed spot; the shim
+    // rejects such a MALLOC_CONF as a whole so MEMSHIM_* still apply.
+    let o = echo(&[
+        ("MALLOC_CONF", "junk"),
+        ("MEMSHIM_DIRTY_DECAY_MS", "1234"),
+        ("MEMSHIM_VERBOSE", "1"),
+    ]);
+    assert_eq!(
+        o.stderr.lines().filter(|l| l.contains("warning")).count(),
+        1,
+        "{o:?}"
+    );
+    assert!(o.stderr.contains("dirty_decay_ms=1234"), "{o:?}");
+}
+
+#[test]
+fn jemalloc_rejects_a_bad_pair_in_one_line_that_names_its_source() {
+    for (var, val) in [
+        ("MEMSHIM_MALLOC_CONF", "narenas:abc"),
+        ("MALLOC_CONF", "no_such_option:1"),
+    ] {
+        let o = echo(&[(var, val)]);
+        assert_eq!((o.code, o.stdout.as_str()), (0, "still here\n"), "{o:?}");
+        let lines: Vec<&str> = o.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{var}={val}: {o:?}");
+        assert!(
+            lines[0].starts_with("memshim: warning: jemalloc: Invalid conf"),
+            "{o:?}"
+        );
+        assert!(
+            lines[0].contains(val)
+                && lines[0].contains("MALLOC_CONF")
+                && lines[0].contains("default"),
+            "{o:?}"
+        );
+    }
+}
+
+#[test]
+fn unknown_memshim_variable_warns_once() {
+    let o = echo(&[("MEMSHIM_FOO", "1")]);
+    assert_eq!((o.code, o.stdout.as_str()), (0, "still here\n"));
+    let lines: Vec<&str> = o.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{o:?}");
+    assert!(
+        lines[0].starts_with("memshim: warning: MEMSHIM_FOO "),
+        "{o:?}"
+    );
+    // A typo of a real name is caught the same way.
+    let o = echo(&[("MEMSHIM_DIRTY_DECAY", "5")]);
+    assert_eq!(o.stderr.lines().count(), 1, "{o:?}");
+}
+
+#[test]
+fn valid_values_print_nothing() {
+    let long_dir = format!("/{}", "d".repeat(71));
+    let cases: Vec<(&str, &str)> = vec![
+        ("MEMSHIM_DIRTY_DECAY_MS", "0"),
+        ("MEMSHIM_DIRTY_DECAY_MS", "-1"),
+        ("MEMSHIM_DIRTY_DECAY_MS", "1000000000000"),
+        ("MEMSHIM_MUZZY_DECAY_MS", "-1"),
+        ("MEMSHIM_MUZZY_DECAY_MS", "5000"),
+        ("MEMSHIM_NARENAS", "auto"),
+        ("MEMSHIM_NARENAS", "AUTO"),
+        ("MEMSHIM_NARENAS", "1"),
+        ("MEMSHIM_NARENAS", "4094"),
+        ("MEMSHIM_CONTROL", "auto"),
+        ("MEMSHIM_CONTROL", "on"),
+        ("MEMSHIM_CONTROL", "OFF"),
+        ("MEMSHIM_CLEAR_DEEPBIND", "0"),
+        ("MEMSHIM_CLEAR_DEEPBIND", "yes"),
+        ("MEMSHIM_VERBOSE", "0"),
+        ("MEMSHIM_VERBOSE", "false"),
+        ("MEMSHIM_SOCKET_DIR", "/run/memshim"),
+        ("MEMSHIM_SOCKET_DIR", &long_dir),
+        ("MEMSHIM_MALLOC_CONF", ""),
+        ("MEMSHIM_MALLOC_CONF", "narenas:2,tcache_max:4096"),
+        ("MEMSHIM_LIB", "/opt/memshim/lib/libmemshim.so"),
+        ("MALLOC_CONF", "narenas:3"),
+        ("MALLOC_CONF", ""),
+    ];
+    for (k, v) in cases {
+        let o = echo(&[(k, v)]);
+        assert_eq!(
+            (o.code, o.stdout.as_str(), o.stderr.as_str()),
+            (0, "still here\n", ""),
+            "{k}={v:?}"
+        );
+    }
+}
+
+#[test]
+fn valid_values_take_effect() {
+    let d = verbose(&[]);
+    assert!(
+        d.contains("dirty_decay_ms=1000 muzzy_decay_ms=0 "),
+        "defaults: {d}"
+    );
+    assert!(d.contains("oversize_threshold=0"), "defaults: {d}");
+    assert!(
+        d.contains("control=Auto clear_deepbind=true"),
+        "defaults: {d}"
+    );
+    let cases: &[(&[(&str, &str)], &str)] = &[
+        (
+            &[("MEMSHIM_DIRTY_DECAY_MS", "1234")],
+            "dirty_decay_ms=1234 ",
+        ),
+        (&[("MEMSHIM_DIRTY_DECAY_MS", "-1")], "dirty_decay_ms=-1 "),
+        (&[("MEMSHIM_MUZZY_DECAY_MS", "77")], "muzzy_decay_ms=77 "),
+        (&[("MEMSHIM_NARENAS", "7")], "narenas=7 "),
+        (&[("MEMSHIM_CONTROL", "off")], "control=Off"),
+        (&[("MEMSHIM_CONTROL", "on")], "control=On"),
+        (&[("MEMSHIM_CLEAR_DEEPBIND", "0")], "clear_deepbind=false"),
+        // A stock jemalloc's MALLOC_CONF is honoured...
+        (&[("MALLOC_CONF", "narenas:3")], "narenas=3 "),
+        (
+            &[("MALLOC_CONF", "dirty_decay_ms:4321")],
+            "dirty_decay_ms=4321 ",
+        ),
+        (&[("_RJEM_MALLOC_CONF", "narenas:4")], "narenas=4 "),
+        // ...below the MEMSHIM_* knobs...
+        (
+            &[("MALLOC_CONF", "narenas:3"), ("MEMSHIM_NARENAS", "6")],
+            "narenas=6 ",
+        ),
+        // ...and MEMSHIM_MALLOC_CONF is applied over everything.
+        (
+            &[
+                ("MALLOC_CONF", "narenas:3"),
+                ("MEMSHIM_MALLOC_CONF", "narenas:5"),
+            ],
+            "narenas=5 ",
+        ),
+        (
+            &[
+                ("MEMSHIM_NARENAS", "6"),
+                ("MEMSHIM_MALLOC_CONF", "narenas:5"),
+            ],
+            "narenas=5 ",
+        ),
+        (
+            &[
+                ("MEMSHIM_DIRTY_DECAY_MS", "10"),
+                ("MEMSHIM_MALLOC_CONF", "dirty_decay_ms:20"),
+            ],
+            "dirty_decay_ms=20 ",
+        ),
+        (
+            &[("MEMSHIM_MALLOC_CONF", "tcache_max:1024")],
+            "tcache_max=1024 ",
+        ),
+    ];
+    for (envs, want) in cases {
+        let v = verbose(envs);
+        assert!(v.contains(want), "{envs:?}: expected {want:?} in\n{v}");
+    }
+}
+
+#[test]
+fn settings_are_in_force_before_main_and_before_library_constructors() {
+    let lib = fixture("early_junk_lib", &["-shared", "-fPIC"]);
+    let exe = fixture("config_early", &[lib.to_str().unwrap()]);
+    let o = Cmd::new(&exe, ["plain"])
+        .shimmed()
+        .env("MEMSHIM_MALLOC_CONF", "junk:true")
+        .run();
+    assert_eq!(
+        (o.code, o.stdout.as_str(), o.stderr.as_str()),
+        (0, "ctor junk=1 main junk=1\n", ""),
+        "{o:?}"
+    );
+    // Live: without the option, fresh blocks are not junk-filled.
+    let o = Cmd::new(&exe, ["plain"]).shimmed().run();
+    assert_eq!(o.stdout, "ctor junk=0 main junk=0\n", "{o:?}");
+    // The verbose report (effective settings) precedes main's first line.
+    let o = Cmd::new(&exe, ["mark"])
+        .shimmed()
+        .env("MEMSHIM_VERBOSE", "1")
+        .env("MEMSHIM_DIRTY_DECAY_MS", "2345")
+        .run();
+    let lines: Vec<&str> = o.stderr.lines().collect();
+    assert_eq!(lines.last(), Some(&"main starts"), "{o:?}");
+    let at = lines
+        .iter()
+        .position(|l| l.contains("dirty_decay_ms=2345"))
+        .expect("verbose line");
+    assert!(at < lines.len() - 1, "{o:?}");
+}

@@ -1,0 +1,111 @@
+//! glibc's malloc control API works on the shim, called the way Python/ML
+//! code calls it: through ctypes (tests/fixtures/glibc_api.py).
+
+use memshim_tests::{Cmd, Output, python, root, scratch};
+use std::collections::HashMap;
+
+fn api(args: &[&str], envs: &[(&str, &str)], shimmed: bool) -> Output {
+    let script = root().join("tests/fixtures/glibc_api.py");
+    let mut all = vec![script.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let mut c = Cmd::new(python(), all);
+    if shimmed {
+        c = c.shimmed();
+    }
+    for (k, v) in envs {
+        c = c.env(k, v);
+    }
+    c.run()
+}
+
+fn values(o: &Output) -> HashMap<String, String> {
+    o.stdout
+        .lines()
+        .filter_map(|l| l.split_once(' ').map(|(k, v)| (k.to_owned(), v.to_owned())))
+        .collect()
+}
+
+fn num(v: &HashMap<String, String>, k: &str) -> i64 {
+    v.get(k)
+        .unwrap_or_else(|| panic!("no {k} in {v:?}"))
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn malloc_trim_releases_a_freed_fragmented_heap_and_returns_1() {
+    // Decay off: freed pages stay dirty until malloc_trim purges them.
+    let o = api(&["trim"], &[("MEMSHIM_DIRTY_DECAY_MS", "-1")], true);
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    let v = values(&o);
+    assert_eq!(num(&v, "trim"), 1, "{o:?}");
+    let (before, after) = (num(&v, "rss_before"), num(&v, "rss_after"));
+    // ~320 MiB allocated, 95% freed: most of it must leave RSS.
+    assert!(
+        before - after > 200 << 20,
+        "RSS {before} -> {after}: malloc_trim released too little"
+    );
+}
+
+#[test]
+fn mallinfo2_and_mallinfo_follow_a_live_allocation() {
+    let o = api(&["mallinfo"], &[], true);
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    let v = values(&o);
+    assert!(num(&v, "uordblks_growth") >= 64 << 20, "{o:?}");
+    assert_eq!(num(&v, "arena_ge_uordblks"), 1, "{o:?}");
+    assert_eq!(num(&v, "fordblks_consistent"), 1, "{o:?}");
+    assert!(num(&v, "int_uordblks") >= 64 << 20, "{o:?}");
+}
+
+#[test]
+fn malloc_info_writes_well_formed_xml() {
+    let path = scratch().join("malloc_info.xml");
+    let o = api(&["info", path.to_str().unwrap()], &[], true);
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    let v = values(&o);
+    // Parsed by Python's xml.etree in the fixture.
+    assert_eq!(v["root"], "malloc", "{o:?}");
+    assert!(num(&v, "children") >= 2, "{o:?}");
+    assert_eq!(num(&v, "rc"), 0);
+    assert_eq!(
+        num(&v, "rc_bad_options"),
+        22,
+        "options != 0 is EINVAL, as in glibc"
+    );
+}
+
+#[test]
+fn malloc_stats_prints_to_stderr_and_mallopt_returns_1() {
+    let o = api(&["stats"], &[], true);
+    assert_eq!(o.code, 0, "{o:?}");
+    assert_eq!(o.stdout.trim(), "mallopt 1 1 1", "{o:?}");
+    assert!(o.stderr.starts_with("memshim (jemalloc "), "{o:?}");
+    for field in ["system bytes", "in use bytes"] {
+        assert!(
+            o.stderr.contains(field),
+            "malloc_stats lacks {field:?}: {o:?}"
+        );
+    }
+}
+
+#[test]
+fn ctypes_cdll_none_reaches_the_shim_but_libc_so_6_reaches_glibc() {
+    let o = api(&["where"], &[], true);
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    let v = values(&o);
+    assert_eq!(
+        v["same"], "0",
+        "CDLL(None) and CDLL('libc.so.6') should differ under the shim: {o:?}"
+    );
+    assert_eq!(v["default_owner"], "libmemshim.so", "{o:?}");
+    assert_eq!(v["glibc_trim_rc"], "True", "{o:?}");
+    // Without the shim both are glibc's (so the difference is the shim's).
+    let o = api(&["where"], &[], false);
+    let v = values(&o);
+    assert_eq!(
+        (v["same"].as_str(), v["default_owner"].as_str()),
+        ("1", "libc.so.6"),
+        "{o:?}"
+    );
+}

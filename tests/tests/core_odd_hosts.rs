@@ -1,0 +1,116 @@
+//! Do no harm in odd hosts: an executable with its own malloc (hazard 16)
+//! and a shim loaded with dlopen instead of LD_PRELOAD (hazard 11).
+
+use memshim_tests::{Cmd, fixture, python, shim};
+
+/// Enlarges glibc's spare static TLS so that dlopen of the shim succeeds
+/// and the "loaded but inert" path is exercised too.
+const ROOMY_TLS: &str = "glibc.rtld.optional_static_tls=1048576";
+
+#[test]
+fn executable_with_its_own_malloc_runs_normally_and_the_shim_stays_inert() {
+    let f = fixture("own_malloc", &[]);
+    let plain = Cmd::new(&f, [""; 0]).run();
+    assert_eq!((plain.code, plain.stderr.as_str()), (0, ""), "{plain:?}");
+    assert!(
+        plain.stdout.contains("threads while running: 4"),
+        "{plain:?}"
+    );
+    assert!(
+        plain.stdout.contains("own allocator used: yes"),
+        "{plain:?}"
+    );
+    // Same output under the shim: in particular no memshim thread joins
+    // the 3 workers, although the process creates threads.
+    let o = Cmd::new(&f, [""; 0]).shimmed().run();
+    assert_eq!(
+        (o.code, o.stdout.as_str(), o.stderr.as_str()),
+        (0, plain.stdout.as_str(), "")
+    );
+    let o = Cmd::new(&f, [""; 0])
+        .shimmed()
+        .env("MEMSHIM_VERBOSE", "1")
+        .run();
+    assert_eq!(o.stdout, plain.stdout);
+    assert!(o.stderr.contains("interposed=no"), "{o:?}");
+}
+
+#[test]
+fn verbose_reports_interposed_yes_for_an_ordinary_program() {
+    // The counterpart of the test above: the detection is not constant.
+    let o = Cmd::new("/bin/true", [""; 0])
+        .shimmed()
+        .env("MEMSHIM_VERBOSE", "1")
+        .run();
+    assert!(o.stderr.contains("interposed=yes"), "{o:?}");
+}
+
+fn check_dlopen_outcome(o: &memshim_tests::Output, what: &str) {
+    assert_eq!(o.code, 0, "{what}: {o:?}");
+    let first = o.stdout.lines().next().unwrap_or("");
+    assert!(
+        first == "dlopen: loaded"
+            || (first.starts_with("dlopen: failed:") && first.contains("static TLS")),
+        "{what}: unexpected dlopen outcome: {o:?}"
+    );
+    // glibc remains the allocator (24 is glibc's usable size of malloc(1)),
+    // the heap is intact, and no shim thread joined the 2 workers even
+    // with MEMSHIM_CONTROL=on.
+    let rest: Vec<&str> = o.stdout.lines().skip(1).collect();
+    assert_eq!(rest, ["usable 24", "threads 3", "heap ok"], "{what}: {o:?}");
+}
+
+#[test]
+fn dlopen_of_the_shim_from_c_fails_cleanly_or_stays_inert() {
+    let f = fixture("dlopen_shim", &[]);
+    for mode in ["local", "global"] {
+        // As it is: the static TLS block is too small, dlopen fails cleanly.
+        let o = Cmd::new(&f, [shim().to_str().unwrap(), mode])
+            .env("MEMSHIM_CONTROL", "on")
+            .run();
+        check_dlopen_outcome(&o, mode);
+        assert_eq!(o.stderr, "", "{o:?}");
+        // With room for it: loaded, inert, and it says so.
+        let o = Cmd::new(&f, [shim().to_str().unwrap(), mode])
+            .env("GLIBC_TUNABLES", ROOMY_TLS)
+            .env("MEMSHIM_CONTROL", "on")
+            .env("MEMSHIM_VERBOSE", "1")
+            .run();
+        check_dlopen_outcome(&o, mode);
+        if o.stdout.starts_with("dlopen: loaded") {
+            assert!(o.stderr.contains("interposed=no"), "{o:?}");
+        }
+    }
+}
+
+#[test]
+fn ctypes_cdll_of_the_shim_fails_cleanly_or_stays_inert_and_python_goes_on() {
+    let script = format!(
+        r#"
+import ctypes, json, os, threading
+try:
+    ctypes.CDLL({lib:?})
+    print("loaded")
+except OSError as e:
+    print("OSError", "static TLS" in str(e))
+t = threading.Thread(target=lambda: None); t.start(); t.join()
+data = [{{"k": i, "v": "x" * (i % 300)}} for i in range(50000)]
+assert json.loads(json.dumps(data)) == data
+print("threads", len(os.listdir("/proc/self/task")))
+print("python ok")
+"#,
+        lib = shim().to_str().unwrap()
+    );
+    for tunables in [None, Some(ROOMY_TLS)] {
+        let mut c = Cmd::new(python(), ["-c", &script]).env("MEMSHIM_CONTROL", "on");
+        if let Some(t) = tunables {
+            c = c.env("GLIBC_TUNABLES", t);
+        }
+        let o = c.run();
+        assert_eq!(o.code, 0, "{o:?}");
+        let lines: Vec<&str> = o.stdout.lines().collect();
+        assert!(lines[0] == "loaded" || lines[0] == "OSError True", "{o:?}");
+        assert_eq!(&lines[1..], ["threads 1", "python ok"], "{o:?}");
+        assert_eq!(o.stderr, "", "{o:?}");
+    }
+}

@@ -1,0 +1,334 @@
+//! The thread rule (shim/src/lifecycle.rs): a single-threaded process stays
+//! single-threaded; the shim's `memshim` thread appears with the process's
+//! own second thread and leaves once the process is alone again.
+
+use memshim_tests::{Child, Cmd, pyenv_pythons, python, thread_names, threads, wait_until};
+use std::time::{Duration, Instant};
+
+const T: Duration = Duration::from_secs(10);
+
+fn has_memshim(pid: i32) -> bool {
+    thread_names(pid).iter().any(|n| n == "memshim")
+}
+
+fn thread_rule(envs: &[(&str, &str)]) -> Child {
+    let mut c = Cmd::new(memshim_tests::fixture("thread_rule", &[]), [""; 0]).shimmed();
+    for (k, v) in envs {
+        c = c.env(k, v);
+    }
+    let mut ch = c.spawn();
+    ch.wait_for_line("ready", T);
+    ch
+}
+
+fn ask(ch: &mut Child, cmd: &str, reply: &str) -> String {
+    ch.send(cmd);
+    ch.wait_for_line(reply, T)
+}
+
+#[test]
+fn single_threaded_python_has_one_thread_even_after_many_imports() {
+    let script = r#"
+import os
+print(len(os.listdir("/proc/self/task")))
+import json, sqlite3, ssl, asyncio, decimal, email.parser, http.client, xml.etree.ElementTree
+import ctypes, hashlib, logging, subprocess, unittest, concurrent.futures, multiprocessing, zlib
+import collections, re, datetime, tempfile, pickle, csv, argparse, socket, selectors, uuid
+sum(len(json.dumps(list(range(i)))) for i in range(2000))
+print(len(os.listdir("/proc/self/task")))
+"#;
+    let o = Cmd::new(python(), ["-c", script]).shimmed().run();
+    assert_eq!(
+        (o.code, o.stdout.as_str(), o.stderr.as_str()),
+        (0, "1\n1\n", ""),
+        "{o:?}"
+    );
+    // Live: the same count sees the shim's thread when it is forced on.
+    let o = Cmd::new(python(), ["-c", script])
+        .shimmed()
+        .env("MEMSHIM_CONTROL", "on")
+        .run();
+    assert_eq!(o.stdout, "2\n2\n", "{o:?}");
+}
+
+#[test]
+fn unshare_user_namespace_works_under_the_shim() {
+    let plain = Cmd::new("unshare", ["-U", "true"]).run();
+    if plain.code != 0 {
+        eprintln!(
+            "SKIP: unshare -U does not work on this machine even without the shim: {plain:?}"
+        );
+        return;
+    }
+    let o = Cmd::new("unshare", ["-U", "true"]).shimmed().run();
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    // Live: a forced shim thread makes unshare(CLONE_NEWUSER) fail (EINVAL).
+    let o = Cmd::new("unshare", ["-U", "true"])
+        .shimmed()
+        .env("MEMSHIM_CONTROL", "on")
+        .run();
+    assert_ne!(
+        o.code, 0,
+        "unshare -U should fail in a two-threaded process: {o:?}"
+    );
+}
+
+#[test]
+fn python_can_unshare_after_its_thread_is_joined_and_the_shim_thread_left() {
+    if Cmd::new("unshare", ["-U", "true"]).run().code != 0 {
+        eprintln!("SKIP: no user namespaces on this machine");
+        return;
+    }
+    let script = r#"
+import ctypes, os, sys, threading
+libc = ctypes.CDLL(None, use_errno=True)
+t = threading.Thread(target=lambda: None); t.start(); t.join()
+print("joined", flush=True)
+for line in sys.stdin:
+    rc = libc.unshare(0x10000000)  # CLONE_NEWUSER
+    print("unshare", rc, ctypes.get_errno(), flush=True)
+"#;
+    let mut ch = Cmd::new(python(), ["-c", script]).shimmed().spawn();
+    ch.wait_for_line("joined", T);
+    let pid = ch.pid();
+    // The shim thread came with the Python thread...
+    assert!(
+        wait_until(T, || has_memshim(pid).then_some(())).is_some(),
+        "no memshim thread: {:?}",
+        thread_names(pid)
+    );
+    // ...and while it is there, unshare fails as it would in any
+    // multi-threaded process (the test is live)...
+    let busy = ask(&mut ch, "try", "unshare");
+    // ...then it leaves (dirty decay 1 s + 1 s grace) and unshare works.
+    let gone = wait_until(T, || (threads(pid) == 1).then_some(()));
+    assert!(
+        gone.is_some(),
+        "shim thread still there: {:?}",
+        thread_names(pid)
+    );
+    let ok = ask(&mut ch, "try", "unshare");
+    assert!(
+        ok.starts_with("unshare 0 "),
+        "unshare(CLONE_NEWUSER) failed once alone: {ok}"
+    );
+    if !busy.starts_with("unshare -1 22") {
+        // Only possible if the thread already left before the first try.
+        eprintln!("note: first unshare ran without the shim thread: {busy}");
+    }
+    let o = ch.finish(T);
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+}
+
+#[test]
+fn memshim_thread_comes_with_the_second_thread_and_leaves_when_alone() {
+    let mut ch = thread_rule(&[]);
+    let pid = ch.pid();
+    assert_eq!(ask(&mut ch, "threads", "threads"), "threads 1");
+    assert!(!has_memshim(pid));
+    ask(&mut ch, "spawn", "spawned");
+    let up = wait_until(T, || has_memshim(pid).then_some(()));
+    assert!(
+        up.is_some(),
+        "no memshim thread after the 2nd thread: {:?}",
+        thread_names(pid)
+    );
+    assert_eq!(threads(pid), 3);
+    ask(&mut ch, "release", "joined");
+    let alone = Instant::now();
+    assert!(
+        has_memshim(pid),
+        "left at once instead of after the grace time"
+    );
+    let gone = wait_until(T, || (!has_memshim(pid) && threads(pid) == 1).then_some(()));
+    let took = alone.elapsed();
+    assert!(
+        gone.is_some(),
+        "memshim thread did not leave: {:?}",
+        thread_names(pid)
+    );
+    // Dirty decay (1 s) + 1 s grace, checked at 250 ms ticks.
+    assert!(
+        took >= Duration::from_millis(1500),
+        "left after {took:?}, before decay + grace"
+    );
+    // It comes back with the next thread.
+    ask(&mut ch, "spawn", "spawned");
+    assert!(wait_until(T, || has_memshim(pid).then_some(())).is_some());
+    ask(&mut ch, "release", "joined");
+    let o = ch.finish(T);
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+}
+
+#[test]
+fn control_off_never_starts_the_thread() {
+    let mut ch = thread_rule(&[("MEMSHIM_CONTROL", "off")]);
+    let pid = ch.pid();
+    ask(&mut ch, "spawn", "spawned");
+    // In auto mode the thread exists once pthread_create returns; give it
+    // generous time anyway.
+    let appeared = wait_until(Duration::from_millis(500), || {
+        has_memshim(pid).then_some(())
+    });
+    assert!(
+        appeared.is_none(),
+        "memshim thread with MEMSHIM_CONTROL=off: {:?}",
+        thread_names(pid)
+    );
+    assert_eq!(ask(&mut ch, "threads", "threads"), "threads 2");
+    ask(&mut ch, "release", "joined");
+    let o = ch.finish(T);
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+}
+
+#[test]
+fn control_on_starts_the_thread_in_a_single_threaded_process() {
+    let mut ch = thread_rule(&[("MEMSHIM_CONTROL", "on")]);
+    let pid = ch.pid();
+    assert!(
+        wait_until(T, || has_memshim(pid).then_some(())).is_some(),
+        "{:?}",
+        thread_names(pid)
+    );
+    assert_eq!(ask(&mut ch, "threads", "threads"), "threads 2");
+    let o = ch.finish(T);
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+}
+
+#[test]
+fn fork_while_alone_but_for_the_shim_thread_leaves_both_single_threaded() {
+    let mut ch = thread_rule(&[]);
+    let pid = ch.pid();
+    // Slowly: the shim thread is running when the fork comes.
+    ask(&mut ch, "spawn", "spawned");
+    assert!(wait_until(T, || has_memshim(pid).then_some(())).is_some());
+    ask(&mut ch, "release", "joined");
+    assert!(has_memshim(pid));
+    assert_eq!(ask(&mut ch, "fork", "fork"), "fork parent=1 child=1");
+    // At once: create, join and fork back to back (the shim thread may
+    // still be starting).
+    for _ in 0..20 {
+        ch.send("spawn");
+        ch.send("release");
+        ch.send("fork");
+        assert_eq!(ch.wait_for_line("fork", T), "fork parent=1 child=1");
+    }
+    let o = ch.finish(T);
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+}
+
+#[test]
+fn fork_from_a_multithreaded_process_gives_a_single_threaded_child() {
+    let mut ch = thread_rule(&[]);
+    let pid = ch.pid();
+    ask(&mut ch, "spawn", "spawned");
+    assert!(wait_until(T, || has_memshim(pid).then_some(())).is_some());
+    // The parent keeps its threads (the shim's included, so idle purging
+    // continues); the child has only the forking thread.
+    assert_eq!(ask(&mut ch, "fork", "fork"), "fork parent=3 child=1");
+    assert!(has_memshim(pid));
+    ask(&mut ch, "release", "joined");
+    let o = ch.finish(T);
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+}
+
+#[test]
+fn vfork_and_posix_spawn_children_get_no_thread() {
+    let mut ch = thread_rule(&[]);
+    let pid = ch.pid();
+    ask(&mut ch, "spawn", "spawned");
+    assert!(wait_until(T, || has_memshim(pid).then_some(())).is_some());
+    assert_eq!(ask(&mut ch, "vfork", "vfork"), "vfork child=1");
+    // The spawned program runs under the shim too (LD_PRELOAD is inherited)
+    // and is single-threaded.
+    assert_eq!(ask(&mut ch, "spawnp", "spawn child"), "spawn child=1");
+    ask(&mut ch, "release", "joined");
+    let o = ch.finish(T);
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+}
+
+/// Start and join a thread, then fork. CPython's `t.join()` returns a
+/// moment before the OS thread is gone, and CPython 3.12+ warns by itself
+/// (without any shim) if the fork lands in that moment; the script waits
+/// until only the main thread and the shim's remain, as a program that
+/// forks "later" would.
+const FORK_AFTER_JOIN: &str = r#"
+import os, threading, time
+def others():
+    n = 0
+    for tid in os.listdir("/proc/self/task"):
+        if tid != str(os.getpid()):
+            try:
+                n += open("/proc/self/task/%s/comm" % tid).read().strip() != "memshim"
+            except OSError:
+                pass
+    return n
+for i in range(5):
+    t = threading.Thread(target=lambda: None); t.start(); t.join()
+    while others():
+        time.sleep(0.001)
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+print("forked")
+"#;
+
+#[test]
+fn cpython_312_plus_does_not_warn_about_fork_after_a_joined_thread() {
+    let pys: Vec<_> = pyenv_pythons()
+        .into_iter()
+        .filter(|(v, _)| v.starts_with("3.12") || v.starts_with("3.13") || v.starts_with("3.14"))
+        .collect();
+    if pys.is_empty() {
+        eprintln!("SKIP: no CPython >= 3.12 under ~/.pyenv/versions");
+        return;
+    }
+    for (v, exe) in pys {
+        // Default warning filters show the DeprecationWarning (it is raised
+        // in __main__); -W error::DeprecationWarning is what the issue names.
+        for flags in [&[][..], &["-W", "error::DeprecationWarning"]] {
+            let mut args: Vec<&str> = flags.to_vec();
+            args.extend(["-c", FORK_AFTER_JOIN]);
+            for round in 0..3 {
+                let o = Cmd::new(&exe, &args).shimmed().run();
+                assert_eq!(
+                    (o.code, o.stdout.as_str(), o.stderr.as_str()),
+                    (0, "forked\n", ""),
+                    "CPython {v} {flags:?} round {round}"
+                );
+            }
+        }
+        // Live: with the shim thread forced on, the warning does appear.
+        let o = Cmd::new(&exe, ["-c", FORK_AFTER_JOIN])
+            .shimmed()
+            .env("MEMSHIM_CONTROL", "on")
+            .run();
+        assert!(
+            o.stderr.contains("DeprecationWarning"),
+            "CPython {v}: warning expected with MEMSHIM_CONTROL=on: {o:?}"
+        );
+    }
+}
+
+#[test]
+fn thread_started_in_a_library_constructor_brings_the_memshim_thread() {
+    // The DT_NEEDED library's constructor creates a thread, possibly before
+    // the shim's constructor has run (PENDING in lifecycle.rs).
+    let lib = memshim_tests::fixture("ctor_thread_lib", &["-shared", "-fPIC"]);
+    let exe = memshim_tests::fixture(
+        "ctor_thread_main",
+        &["-Wl,--no-as-needed", lib.to_str().unwrap()],
+    );
+    let mut ch = Cmd::new(&exe, [""; 0]).shimmed().spawn();
+    ch.wait_for_line("ready", T);
+    let pid = ch.pid();
+    assert!(
+        wait_until(T, || has_memshim(pid).then_some(())).is_some(),
+        "{:?}",
+        thread_names(pid)
+    );
+    assert_eq!(threads(pid), 3);
+    let o = ch.finish(T);
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+}
