@@ -52,7 +52,7 @@ impl Purger {
                     // Alternate `purge` and `release` (gc in CPython, then purge):
                     // the Python bridge runs on the shim's thread while the
                     // process forks.
-                    let op = if round % 2 == 0 {
+                    let op = if round.is_multiple_of(2) {
                         r#"{"op":"purge"}"#
                     } else {
                         r#"{"op":"release"}"#
