@@ -27,6 +27,7 @@
 
 pub mod control;
 pub mod dlopen;
+pub mod fork_fence;
 pub mod glibc_api;
 pub mod interpose;
 pub mod jemalloc;

@@ -193,6 +193,7 @@ pub unsafe extern "C" fn pthread_create(
 /// so the child is copied from a single-threaded parent and callers that
 /// count threads (CPython's fork warning) see what they would without us.
 extern "C" fn prepare_fork() {
+    crate::fork_fence::before_fork();
     if options::control() != Control::Auto
         || !matches!(thread_state(), ThreadState::Running | ThreadState::Starting)
     {
@@ -213,6 +214,11 @@ extern "C" fn prepare_fork() {
     sys::set_errno(e);
 }
 
+/// In the parent after fork.
+extern "C" fn parent_after_fork() {
+    crate::fork_fence::after_fork_parent();
+}
+
 /// Longest wait in the fork prepare handler for a starting thread.
 const FORK_START_WAIT_MS: u64 = 200;
 
@@ -231,6 +237,7 @@ fn wait_while_starting() {
 /// In the child: the shim's thread does not exist here. Reset state and
 /// close inherited descriptors. Only async-signal-safe work.
 extern "C" fn child_after_fork() {
+    crate::fork_fence::after_fork_child();
     PID.store(sys::getpid(), Relaxed);
     FORK_CHILD.store(true, Relaxed);
     START_MS.store(sys::monotonic_ms(), Relaxed);
@@ -315,7 +322,13 @@ extern "C" fn constructor() {
     let _ = real_pthread_create();
     crate::dlopen::init();
     // SAFETY: registering plain extern "C" functions.
-    unsafe { libc::pthread_atfork(Some(prepare_fork), None, Some(child_after_fork)) };
+    unsafe {
+        libc::pthread_atfork(
+            Some(prepare_fork),
+            Some(parent_after_fork),
+            Some(child_after_fork),
+        )
+    };
     CTOR_DONE.store(true, Release);
     if options::verbose() {
         crate::report::print_verbose();

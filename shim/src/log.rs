@@ -8,6 +8,7 @@
 
 use crate::sys::{StackBuf, write_stderr};
 use core::fmt::{self, Write};
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// Longest line we print; longer text is cut off.
 const LINE_MAX: usize = 1024;
@@ -53,6 +54,10 @@ pub unsafe extern "C" fn jemalloc_message(
     // SAFETY: jemalloc passes a NUL-terminated string.
     let bytes = unsafe { core::ffi::CStr::from_ptr(msg) }.to_bytes();
     match bytes.strip_prefix(b"<jemalloc>: ") {
+        // jemalloc reads its conf strings twice at start-up (an early pass
+        // for a few options, then the full pass) and reports a malformed
+        // string in both: print each distinct complaint once.
+        Some(_) if already_said(bytes) => {}
         Some(rest) => {
             let text = core::str::from_utf8(rest)
                 .unwrap_or("(non-UTF-8 message)")
@@ -68,5 +73,38 @@ pub unsafe extern "C" fn jemalloc_message(
             }
         }
         None => write_stderr(bytes),
+    }
+}
+
+/// FNV-1a hashes of the jemalloc complaints printed so far.
+static SAID: [AtomicU64; 32] = [const { AtomicU64::new(0) }; 32];
+
+/// True if this message was printed before; otherwise records it (while
+/// there is room) and returns false. Lock-free and allocation-free.
+fn already_said(msg: &[u8]) -> bool {
+    let h = msg.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    }) | 1;
+    for slot in &SAID {
+        match slot.compare_exchange(0, h, Relaxed, Relaxed) {
+            Ok(_) => return false,
+            Err(v) if v == h => return true,
+            Err(_) => {}
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::already_said;
+
+    #[test]
+    fn a_repeated_jemalloc_complaint_is_said_once() {
+        assert!(!already_said(b"<jemalloc>: Malformed conf string -- x\n"));
+        assert!(already_said(b"<jemalloc>: Malformed conf string -- x\n"));
+        assert!(!already_said(
+            b"<jemalloc>: Conf string ends with key -- y\n"
+        ));
     }
 }

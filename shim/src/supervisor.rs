@@ -8,7 +8,10 @@
 //! * serves the control socket (`control/`): its listener and client
 //!   connections are polled here, `Endpoint::on_events` answers them;
 //! * stops when the process has been alone (main thread + us) for the decay
-//!   time plus a grace second, or at once when a fork handler asks.
+//!   time plus a grace second, or at once when a fork handler asks;
+//! * ends within a tick, in every mode, once every application thread has
+//!   ended (main called `pthread_exit` and the others returned), so the
+//!   process exits as it would without the shim.
 //!
 //! All signals are blocked on this thread (it is created with a full mask),
 //! so the application's handlers never run here. It holds no lock of its own
@@ -61,12 +64,23 @@ fn ours(slot: &AtomicI32) -> Option<i32> {
 }
 
 fn open_wake_pipe() {
+    // No fork may copy the pipe before it is recorded; the loop retries.
+    let Some(_fence) = crate::fork_fence::enter() else {
+        return;
+    };
     let mut fds = [-1i32; 2];
     // SAFETY: `fds` is a valid array of two ints.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } == 0 {
-        WAKE_ID.store(fd_identity(fds[0]), Release);
-        WAKE_R.store(fds[0], Release);
-        WAKE_W.store(fds[1], Release);
+        // Out of the low numbers (3 and 4 would otherwise be ours in most
+        // processes, where programs expect their own first files), like the
+        // control socket.
+        let (r, w) = (
+            crate::control::move_high(fds[0]),
+            crate::control::move_high(fds[1]),
+        );
+        WAKE_ID.store(fd_identity(r), Release);
+        WAKE_R.store(r, Release);
+        WAKE_W.store(w, Release);
     }
 }
 
@@ -186,6 +200,14 @@ extern "C" fn thread_main(_: *mut c_void) -> *mut c_void {
             let _ = jemalloc::decay_all();
             last_decay = now;
         }
+        if only_we_remain() && try_stop(&mut endpoint) {
+            // Every thread of the application has ended (its main thread
+            // with pthread_exit). Without us the process would have exited;
+            // returning lets glibc's last-thread exit(0) happen, in any
+            // mode. Staying would keep it alive forever, and since we block
+            // every signal, even SIGTERM would stay pending.
+            return core::ptr::null_mut();
+        }
         if options::control() == Control::Auto {
             if sys::num_threads().is_some_and(|n| n <= 2) {
                 let since = *alone_since.get_or_insert(now);
@@ -197,6 +219,12 @@ extern "C" fn thread_main(_: *mut c_void) -> *mut c_void {
             }
         }
     }
+}
+
+/// The only threads left are the exited main thread (a zombie until the
+/// process ends) and us.
+fn only_we_remain() -> bool {
+    sys::num_threads().is_some_and(|n| n <= 2) && sys::leader_exited()
 }
 
 /// Leaves the loop unless the process created a thread meanwhile.

@@ -81,6 +81,18 @@ pub fn read_file(path: &CStr, buf: &mut [u8]) -> Option<usize> {
 /// Number of threads in this process, field 20 of `/proc/self/stat` (the
 /// same figure CPython reads before warning about fork with threads).
 pub fn num_threads() -> Option<u64> {
+    self_stat().map(|(_, n)| n)
+}
+
+/// The thread-group leader (the main thread) has exited with
+/// `pthread_exit` while other threads run on: `/proc/self/stat` then shows
+/// the process as a zombie, and the leader still counts in `num_threads`.
+pub fn leader_exited() -> bool {
+    self_stat().is_some_and(|(state, _)| state == b'Z')
+}
+
+/// (state, num_threads): fields 3 and 20 of `/proc/self/stat`.
+fn self_stat() -> Option<(u8, u64)> {
     let mut buf = [0u8; 1024];
     let len = read_file(c"/proc/self/stat", &mut buf)?;
     let stat = &buf[..len];
@@ -91,7 +103,8 @@ pub fn num_threads() -> Option<u64> {
         .split(|&b| b == b' ')
         .filter(|f| !f.is_empty());
     // Field 3 is the first after ')', so field 20 is the 18th.
-    parse_u64(fields.nth(17)?)
+    let state = *fields.next()?.first()?;
+    Some((state, parse_u64(fields.nth(16)?)?))
 }
 
 /// Parses an unsigned decimal number, without allocating.

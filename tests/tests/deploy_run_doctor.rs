@@ -314,7 +314,9 @@ fn doctor_explains_a_program_with_its_own_malloc() {
     let pid2 = ch2.pid().to_string();
     assert_ne!(Cmd::new(ctl(), ["stats", &pid2]).run().code, 0);
     assert!(
-        !memshim_tests::thread_names(ch2.pid()).iter().any(|n| n == "memshim"),
+        !memshim_tests::thread_names(ch2.pid())
+            .iter()
+            .any(|n| n == "memshim"),
         "the shim started its thread in a process it does not serve"
     );
     let o = doctor(ch2.pid());

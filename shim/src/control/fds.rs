@@ -93,7 +93,12 @@ pub fn move_high(fd: i32) -> i32 {
     if high < 0 {
         return fd;
     }
-    // SAFETY: closing the original number of our own new descriptor.
-    unsafe { libc::close(fd) };
+    // The application may have closed the original number (close_range
+    // from another thread) and got it back for a file of its own: close it
+    // only if it is still the same socket as the copy.
+    if fd_identity(fd) == fd_identity(high) {
+        // SAFETY: closing the original number of our own new descriptor.
+        unsafe { libc::close(fd) };
+    }
     high
 }

@@ -25,6 +25,7 @@
 
 mod conn;
 mod fds;
+pub(crate) use fds::move_high;
 mod handlers;
 mod procfs;
 mod socket;
@@ -96,6 +97,11 @@ impl Endpoint {
         }
         let pid = crate::sys::getpid();
         let path = socket::socket_path(&dir, pid, self.starttime);
+        // No fork may copy the listener before it is recorded.
+        let Some(_fence) = crate::fork_fence::enter() else {
+            self.retry_at_ms = now_ms() + 10;
+            return;
+        };
         let Some(fd) = socket::listen(&path) else {
             self.fail(format_args!(
                 "control socket not created: {}",
@@ -188,6 +194,11 @@ impl Endpoint {
 
     fn accept_some(&mut self, now: u64) {
         for _ in 0..MAX_ACCEPTS_PER_TURN {
+            // No fork may copy a connection before it is recorded; during
+            // a fork, accept on a later turn.
+            let Some(_fence) = crate::fork_fence::enter() else {
+                return;
+            };
             // Identity checked before every accept (hazard 26).
             let Some(listener) = fds::LISTENER.get() else {
                 return;
