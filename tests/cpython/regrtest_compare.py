@@ -27,7 +27,7 @@ EXPECTED = {
     "on": {
         # The test lists every descriptor open in a fresh child. With
         # MEMSHIM_CONTROL=on every process has the shim's thread, and with it
-        # its eventfd and control socket (both at numbers >= 512).
+        # its wake pipe and control socket (all at numbers >= 512).
         "test.test_subprocess.POSIXProcessTestCase.test_pass_fds_redirected":
             "the shim's own descriptors (>= 512) are visible with MEMSHIM_CONTROL=on",
     },
