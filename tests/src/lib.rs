@@ -431,3 +431,33 @@ pub fn thread_names(pid: i32) -> Vec<String> {
 pub fn mib(b: u64) -> f64 {
     b as f64 / (1024.0 * 1024.0)
 }
+
+/// A `sh -c` prefix for tests that give a process a private `/tmp` (in its
+/// own mount namespace), the way a container has one. The files are opened
+/// *before* `mount -t tmpfs ... /tmp` and copied into the new `/tmp/.memshim/<n>/`
+/// (executable), because the checkout itself may live under `/tmp` and
+/// would be hidden by the mount. Returns the prefix (ending in `&& `) and
+/// the new paths, in order.
+pub fn private_tmp_prefix(files: &[&Path]) -> (String, Vec<String>) {
+    let mut open = String::new();
+    let mut copy = String::new();
+    let mut paths = vec![];
+    for (i, f) in files.iter().enumerate() {
+        let fd = 3 + i;
+        // One directory per file keeps each file name as it was (memshim-ctl
+        // recognises the library by its name in /proc/<pid>/maps).
+        let name = format!(
+            "/tmp/.memshim/{i}/{}",
+            f.file_name().unwrap().to_string_lossy()
+        );
+        open += &format!("exec {fd}<'{}' && ", f.display());
+        copy += &format!(
+            "mkdir /tmp/.memshim/{i} && cat <&{fd} > '{name}' && chmod 0755 '{name}' && exec {fd}<&- && "
+        );
+        paths.push(name);
+    }
+    (
+        format!("{open}mount -t tmpfs tmpfs /tmp && mkdir /tmp/.memshim && {copy}"),
+        paths,
+    )
+}

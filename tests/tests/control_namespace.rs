@@ -22,10 +22,10 @@ fn a_process_in_another_pid_and_mount_namespace_is_reachable_from_outside() {
         );
         return;
     }
+    let (prefix, p) = private_tmp_prefix(&[&shim(), &heap_fixture()]);
     let script = format!(
-        "mount -t tmpfs tmpfs /tmp && exec env LD_PRELOAD={} MEMSHIM_DIRTY_DECAY_MS=-1 {}",
-        shim().display(),
-        heap_fixture().display()
+        "{prefix}exec env LD_PRELOAD={} MEMSHIM_DIRTY_DECAY_MS=-1 {}",
+        p[0], p[1]
     );
     let mut ns = Cmd::new("unshare", ["-pmf", "--mount-proc", "sh", "-c", &script]).spawn();
     let line = ns.wait_for_line("started", Duration::from_secs(10));

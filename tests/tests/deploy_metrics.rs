@@ -158,10 +158,11 @@ fn metrics_reaches_a_process_in_its_own_pid_and_mount_namespace() {
     // What a node exporter does for a container: the process is pid 1 in
     // its own pid namespace with a private /tmp (its socket directory), and
     // is reached from the host through /proc/<pid>/root.
+    let (prefix, p) = memshim_tests::private_tmp_prefix(&[&memshim_tests::shim()]);
     let script = format!(
-        "mount -t tmpfs none /tmp && exec env LD_PRELOAD={} MEMSHIM_CONTROL=on {} -c \
+        "{prefix}exec env LD_PRELOAD={} MEMSHIM_CONTROL=on {} -c \
          'import os, sys; print(\"ready\", os.getpid(), flush=True); sys.stdin.read()'",
-        memshim_tests::shim().display(),
+        p[0],
         python().display()
     );
     let probe = Cmd::new(
