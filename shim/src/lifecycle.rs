@@ -193,7 +193,14 @@ pub unsafe extern "C" fn pthread_create(
 /// so the child is copied from a single-threaded parent and callers that
 /// count threads (CPython's fork warning) see what they would without us.
 extern "C" fn prepare_fork() {
+    stop_if_alone_but_for_us();
+    // Raised after the stop above: a thread that is starting or stopping
+    // must still be able to create and close its descriptors; once the
+    // fence is up it cannot, and it could miss the wake-up.
     crate::fork_fence::before_fork();
+}
+
+fn stop_if_alone_but_for_us() {
     if options::control() != Control::Auto
         || !matches!(thread_state(), ThreadState::Running | ThreadState::Starting)
     {
