@@ -37,8 +37,14 @@ use std::ffi::CString;
 
 /// Accepts per wake-up.
 const MAX_ACCEPTS_PER_TURN: usize = 32;
-/// Wait between attempts to (re)create the socket after a failure.
-const RETRY_MS: u64 = 5000;
+/// Wait after the first failure to (re)create the socket; doubles with each
+/// further failure up to [`RETRY_MAX_MS`]. Short at first because the usual
+/// cause is transient (the application's `close_range` racing with our
+/// re-creation), long later because a persistent one (an unsafe directory)
+/// must not cost work on every tick.
+const RETRY_MIN_MS: u64 = 100;
+/// Longest wait between attempts.
+const RETRY_MAX_MS: u64 = 5000;
 /// Descriptors [`Endpoint::poll_fds`] may return: the listener and every
 /// connection.
 pub const MAX_POLL_FDS: usize = 1 + fds::MAX_CONNS;
@@ -59,6 +65,8 @@ pub struct Endpoint {
     file_id: Option<(u64, u64)>,
     starttime: u64,
     retry_at_ms: u64,
+    /// Failed attempts since the last success.
+    failures: u32,
 }
 
 fn now_ms() -> u64 {
@@ -78,6 +86,7 @@ impl Endpoint {
             file_id: None,
             starttime: socket::starttime(),
             retry_at_ms: 0,
+            failures: 0,
         };
         e.bind();
         Some(e)
@@ -110,14 +119,27 @@ impl Endpoint {
             return;
         };
         fds::LISTENER.set(fd);
+        if !socket::bound_to(fd, &path) {
+            // The application replaced the number between listen() and the
+            // record (close_range + dup2 from another thread): what we
+            // recorded is not ours. Forget it, never close it, try again.
+            fds::LISTENER.forget();
+            self.fail(format_args!(
+                "control socket replaced while it was being created"
+            ));
+            return;
+        }
         self.file_id = socket::socket_file_id(&path);
         self.path = Some(path);
         BOUND_PID.store(pid, Release);
         REPORTED.store(false, Relaxed);
+        self.failures = 0;
     }
 
     fn fail(&mut self, msg: core::fmt::Arguments<'_>) {
-        self.retry_at_ms = now_ms() + RETRY_MS;
+        let wait = (RETRY_MIN_MS << self.failures.min(6)).min(RETRY_MAX_MS);
+        self.failures = self.failures.saturating_add(1);
+        self.retry_at_ms = now_ms() + wait;
         if crate::options::verbose() && !REPORTED.swap(true, Relaxed) {
             crate::log::info(msg);
         }
@@ -208,6 +230,14 @@ impl Endpoint {
                 Err(libc::EINTR) | Err(libc::ECONNABORTED) => continue,
                 Err(_) => return, // EAGAIN, or out of descriptors: try later
             };
+            let slot = self.free_slot();
+            fds::CONNS[slot].set(fd);
+            // Recorded first, then checked: if the application replaced the
+            // number in between, the record is not ours; forget it.
+            if !self.path.as_ref().is_some_and(|p| socket::bound_to(fd, p)) {
+                fds::CONNS[slot].forget();
+                continue;
+            }
             let me = socket::euid();
             match socket::peer_uid(fd) {
                 Some(uid) if uid == me || uid == 0 => {}
@@ -217,8 +247,6 @@ impl Endpoint {
                         "permission denied: this process runs as uid {me}; only uid {me} or root may use its \
                          control socket, and the request came from {who}"
                     );
-                    let slot = self.free_slot();
-                    fds::CONNS[slot].set(fd);
                     self.conns[slot] =
                         Some(Conn::refused(slot, now, ErrorCode::PermissionDenied, &msg));
                     if let Some(c) = self.conns[slot].as_mut() {
@@ -227,8 +255,6 @@ impl Endpoint {
                     continue;
                 }
             }
-            let slot = self.free_slot();
-            fds::CONNS[slot].set(fd);
             self.conns[slot] = Some(Conn::new(slot, now));
         }
     }

@@ -228,6 +228,32 @@ pub fn listen(path: &CStr) -> Option<i32> {
     Some(fd)
 }
 
+/// Whether `fd` is a Unix socket whose local address is `path`: our
+/// listener, or a connection accepted on it. Our socket name is unique to
+/// this process (pid and start time), so no socket of the application can
+/// pass. Used after recording a new descriptor, to catch a `dup2`/
+/// `close_range` by the application that replaced the number in between.
+pub fn bound_to(fd: i32, path: &CStr) -> bool {
+    let mut addr: libc::sockaddr_un = {
+        // SAFETY: sockaddr_un is plain old data; all-zero is valid.
+        unsafe { core::mem::zeroed() }
+    };
+    let mut len = core::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    // SAFETY: `addr`/`len` describe a writable sockaddr_un.
+    if unsafe { libc::getsockname(fd, (&raw mut addr).cast(), &mut len) } != 0
+        || addr.sun_family != libc::AF_UNIX as libc::sa_family_t
+    {
+        return false;
+    }
+    let want = path.to_bytes();
+    let got = addr
+        .sun_path
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8);
+    got.eq(want.iter().copied())
+}
+
 /// Accepts one connection (nonblocking, close-on-exec), if one is waiting.
 pub fn accept(listener: i32) -> Result<i32, i32> {
     // SAFETY: accept4 with null address pointers is allowed.
