@@ -190,15 +190,7 @@ impl Client {
         }
         match Response::from_line(&line) {
             Ok(Response::Ok(r)) => Ok(r),
-            Ok(Response::Error(e)) => Err(Failure::new(
-                if e.code == memshim_proto::ErrorCode::PermissionDenied {
-                    Exit::Permission
-                } else {
-                    Exit::Remote
-                },
-                Some(pid),
-                e.to_string(),
-            )),
+            Ok(Response::Error(e)) => Err(remote_failure(pid, &e)),
             Err(e) => Err(Failure::new(
                 Exit::Remote,
                 Some(pid),
@@ -219,6 +211,27 @@ impl Client {
             Some(self.proc.pid),
             format!("unexpected {kind:?} answer"),
         )
+    }
+}
+
+/// The failure for an error answer, with what to do where we know it.
+pub fn remote_failure(pid: i32, e: &memshim_proto::ErrorReply) -> Failure {
+    use memshim_proto::{ErrorCode, PythonUnavailable as U};
+    let exit = match e.code {
+        ErrorCode::PermissionDenied => Exit::Permission,
+        ErrorCode::PythonUnavailable => Exit::PythonStep,
+        _ => Exit::Remote,
+    };
+    let f = Failure::new(exit, Some(pid), e.to_string());
+    match &e.python {
+        Some(U::Busy { .. }) => f.hint(
+            "a C extension held the GIL for the whole wait (or an earlier job is still running); try again",
+        ),
+        Some(U::NoPython) => f.hint(
+            "the process has no CPython in its global scope (not a Python process, or one that embeds Python RTLD_LOCAL)",
+        ),
+        Some(U::Unsupported { .. }) => f.hint("the bridge supports CPython 3.8 to 3.13"),
+        _ => f,
     }
 }
 

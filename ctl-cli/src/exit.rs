@@ -8,7 +8,8 @@
 //! | 3 | no such process, or the shim is not loaded in it |
 //! | 4 | the shim is loaded but its control endpoint is not running |
 //! | 5 | permission denied |
-//! | 6 | the process answered with an error (protocol, Python unavailable, ...) |
+//! | 6 | the process answered with an error (protocol, invalid argument, ...) |
+//! | 7 | a Python step could not run or failed: `gc`, `empty-cache`, or a step of `release` (the GIL could not be had, the interpreter is shutting down, Python raised; `gc` in a process without CPython) |
 //!
 //! docs/troubleshooting.md lists the messages and what to do about each.
 
@@ -31,6 +32,8 @@ pub enum Exit {
     Permission,
     /// 6
     Remote,
+    /// 7
+    PythonStep,
 }
 
 impl Exit {
@@ -43,6 +46,7 @@ impl Exit {
             Exit::NoEndpoint => 4,
             Exit::Permission => 5,
             Exit::Remote => 6,
+            Exit::PythonStep => 7,
         }
     }
 }
@@ -121,8 +125,9 @@ mod tests {
             Exit::NoEndpoint,
             Exit::Permission,
             Exit::Remote,
+            Exit::PythonStep,
         ];
-        assert_eq!(all.map(Exit::code), [0, 1, 3, 4, 5, 6]);
+        assert_eq!(all.map(Exit::code), [0, 1, 3, 4, 5, 6, 7]);
         let f = Failure::new(Exit::NotFound, Some(7), "no such process");
         assert_eq!(f.line(), "pid 7: no such process");
         assert_eq!(

@@ -72,6 +72,22 @@ pub enum ReleaseStepKind {
     Purge,
 }
 
+/// How a step of `release` went.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum StepOutcome {
+    /// The step ran.
+    #[default]
+    Done,
+    /// There was nothing to do: no CPython in the process, torch not
+    /// imported, CUDA not initialised, an empty cache. Not a failure.
+    NothingToDo,
+    /// The step could not run (the GIL could not be had in time, the
+    /// interpreter is shutting down, an unsupported version) or it failed
+    /// (Python raised). `memshim-ctl release` exits non-zero.
+    Failed,
+}
+
 /// One step of `release`, with its effect.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct ReleaseStep {
@@ -85,9 +101,30 @@ pub struct ReleaseStep {
     pub after: u64,
     /// Time the step took, ms.
     pub elapsed_ms: f64,
-    /// Why the step did nothing (Python unavailable, torch not imported...).
+    /// How it went (absent from servers before 0.2: read as `done`).
+    #[serde(default)]
+    pub outcome: StepOutcome,
+    /// Why there was nothing to do (`outcome` `nothing_to_do`), e.g.
+    /// "torch is not imported".
     #[serde(default)]
     pub skipped: Option<String>,
+    /// Why the step could not run or failed (`outcome` `failed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The bridge's reason, where CPython could not be used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<crate::PythonUnavailable>,
+}
+
+impl ReleaseStep {
+    /// The step's name as the CLI shows it.
+    pub fn name(&self) -> &'static str {
+        match self.step {
+            ReleaseStepKind::Gc => "gc",
+            ReleaseStepKind::EmptyCache => "empty-cache",
+            ReleaseStepKind::Purge => "purge",
+        }
+    }
 }
 
 /// Answer to `release`.
@@ -103,4 +140,13 @@ pub struct ReleaseResult {
     pub elapsed_ms: f64,
     /// gc, empty_cache, purge, in that order.
     pub steps: Vec<ReleaseStep>,
+}
+
+impl ReleaseResult {
+    /// The steps that could not run or failed.
+    pub fn failed_steps(&self) -> impl Iterator<Item = &ReleaseStep> {
+        self.steps
+            .iter()
+            .filter(|s| s.outcome == StepOutcome::Failed)
+    }
 }

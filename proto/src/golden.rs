@@ -86,19 +86,42 @@ fn replies_encode_exactly() {
         rss_after: 4,
         released: 6,
         elapsed_ms: 3.0,
-        steps: vec![ReleaseStep {
-            step: ReleaseStepKind::EmptyCache,
-            measure: "cuda_reserved".into(),
-            before: 0,
-            after: 0,
-            elapsed_ms: 0.0,
-            skipped: Some("torch is not imported".into()),
-        }],
+        steps: vec![
+            ReleaseStep {
+                step: ReleaseStepKind::Gc,
+                measure: "rss".into(),
+                before: 10,
+                after: 10,
+                elapsed_ms: 1000.0,
+                outcome: StepOutcome::Failed,
+                skipped: None,
+                error: Some(
+                    "CPython was busy: the GIL could not be had within 1000 ms; try again".into(),
+                ),
+                python: Some(PythonUnavailable::Busy { waited_ms: 1000 }),
+            },
+            ReleaseStep {
+                step: ReleaseStepKind::EmptyCache,
+                measure: "cuda_reserved".into(),
+                before: 0,
+                after: 0,
+                elapsed_ms: 0.0,
+                outcome: StepOutcome::NothingToDo,
+                skipped: Some("torch is not imported".into()),
+                error: None,
+                python: None,
+            },
+        ],
     }));
     assert_eq!(
         line(&release),
-        r#"{"ok":{"kind":"release","rss_before":10,"rss_after":4,"released":6,"elapsed_ms":3.0,"steps":[{"step":"empty_cache","measure":"cuda_reserved","before":0,"after":0,"elapsed_ms":0.0,"skipped":"torch is not imported"}]}}"#
+        r#"{"ok":{"kind":"release","rss_before":10,"rss_after":4,"released":6,"elapsed_ms":3.0,"steps":[{"step":"gc","measure":"rss","before":10,"after":10,"elapsed_ms":1000.0,"outcome":"failed","skipped":null,"error":"CPython was busy: the GIL could not be had within 1000 ms; try again","python":{"reason":"busy","waited_ms":1000}},{"step":"empty_cache","measure":"cuda_reserved","before":0,"after":0,"elapsed_ms":0.0,"outcome":"nothing_to_do","skipped":"torch is not imported"}]}}"#
     );
+    // A step from a 0.1 server (no `outcome`) reads as done.
+    let old =
+        r#"{"step":"purge","measure":"rss","before":2,"after":1,"elapsed_ms":1.0,"skipped":null}"#;
+    let s: ReleaseStep = serde_json::from_str(old).unwrap();
+    assert_eq!((s.outcome, s.error), (StepOutcome::Done, None));
 }
 
 #[test]

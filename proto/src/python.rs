@@ -23,8 +23,10 @@ pub struct PythonSection {
     pub gc_collections: Option<[u64; 3]>,
     /// `sys.getallocatedblocks()`: blocks pymalloc has handed out.
     pub allocated_blocks: u64,
-    /// Threads of the interpreter (`threading.active_count()` or the
-    /// thread-state list), not OS threads.
+    /// Threads of the interpreter: the main interpreter's thread states
+    /// (every thread that runs Python code or holds a thread state, whether
+    /// `threading` started it or not), not counting memshim's own, and not
+    /// OS threads.
     pub threads: u64,
     /// Bytes in pymalloc arenas, which are `mmap`ed directly and bypass
     /// malloc (and so the shim), where it can be read.
@@ -81,7 +83,8 @@ pub enum PythonUnavailable {
         /// The version found.
         version: String,
     },
-    /// The GIL (or the main thread) could not be had within the time limit.
+    /// The GIL could not be had within the time limit (a C extension held
+    /// it), or an earlier job is still running.
     Busy {
         /// How long the bridge waited.
         waited_ms: u64,

@@ -5,7 +5,7 @@ use crate::cli::Targets;
 use crate::exit::{Exit, Failure};
 use crate::render::{bytes, delta, ms, table};
 use clap::Args;
-use memshim_proto::{ReleaseResult, ReleaseStepKind, Reply, Request};
+use memshim_proto::{ReleaseResult, Reply, Request, StepOutcome};
 
 /// Options of `release`.
 #[derive(Args, Debug)]
@@ -15,20 +15,67 @@ pub struct ReleaseArgs {
     pub targets: Targets,
 }
 
-/// Runs `release`.
+/// Runs `release`. A process whose release had a step that could not run
+/// or failed counts as failed (exit 7 for a single target), though what the
+/// other steps did is reported as usual.
 pub fn run(a: ReleaseArgs) -> Result<Exit, Failure> {
     let (outcomes, exit) = for_targets(&a.targets, |c| match c.request(&Request::Release)? {
         Reply::Release(r) => Ok(r),
         other => Err(c.unexpected(&other)),
     });
+    let partial: Vec<Failure> = outcomes
+        .iter()
+        .filter_map(|o| o.result.as_ref().ok().map(|r| (o.pid, r)))
+        .flat_map(|(pid, r)| {
+            r.failed_steps().map(move |s| {
+                Failure::new(
+                    Exit::PythonStep,
+                    Some(pid),
+                    format!(
+                        "release: the {} step could not run: {}",
+                        s.name(),
+                        s.error.as_deref().unwrap_or("no reason given")
+                    ),
+                )
+            })
+        })
+        .collect();
     if a.targets.json {
         let v: Vec<_> = outcomes.iter().map(outcome_json).collect();
         println!("{}", serde_json::json!({ "release": v }));
     } else {
         print!("{}", human(&outcomes));
         print_failures(&outcomes);
+        for f in &partial {
+            eprintln!("memshim-ctl: error: {}", f.line());
+        }
     }
-    Ok(exit)
+    Ok(overall(
+        exit,
+        outcomes.len(),
+        &outcomes,
+        !partial.is_empty(),
+    ))
+}
+
+/// The exit status: a process with a failed step counts as a failed target.
+fn overall(exit: Exit, targets: usize, outcomes: &[Outcome<ReleaseResult>], partial: bool) -> Exit {
+    if !partial {
+        return exit;
+    }
+    let bad = outcomes
+        .iter()
+        .filter(|o| {
+            o.result
+                .as_ref()
+                .map_or(true, |r| r.failed_steps().next().is_some())
+        })
+        .count();
+    if targets == 1 && bad == 1 {
+        Exit::PythonStep
+    } else {
+        Exit::Failed
+    }
 }
 
 /// The human form: one block per process, one row per step.
@@ -52,22 +99,28 @@ pub fn human(outcomes: &[Outcome<ReleaseResult>]) -> String {
             .steps
             .iter()
             .map(|s| {
-                let name = match s.step {
-                    ReleaseStepKind::Gc => "gc",
-                    ReleaseStepKind::EmptyCache => "empty-cache",
-                    ReleaseStepKind::Purge => "purge",
-                };
-                match &s.skipped {
-                    Some(why) => vec![
-                        name.into(),
+                let name = s.name().to_owned();
+                let not_run = |what: String| {
+                    vec![
+                        name.clone(),
                         s.measure.clone(),
                         "-".into(),
                         "-".into(),
                         "-".into(),
-                        format!("skipped: {why}"),
-                    ],
-                    None => vec![
-                        name.into(),
+                        what,
+                    ]
+                };
+                match s.outcome {
+                    StepOutcome::Failed => not_run(format!(
+                        "FAILED: {}",
+                        s.error.as_deref().unwrap_or("no reason given")
+                    )),
+                    StepOutcome::NothingToDo => not_run(format!(
+                        "nothing to do: {}",
+                        s.skipped.as_deref().unwrap_or("-")
+                    )),
+                    StepOutcome::Done => vec![
+                        name.clone(),
                         s.measure.clone(),
                         bytes(s.before),
                         bytes(s.after),
@@ -92,18 +145,28 @@ pub fn human(outcomes: &[Outcome<ReleaseResult>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use memshim_proto::ReleaseStep;
+    use memshim_proto::{ReleaseStep, ReleaseStepKind};
 
-    #[test]
-    fn release_shows_each_step() {
-        let step = |step, before, after, skipped: Option<&str>| ReleaseStep {
+    fn step(step: ReleaseStepKind, before: u64, after: u64, skipped: Option<&str>) -> ReleaseStep {
+        ReleaseStep {
             step,
             measure: "rss".into(),
             before,
             after,
             elapsed_ms: 1.0,
+            outcome: if skipped.is_some() {
+                StepOutcome::NothingToDo
+            } else {
+                StepOutcome::Done
+            },
             skipped: skipped.map(str::to_owned),
-        };
+            error: None,
+            python: None,
+        }
+    }
+
+    #[test]
+    fn release_shows_each_step() {
         let o = vec![Outcome {
             pid: 5,
             command: Some("python3 x.py".into()),
@@ -132,9 +195,39 @@ mod tests {
             "{h}"
         );
         assert!(
-            h.contains("empty-cache") && h.contains("skipped: torch is not imported"),
+            h.contains("empty-cache") && h.contains("nothing to do: torch is not imported"),
             "{h}"
         );
         assert!(h.contains("-924.0 MiB"), "{h}");
+        assert_eq!(overall(Exit::Ok, 1, &o, false), Exit::Ok);
+    }
+
+    #[test]
+    fn a_failed_step_is_shown_and_fails_the_command() {
+        let mut gc = step(ReleaseStepKind::Gc, 0, 0, None);
+        gc.outcome = StepOutcome::Failed;
+        gc.error = Some("CPython was busy".into());
+        let ok = ReleaseResult {
+            steps: vec![step(ReleaseStepKind::Purge, 2, 1, None)],
+            ..Default::default()
+        };
+        let bad = ReleaseResult {
+            steps: vec![gc, step(ReleaseStepKind::Purge, 2, 1, None)],
+            ..Default::default()
+        };
+        let one = |pid, r| Outcome {
+            pid,
+            command: None,
+            result: Ok(r),
+        };
+        let o = vec![one(5, bad.clone())];
+        assert!(
+            human(&o).contains("FAILED: CPython was busy"),
+            "{}",
+            human(&o)
+        );
+        assert_eq!(overall(Exit::Ok, 1, &o, true), Exit::PythonStep);
+        let o = vec![one(5, bad), one(6, ok)];
+        assert_eq!(overall(Exit::Ok, 2, &o, true), Exit::Failed);
     }
 }

@@ -19,9 +19,11 @@ pub fn reset_purge_counters() {
     PURGED_BYTES.store(0, Relaxed);
 }
 
-/// How long `stats` waits for the interpreter before reporting "busy".
-const PY_STATS_TIMEOUT: Duration = Duration::from_millis(250);
-/// How long `gc` / `empty_cache` wait for the interpreter.
+/// How long `stats` waits for the GIL before reporting the `python` section
+/// as "busy" (the rest of the report is complete either way).
+const PY_STATS_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long `gc` / `empty_cache` (and each of those steps of `release`)
+/// wait for the GIL before answering "busy".
 const PY_ACTION_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest decay accepted at runtime (about 31 years), as in options.rs.
 const MAX_DECAY_MS: i64 = 1_000_000_000_000;
@@ -185,52 +187,92 @@ pub fn gc() -> Result<GcResult, ErrorReply> {
     crate::python::gc(PY_ACTION_TIMEOUT).map_err(ErrorReply::python)
 }
 
-/// `empty_cache`.
+/// `empty_cache`. A process without a usable interpreter has nothing to
+/// empty: that is an answer, not an error.
 pub fn empty_cache() -> Result<EmptyCacheResult, ErrorReply> {
-    crate::python::empty_cache(PY_ACTION_TIMEOUT).map_err(ErrorReply::python)
+    let t0 = Instant::now();
+    match crate::python::empty_cache(PY_ACTION_TIMEOUT) {
+        Ok(r) => Ok(r),
+        Err(why) if nothing_to_do(&why) => Ok(EmptyCacheResult {
+            skipped: Some(why.to_string()),
+            elapsed_ms: ms(t0),
+            ..Default::default()
+        }),
+        Err(why) => Err(ErrorReply::python(why)),
+    }
 }
 
-/// `release`: gc, empty_cache, purge, one figure per step. A step that
-/// cannot run is reported as skipped; the purge always runs.
+/// Whether a Python step that could not use the interpreter simply had
+/// nothing to do (there is no interpreter to act on), rather than failed.
+fn nothing_to_do(why: &PythonUnavailable) -> bool {
+    matches!(
+        why,
+        PythonUnavailable::NoPython | PythonUnavailable::NotInitialized
+    )
+}
+
+/// A Python step of `release` from the bridge's answer.
+fn python_step(
+    step: ReleaseStepKind,
+    measure: &str,
+    t: Instant,
+    r: Result<(u64, u64, Option<String>), PythonUnavailable>,
+) -> ReleaseStep {
+    let mut s = ReleaseStep {
+        step,
+        measure: measure.into(),
+        before: 0,
+        after: 0,
+        elapsed_ms: 0.0,
+        outcome: StepOutcome::Done,
+        skipped: None,
+        error: None,
+        python: None,
+    };
+    match r {
+        Ok((before, after, skipped)) => {
+            (s.before, s.after) = (before, after);
+            if skipped.is_some() {
+                s.outcome = StepOutcome::NothingToDo;
+                s.skipped = skipped;
+            }
+        }
+        Err(why) if nothing_to_do(&why) => {
+            s.outcome = StepOutcome::NothingToDo;
+            s.skipped = Some(why.to_string());
+            s.python = Some(why);
+        }
+        Err(why) => {
+            s.outcome = StepOutcome::Failed;
+            s.error = Some(why.to_string());
+            s.python = Some(why);
+        }
+    }
+    s.elapsed_ms = ms(t);
+    s
+}
+
+/// `release`: gc, empty_cache, purge, one figure per step. Each step says
+/// whether it ran, had nothing to do, or could not run or failed (then
+/// `memshim-ctl` exits non-zero); the purge always runs.
 pub fn release() -> Result<ReleaseResult, ErrorReply> {
     let t0 = Instant::now();
     let rss_before = procfs::rss();
     let mut steps = Vec::with_capacity(3);
 
     let t = Instant::now();
-    let before = procfs::rss();
-    let skipped = crate::python::gc(PY_ACTION_TIMEOUT)
-        .err()
-        .map(|why| why.to_string());
-    steps.push(ReleaseStep {
-        step: ReleaseStepKind::Gc,
-        measure: "rss".into(),
-        before,
-        after: procfs::rss(),
-        elapsed_ms: ms(t),
-        skipped,
-    });
+    let gc = crate::python::gc(PY_ACTION_TIMEOUT).map(|r| (r.rss_before, r.rss_after, None));
+    steps.push(python_step(ReleaseStepKind::Gc, "rss", t, gc));
 
     let t = Instant::now();
-    let step = match crate::python::empty_cache(PY_ACTION_TIMEOUT) {
-        Ok(r) => ReleaseStep {
-            step: ReleaseStepKind::EmptyCache,
-            measure: "cuda_reserved".into(),
-            before: r.reserved_before,
-            after: r.reserved_after,
-            elapsed_ms: ms(t),
-            skipped: r.skipped,
-        },
-        Err(why) => ReleaseStep {
-            step: ReleaseStepKind::EmptyCache,
-            measure: "cuda_reserved".into(),
-            before: 0,
-            after: 0,
-            elapsed_ms: ms(t),
-            skipped: Some(why.to_string()),
-        },
-    };
-    steps.push(step);
+    let ec = crate::python::empty_cache(PY_ACTION_TIMEOUT)
+        .map(|r| (r.reserved_before, r.reserved_after, r.skipped));
+    steps.push(python_step(
+        ReleaseStepKind::EmptyCache,
+        "cuda_reserved",
+        t,
+        ec,
+    ));
 
     let p = purge()?;
     steps.push(ReleaseStep {
@@ -239,7 +281,10 @@ pub fn release() -> Result<ReleaseResult, ErrorReply> {
         before: p.rss_before,
         after: p.rss_after,
         elapsed_ms: p.elapsed_ms,
+        outcome: StepOutcome::Done,
         skipped: None,
+        error: None,
+        python: None,
     });
     let rss_after = procfs::rss();
     Ok(ReleaseResult {
