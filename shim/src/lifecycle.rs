@@ -256,6 +256,7 @@ extern "C" fn child_after_fork() {
     set_thread_state(ThreadState::Idle);
     supervisor::after_fork_child();
     control::after_fork_child();
+    crate::python::after_fork_child();
 }
 
 // --- constructor and destructor ---------------------------------------------

@@ -65,10 +65,26 @@ fn bert_unloaded_then_release_returns_its_memory_and_never_touches_cuda() {
         panic!()
     };
     assert_eq!(e.skipped.as_deref(), Some("CUDA is not initialized"));
+    // The release runs while the main thread sleeps, as a server's does
+    // between requests.
+    child.send("sleep 10");
+    child.wait_for_line("sleeping", Duration::from_secs(10));
+    let asleep = std::time::Instant::now();
     let Reply::Release(r) = ok(request(&sock, &Request::Release)) else {
         panic!()
     };
     let after = rss_bytes(pid);
+    assert!(
+        asleep.elapsed() < Duration::from_secs(8),
+        "release took {:?}: the main thread may have woken meanwhile",
+        asleep.elapsed()
+    );
+    assert!(
+        r.steps
+            .iter()
+            .all(|s| s.outcome != memshim_proto::StepOutcome::Failed),
+        "{r:?}"
+    );
     let _ = writeln!(
         std::io::stderr(),
         "torch release: baseline {:.1} MiB, loaded {:.1} MiB, after del {:.1} MiB, after release {:.1} MiB; steps: {}",
@@ -79,14 +95,15 @@ fn bert_unloaded_then_release_returns_its_memory_and_never_touches_cuda() {
         r.steps
             .iter()
             .map(|s| format!(
-                "{:?} {:.1}->{:.1} MiB {:.1} ms{}",
-                s.step,
+                "{} {:?} {:.1}->{:.1} MiB {:.1} ms{}",
+                s.name(),
+                s.outcome,
                 mib(s.before),
                 mib(s.after),
                 s.elapsed_ms,
                 s.skipped
                     .as_deref()
-                    .map(|w| format!(" (skipped: {w})"))
+                    .map(|w| format!(" ({w})"))
                     .unwrap_or_default()
             ))
             .collect::<Vec<_>>()

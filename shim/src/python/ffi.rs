@@ -10,7 +10,7 @@
 //! treated as having no Python, as the issue asks.
 //!
 //! Resolution happens on the shim's own thread only (`api()` is called by
-//! the request side in `mainthread.rs`), never on the allocation path, in a
+//! the request side in `job.rs`), never on the allocation path, in a
 //! fork handler or a constructor: `dlsym` takes the loader's lock and may
 //! allocate (its error buffer), and in the constructor a `dlopen`ed
 //! interpreter would not be there yet. A successful lookup is cached for the
@@ -52,8 +52,6 @@ unsafe impl Sync for PyMethodDef {}
 /// `METH_NOARGS`.
 pub const METH_NOARGS: c_int = 0x0004;
 
-/// A pending call's function type.
-pub type PendingFn = extern "C" fn(*mut c_void) -> c_int;
 /// `atexit_datacallbackfunc` (3.12 `_Py_AtExit`, 3.13 `PyUnstable_AtExit`).
 pub type AtExitFn = extern "C" fn(*mut c_void);
 
@@ -100,9 +98,6 @@ api! {
     is_initialized: "Py_IsInitialized" => fn() -> c_int;
     /// `const char *Py_GetVersion(void)`: a static string.
     get_version: "Py_GetVersion" => fn() -> *const c_char;
-    /// `int Py_AddPendingCall(int (*)(void *), void *)`: callable without the
-    /// GIL and without a thread state, from any thread.
-    add_pending_call: "Py_AddPendingCall" => fn(PendingFn, *mut c_void) -> c_int;
     /// `PyObject *PyImport_GetModuleDict(void)`: borrowed `sys.modules`.
     import_get_module_dict: "PyImport_GetModuleDict" => fn() -> *mut PyObject;
     /// `PyObject *PyDict_GetItemString(PyObject *, const char *)`: borrowed,
@@ -138,8 +133,6 @@ api! {
     err_occurred: "PyErr_Occurred" => fn() -> *mut PyObject;
     /// `void PyErr_Fetch(PyObject **, PyObject **, PyObject **)`.
     err_fetch: "PyErr_Fetch" => fn(*mut *mut PyObject, *mut *mut PyObject, *mut *mut PyObject) -> ();
-    /// `void PyErr_Restore(PyObject *, PyObject *, PyObject *)`: steals.
-    err_restore: "PyErr_Restore" => fn(*mut PyObject, *mut PyObject, *mut PyObject) -> ();
     /// `void Py_DecRef(PyObject *)` (NULL is allowed).
     dec_ref: "Py_DecRef" => fn(*mut PyObject) -> ();
     /// `void Py_IncRef(PyObject *)`.
@@ -158,11 +151,23 @@ api! {
     save_thread: "PyEval_SaveThread" => fn() -> *mut c_void;
     /// `void PyEval_RestoreThread(PyThreadState *)`: takes it back.
     restore_thread: "PyEval_RestoreThread" => fn(*mut c_void) -> ();
-    /// `PyGILState_STATE PyGILState_Ensure(void)` (blocks until it has the
-    /// GIL; see `nudge.rs` for the only use).
+    /// `PyGILState_STATE PyGILState_Ensure(void)`: blocks until this thread
+    /// holds the GIL (attached, in a free-threaded build), creating a thread
+    /// state for it. During finalization it ends the thread with
+    /// `pthread_exit` instead (3.8-3.13; see `job.rs`).
     gil_ensure: "PyGILState_Ensure" => fn() -> c_int;
-    /// `void PyGILState_Release(PyGILState_STATE)`.
+    /// `void PyGILState_Release(PyGILState_STATE)`: drops the GIL and the
+    /// thread state `PyGILState_Ensure` created.
     gil_release: "PyGILState_Release" => fn(c_int) -> ();
+    /// `unsigned long PyThread_get_thread_ident(void)`: the key of
+    /// `threading._active` for the calling thread.
+    thread_ident: "PyThread_get_thread_ident" => fn() -> core::ffi::c_ulong;
+    /// `PyObject *PyLong_FromUnsignedLong(unsigned long)`: new.
+    long_from_ulong: "PyLong_FromUnsignedLong" => fn(core::ffi::c_ulong) -> *mut PyObject;
+    /// `int PyObject_IsInstance(PyObject *, PyObject *cls)`: -1 on error.
+    is_instance: "PyObject_IsInstance" => fn(*mut PyObject, *mut PyObject) -> c_int;
+    /// `int PyErr_GivenExceptionMatches(PyObject *given, PyObject *exc)`.
+    given_exception_matches: "PyErr_GivenExceptionMatches" => fn(*mut PyObject, *mut PyObject) -> c_int;
     }
     optional {
         /// `int Py_IsFinalizing(void)` (3.13) or `_Py_IsFinalizing` (3.8-3.12):
@@ -193,6 +198,8 @@ fn sym(name_nul: &str) -> *mut c_void {
 static API: OnceLock<Api> = OnceLock::new();
 /// Address of `_Py_NoneStruct` (`None`), a data symbol.
 static NONE: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
+/// Address of the variable `PyExc_Exception` (a `PyObject *`), a data symbol.
+static EXC_EXCEPTION: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
 
 /// The interpreter's API, resolving it if not done yet. `None`: no CPython
 /// in the global scope. Call on the shim's thread only (see module comment).
@@ -209,11 +216,15 @@ pub fn api() -> Option<&'static Api> {
         sym("_Py_NoneStruct\0") as usize,
         core::sync::atomic::Ordering::Release,
     );
+    EXC_EXCEPTION.store(
+        sym("PyExc_Exception\0") as usize,
+        core::sync::atomic::Ordering::Release,
+    );
     Some(API.get_or_init(|| a))
 }
 
-/// The API if it was resolved before. For the main-thread side, which runs
-/// only after the shim's thread resolved it.
+/// The API if it was resolved before. For the job thread (`job.rs`) and the
+/// exit hooks (`gate.rs`), which run only after the shim's thread resolved it.
 pub fn resolved() -> Option<&'static Api> {
     API.get()
 }
@@ -247,6 +258,17 @@ impl Api {
     /// Address of `None` (null if the symbol is missing).
     pub fn none(&self) -> *mut PyObject {
         NONE.load(core::sync::atomic::Ordering::Acquire) as *mut PyObject
+    }
+
+    /// The class `Exception` (null if the symbol is missing).
+    pub fn exception_class(&self) -> *mut PyObject {
+        let var = EXC_EXCEPTION.load(core::sync::atomic::Ordering::Acquire) as *const *mut PyObject;
+        if var.is_null() {
+            return core::ptr::null_mut();
+        }
+        // SAFETY: `var` is the address of CPython's `PyExc_Exception`
+        // variable, set once at start-up and never changed.
+        unsafe { *var }
     }
 }
 

@@ -1,30 +1,38 @@
-//! The exit gate (hazard 34): once the interpreter starts shutting down,
-//! the shim's thread never calls into CPython again.
+//! The exit gate: once the interpreter starts shutting down, no thread of
+//! the shim starts a call into CPython, and the host's exit never waits
+//! for one beyond a job that is already running.
 //!
-//! The only CPython function the shim's thread calls that touches the
-//! interpreter's state is `Py_AddPendingCall` (`mainthread.rs`). Called
-//! while the interpreter is being freed, it would read freed memory. So the
-//! shim's thread brackets that call with [`enter`]/[`leave`], and a hook
-//! that CPython runs on the main thread during shutdown calls [`close`]:
-//! it shuts the gate and waits until no call is in flight. After that
-//! nothing on the shim's thread reaches CPython (requests answer
-//! "finalizing").
+//! The job thread (`job.rs`) is the only thread of ours that enters
+//! CPython, with `PyGILState_Ensure`. That call is safe while the runtime
+//! is initialised, and it ends the thread with `pthread_exit` once the
+//! runtime is finalizing (3.8-3.13); what it must never do is *begin* after
+//! the interpreter's thread-state machinery has been torn down (late in
+//! `Py_FinalizeEx`), where it would read freed memory. So a job thread
+//! counts as "in flight" from just before it is spawned until it has
+//! exited ([`enter`]; the exit is noticed by a thread-specific-data
+//! destructor, which also runs when CPython ends the thread with
+//! `pthread_exit`), and a hook that runs on the main thread during shutdown
+//! calls [`close`]: it shuts the gate and waits until nothing is in flight.
 //!
-//! The hook is registered (from the main thread, in the first pending call
-//! that runs) with whichever of these the process offers without importing
-//! anything:
+//! The hook is registered from the first job that runs, with the earliest
+//! of these that the process offers without importing anything:
 //!
-//! 1. `atexit.register(hook)` if the program has imported `atexit`
-//!    (anything that imports `logging`, `torch`, `multiprocessing`, ...):
-//!    runs before the runtime is marked finalizing;
-//! 2. otherwise the C-level `PyUnstable_AtExit` (3.13) / `_Py_AtExit`
-//!    (3.12): runs while the interpreter is cleared, before it is freed.
+//! 1. `atexit.register(hook)` if the program imported `atexit` (anything
+//!    that imports `logging`, `torch`, `multiprocessing`, ... does), or
+//!    `threading._register_atexit(hook)` (3.9+) if it imported `threading`.
+//!    Both run before the runtime is marked finalizing, with the GIL held;
+//!    the hook releases the GIL while it waits, so a job thread queued for
+//!    the GIL gets it, sees the gate shut and leaves (a job that already
+//!    started finishes first, bounded by [`CLOSE_WAIT_MS`]).
+//! 2. Otherwise the C-level `PyUnstable_AtExit` (3.13) / `_Py_AtExit`
+//!    (3.12): runs while the interpreter is cleared, after the runtime is
+//!    marked finalizing; a job thread still waiting for the GIL is ended by
+//!    CPython within one switch interval, which the wait sees.
 //!
-//! A 3.8-3.11 program that never imports `atexit` offers neither; there the
-//! shim's thread relies on checking `Py_IsFinalizing()` just before each
-//! call (docs/python.md, "Exit", names the narrow window that leaves), and
-//! registration is retried on every request, so it takes effect as soon as
-//! the program imports `atexit`.
+//! A 3.8-3.11 program that imports neither `atexit` nor `threading` offers
+//! neither; there the job thread relies on the `Py_IsFinalizing()` check
+//! just before `PyGILState_Ensure` (docs/python.md, "Shutdown", names the
+//! window that leaves).
 
 use super::ffi::{self, METH_NOARGS, PyMethodDef, PyObject};
 use super::object::Py;
@@ -33,14 +41,20 @@ use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering::SeqCst};
 
 static CLOSED: AtomicBool = AtomicBool::new(false);
 static IN_FLIGHT: AtomicU32 = AtomicU32::new(0);
-/// 0: no hook yet; 1: atexit module; 2: C-level interpreter hook.
-static HOOK: AtomicU8 = AtomicU8::new(0);
 
-/// How long the hook waits for calls in flight: `Py_AddPendingCall` takes
-/// microseconds; a nudge helper needs the GIL, which the hook releases.
-const CLOSE_WAIT_MS: u64 = 5000;
+const NO_HOOK: u8 = 0;
+/// `atexit` or `threading`: runs before the runtime is marked finalizing.
+const EARLY_HOOK: u8 = 1;
+/// `PyUnstable_AtExit` / `_Py_AtExit`: runs while the interpreter is cleared.
+const LATE_HOOK: u8 = 2;
+static HOOK: AtomicU8 = AtomicU8::new(NO_HOOK);
 
-/// Shim's thread: may it call into CPython now? Pair with [`leave`].
+/// Longest the hook waits for a job thread in flight: one that waits for
+/// the GIL leaves at once; one that is running a job finishes it.
+pub const CLOSE_WAIT_MS: u64 = 5000;
+
+/// Before a job thread is spawned: may one enter CPython now? Pair with
+/// [`leave`] (called when the thread has exited).
 pub fn enter() -> bool {
     IN_FLIGHT.fetch_add(1, SeqCst);
     if CLOSED.load(SeqCst) {
@@ -50,23 +64,7 @@ pub fn enter() -> bool {
     true
 }
 
-/// A fork child starts with nothing in flight (the threads that were are
-/// not in it). Called on the shim's thread when it adopts the state.
-pub fn after_fork() {
-    IN_FLIGHT.store(0, SeqCst);
-}
-
-/// Whether a nudge helper (`nudge.rs`) may be started: only once the hook
-/// is the `atexit` one, which runs before the runtime is marked finalizing
-/// and lets a helper that waits for the GIL through. (A helper still
-/// waiting once the runtime is finalizing would be ended by CPython with
-/// `pthread_exit`, a forced unwind that aborts in a `panic = "abort"`
-/// library.)
-pub fn nudge_allowed() -> bool {
-    HOOK.load(SeqCst) == 1 && !CLOSED.load(SeqCst)
-}
-
-/// Shim's thread: done with the call [`enter`] allowed.
+/// A job thread has exited (or was never started).
 pub fn leave() {
     IN_FLIGHT.fetch_sub(1, SeqCst);
 }
@@ -76,7 +74,14 @@ pub fn closed() -> bool {
     CLOSED.load(SeqCst)
 }
 
-/// Shuts the gate and waits (bounded) for the call in flight.
+/// Fork child: the job thread is not in it, so nothing is in flight.
+/// (The gate and the hook are the parent's and stay: the registration is
+/// inherited by the child's interpreter.) Async-signal-safe.
+pub fn after_fork_child() {
+    IN_FLIGHT.store(0, SeqCst);
+}
+
+/// Shuts the gate and waits (bounded) until nothing is in flight.
 fn close() {
     CLOSED.store(true, SeqCst);
     let deadline = crate::sys::monotonic_ms() + CLOSE_WAIT_MS;
@@ -90,7 +95,9 @@ fn close() {
     }
 }
 
-unsafe extern "C" fn atexit_hook(_self: *mut PyObject, _unused: *mut PyObject) -> *mut PyObject {
+/// The early hook (`atexit` / `threading._register_atexit`): main thread,
+/// GIL held, before finalization.
+unsafe extern "C" fn early_hook(_self: *mut PyObject, _unused: *mut PyObject) -> *mut PyObject {
     let Some(api) = ffi::resolved() else {
         close();
         return core::ptr::null_mut();
@@ -98,8 +105,8 @@ unsafe extern "C" fn atexit_hook(_self: *mut PyObject, _unused: *mut PyObject) -
     if IN_FLIGHT.load(SeqCst) == 0 {
         close();
     } else {
-        // A nudge helper may be queued for the GIL (nudge.rs): let it
-        // through while we wait, as any blocking call in atexit would.
+        // A job thread may be queued for the GIL: let it through while we
+        // wait, as any blocking call in an atexit function would.
         // SAFETY: called by CPython on this thread with the GIL held; the
         // GIL is released and taken back on this thread around a wait
         // that runs no Python code.
@@ -109,54 +116,61 @@ unsafe extern "C" fn atexit_hook(_self: *mut PyObject, _unused: *mut PyObject) -
             (api.restore_thread)(ts);
         }
     }
-    // SAFETY: GIL held; a new reference (the result is ignored by atexit).
+    // SAFETY: GIL held; a new reference (the result is ignored).
     unsafe { (api.long_from_i64)(0) }
 }
 
-extern "C" fn ll_hook(_: *mut c_void) {
+/// The late hook: main thread, while the interpreter is cleared.
+extern "C" fn late_hook(_: *mut c_void) {
     close();
 }
 
 static HOOK_DEF: PyMethodDef = PyMethodDef {
     ml_name: c"memshim_exit_gate".as_ptr(),
-    ml_meth: Some(atexit_hook),
+    ml_meth: Some(early_hook),
     ml_flags: METH_NOARGS,
     ml_doc: core::ptr::null(),
 };
 
-/// Main thread, GIL held: registers the hook if not done yet. Never
-/// imports; failures are cleared and retried next time.
+/// Job thread, GIL held: registers the best hook the process offers, if
+/// not done yet. Never imports; failures are cleared and retried next job.
 pub fn ensure_hook(py: &Py) {
-    // The atexit hook is the better one (earlier, and it lets a nudge
-    // helper through); a process that imports atexit after we settled for
-    // the C-level hook gets it too (closing twice is harmless).
-    if HOOK.load(SeqCst) == 1 {
+    if HOOK.load(SeqCst) == EARLY_HOOK {
         return;
     }
+    // The early hooks are the better ones; a process that imports `atexit`
+    // or `threading` after we settled for the late hook gets one too
+    // (closing twice is harmless).
     let api = py.api();
-    if let Some(atexit) = py.imported(c"atexit") {
+    let registrar = py
+        .imported(c"atexit")
+        .and_then(|m| py.attr(&m, c"register").ok())
+        .or_else(|| {
+            py.imported(c"threading")
+                .and_then(|m| py.attr(&m, c"_register_atexit").ok())
+        });
+    if let Some(register) = registrar {
         // SAFETY: GIL held; HOOK_DEF is static, so the function object may
         // outlive any stack frame; NULL self/module are allowed.
         let f = unsafe {
             (api.cfunction_new_ex)(&HOOK_DEF, core::ptr::null_mut(), core::ptr::null_mut())
         };
         // SAFETY: a new reference (or NULL with an exception), ours to give.
-        let Ok(f) = (unsafe { py.adopt(f) }) else {
+        if let Ok(f) = unsafe { py.adopt(f) }
+            && py.call(&register, &[f.as_ptr()]).is_ok()
+        {
+            HOOK.store(EARLY_HOOK, SeqCst);
             return;
-        };
-        if py.call_method(&atexit, c"register", &[f.as_ptr()]).is_ok() {
-            HOOK.store(1, SeqCst);
         }
-        return;
     }
-    if HOOK.load(SeqCst) == 0
+    if HOOK.load(SeqCst) == NO_HOOK
         && let Some(at_exit) = api.at_exit
     {
         // SAFETY: GIL held as the function requires; the callback is a
         // plain function with no data.
-        let rc = unsafe { at_exit((api.interp_main)(), ll_hook, core::ptr::null_mut()) };
+        let rc = unsafe { at_exit((api.interp_main)(), late_hook, core::ptr::null_mut()) };
         if rc == 0 {
-            HOOK.store(2, SeqCst);
+            HOOK.store(LATE_HOOK, SeqCst);
         } else {
             let _ = py.take_error();
         }

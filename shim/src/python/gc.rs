@@ -1,6 +1,6 @@
-//! The `python` section of `stats`, and the `gc` action. Main thread, GIL
-//! held (called from `mainthread.rs`). Never imports a module: `gc` and
-//! `threading` are used only if the program imported them.
+//! The `python` section of `stats`, and the `gc` action. Job thread, GIL
+//! held (called from `job.rs`). Never imports a module: `gc` is used only
+//! if the program imported it, and `threading` never (see `threads.rs`).
 
 use super::object::{Obj, Py, PyResult};
 use super::pymalloc;
@@ -31,10 +31,7 @@ pub fn section(py: &Py) -> PyResult<PythonSection> {
     if let Some(f) = py.sys_attr(c"getallocatedblocks") {
         s.allocated_blocks = py.to_u64(&py.call(&f, &[])?)?;
     }
-    s.threads = match py.imported(c"threading") {
-        Some(t) => py.to_u64(&py.call_method(&t, c"active_count", &[])?)?,
-        None => thread_states(py),
-    };
+    s.threads = super::threads::count(py);
     s.pymalloc_arena_bytes = pymalloc::arena_bytes(api);
     Ok(s)
 }
@@ -49,23 +46,6 @@ fn collections(py: &Py, gc: &Obj<'_>) -> PyResult<[u64; 3]> {
         *slot = py.to_u64(&py.item(&gen_stats, c"collections")?)?;
     }
     Ok(out)
-}
-
-/// Thread states of the main interpreter (for programs that never imported
-/// `threading`).
-fn thread_states(py: &Py) -> u64 {
-    let api = py.api();
-    let mut n = 0;
-    // SAFETY: GIL held, which keeps the thread-state list stable in a
-    // build with a GIL; these functions only walk that list.
-    unsafe {
-        let mut t = (api.interp_thread_head)((api.interp_main)());
-        while !t.is_null() && n < 1_000_000 {
-            n += 1;
-            t = (api.thread_next)(t);
-        }
-    }
-    n
 }
 
 /// RSS of this process in bytes, from `/proc/self/statm`.
@@ -109,9 +89,9 @@ pub fn collect(py: &Py) -> PyResult<GcResult> {
             n as u64
         },
     };
-    // What the collection freed on this (the main) thread sits partly in
-    // its jemalloc thread cache, which a purge from the shim's thread cannot
-    // reach (hazard 44); hand it back to the arenas.
+    // The job thread runs without a jemalloc thread cache, so what the
+    // collection freed is in the arenas, where the purge of `release`
+    // reaches it; flushing is a no-op then, and a safety net otherwise.
     let _ = crate::jemalloc::flush_own_tcache();
     let elapsed_ms = t0.elapsed().as_secs_f64() * 1000.0;
     Ok(GcResult {

@@ -2,33 +2,34 @@
 //! docs/python.md).
 //!
 //! The control endpoint calls [`stats`], [`gc`] and [`empty_cache`] on the
-//! shim's thread. Each is one fixed job run on the interpreter's **main
-//! thread** as a pending call (`mainthread.rs`): the shim's thread never
-//! takes the GIL, so it can neither block on a GIL held by a long C call
-//! nor be killed or hung by interpreter shutdown (hazards 33, 34, 36).
-//! Each answers within about `timeout` (plus the run time of a job that has
-//! started), with `PythonUnavailable::Busy` if the main thread did not reach
-//! a point where it runs pending calls; such a request is withdrawn
-//! atomically and never runs later.
+//! shim's thread. Each is one fixed job, run on a short-lived thread of the
+//! shim's (`memshim-py`) that takes the GIL like any thread of the program
+//! would, so it reaches the interpreter whatever the main thread is doing:
+//! sleeping, blocked in I/O or a C call, running an event loop, or spinning
+//! in pure Python. The shim's own thread never takes the GIL; it waits for
+//! the job at most about `timeout` (plus the run time of a job that has
+//! started) and answers `PythonUnavailable::Busy` if the GIL could not be
+//! had (a C extension holding it); such a request is withdrawn atomically
+//! and never runs later.
 //!
 //! * `ffi.rs`: the hand-declared C-API slice, resolved with `dlsym`.
-//! * `mainthread.rs`: the pending-call state machine.
-//! * `nudge.rs`: making a busy 3.9-3.12 main thread notice the call.
-//! * `gate.rs`: the exit gate (no call into CPython once it shuts down).
+//! * `job.rs`: the request slot and the job thread.
+//! * `gate.rs`: the exit gate (no call into CPython begins once it shuts down).
 //! * `object.rs`: owned references, exceptions fetched and cleared.
+//! * `threads.rs`: the thread count, and no `threading` leftovers.
 //! * `gc.rs`, `pymalloc.rs`: the `python` section and the `gc` action.
 //! * `torch.rs`: the `torch` section and the `empty_cache` action.
 
 mod ffi;
 mod gate;
 mod gc;
-mod mainthread;
-mod nudge;
+mod job;
 mod object;
 mod pymalloc;
+mod threads;
 mod torch;
 
-use mainthread::{Done, Job};
+use job::{Done, Job};
 use memshim_proto::{EmptyCacheResult, GcResult, PythonSection, PythonUnavailable, TorchSection};
 use std::time::{Duration, Instant};
 
@@ -43,7 +44,7 @@ fn unexpected() -> PythonUnavailable {
 pub fn stats(
     timeout: Duration,
 ) -> Result<(PythonSection, Option<TorchSection>), PythonUnavailable> {
-    match mainthread::run(Job::Stats, timeout)? {
+    match job::run(Job::Stats, timeout)? {
         Done::Stats(p, t) => Ok((p, t)),
         _ => Err(unexpected()),
     }
@@ -53,7 +54,7 @@ pub fn stats(
 /// for the main thread.
 pub fn gc(timeout: Duration) -> Result<GcResult, PythonUnavailable> {
     let start = Instant::now();
-    match mainthread::run(Job::Gc, timeout)? {
+    match job::run(Job::Gc, timeout)? {
         Done::Gc(mut r) => {
             r.elapsed_ms = start.elapsed().as_secs_f64() * 1000.0;
             Ok(r)
@@ -66,11 +67,17 @@ pub fn gc(timeout: Duration) -> Result<GcResult, PythonUnavailable> {
 /// `elapsed_ms` includes the wait for the main thread.
 pub fn empty_cache(timeout: Duration) -> Result<EmptyCacheResult, PythonUnavailable> {
     let start = Instant::now();
-    match mainthread::run(Job::EmptyCache, timeout)? {
+    match job::run(Job::EmptyCache, timeout)? {
         Done::EmptyCache(mut r) => {
             r.elapsed_ms = start.elapsed().as_secs_f64() * 1000.0;
             Ok(r)
         }
         _ => Err(unexpected()),
     }
+}
+
+/// Fork child handler: the job thread and any request in flight stay in
+/// the parent. Async-signal-safe.
+pub fn after_fork_child() {
+    job::after_fork_child();
 }

@@ -178,6 +178,12 @@ impl Py {
 
     /// `str(o)`.
     pub fn to_string(&self, o: &Obj<'_>) -> PyResult<String> {
+        self.to_string_max(o, usize::MAX)
+    }
+
+    /// `str(o)`, cut to at most `max` bytes at a character boundary (an
+    /// exception's text can be arbitrarily long; only a prefix is copied).
+    pub fn to_string_max(&self, o: &Obj<'_>, max: usize) -> PyResult<String> {
         // SAFETY: GIL held, live object.
         let s = self.own(unsafe { (self.api.str_)(o.ptr) })?;
         // SAFETY: `s` is a str; the UTF-8 buffer lives as long as `s`.
@@ -186,7 +192,8 @@ impl Py {
             return Err(self.take_error());
         }
         // SAFETY: NUL-terminated, valid while `s` is alive (copied here).
-        Ok(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+        let bytes = unsafe { CStr::from_ptr(p) }.to_bytes();
+        Ok(utf8_prefix(bytes, max))
     }
 
     /// A 3-sequence of ints, such as `gc.get_count()`.
@@ -199,7 +206,15 @@ impl Py {
         Ok(out)
     }
 
-    /// Fetches and clears the current exception as "Type: message".
+    /// Fetches and clears the current exception as "Type: message", at most
+    /// [`MAX_ERROR_TEXT`] bytes.
+    ///
+    /// Jobs run on the shim's own job thread (`job.rs`), where no code of
+    /// the host's runs except what a job calls (finalizers' exceptions never
+    /// reach it: CPython reports them as unraisable). So an exception here
+    /// is never the host's; one that is not an `Exception`
+    /// (`KeyboardInterrupt`, `SystemExit`, ...) is named as such, and ends the
+    /// job like any other (the `?` of every caller).
     pub fn take_error(&self) -> String {
         let (mut t, mut v, mut tb) = (
             core::ptr::null_mut(),
@@ -212,16 +227,21 @@ impl Py {
         if t.is_null() {
             return "unknown error (no exception set)".to_owned();
         }
+        let exception = self.api.exception_class();
+        // SAFETY: GIL held; `t` is a live type object, `exception` a class
+        // (or NULL, then not called).
+        let ordinary =
+            exception.is_null() || unsafe { (self.api.given_exception_matches)(t, exception) } != 0;
         let ty = Obj { ptr: t, py: self };
         let name = self
             .attr(&ty, c"__name__")
-            .and_then(|n| self.to_string(&n))
+            .and_then(|n| self.to_string_max(&n, 200))
             .unwrap_or_else(|_| "Exception".to_owned());
         let msg = if v.is_null() {
             String::new()
         } else {
             let val = Obj { ptr: v, py: self };
-            self.to_string(&val).unwrap_or_default()
+            self.to_string_max(&val, MAX_ERROR_TEXT).unwrap_or_default()
         };
         if !tb.is_null() {
             drop(Obj { ptr: tb, py: self });
@@ -241,40 +261,49 @@ impl Py {
                 }
             }
         }
-        let mut text = if msg.is_empty() {
+        let name = if ordinary {
+            name
+        } else {
+            format!("interrupted by {name}")
+        };
+        let text = if msg.is_empty() {
             name
         } else {
             format!("{name}: {msg}")
         };
-        text.truncate(400);
-        text
+        utf8_prefix(text.as_bytes(), MAX_ERROR_TEXT)
     }
 }
 
-/// The host's pending exception, set aside while the bridge works and put
-/// back afterwards, so the bridge never changes what the host sees.
-pub struct SavedError {
-    parts: [*mut PyObject; 3],
+/// Longest exception text a job reports, in bytes.
+pub const MAX_ERROR_TEXT: usize = 400;
+
+/// The longest prefix of `bytes` of at most `max` bytes that ends at a
+/// character boundary, as a `String` (invalid UTF-8 replaced). Never panics,
+/// whatever `max` and wherever multi-byte characters fall.
+pub fn utf8_prefix(bytes: &[u8], max: usize) -> String {
+    let mut cut = bytes.len().min(max);
+    // Back off to the start of a character: continuation bytes are 10xxxxxx.
+    while cut > 0 && cut < bytes.len() && bytes[cut] & 0xC0 == 0x80 {
+        cut -= 1;
+    }
+    String::from_utf8_lossy(&bytes[..cut]).into_owned()
 }
 
-impl SavedError {
-    /// Sets aside the current exception (if any).
-    pub fn save(py: &Py) -> SavedError {
-        let mut parts = [core::ptr::null_mut(); 3];
-        let [a, b, c] = &mut parts;
-        // SAFETY: GIL held; out-pointers are locals.
-        unsafe { (py.api.err_fetch)(a, b, c) };
-        SavedError { parts }
-    }
+#[cfg(test)]
+mod tests {
+    use super::utf8_prefix;
 
-    /// Puts it back (clearing anything the bridge left, which it never should).
-    pub fn restore(self, py: &Py) {
-        // SAFETY: GIL held; PyErr_Restore steals the three references we own.
-        unsafe {
-            if !(py.api.err_occurred)().is_null() {
-                let _ = py.take_error();
-            }
-            (py.api.err_restore)(self.parts[0], self.parts[1], self.parts[2]);
+    #[test]
+    fn prefixes_end_at_character_boundaries() {
+        let text = "é".repeat(300) + "日本語" + &"\u{1F600}".repeat(10);
+        for max in 0..text.len() + 3 {
+            let p = utf8_prefix(text.as_bytes(), max);
+            assert!(p.len() <= max, "{max}");
+            assert!(text.starts_with(&p), "{max}");
+            assert!(p.len() + 4 > max.min(text.len()), "{max}: {}", p.len());
         }
+        assert_eq!(utf8_prefix(b"abc", 2), "ab");
+        assert_eq!(utf8_prefix(b"\xff\xfe", 10), "\u{FFFD}\u{FFFD}");
     }
 }

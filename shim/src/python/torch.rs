@@ -1,5 +1,5 @@
-//! The `torch` section of `stats`, and the `empty_cache` action. Main
-//! thread, GIL held (called from `mainthread.rs`).
+//! The `torch` section of `stats`, and the `empty_cache` action. Job
+//! thread, GIL held (called from `job.rs`).
 //!
 //! Rules (hazards 38-40):
 //! * touch nothing unless `torch` and `torch.cuda` are already in
@@ -12,8 +12,11 @@
 //!   `with torch.cuda.device(d)` for such a `d`, so the caching allocator's
 //!   frees never run with device 0 current in a process that does not use
 //!   device 0 (pytorch#25752, #144025);
-//! * `empty_cache` is refused while the main thread's current stream is
-//!   capturing a CUDA graph (it would assert), and any exception is caught.
+//! * `empty_cache` is refused while the calling thread's current stream is
+//!   capturing a CUDA graph; a capture on another thread of the program
+//!   makes PyTorch's caching allocator raise instead of freeing
+//!   (`captures_underway`), which is reported as a failure, and any other
+//!   exception is caught likewise.
 
 use super::object::{Obj, Py, PyResult};
 use memshim_proto::{EmptyCacheResult, TorchDevice, TorchSection};
@@ -149,9 +152,7 @@ fn empty_on(py: &Py, cuda: &Obj<'_>, d: i64) -> PyResult<Option<&'static str>> {
         let capturing =
             py.to_bool(&py.call_method(cuda, c"is_current_stream_capturing", &[])?)?;
         if capturing {
-            return Ok(Some(
-                "a CUDA graph capture is in progress on the main thread",
-            ));
+            return Ok(Some("a CUDA graph capture is in progress on this thread"));
         }
         py.call_method(cuda, c"empty_cache", &[])?;
         Ok(None)

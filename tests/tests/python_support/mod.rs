@@ -4,12 +4,11 @@
 #![allow(dead_code)]
 
 use memshim_proto::{PROTOCOL_VERSION, Reply, Request, Response};
-use memshim_tests::{Child, Cmd, root, scratch};
+use memshim_tests::{Child, Cmd, pyenv_pythons, root, scratch};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use std::time::Instant;
 
 /// `tests/fixtures/<name>`.
 pub fn fixture_py(name: &str) -> PathBuf {
@@ -110,16 +109,18 @@ pub fn field<T: std::str::FromStr>(line: &str, key: &str) -> T {
 pub fn exit_rounds(py: &Path, tag: &str, rounds: u32) -> u64 {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    let flags: [&[&str]; 4] = [
+    let flags: [&[&str]; 6] = [
         &["--atexit", "--gc"],
         &[],
         &["--spin", "--gc"],
         &["--spin", "--atexit"],
+        &["--threading"],
+        &["--spin", "--threading", "--gc"],
     ];
     let answered = Arc::new(AtomicU64::new(0));
     for round in 0..rounds {
-        let dir = socket_dir(&format!("{tag}-{}", round % 4));
-        let f = flags[(round % 4) as usize];
+        let dir = socket_dir(&format!("{tag}-{}", round % 6));
+        let f = flags[(round % 6) as usize];
         let mut child = shimmed_python(py, &fixture_py("py_exit.py"), f, &dir).spawn();
         let pid = child.pid();
         let stop = Arc::new(AtomicBool::new(false));
@@ -174,40 +175,60 @@ pub fn exit_rounds(py: &Path, tag: &str, rounds: u32) -> u64 {
     answered.load(Ordering::Relaxed)
 }
 
-/// Runs `n` gc requests while the main thread spins in pure Python; each
-/// must succeed promptly and run exactly once. The program imports
-/// `atexit` and has answered one request before it spins: on 3.9-3.12 the
-/// bridge nudges a spinning main thread only once its exit hook sits in
-/// `atexit` (shim/src/python/nudge.rs).
-pub fn spin_serves_each_request_once(py: &std::path::Path, tag: &str, n: u32) -> Vec<u128> {
-    let dir = socket_dir(tag);
-    let mut child = shimmed_python(
-        py,
-        &fixture_py("py_host.py"),
-        &["--gc-off", "--atexit"],
-        &dir,
-    )
-    .spawn();
-    child.wait_for_line("ready", Duration::from_secs(30));
-    let sock = socket_of(&dir, child.pid());
-    let threads = ask(&mut child, "threads");
-    assert!(
-        matches!(ok(request(&sock, &Request::Stats { arenas: false, pss: false })), Reply::Stats(s) if s.python.is_some())
-    );
-    child.send("spin 8");
-    child.wait_for_line("spinning", Duration::from_secs(10));
-    let mut times = vec![];
-    for _ in 0..n {
-        let t = Instant::now();
-        let r = ok(request(&sock, &Request::Gc));
-        times.push(t.elapsed().as_millis());
-        assert!(matches!(r, Reply::Gc(_)), "{r:?}");
+/// The CPython minor versions the bridge supports.
+pub const SUPPORTED: [&str; 6] = ["3.8", "3.9", "3.10", "3.11", "3.12", "3.13"];
+
+/// (minor version, executable) of each supported version pyenv has here.
+/// Absent ones are named on stderr (visible without --nocapture).
+pub fn cpythons() -> Vec<(&'static str, PathBuf)> {
+    let all = pyenv_pythons();
+    let mut out = vec![];
+    for want in SUPPORTED {
+        match all
+            .iter()
+            .find(|(v, _)| v.starts_with(&format!("{want}.")) && !v.contains('t'))
+        {
+            Some((_, exe)) => out.push((want, exe.clone())),
+            None => eprintln!("SKIP: CPython {want} is not installed under ~/.pyenv/versions"),
+        }
     }
-    child.wait_for_line("spin: done", Duration::from_secs(30));
-    assert_eq!(ask(&mut child, "full"), format!("full: count={n}"));
-    assert_eq!(ask(&mut child, "threads"), threads);
-    child.send("quit");
-    let out = child.finish(Duration::from_secs(30));
-    assert_eq!((out.code, out.stderr.as_str()), (0, ""));
-    times
+    out
+}
+
+/// Runs `f` for every installed supported CPython, `parallel` versions at
+/// a time, and returns the results in version order. A panic in one
+/// version fails the test with that version's message.
+pub fn for_each_cpython<T: Send + 'static>(
+    parallel: usize,
+    f: impl Fn(&'static str, PathBuf) -> T + Send + Sync + 'static,
+) -> Vec<(&'static str, T)> {
+    use std::sync::{Arc, Mutex};
+    let work = Arc::new(Mutex::new(cpythons()));
+    let f = Arc::new(f);
+    let results = Arc::new(Mutex::new(Vec::new()));
+    let workers: Vec<_> = (0..parallel.max(1))
+        .map(|_| {
+            let (work, f, results) = (work.clone(), f.clone(), results.clone());
+            std::thread::spawn(move || {
+                loop {
+                    let next = work.lock().unwrap().pop();
+                    let Some((v, exe)) = next else { break };
+                    let r = f(v, exe);
+                    results.lock().unwrap().push((v, r));
+                }
+            })
+        })
+        .collect();
+    let mut failed = None;
+    for w in workers {
+        if let Err(e) = w.join() {
+            failed = Some(e);
+        }
+    }
+    if let Some(e) = failed {
+        std::panic::resume_unwind(e);
+    }
+    let mut r = std::mem::take(&mut *results.lock().unwrap());
+    r.sort_by_key(|(v, _)| SUPPORTED.iter().position(|s| s == v));
+    r
 }

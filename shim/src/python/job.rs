@@ -1,0 +1,374 @@
+//! Running a fixed job inside the interpreter, whatever its main thread is
+//! doing: on a short-lived thread of the shim's, `memshim-py`, that takes
+//! the GIL with `PyGILState_Ensure`. docs/python.md explains the design and
+//! why it is safe.
+//!
+//! One request at a time, in static storage (a job thread that outlives its
+//! requester must never touch freed memory). Its phase word is the whole
+//! protocol between the requester (the shim's thread) and the job thread:
+//!
+//! ```text
+//!   IDLE --post--> POSTED --job thread claims (CAS)--> RUNNING --> DONE --taken--> IDLE
+//!                    \--requester gives up (CAS)--> IDLE
+//! ```
+//!
+//! The job thread claims `POSTED` with a compare-and-swap only once it holds
+//! the GIL, and the requester withdraws it with a compare-and-swap when its
+//! wait is over, so exactly one of them wins: either the job runs (once)
+//! and its result is delivered, or the requester answers "busy" and the job
+//! thread, whenever it gets the GIL, finds nothing to do. A job that
+//! started is never interrupted; if it outlives the requester, its result
+//! is dropped by the next request. The phase word doubles as a futex.
+//!
+//! At most one job thread exists at a time (`WORKER`). It takes every
+//! request posted while it lives, so a job thread held up by a C extension
+//! that keeps the GIL does not multiply: later requests answer "busy" too.
+//!
+//! Fork: [`after_fork_child`] resets everything (the job thread is not in
+//! the child).
+
+use super::ffi;
+use super::gate;
+use super::object::Py;
+use crate::sys;
+use core::cell::UnsafeCell;
+use core::ffi::c_void;
+use core::sync::atomic::{AtomicI32, AtomicU32, Ordering::SeqCst};
+use memshim_proto::{EmptyCacheResult, GcResult, PythonSection, PythonUnavailable, TorchSection};
+use std::time::{Duration, Instant};
+
+/// The fixed jobs. Nothing else can run: the socket never sends code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Job {
+    /// Read the `python` and `torch` sections.
+    Stats,
+    /// A full collection.
+    Gc,
+    /// `torch.cuda.empty_cache()` on devices with a context.
+    EmptyCache,
+}
+
+/// What a job produced.
+pub enum Done {
+    /// Stats.
+    Stats(PythonSection, Option<TorchSection>),
+    /// gc.
+    Gc(GcResult),
+    /// empty_cache.
+    EmptyCache(EmptyCacheResult),
+}
+
+/// A job's outcome.
+pub type Outcome = Result<Done, PythonUnavailable>;
+
+const IDLE: u32 = 0;
+const POSTED: u32 = 1;
+const RUNNING: u32 = 2;
+const DONE: u32 = 3;
+
+/// How long a job that has started may take before the requester stops
+/// waiting for its result (it still completes on the job thread).
+const RUN_LIMIT: Duration = Duration::from_secs(10);
+
+static PHASE: AtomicU32 = AtomicU32::new(IDLE);
+/// pid of the process whose job thread is alive, 0 if none. (A fork child
+/// inherits the word but not the thread: `after_fork_child` clears it.)
+static WORKER: AtomicI32 = AtomicI32::new(0);
+
+struct Slot {
+    job: UnsafeCell<Option<Job>>,
+    outcome: UnsafeCell<Option<Outcome>>,
+}
+
+// SAFETY: access follows the phase protocol: the requester touches `job`
+// and `outcome` only in IDLE (and takes `outcome` in DONE), the job thread
+// only after winning POSTED->RUNNING and before publishing DONE; the
+// transitions are SeqCst atomics, which order the accesses.
+unsafe impl Sync for Slot {}
+
+static SLOT: Slot = Slot {
+    job: UnsafeCell::new(None),
+    outcome: UnsafeCell::new(None),
+};
+
+fn futex_wait(expected: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: FUTEX_WAIT on a live static u32 with a relative timeout; it
+    // returns at once if the word is no longer `expected`.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            PHASE.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            &ts as *const libc::timespec,
+            core::ptr::null::<u32>(),
+            0,
+        )
+    };
+}
+
+fn futex_wake() {
+    // SAFETY: FUTEX_WAKE on a live static u32.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            PHASE.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            i32::MAX,
+            core::ptr::null::<libc::timespec>(),
+            core::ptr::null::<u32>(),
+            0,
+        )
+    };
+}
+
+/// Fork child handler: no job thread, no request. Async-signal-safe
+/// (atomics only; the slot's contents are dropped by the next request).
+pub fn after_fork_child() {
+    WORKER.store(0, SeqCst);
+    PHASE.store(IDLE, SeqCst);
+    gate::after_fork_child();
+}
+
+fn busy(start: Instant) -> PythonUnavailable {
+    PythonUnavailable::Busy {
+        waited_ms: start.elapsed().as_millis() as u64,
+    }
+}
+
+/// The versions the bridge supports.
+pub const SUPPORTED: core::ops::RangeInclusive<(u32, u32)> = (3, 8)..=(3, 13);
+
+/// Runs `job` in the interpreter, waiting at most about `timeout` for the
+/// GIL. Shim's thread only.
+pub fn run(job: Job, timeout: Duration) -> Outcome {
+    let start = Instant::now();
+    let api = ffi::api().ok_or(PythonUnavailable::NoPython)?;
+    api.usable()?;
+    let version = api.version();
+    if !ffi::major_minor(&version).is_some_and(|v| SUPPORTED.contains(&v)) {
+        return Err(PythonUnavailable::Unsupported { version });
+    }
+    if gate::closed() {
+        return Err(PythonUnavailable::Finalizing);
+    }
+    match PHASE.load(SeqCst) {
+        IDLE => {}
+        DONE => {
+            // A job that outlived its requester: drop its result.
+            // SAFETY: DONE: the job thread has published and let go of the slot.
+            unsafe { *SLOT.outcome.get() = None };
+            PHASE.store(IDLE, SeqCst);
+        }
+        // A job that outlived its requester is still running.
+        _ => return Err(busy(start)),
+    }
+    // SAFETY: IDLE: the slot is ours until we publish POSTED.
+    unsafe {
+        *SLOT.job.get() = Some(job);
+        *SLOT.outcome.get() = None;
+    }
+    PHASE.store(POSTED, SeqCst);
+    // Posted first, then the worker: a job thread that is on its way out
+    // looks at the phase after giving up its `WORKER` claim (`worker_main`).
+    let pid = sys::getpid();
+    if WORKER.compare_exchange(0, pid, SeqCst, SeqCst).is_ok()
+        && let Err(why) = spawn_worker()
+    {
+        WORKER.store(0, SeqCst);
+        if PHASE.compare_exchange(POSTED, IDLE, SeqCst, SeqCst).is_ok() {
+            return Err(why);
+        }
+        // An older job thread claimed it after all: wait for it below.
+    }
+    let deadline = start + timeout;
+    while PHASE.load(SeqCst) == POSTED {
+        let now = Instant::now();
+        if now >= deadline {
+            if PHASE.compare_exchange(POSTED, IDLE, SeqCst, SeqCst).is_ok() {
+                // Withdrawn: the job thread will find nothing to do.
+                return Err(if gate::closed() {
+                    PythonUnavailable::Finalizing
+                } else {
+                    busy(start)
+                });
+            }
+            break;
+        }
+        futex_wait(POSTED, deadline - now);
+    }
+    let run_deadline = Instant::now() + RUN_LIMIT.max(timeout);
+    while PHASE.load(SeqCst) == RUNNING {
+        let now = Instant::now();
+        if now >= run_deadline {
+            // Still running: it completes on the job thread, and its
+            // result is dropped by the next request.
+            return Err(busy(start));
+        }
+        futex_wait(RUNNING, run_deadline - now);
+    }
+    if PHASE.load(SeqCst) != DONE {
+        return Err(busy(start));
+    }
+    // SAFETY: DONE: the job thread has published the outcome and let go.
+    let outcome = unsafe { (*SLOT.outcome.get()).take() };
+    PHASE.store(IDLE, SeqCst);
+    outcome.unwrap_or_else(|| {
+        Err(PythonUnavailable::Error {
+            message: "no result".into(),
+        })
+    })
+}
+
+// --- the job thread --------------------------------------------------------
+
+/// Key whose destructor notices the job thread's end, however it ends: a
+/// return, or `pthread_exit` from inside `PyGILState_Ensure` during
+/// finalization. 0 until created; stored as key + 1.
+static EXIT_KEY: AtomicU32 = AtomicU32::new(0);
+
+/// Runs on the job thread as it exits (glibc calls thread-specific-data
+/// destructors after the forced unwind of `pthread_exit`, too).
+extern "C" fn on_worker_exit(_: *mut c_void) {
+    WORKER.store(0, SeqCst);
+    gate::leave();
+}
+
+fn exit_key() -> Option<libc::pthread_key_t> {
+    let k = EXIT_KEY.load(SeqCst);
+    if k != 0 {
+        return Some(k - 1);
+    }
+    let mut key: libc::pthread_key_t = 0;
+    // SAFETY: creates a key with a plain extern "C" destructor; only the
+    // shim's thread gets here, so at most one key is ever created.
+    if unsafe { libc::pthread_key_create(&mut key, Some(on_worker_exit)) } != 0 {
+        return None;
+    }
+    EXIT_KEY.store(key + 1, SeqCst);
+    Some(key)
+}
+
+/// Starts the job thread (the caller holds the `WORKER` claim).
+fn spawn_worker() -> Result<(), PythonUnavailable> {
+    let failed = |what: &str| PythonUnavailable::Error {
+        message: format!("could not start the bridge's thread: {what}"),
+    };
+    let key = exit_key().ok_or_else(|| failed("pthread_key_create failed"))?;
+    if !gate::enter() {
+        return Err(PythonUnavailable::Finalizing);
+    }
+    let arg = key as usize as *mut c_void;
+    if crate::supervisor::spawn_thread(worker_main, arg, None, true).is_none() {
+        gate::leave();
+        return Err(failed("pthread_create failed"));
+    }
+    Ok(())
+}
+
+/// The job thread: takes the GIL, claims the posted job, runs it, and
+/// leaves; once more if a request was posted as it was leaving.
+extern "C" fn worker_main(arg: *mut c_void) -> *mut c_void {
+    let key = arg as usize as libc::pthread_key_t;
+    // SAFETY: naming the calling thread with a static C string; any
+    // non-null value arms the key's destructor for this thread.
+    let armed = unsafe {
+        libc::pthread_setname_np(libc::pthread_self(), c"memshim-py".as_ptr());
+        libc::pthread_setspecific(key, core::ptr::dangling::<c_void>()) == 0
+    };
+    if !armed {
+        // Without the destructor a pthread_exit could not be accounted for:
+        // do not enter CPython at all.
+        WORKER.store(0, SeqCst);
+        gate::leave();
+        return core::ptr::null_mut();
+    }
+    // Memory a job frees (gc) goes straight back to the arenas, where a
+    // purge reaches it, instead of into this thread's cache.
+    let _ = crate::jemalloc::disable_own_tcache();
+    let pid = sys::getpid();
+    // Leaving: give up the claim, then look once more, so a request posted
+    // meanwhile (whose requester saw us alive and started no thread) is not
+    // stranded.
+    loop {
+        let more = take_one();
+        WORKER.store(0, SeqCst);
+        if !more
+            || PHASE.load(SeqCst) != POSTED
+            || WORKER.compare_exchange(0, pid, SeqCst, SeqCst).is_err()
+        {
+            break;
+        }
+    }
+    // SAFETY: disarming the destructor of this thread's key value (this
+    // normal exit does its work here).
+    unsafe { libc::pthread_setspecific(key, core::ptr::null()) };
+    gate::leave();
+    core::ptr::null_mut()
+}
+
+/// Takes the GIL, and runs the posted job if it is still there. Returns
+/// false if the interpreter cannot be entered any more (shutdown).
+fn take_one() -> bool {
+    let Some(api) = ffi::resolved() else {
+        return false;
+    };
+    if gate::closed() || api.usable().is_err() {
+        return false;
+    }
+    if PHASE.load(SeqCst) != POSTED {
+        return true;
+    }
+    // SAFETY: the runtime is initialised and not finalizing (checked just
+    // above); if it starts finalizing while we wait, CPython ends this
+    // thread with pthread_exit and the key's destructor accounts for it.
+    // The state is released below, on this thread.
+    let gil = unsafe { (api.gil_ensure)() };
+    if !gate::closed()
+        && PHASE
+            .compare_exchange(POSTED, RUNNING, SeqCst, SeqCst)
+            .is_ok()
+    {
+        // SAFETY: RUNNING: the slot is ours until we publish DONE.
+        let job = unsafe { (*SLOT.job.get()).take() };
+        // SAFETY: this thread holds the GIL (is attached) until gil_release.
+        let py = unsafe { Py::assume_attached(api) };
+        let outcome = match job {
+            Some(job) => {
+                gate::ensure_hook(&py);
+                let r = execute(&py, job);
+                super::threads::forget_dummy(&py);
+                r
+            }
+            None => Err(PythonUnavailable::Error {
+                message: "bridge state lost".into(),
+            }),
+        };
+        // SAFETY: RUNNING: still ours; DONE below hands it over.
+        unsafe { *SLOT.outcome.get() = Some(outcome) };
+        PHASE.store(DONE, SeqCst);
+        futex_wake();
+    }
+    // SAFETY: releases what gil_ensure took, on the same thread.
+    unsafe { (api.gil_release)(gil) };
+    !gate::closed()
+}
+
+fn execute(py: &Py, job: Job) -> Outcome {
+    let err = |message: String| PythonUnavailable::Error { message };
+    match job {
+        Job::Stats => {
+            let section = super::gc::section(py).map_err(err)?;
+            let torch = super::torch::section(py).map_err(err)?;
+            Ok(Done::Stats(section, torch))
+        }
+        Job::Gc => super::gc::collect(py).map(Done::Gc).map_err(err),
+        Job::EmptyCache => super::torch::empty_cache(py)
+            .map(Done::EmptyCache)
+            .map_err(err),
+    }
+}

@@ -1,0 +1,191 @@
+//! Hosts that make the bridge's work hard: jobs whose Python calls raise
+//! long non-ASCII exceptions (the host must live), signals that raise
+//! `KeyboardInterrupt` and `SystemExit` in the host while a job runs (they
+//! must reach the host as without the shim), and forks while requests are
+//! in flight (the child starts clean and exits at once).
+//! Fixture: tests/fixtures/py_hostile.py.
+
+mod python_support;
+
+use memshim_proto::{PythonUnavailable, Reply, Request, Response, StepOutcome};
+use memshim_tests::{Cmd, ctl, python};
+use python_support::*;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+fn stats() -> Request {
+    Request::Stats {
+        arenas: false,
+        pss: false,
+    }
+}
+
+/// The bridge's error text in an answer, if it has one.
+fn python_error(r: &Response) -> Option<String> {
+    let why = match r {
+        Response::Error(e) => e.python.clone(),
+        Response::Ok(Reply::Stats(s)) => s.python_unavailable.clone(),
+        _ => None,
+    }?;
+    match why {
+        PythonUnavailable::Error { message } => Some(message),
+        _ => None,
+    }
+}
+
+#[test]
+fn jobs_that_raise_long_non_ascii_exceptions_leave_the_host_alive() {
+    for_each_cpython(2, |v, exe| {
+        let dir = socket_dir(&format!("hostile-exc-{v}"));
+        let mut child =
+            shimmed_python(&exe, &fixture_py("py_hostile.py"), &["exceptions"], &dir).spawn();
+        child.wait_for_line("ready", Duration::from_secs(30));
+        let sock = socket_of(&dir, child.pid());
+        let mut kinds = std::collections::BTreeSet::new();
+        for round in 0..12 {
+            for req in [stats(), Request::Gc, Request::EmptyCache] {
+                let r = request(&sock, &req);
+                let msg =
+                    python_error(&r).unwrap_or_else(|| panic!("{v} round {round} {req:?}: {r:?}"));
+                assert!(msg.len() <= 400, "{v}: {} bytes", msg.len());
+                kinds.insert(msg.split(':').next().unwrap_or("").to_owned());
+            }
+            let Reply::Release(r) = ok(request(&sock, &Request::Release)) else {
+                panic!("{v}: not a release")
+            };
+            assert_eq!(r.steps[0].outcome, StepOutcome::Failed, "{v}: {r:?}");
+            assert_eq!(r.steps[2].outcome, StepOutcome::Done, "{v}: {r:?}");
+        }
+        // Every kind of exception went through: ordinary ones, the
+        // KeyboardInterrupt, and the one whose str() raises.
+        assert!(
+            kinds
+                .iter()
+                .any(|k| k.starts_with("interrupted by KeyboardInterrupt")),
+            "{v}: {kinds:?}"
+        );
+        assert!(kinds.contains("RuntimeError"), "{v}: {kinds:?}");
+        assert!(kinds.contains("Unprintable"), "{v}: {kinds:?}");
+        // The CLI: a failed step is reported with its reason, exit 7.
+        let out = Cmd::new(ctl(), ["release", &child.pid().to_string()]).run();
+        assert_eq!(out.code, 7, "{v}: {out:?}");
+        assert!(
+            out.stderr.contains("the gc step could not run"),
+            "{v}: {out:?}"
+        );
+        let out = Cmd::new(ctl(), ["gc", &child.pid().to_string()]).run();
+        assert_eq!(out.code, 7, "{v}: {out:?}");
+        child.send("quit");
+        let out = child.finish(Duration::from_secs(30));
+        assert_eq!((out.code, out.stderr.as_str()), (0, ""), "{v}");
+    });
+}
+
+#[test]
+fn signals_raise_in_the_host_as_without_the_shim_while_a_job_runs() {
+    // Without the shim: the reference behaviour.
+    let plain = |py: &std::path::Path| {
+        let script = fixture_py("py_hostile.py");
+        let mut c = Cmd::new(py, [script.as_os_str(), std::ffi::OsStr::new("signals")]).spawn();
+        c.wait_for_line("ready", Duration::from_secs(30));
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(c.pid(), libc::SIGINT) };
+        c.wait_for_line("caught KeyboardInterrupt", Duration::from_secs(10));
+        // SAFETY: as above.
+        unsafe { libc::kill(c.pid(), libc::SIGTERM) };
+        c.finish(Duration::from_secs(30))
+    };
+    let exe = python();
+    let reference = plain(&exe);
+    assert_eq!(reference.code, 3, "{reference:?}");
+
+    let dir = socket_dir("hostile-signals");
+    let mut child = shimmed_python(&exe, &fixture_py("py_hostile.py"), &["signals"], &dir).spawn();
+    child.wait_for_line("ready", Duration::from_secs(30));
+    let sock = socket_of(&dir, child.pid());
+    // A gc of slow finalizers (about 4 s), on the bridge's thread.
+    let gc = {
+        let sock = sock.clone();
+        std::thread::spawn(move || try_request(&sock, &Request::Gc))
+    };
+    child.wait_for_line("fin running", Duration::from_secs(10));
+    let t = Instant::now();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.pid(), libc::SIGINT) };
+    child.wait_for_line("caught KeyboardInterrupt", Duration::from_secs(10));
+    let caught = t.elapsed();
+    assert!(
+        !gc.is_finished(),
+        "the job ended before the signal was delivered: the test proves nothing"
+    );
+    // SIGTERM during the job: SystemExit(3) ends the host, whose exit
+    // waits for the running job at most as long as the job runs.
+    // SAFETY: as above.
+    unsafe { libc::kill(child.pid(), libc::SIGTERM) };
+    let out = child.finish(Duration::from_secs(30));
+    let _ = gc.join();
+    eprintln!(
+        "python_hostile: KeyboardInterrupt reached the host {caught:?} after SIGINT, during a gc job"
+    );
+    assert!(caught < Duration::from_secs(2), "{caught:?}");
+    assert_eq!(
+        (out.code, out.stderr.as_str()),
+        (reference.code, reference.stderr.as_str()),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn a_fork_child_starts_with_clean_bridge_state_and_exits_at_once() {
+    for_each_cpython(2, |v, exe| {
+        let dir = socket_dir(&format!("hostile-fork-{v}"));
+        let mut child =
+            shimmed_python(&exe, &fixture_py("py_hostile.py"), &["fork", "12"], &dir).spawn();
+        child.wait_for_line("ready", Duration::from_secs(30));
+        let parent = child.pid();
+        let stop = Arc::new(AtomicBool::new(false));
+        let child_answers = Arc::new(AtomicU64::new(0));
+        // Fire at every socket in the directory: the parent's, whose job
+        // threads are in flight when it forks, and each child's.
+        let fire = {
+            let (stop, child_answers, dir) = (stop.clone(), child_answers.clone(), dir.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let socks: Vec<_> = std::fs::read_dir(&dir)
+                        .map(|rd| rd.flatten().map(|e| e.path()).collect())
+                        .unwrap_or_default();
+                    for s in socks {
+                        let of_parent = s
+                            .file_name()
+                            .and_then(|n| n.to_str())
+                            .is_some_and(|n| n.starts_with(&format!("{parent}-")));
+                        if let Ok(Response::Ok(Reply::Gc(_))) = try_request(&s, &Request::Gc)
+                            && !of_parent
+                        {
+                            child_answers.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            })
+        };
+        let line = child.wait_for_line("children:", Duration::from_secs(60));
+        stop.store(true, Ordering::Relaxed);
+        fire.join().unwrap();
+        let out = child.finish(Duration::from_secs(30));
+        assert_eq!((out.code, out.stderr.as_str()), (0, ""), "{v}");
+        assert_eq!(field::<String>(&line, "codes"), "0", "{v}: {line}");
+        // Each child lives 0.4 s; one that inherited the parent's job in
+        // flight would wait 5 s at exit.
+        let worst: u64 = field(&line, "max_ms");
+        assert!(worst < 2000, "{v}: a child took {worst} ms: {line}");
+        assert!(
+            child_answers.load(Ordering::Relaxed) > 0,
+            "{v}: no child answered a gc: their bridges were not clean"
+        );
+        eprintln!(
+            "python_hostile: {v} 12 forks under fire, slowest child {worst} ms, {} gc answered by children",
+            child_answers.load(Ordering::Relaxed)
+        );
+    });
+}

@@ -1,0 +1,215 @@
+//! The bridge reaches the interpreter whatever its main thread is doing
+//! (issue "Python bridge: reach every idle interpreter"): the matrix of
+//! main-thread states × every installed CPython 3.8-3.13. Each request is
+//! served within a second and runs exactly once, `threading.enumerate()` is
+//! what it was, and stderr stays empty. Only a GIL held for the whole wait
+//! answers "busy", and such a request never runs later.
+//!
+//! Fixture: tests/fixtures/py_states.py. Figures go to stderr and to
+//! target/test-scratch/python-reach.txt.
+
+mod python_support;
+
+use memshim_proto::{PythonUnavailable, Reply, Request, Response, StepOutcome};
+use memshim_tests::{scratch, wait_until};
+use python_support::*;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// A main-thread state of the fixture, and whether its main thread then
+/// sleeps in the kernel ('S') or runs ('R').
+const STATES: [(&str, char); 16] = [
+    ("sleep", 'S'),
+    ("event", 'S'),
+    ("lock", 'S'),
+    ("condition", 'S'),
+    ("queue", 'S'),
+    ("select", 'S'),
+    ("poll", 'S'),
+    ("epoll", 'S'),
+    ("read", 'S'),
+    ("accept", 'S'),
+    ("recv", 'S'),
+    ("join", 'S'),
+    ("asyncio", 'S'),
+    ("pause", 'S'),
+    ("spin", 'R'),
+    ("ccall", 'R'),
+];
+
+/// The served-within limit of the issue.
+const LIMIT: Duration = Duration::from_secs(1);
+
+/// State letter of a thread (field 3 of its stat).
+fn thread_state(pid: i32) -> Option<char> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/stat")).ok()?;
+    s[s.rfind(')')? + 2..].chars().next()
+}
+
+fn stats() -> Request {
+    Request::Stats {
+        arenas: false,
+        pss: false,
+    }
+}
+
+/// Starts the fixture in `state` and waits until its main thread is in it.
+fn enter(
+    exe: &Path,
+    state: &str,
+    dir: &Path,
+    kernel: char,
+) -> (memshim_tests::Child, PathBuf, String) {
+    let mut child = shimmed_python(exe, &fixture_py("py_states.py"), &[state], dir).spawn();
+    child.wait_for_line("ready", Duration::from_secs(30));
+    let sock = socket_of(dir, child.pid());
+    child.send("");
+    let line = child.wait_for_line("entering", Duration::from_secs(30));
+    let threads: String = field(&line, "threads");
+    let pid = child.pid();
+    wait_until(Duration::from_secs(10), || {
+        (thread_state(pid) == Some(kernel)).then_some(())
+    })
+    .unwrap_or_else(|| panic!("{state}: the main thread never reached state {kernel}"));
+    (child, sock, threads)
+}
+
+/// The latencies (ms) of stats, gc, gc, empty_cache, release in one state.
+fn serve_in_state(v: &str, exe: &Path, state: &str, kernel: char) -> Vec<u128> {
+    let dir = socket_dir(&format!("reach-{v}-{state}"));
+    let (mut child, sock, threads) = enter(exe, state, &dir, kernel);
+    let what = format!("CPython {v}, main thread in {state}");
+    let mut times = vec![];
+    let mut timed = |req: &Request| {
+        let t = Instant::now();
+        let r = ok(request(&sock, req));
+        times.push(t.elapsed().as_millis());
+        r
+    };
+    let Reply::Stats(s) = timed(&stats()) else {
+        panic!("{what}: not a stats answer")
+    };
+    let p = s
+        .python
+        .unwrap_or_else(|| panic!("{what}: no python section: {:?}", s.python_unavailable));
+    assert!(p.version.starts_with(&format!("{v}.")), "{what}: {p:?}");
+    assert!(p.threads >= 1, "{what}: {p:?}");
+    for _ in 0..2 {
+        assert!(matches!(timed(&Request::Gc), Reply::Gc(_)), "{what}");
+    }
+    match timed(&Request::EmptyCache) {
+        Reply::EmptyCache(e) => assert_eq!(
+            e.skipped.as_deref(),
+            Some("torch is not imported"),
+            "{what}: {e:?}"
+        ),
+        other => panic!("{what}: {other:?}"),
+    }
+    match timed(&Request::Release) {
+        Reply::Release(r) => {
+            let outcomes: Vec<StepOutcome> = r.steps.iter().map(|s| s.outcome).collect();
+            assert_eq!(
+                outcomes,
+                [
+                    StepOutcome::Done,
+                    StepOutcome::NothingToDo,
+                    StepOutcome::Done
+                ],
+                "{what}: {r:?}"
+            );
+        }
+        other => panic!("{what}: {other:?}"),
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.pid(), libc::SIGUSR1) };
+    let after = child.wait_for_line("after:", Duration::from_secs(30));
+    assert_eq!(
+        field::<String>(&after, "threads"),
+        threads,
+        "{what}: threading.enumerate() changed"
+    );
+    assert_eq!(
+        field::<u32>(&after, "full"),
+        3,
+        "{what}: two gc and one release must run exactly one collection each"
+    );
+    let out = child.finish(Duration::from_secs(30));
+    assert_eq!((out.code, out.stderr.as_str()), (0, ""), "{what}");
+    for (i, t) in times.iter().enumerate() {
+        assert!(
+            *t < LIMIT.as_millis(),
+            "{what}: request {i} (stats, gc, gc, empty_cache, release) took {t} ms: {times:?}"
+        );
+    }
+    times
+}
+
+#[test]
+fn every_request_is_served_within_a_second_whatever_the_main_thread_does() {
+    let results = for_each_cpython(2, |v, exe| {
+        STATES
+            .iter()
+            .map(|&(state, kernel)| (state, serve_in_state(v, &exe, state, kernel)))
+            .collect::<Vec<_>>()
+    });
+    // The table of the closing note: the slowest of the five requests, ms.
+    let mut table = String::from("state      ");
+    for (v, _) in &results {
+        table += &format!(" {v:>5}");
+    }
+    table.push('\n');
+    for (i, (state, _)) in STATES.iter().enumerate() {
+        table += &format!("{state:<11}");
+        for (_, per_state) in &results {
+            let worst = per_state[i].1.iter().max().copied().unwrap_or(0);
+            table += &format!(" {worst:>5}");
+        }
+        table.push('\n');
+    }
+    eprintln!(
+        "python_reach: slowest round trip (ms) of stats, gc, gc, empty_cache, release:\n{table}"
+    );
+    let _ = std::fs::write(scratch().join("python-reach.txt"), &table);
+}
+
+fn is_busy(r: &Response) -> bool {
+    match r {
+        Response::Error(e) => matches!(e.python, Some(PythonUnavailable::Busy { .. })),
+        Response::Ok(Reply::Stats(s)) => {
+            matches!(s.python_unavailable, Some(PythonUnavailable::Busy { .. }))
+        }
+        _ => false,
+    }
+}
+
+#[test]
+fn a_gil_held_for_the_whole_wait_answers_busy_and_nothing_runs_later() {
+    let results = for_each_cpython(3, |v, exe| {
+        let dir = socket_dir(&format!("gilheld-{v}"));
+        // gilheld: usleep(8 s) through ctypes.PyDLL, which keeps the GIL.
+        let (mut child, sock, threads) = enter(&exe, "gilheld", &dir, 'S');
+        let t = Instant::now();
+        let gc = request(&sock, &Request::Gc);
+        let gc_ms = t.elapsed().as_millis();
+        assert!(is_busy(&gc), "{v}: {gc:?}");
+        let t = Instant::now();
+        let s = request(&sock, &stats());
+        let stats_ms = t.elapsed().as_millis();
+        assert!(is_busy(&s), "{v}: {s:?}");
+        let after = child.wait_for_line("after:", Duration::from_secs(30));
+        assert_eq!(field::<String>(&after, "threads"), threads, "{v}");
+        assert_eq!(
+            field::<u32>(&after, "full"),
+            0,
+            "{v}: the withdrawn gc ran after all, once the GIL was free"
+        );
+        let out = child.finish(Duration::from_secs(30));
+        assert_eq!((out.code, out.stderr.as_str()), (0, ""), "{v}");
+        (gc_ms, stats_ms)
+    });
+    for (v, (gc_ms, stats_ms)) in results {
+        eprintln!(
+            "python_reach: {v} GIL held: gc busy after {gc_ms} ms, stats busy after {stats_ms} ms"
+        );
+    }
+}
