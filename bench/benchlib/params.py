@@ -14,7 +14,7 @@ FULL = {
     "s5": {"pyperf": True, "processes": 2, "values": 3, "micro_scale": 1.0, "micro_repeat": 3,
            "configs": PY_CONFIGS},
     "s6": {"n_true": 300, "n_python": 40, "n_loop": 3, "loop": 1000, "configs": PY_CONFIGS},
-    "s7": {"n_stats": 200, "n_purge": 20},
+    "s7": {"n_stats": 200, "n_purge": 20, "n_py": 20, "bert": True},
 }
 
 SMOKE = {
@@ -28,5 +28,5 @@ SMOKE = {
     "s5": {"pyperf": False, "processes": 1, "values": 1, "micro_scale": 0.02, "micro_repeat": 1,
            "configs": PY_CONFIGS},
     "s6": {"n_true": 5, "n_python": 2, "n_loop": 1, "loop": 20, "configs": PY_CONFIGS},
-    "s7": {"n_stats": 5, "n_purge": 2},
+    "s7": {"n_stats": 5, "n_purge": 2, "n_py": 2, "bert": False},
 }

@@ -3,6 +3,11 @@
 shim's Unix socket (newline-delimited JSON, docs/protocol.md: hello first,
 then one request line and one response line at a time).
 
+Then the Python bridge: the round trip of `stats` and `gc` to a CPython
+whose main thread sits in each of several states (tests/fixtures/py_states.py,
+shared with the tests), and what `release` frees in a real BERT process
+(tests/fixtures/py_torch.py) while its main thread sleeps.
+
 The target (bench/workloads/dirty.c) runs under memshim with
 MEMSHIM_DIRTY_DECAY_MS=-1 and MEMSHIM_MUZZY_DECAY_MS=-1 and its socket in a
 private MEMSHIM_SOCKET_DIR. If no socket appears (the control plane is not in
@@ -11,12 +16,13 @@ this build), the scenario reports "skipped: control plane not available"."""
 import glob
 import json
 import os
+import signal
 import socket
 import subprocess
 import tempfile
 import time
 
-from .configs import by_name
+from .configs import ROOT, by_name
 from .context import table
 from .runner import read_status
 from .stats import fmt, median, percentile
@@ -31,6 +37,98 @@ def request(f, sock, obj):
     if "ok" not in reply:
         raise RuntimeError(f"control request {obj} failed: {line.strip()[:300]}")
     return d, reply["ok"]
+
+
+def find_socket(sdir, pid, seconds=10):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        hits = glob.glob(os.path.join(sdir, f"{pid}-*.sock"))
+        if hits:
+            return hits[0]
+        time.sleep(0.02)
+    return None
+
+
+def connect(path):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(30)
+    sock.connect(path)
+    f = sock.makefile("r")
+    request(f, sock, {"op": "hello", "version": 1, "client": "memshim-bench"})
+    return sock, f
+
+
+# Main-thread states of tests/fixtures/py_states.py measured here (the test
+# python_reach covers all of them on every installed CPython).
+PY_STATES = ["sleep", "event", "select", "read", "join", "asyncio", "spin", "ccall"]
+
+
+def python_states(ctx, n):
+    """Median and p99 round trip of stats and gc per main-thread state."""
+    shim = by_name()["memshim"]
+    script = os.path.join(ROOT, "tests", "fixtures", "py_states.py")
+    rows = []
+    for state in PY_STATES:
+        with tempfile.TemporaryDirectory(prefix="memshim-bench-") as sdir:
+            env = shim.environ({"MEMSHIM_CONTROL": "on", "MEMSHIM_SOCKET_DIR": sdir})
+            proc = subprocess.Popen([ctx.python, script, state], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+            try:
+                proc.stdout.readline()  # ready
+                path = find_socket(sdir, proc.pid)
+                proc.stdin.write("\n")
+                proc.stdin.flush()
+                proc.stdout.readline()  # entering
+                time.sleep(0.2)  # let the main thread settle into the state
+                sock, f = connect(path)
+                st = [request(f, sock, {"op": "stats"})[0] for _ in range(n)]
+                gc = [request(f, sock, {"op": "gc"})[0] for _ in range(n)]
+                sock.close()
+            finally:
+                proc.send_signal(signal.SIGUSR1)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        rows.append([state, len(st), fmt(median(st) * 1000), fmt(percentile(st, 99) * 1000),
+                     fmt(median(gc) * 1000), fmt(percentile(gc, 99) * 1000)])
+    return rows
+
+
+def bert_release(ctx):
+    """A BERT (built from its config) loaded, deleted, then `release` while
+    the main thread sleeps; decay off, so only the release returns memory."""
+    shim = by_name()["memshim"]
+    script = os.path.join(ROOT, "tests", "fixtures", "py_torch.py")
+    with tempfile.TemporaryDirectory(prefix="memshim-bench-") as sdir:
+        env = shim.environ({"MEMSHIM_CONTROL": "on", "MEMSHIM_SOCKET_DIR": sdir,
+                            "MEMSHIM_DIRTY_DECAY_MS": "-1", "HF_HUB_OFFLINE": "1"})
+        proc = subprocess.Popen([ctx.python, script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True, env=env)
+        try:
+            if not proc.stdout.readline().startswith("ready"):
+                return None
+            path = find_socket(sdir, proc.pid)
+            base = read_status(proc.pid)["VmRSS"]
+            for cmd in ("load", "unload"):
+                proc.stdin.write(cmd + "\n")
+                proc.stdin.flush()
+                proc.stdout.readline()
+            unloaded = read_status(proc.pid)["VmRSS"]
+            proc.stdin.write("sleep 30\n")
+            proc.stdin.flush()
+            proc.stdout.readline()  # sleeping
+            sock, f = connect(path)
+            d, r = request(f, sock, {"op": "release"})
+            sock.close()
+            after = read_status(proc.pid)["VmRSS"]
+        finally:
+            proc.kill()
+            proc.wait()
+    steps = {s["step"]: s for s in r["steps"]}
+    return {"base": base / 1024, "unloaded": unloaded / 1024, "after": after / 1024, "ms": d * 1000,
+            "gc_ms": steps["gc"]["elapsed_ms"], "outcomes": ", ".join(f'{s["step"]} {s.get("outcome", "done")}'
+                                                                    for s in r["steps"])}
 
 
 def run(ctx):
@@ -71,8 +169,26 @@ def run(ctx):
     rows = [["stats round trip", len(stats_t), fmt(median(stats_t) * 1000), fmt(percentile(stats_t, 99) * 1000), "–"],
             ["purge of 1 GiB dirty", len(purge_t), fmt(median(purge_t) * 1000), fmt(percentile(purge_t, 99) * 1000),
              fmt(median(freed))]]
-    res = {"stats_ms": median(stats_t) * 1000, "purge_ms": median(purge_t) * 1000,
-           "md": "Target: bench/workloads/dirty.c under memshim with decay off; each purge follows a fresh "
-                 "1 GiB (1024 × 1 MiB) allocate-touch-free. Times in ms, over one connection (hello once).\n\n" +
-                 table(["request", "n", "median ms", "p99 ms", "RSS returned MB (median)"], rows)}
+    md = ("Target: bench/workloads/dirty.c under memshim with decay off; each purge follows a fresh "
+          "1 GiB (1024 × 1 MiB) allocate-touch-free. Times in ms, over one connection (hello once).\n\n" +
+          table(["request", "n", "median ms", "p99 ms", "RSS returned MB (median)"], rows))
+    py_rows = python_states(ctx, p["n_py"])
+    md += ("\n\nThe Python bridge: `stats` and `gc` to " + ctx.python + " (tests/fixtures/py_states.py, "
+           "garbage with finalizers, automatic gc off) whose main thread sits in each state; the job runs on "
+           "the bridge's own thread, which takes the GIL (docs/python.md). Round trip in ms, over one "
+           "connection.\n\n" +
+           table(["main thread", "n", "stats median", "stats p99", "gc median", "gc p99"], py_rows))
+    res = {"stats_ms": median(stats_t) * 1000, "purge_ms": median(purge_t) * 1000}
+    if p["bert"]:
+        b = bert_release(ctx)
+        if b is None:
+            md += "\n\nBERT release: **skipped** (torch or transformers not importable)."
+        else:
+            res["bert"] = b
+            md += (f"\n\nBERT release while the main thread sleeps (tests/fixtures/py_torch.py, "
+                   f"BertModel(BertConfig()), decay off so only the release returns memory): RSS "
+                   f"{fmt(b['base'])} MB before loading, {fmt(b['unloaded'])} MB after `del model`, "
+                   f"{fmt(b['after'])} MB after `release` ({fmt(b['unloaded'] - b['after'])} MB returned) "
+                   f"in {fmt(b['ms'])} ms, gc step {fmt(b['gc_ms'])} ms; steps: {b['outcomes']}.")
+    res["md"] = md
     return res
