@@ -9,6 +9,8 @@
 //! | 4 | the shim is loaded but its control endpoint is not running |
 //! | 5 | permission denied |
 //! | 6 | the process answered with an error (protocol, Python unavailable, ...) |
+//! | 7 | no memory cgroup: the process is in none that can be read here (`cgroup`, `reclaim`) |
+//! | 8 | the cgroup filesystem is read-only here (`reclaim` inside a container) |
 //!
 //! docs/troubleshooting.md lists the messages and what to do about each.
 
@@ -31,6 +33,10 @@ pub enum Exit {
     Permission,
     /// 6
     Remote,
+    /// 7
+    NoCgroup,
+    /// 8
+    ReadOnly,
 }
 
 impl Exit {
@@ -43,6 +49,8 @@ impl Exit {
             Exit::NoEndpoint => 4,
             Exit::Permission => 5,
             Exit::Remote => 6,
+            Exit::NoCgroup => 7,
+            Exit::ReadOnly => 8,
         }
     }
 }
@@ -121,8 +129,10 @@ mod tests {
             Exit::NoEndpoint,
             Exit::Permission,
             Exit::Remote,
+            Exit::NoCgroup,
+            Exit::ReadOnly,
         ];
-        assert_eq!(all.map(Exit::code), [0, 1, 3, 4, 5, 6]);
+        assert_eq!(all.map(Exit::code), [0, 1, 3, 4, 5, 6, 7, 8]);
         let f = Failure::new(Exit::NotFound, Some(7), "no such process");
         assert_eq!(f.line(), "pid 7: no such process");
         assert_eq!(
