@@ -5,9 +5,9 @@
 //! shared memory, POSIX semaphores) stay in memory, charged as `shmem` to
 //! the cgroup that first wrote them, until someone deletes them.
 //!
-//! * The directories: `/dev/shm` as each process of the cgroup sees it
-//!   (`/proc/<pid>/root/dev/shm` across mount namespaces), once per
-//!   filesystem.
+//! * The directories: `/dev/shm` as each process of the cgroup sees it,
+//!   once per filesystem: ours when its mountinfo shows the same mount
+//!   there, else `/proc/<pid>/root/dev/shm` (across mount namespaces).
 //! * A file is **in use** when some process maps it (`/proc/*/maps`: device
 //!   and inode columns) or has it open (`/proc/*/fd/*`, by device and inode,
 //!   which works across mount namespaces); **unowned** when no process does;
@@ -62,6 +62,9 @@ pub struct ShmReport {
     /// Processes that have one of these filesystems mounted but whose maps
     /// or descriptors could not be read.
     pub unreadable_processes: usize,
+    /// Processes of the cgroup whose `/dev/shm` could not be reached
+    /// (`/proc/<pid>/root` needs root or the process's uid).
+    pub unreachable: Vec<i32>,
 }
 
 /// Linux `dev_t` as glibc encodes it: (major, minor).
@@ -71,14 +74,48 @@ fn major_minor(dev: u64) -> (u64, u64) {
     (major, minor)
 }
 
-/// The `/dev/shm` of each of `pids` (deduplicated by filesystem).
-fn shm_dirs(pids: &[i32]) -> Vec<(PathBuf, u64)> {
+/// The mount at `/dev/shm` in a mountinfo text: (mount id, device).
+fn shm_mount(mountinfo: &str) -> Option<(String, String)> {
+    mountinfo.lines().rev().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        (f.len() > 4 && f[4] == "/dev/shm").then(|| (f[0].to_owned(), f[2].to_owned()))
+    })
+}
+
+/// The `/dev/shm` that `pid` sees, as we reach it: ours when its mount
+/// there is the very mount we see (mountinfo is readable without ptrace
+/// rights), else through `/proc/<pid>/root` (needs them).
+fn dev_shm_of(pid: i32) -> Option<PathBuf> {
+    let theirs = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).ok();
+    let ours = std::fs::read_to_string("/proc/self/mountinfo").ok();
+    let (theirs, ours) = (
+        theirs.as_deref().and_then(shm_mount),
+        ours.as_deref().and_then(shm_mount),
+    );
+    if theirs.is_some() && theirs == ours {
+        return Some(PathBuf::from("/dev/shm"));
+    }
+    let via_root = PathBuf::from(format!("/proc/{pid}/root/dev/shm"));
+    if std::fs::metadata(&via_root).is_ok() {
+        return Some(via_root);
+    }
+    // No /dev/shm mount on either side (a plain directory) in one mount
+    // namespace.
+    (theirs.is_none() && ours.is_none() && discover::same_mount_ns(pid))
+        .then(|| PathBuf::from("/dev/shm"))
+}
+
+/// The `/dev/shm` of each of `pids` (deduplicated by filesystem), and the
+/// pids whose `/dev/shm` could not be reached.
+fn shm_dirs(pids: &[i32]) -> (Vec<(PathBuf, u64)>, Vec<i32>) {
     let mut out: Vec<(PathBuf, u64)> = vec![];
+    let mut unreachable = vec![];
     for &pid in pids {
-        let dir = if discover::same_mount_ns(pid) {
-            PathBuf::from("/dev/shm")
-        } else {
-            PathBuf::from(format!("/proc/{pid}/root/dev/shm"))
+        let Some(dir) = dev_shm_of(pid) else {
+            if std::fs::metadata(format!("/proc/{pid}")).is_ok() {
+                unreachable.push(pid);
+            }
+            continue;
         };
         if let Ok(m) = std::fs::metadata(&dir) {
             if m.is_dir() && !out.iter().any(|(_, d)| *d == m.dev()) {
@@ -86,7 +123,7 @@ fn shm_dirs(pids: &[i32]) -> Vec<(PathBuf, u64)> {
             }
         }
     }
-    out
+    (out, unreachable)
 }
 
 /// Regular files under `dir`, keyed by (device, inode).
@@ -172,7 +209,7 @@ fn maps_entry(line: &str) -> Option<((u64, u64), u64, &str, bool)> {
 
 /// Lists the `/dev/shm` files seen by `pids` and who uses them.
 pub fn scan(pids: &[i32]) -> ShmReport {
-    let dirs = shm_dirs(pids);
+    let (dirs, unreachable) = shm_dirs(pids);
     let mut files = BTreeMap::new();
     for (d, _) in &dirs {
         walk(d, Path::new("/dev/shm"), &mut files);
@@ -245,6 +282,7 @@ pub fn scan(pids: &[i32]) -> ShmReport {
     let mut out = ShmReport {
         dirs: dirs.iter().map(|(d, _)| d.display().to_string()).collect(),
         unreadable_processes: unreadable,
+        unreachable,
         ..ShmReport::default()
     };
     for (key, mut f) in files {
@@ -331,6 +369,17 @@ mod tests {
             None
         );
         assert_eq!(maps_entry("garbage"), None);
+    }
+
+    #[test]
+    fn the_visible_dev_shm_mount_is_the_last_one_there() {
+        let mi = "24 27 0:6 / /dev rw - devtmpfs devtmpfs rw\n25 24 0:23 / /dev/shm rw - tmpfs tmpfs rw\n\
+                  30 25 0:27 / /dev/shm rw - tmpfs tmpfs rw\n";
+        assert_eq!(shm_mount(mi), Some(("30".into(), "0:27".into())));
+        assert_eq!(
+            shm_mount("24 27 0:6 / /dev rw - devtmpfs devtmpfs rw\n"),
+            None
+        );
     }
 
     #[test]

@@ -52,6 +52,14 @@ pub fn run(a: CgroupArgs) -> Result<Exit, Failure> {
     let pids: Vec<i32> = c.processes.iter().map(|p| p.pid).collect();
     let shm = shm::scan(&pids);
     let mut notes = charge::notes(&loc, &c);
+    if !shm.unreachable.is_empty() {
+        let list: Vec<String> = shm.unreachable.iter().map(i32::to_string).collect();
+        notes.push(format!(
+            "the /dev/shm of pid(s) {} could not be reached (/proc/<pid>/root needs root or their uid): its files \
+             are not listed",
+            list.join(", ")
+        ));
+    }
     if shm.unreadable_processes > 0 {
         notes.push(format!(
             "{} process(es) that see this /dev/shm could not be read (permission denied): a file that no readable \
@@ -364,6 +372,7 @@ mod tests {
             bytes: 64 << 20,
             unowned_bytes: 64 << 20,
             unreadable_processes: 0,
+            unreachable: vec![],
         };
         let r = Report {
             pid: Some(4242),
