@@ -71,6 +71,17 @@ pub fn run(a: ReclaimArgs) -> Result<Exit, Failure> {
                     Reply::Purge(r) => Ok(r),
                     other => Err(c.unexpected(&other)),
                 });
+            // A process that exited meanwhile has nothing left to purge.
+            let gone = result.as_ref().is_err_and(|f| f.exit == Exit::NotFound)
+                && std::fs::metadata(format!("/proc/{}", p.pid)).is_err();
+            if gone {
+                skipped.push(Skipped {
+                    pid: p.pid,
+                    command: p.command.clone(),
+                    reason: "exited meanwhile".into(),
+                });
+                continue;
+            }
             purges.push(Outcome {
                 pid: p.pid,
                 command: Some(p.command.clone()),
@@ -130,34 +141,21 @@ fn kernel_lines(k: &KernelStep) -> String {
 /// Before/after rows: usage, working set, then every part both report.
 pub fn compare(before: &Charge, after: &Charge) -> String {
     let (b, a) = (charge::parts(before, None), charge::parts(after, None));
-    let mut rows = vec![
-        vec![
-            "usage".to_owned(),
-            bytes(before.memory.usage),
-            bytes(after.memory.usage),
-            delta(before.memory.usage, after.memory.usage),
-            "dashboards".into(),
-        ],
-        vec![
-            "working set".to_owned(),
-            bytes(before.memory.working_set),
-            bytes(after.memory.working_set),
-            delta(before.memory.working_set, after.memory.working_set),
-            "dashboards".into(),
-        ],
+    let (bm, am) = (&before.memory, &after.memory);
+    let dashboards = [
+        ("usage", bm.usage, am.usage, "dashboards"),
+        ("working set", bm.working_set, am.working_set, "dashboards"),
     ];
-    for ((_, depth, label, _, pb), (_, _, _, _, pa)) in b.rows().into_iter().zip(a.rows()) {
-        let (Some(x), Some(y)) = (pb.bytes, pa.bytes) else {
-            continue;
-        };
-        rows.push(vec![
-            format!("{}{label}", "  ".repeat(depth)),
-            bytes(x),
-            bytes(y),
-            delta(x, y),
-            pb.action.into(),
-        ]);
-    }
+    let parts = b.rows().into_iter().zip(a.rows()).filter_map(|(rb, ra)| {
+        let label = format!("{}{}", "  ".repeat(rb.1), rb.2);
+        Some((label, rb.4.bytes?, ra.4.bytes?, rb.4.action))
+    });
+    let rows: Vec<Vec<String>> = dashboards
+        .into_iter()
+        .map(|(l, x, y, by)| (l.to_owned(), x, y, by))
+        .chain(parts)
+        .map(|(label, x, y, by)| vec![label, bytes(x), bytes(y), delta(x, y), by.to_owned()])
+        .collect();
     table(&["PART", "BEFORE", "AFTER", "CHANGE", "BY"], &rows)
         .lines()
         .map(|l| format!("  {l}\n"))
