@@ -66,6 +66,7 @@ impl TestCgroup {
             );
             return None;
         };
+        remove_stale(&mount);
         let name = format!("memshim-test-{}-{tag}", std::process::id());
         let dir = mount.join(&name);
         if dir.exists() {
@@ -161,6 +162,26 @@ impl TestCgroup {
         });
         gone.is_some()
             && wait_until(Duration::from_secs(5), || std::fs::remove_dir(dir).ok()).is_some()
+    }
+}
+
+/// Removes cgroups a killed test run left behind (their test process is
+/// gone).
+fn remove_stale(mount: &Path) {
+    let Ok(rd) = std::fs::read_dir(mount) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(owner) = name
+            .strip_prefix("memshim-test-")
+            .and_then(|r| r.split('-').next())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{owner}")).exists() {
+            let _ = TestCgroup::remove(&e.path());
+        }
     }
 }
 
