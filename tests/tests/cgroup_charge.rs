@@ -317,3 +317,28 @@ fn without_a_pid_it_reports_its_own_cgroup() {
         "only memshim-ctl itself: {r}"
     );
 }
+
+#[test]
+fn in_a_cgroup_namespace_of_its_own_it_still_finds_its_cgroup() {
+    let Some(cg) = TestCgroup::new("cgns") else {
+        return;
+    };
+    // As in a container with a cgroup namespace but the host's cgroupfs
+    // mount: /proc/self/cgroup says "/", the mount's root is above it.
+    let o = cg
+        .cmd(
+            "unshare",
+            ["-C", &ctl().display().to_string(), "cgroup", "--json"],
+        )
+        .run();
+    if o.stderr.contains("unshare:") {
+        eprintln!("SKIP: unshare -C does not work here: {}", o.stderr.trim());
+        return;
+    }
+    assert_eq!(o.code, 0, "{o:?}");
+    let r: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    assert_eq!(r["cgroup"]["path"], "/", "{r}");
+    assert_eq!(r["cgroup"]["dir"], cg.dir.display().to_string(), "{r}");
+    assert_eq!(r["cgroup"]["searched"], true, "{r}");
+    assert!(r["notes"].to_string().contains("found by searching"), "{r}");
+}
