@@ -108,13 +108,14 @@ fn reclaim_drops_the_page_cache_of_a_file_read_inside_the_cgroup() {
     let _ = std::fs::remove_file(file);
 }
 
-/// Maps /dev/shm/mapped (4 MiB written), holds /dev/shm/held open (2 MiB),
-/// then waits.
+/// Maps /dev/shm/mapped (4 MiB written), holds /dev/shm/held open (2 MiB)
+/// and a deleted /dev/shm/gone (1 MiB), then waits.
 const SHM_USER: &str = r#"
 import mmap, os, sys
 f = open('/dev/shm/mapped', 'w+b'); f.truncate(4 << 20)
 m = mmap.mmap(f.fileno(), 4 << 20); m[:] = b'x' * (4 << 20); f.close()
 h = open('/dev/shm/held', 'w+b'); h.write(b'y' * (2 << 20)); h.flush()
+g = open('/dev/shm/gone', 'w+b'); g.write(b'g' * (1 << 20)); g.flush(); os.unlink('/dev/shm/gone')
 print('ready', flush=True)
 sys.stdin.readline()
 "#;
@@ -156,6 +157,13 @@ fn a_dev_shm_leftover_is_unowned_and_files_mapped_or_held_are_in_use() {
         assert_eq!(f["state"], "in_use", "{f}");
         assert_eq!(f["users"][0], pid, "{f}");
     }
+    let gone = file("/dev/shm/gone (deleted)");
+    assert_eq!(
+        (gone["state"].as_str(), gone["bytes"].as_u64()),
+        (Some("in_use"), Some(MIB)),
+        "{gone}"
+    );
+    assert_eq!(gone["users"][0], pid, "{gone}");
     assert_eq!(r["shm"]["unowned_bytes"], 8 * MIB);
     assert_eq!(r["parts"]["shm_unowned"]["bytes"], 8 * MIB);
     assert_eq!(r["parts"]["shm_unowned"]["action"], "delete");
