@@ -15,7 +15,8 @@ pub struct Cli {
 }
 
 const AFTER_HELP: &str = "Exit codes: 0 ok, 1 some targets failed, 2 usage, 3 no such process or no shim, \
-4 endpoint not running, 5 permission denied, 6 the process answered with an error.\n\
+4 endpoint not running, 5 permission denied, 6 the process answered with an error, \
+7 a Python step could not run or failed, 8 no memory cgroup, 9 read-only cgroup filesystem.\n\
 Figures are defined in docs/stats.md; errors in docs/troubleshooting.md.";
 
 /// Subcommands. To add one, see the comment at the top of `cmd/mod.rs`.
@@ -45,6 +46,10 @@ pub enum Command {
     Metrics(cmd::metrics::MetricsArgs),
     /// Serve /metrics over HTTP for Prometheus (node_exporter style).
     Serve(cmd::serve::ServeArgs),
+    /// What a memory cgroup is charged, part by part, and what gives each part back.
+    Cgroup(cmd::cgroup::CgroupArgs),
+    /// Purge every shimmed process of a cgroup, then reclaim its page cache.
+    Reclaim(cmd::reclaim::ReclaimArgs),
 }
 
 impl Command {
@@ -61,6 +66,8 @@ impl Command {
             Command::Release(a) => a.targets.json,
             Command::Run(_) | Command::Metrics(_) | Command::Serve(_) => false,
             Command::Doctor(a) => a.json,
+            Command::Cgroup(a) => a.json,
+            Command::Reclaim(a) => a.json,
         }
     }
 }
@@ -135,6 +142,18 @@ mod tests {
             parse(&["serve", "--listen", "127.0.0.1:0", "--enable-purge"]).unwrap(),
             Command::Serve(a) if a.enable_purge && a.listen.port() == 0
         ));
+        assert!(
+            matches!(parse(&["cgroup"]).unwrap(), Command::Cgroup(a) if a.pid.is_none() && !a.json)
+        );
+        assert!(
+            matches!(parse(&["cgroup", "7", "--json"]).unwrap(), Command::Cgroup(a) if a.pid == Some(7) && a.json)
+        );
+        assert!(
+            matches!(parse(&["reclaim", "7"]).unwrap(), Command::Reclaim(a) if a.pid == Some(7) && !a.json)
+        );
+        assert!(
+            matches!(parse(&["reclaim", "--json"]).unwrap(), Command::Reclaim(a) if a.pid.is_none() && a.json)
+        );
     }
 
     #[test]
@@ -152,6 +171,10 @@ mod tests {
             &["run"], // no command
             &["run", "--control", "sometimes", "--", "true"],
             &["serve", "--listen", "not-an-address"],
+            &["cgroup", "0"],
+            &["cgroup", "1", "2"],
+            &["reclaim", "-5"],
+            &["reclaim", "x"],
         ] {
             let e = parse(bad).expect_err(&format!("{bad:?} must be refused"));
             assert_eq!(e.exit_code(), 2, "{bad:?}");

@@ -118,6 +118,18 @@ fn gone(pid: i32, e: io::Error) -> Failure {
     .hint("check the pid with `memshim-ctl list`")
 }
 
+/// `RssAnon`, `RssFile` and `RssShmem` of `/proc/<pid>/status`, in bytes.
+pub fn rss_parts(pid: i32) -> [Option<u64>; 3] {
+    let status = std::fs::read_to_string(proc_path(pid, "status")).unwrap_or_default();
+    ["RssAnon", "RssFile", "RssShmem"].map(|k| {
+        status_fields(&status, k)?
+            .first()?
+            .parse::<u64>()
+            .ok()
+            .map(|kb| kb * 1024)
+    })
+}
+
 /// Every pid in `/proc`, ascending.
 pub fn all_pids() -> Vec<i32> {
     let mut v: Vec<i32> = std::fs::read_dir("/proc")
@@ -173,7 +185,8 @@ pub fn map_uid(map: &str, uid: u32) -> Option<u32> {
     })
 }
 
-fn same_mount_ns(pid: i32) -> bool {
+/// Whether `pid` is in our mount namespace (true when that cannot be read).
+pub fn same_mount_ns(pid: i32) -> bool {
     match (
         std::fs::read_link("/proc/self/ns/mnt"),
         std::fs::read_link(proc_path(pid, "ns/mnt")),

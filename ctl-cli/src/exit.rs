@@ -10,6 +10,8 @@
 //! | 5 | permission denied |
 //! | 6 | the process answered with an error (protocol, invalid argument, ...) |
 //! | 7 | a Python step could not run or failed: `gc`, `empty-cache`, or a step of `release` (the GIL could not be had, the interpreter is shutting down, Python raised; `gc` in a process without CPython) |
+//! | 8 | no memory cgroup: the process is in none that can be read here (`cgroup`, `reclaim`) |
+//! | 9 | the cgroup filesystem is read-only here (`reclaim` inside a container) |
 //!
 //! docs/troubleshooting.md lists the messages and what to do about each.
 
@@ -34,6 +36,10 @@ pub enum Exit {
     Remote,
     /// 7
     PythonStep,
+    /// 8
+    NoCgroup,
+    /// 9
+    ReadOnly,
 }
 
 impl Exit {
@@ -47,6 +53,8 @@ impl Exit {
             Exit::Permission => 5,
             Exit::Remote => 6,
             Exit::PythonStep => 7,
+            Exit::NoCgroup => 8,
+            Exit::ReadOnly => 9,
         }
     }
 }
@@ -126,8 +134,10 @@ mod tests {
             Exit::Permission,
             Exit::Remote,
             Exit::PythonStep,
+            Exit::NoCgroup,
+            Exit::ReadOnly,
         ];
-        assert_eq!(all.map(Exit::code), [0, 1, 3, 4, 5, 6, 7]);
+        assert_eq!(all.map(Exit::code), [0, 1, 3, 4, 5, 6, 7, 8, 9]);
         let f = Failure::new(Exit::NotFound, Some(7), "no such process");
         assert_eq!(f.line(), "pid 7: no such process");
         assert_eq!(

@@ -6,12 +6,15 @@
 
 #![forbid(unsafe_code)]
 
+mod cgroupfs;
+mod charge;
 mod cli;
 mod client;
 mod cmd;
 mod discover;
 mod exit;
 mod render;
+mod shm;
 
 use clap::Parser;
 

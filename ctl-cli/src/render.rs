@@ -51,7 +51,9 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
         .map(|i| {
             rows.iter().all(|r| {
                 r.get(i).is_none_or(|c| {
-                    c.starts_with(|ch: char| ch.is_ascii_digit() || ch == '-' || ch == '+')
+                    c.starts_with(|ch: char| {
+                        ch.is_ascii_digit() || ch == '-' || ch == '+' || ch == '±'
+                    })
                 })
             }) && i + 1 < n
         })

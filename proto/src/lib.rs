@@ -19,6 +19,7 @@
 #![warn(missing_docs)]
 
 mod actions;
+pub mod cgroup;
 #[cfg(test)]
 mod doc_examples;
 mod error;

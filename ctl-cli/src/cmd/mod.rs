@@ -17,6 +17,7 @@
 //! (connect + requests), `render` (sizes, tables), and [`for_targets`] for
 //! commands that take `<PID>... | --all`.
 
+pub mod cgroup;
 pub mod decay;
 pub mod doctor;
 pub mod empty_cache;
@@ -24,6 +25,7 @@ pub mod gc;
 pub mod list;
 pub mod metrics;
 pub mod purge;
+pub mod reclaim;
 pub mod release;
 pub mod run;
 pub mod serve;
@@ -50,6 +52,8 @@ pub fn run(cmd: Command) -> Result<Exit, Failure> {
         Command::Doctor(a) => doctor::run(a),
         Command::Metrics(a) => metrics::run(a),
         Command::Serve(a) => serve::run(a),
+        Command::Cgroup(a) => cgroup::run(a),
+        Command::Reclaim(a) => reclaim::run(a),
     }
 }
 

@@ -1,0 +1,259 @@
+//! `memshim-ctl reclaim [PID] [--json]`: purges every shimmed process of
+//! PID's memory cgroup, then asks the kernel to reclaim the cgroup's page
+//! cache (v2 `memory.reclaim`, v1 `memory.force_empty`), and shows each
+//! part of the charge before and after.
+//!
+//! Nothing is done unless the kernel step can be done: a read-only cgroup
+//! filesystem (inside a container) or missing permission fails first.
+
+use super::{Outcome, outcome_json, purge};
+use crate::cgroupfs::{self, KernelStep, Location};
+use crate::charge::{self, Charge, Parts};
+use crate::cli::pid_parser;
+use crate::client::Client;
+use crate::exit::{Exit, Failure};
+use crate::render::{bytes, delta, ms, table};
+use clap::Args;
+use memshim_proto::cgroup::CgroupMemory;
+use memshim_proto::{PurgeResult, Reply, Request};
+use serde::Serialize;
+
+/// Options of `reclaim`.
+#[derive(Args, Debug)]
+pub struct ReclaimArgs {
+    /// Process id; without it, memshim-ctl's own cgroup (in a container: the container's).
+    #[arg(value_parser = pid_parser())]
+    pub pid: Option<i32>,
+    /// One JSON document on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A shimmed process that was not purged, and why.
+#[derive(Debug, Serialize)]
+pub struct Skipped {
+    /// Pid.
+    pub pid: i32,
+    /// Command line.
+    pub command: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// The charge at one moment.
+#[derive(Debug, Serialize)]
+pub struct Snapshot {
+    /// The kernel's figures.
+    pub memory: CgroupMemory,
+    /// The parts.
+    pub parts: Parts,
+}
+
+fn snapshot(c: &Charge) -> Snapshot {
+    Snapshot {
+        memory: c.memory,
+        parts: charge::parts(c, None),
+    }
+}
+
+/// Runs `reclaim`.
+pub fn run(a: ReclaimArgs) -> Result<Exit, Failure> {
+    let loc = cgroupfs::locate(a.pid)?;
+    let before = charge::read(&loc, a.pid)?;
+    cgroupfs::check_writable(&loc, a.pid)?;
+
+    let mut purges: Vec<Outcome<PurgeResult>> = vec![];
+    let mut skipped = vec![];
+    for p in &before.processes {
+        if p.endpoint {
+            let result =
+                Client::open(p.pid).and_then(|mut c| match c.request(&Request::Purge)? {
+                    Reply::Purge(r) => Ok(r),
+                    other => Err(c.unexpected(&other)),
+                });
+            // A process that exited meanwhile has nothing left to purge.
+            let gone = result.as_ref().is_err_and(|f| f.exit == Exit::NotFound)
+                && std::fs::metadata(format!("/proc/{}", p.pid)).is_err();
+            if gone {
+                skipped.push(Skipped {
+                    pid: p.pid,
+                    command: p.command.clone(),
+                    reason: "exited meanwhile".into(),
+                });
+                continue;
+            }
+            purges.push(Outcome {
+                pid: p.pid,
+                command: Some(p.command.clone()),
+                result,
+            });
+        } else if p.shim != "no" {
+            skipped.push(Skipped {
+                pid: p.pid,
+                command: p.command.clone(),
+                reason: p.reason.clone().unwrap_or_default(),
+            });
+        }
+    }
+    // What the kernel is asked for is the page cache as it is now.
+    let now = cgroupfs::read_memory(&loc, a.pid)?;
+    let kernel = cgroupfs::reclaim_kernel(&loc, &now, cgroupfs::swap_enabled(), a.pid)?;
+    let after = charge::read(&loc, a.pid)?;
+
+    let failed = purges.iter().any(|o| o.result.is_err()) || kernel.outcome == "unsupported";
+    if a.json {
+        let doc = serde_json::json!({
+            "pid": a.pid,
+            "cgroup": loc,
+            "purge": purges.iter().map(outcome_json).collect::<Vec<_>>(),
+            "skipped": skipped,
+            "kernel": kernel,
+            "before": snapshot(&before),
+            "after": snapshot(&after),
+        });
+        println!("{doc}");
+    } else {
+        print!(
+            "{}",
+            human(&loc, &purges, &skipped, &kernel, &before, &after)
+        );
+        super::print_failures(&purges);
+    }
+    Ok(if failed { Exit::Failed } else { Exit::Ok })
+}
+
+/// The kernel step in one line, and its note.
+fn kernel_lines(k: &KernelStep) -> String {
+    let mut out = match (&k.wrote, k.outcome) {
+        (Some(w), o) => format!(
+            "kernel: wrote {w:?} to {} in {}: {o}\n",
+            k.file,
+            ms(k.elapsed_ms)
+        ),
+        (None, o) => format!("kernel: {} {o}\n", k.file),
+    };
+    if let Some(n) = &k.note {
+        out += &format!("  {n}\n");
+    }
+    out
+}
+
+/// Before/after rows: usage, working set, then every part both report.
+pub fn compare(before: &Charge, after: &Charge) -> String {
+    let (b, a) = (charge::parts(before, None), charge::parts(after, None));
+    let (bm, am) = (&before.memory, &after.memory);
+    let dashboards = [
+        ("usage", bm.usage, am.usage, "dashboards"),
+        ("working set", bm.working_set, am.working_set, "dashboards"),
+    ];
+    let parts = b.rows().into_iter().zip(a.rows()).filter_map(|(rb, ra)| {
+        let label = format!("{}{}", "  ".repeat(rb.1), rb.2);
+        Some((label, rb.4.bytes?, ra.4.bytes?, rb.4.action))
+    });
+    let rows: Vec<Vec<String>> = dashboards
+        .into_iter()
+        .map(|(l, x, y, by)| (l.to_owned(), x, y, by))
+        .chain(parts)
+        .map(|(label, x, y, by)| vec![label, bytes(x), bytes(y), delta(x, y), by.to_owned()])
+        .collect();
+    table(&["PART", "BEFORE", "AFTER", "CHANGE", "BY"], &rows)
+        .lines()
+        .map(|l| format!("  {l}\n"))
+        .collect()
+}
+
+/// The human report.
+pub fn human(
+    loc: &Location,
+    purges: &[Outcome<PurgeResult>],
+    skipped: &[Skipped],
+    kernel: &KernelStep,
+    before: &Charge,
+    after: &Charge,
+) -> String {
+    let mut out = format!(
+        "memory cgroup {} (v{}, {})\n\n",
+        loc.path,
+        loc.version,
+        loc.dir.display()
+    );
+    if purges.is_empty() {
+        out += "purge: no shimmed process with a running endpoint in this cgroup\n";
+    } else {
+        out += "purge:\n";
+        out += &purge::human(purges)
+            .lines()
+            .map(|l| format!("  {l}\n"))
+            .collect::<String>();
+    }
+    for s in skipped {
+        out += &format!("  skipped pid {} ({}): {}\n", s.pid, s.command, s.reason);
+    }
+    out += &kernel_lines(kernel);
+    out += "\n";
+    out += &compare(before, after);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn charge(usage: u64, cache: u64, anon: u64) -> Charge {
+        Charge {
+            memory: CgroupMemory {
+                version: 1,
+                usage,
+                working_set: usage - cache / 2,
+                anon,
+                page_cache: cache,
+                active_file: cache / 2,
+                inactive_file: cache / 2,
+                kernel: Some(1 << 20),
+                ..Default::default()
+            },
+            processes: vec![],
+            hidden: 0,
+        }
+    }
+
+    #[test]
+    fn before_and_after_show_every_part_with_its_change() {
+        let loc = Location {
+            version: 1,
+            path: "/t".into(),
+            dir: PathBuf::from("/sys/fs/cgroup/memory/t"),
+            mount_point: PathBuf::from("/sys/fs/cgroup/memory"),
+            read_only: false,
+            searched: false,
+        };
+        let k = KernelStep {
+            file: "/sys/fs/cgroup/memory/t/memory.force_empty".into(),
+            wrote: Some("0".into()),
+            requested: None,
+            outcome: "done",
+            elapsed_ms: 3.0,
+            note: None,
+        };
+        let h = human(
+            &loc,
+            &[],
+            &[],
+            &k,
+            &charge(100 << 20, 64 << 20, 30 << 20),
+            &charge(36 << 20, 0, 30 << 20),
+        );
+        for want in [
+            "memory cgroup /t (v1, /sys/fs/cgroup/memory/t)",
+            "purge: no shimmed process with a running endpoint in this cgroup",
+            "kernel: wrote \"0\" to /sys/fs/cgroup/memory/t/memory.force_empty in 3.00 ms: done",
+            "PART",
+            "  usage                 100.0 MiB  36.0 MiB  -64.0 MiB  dashboards",
+            "  page cache             64.0 MiB       0 B  -64.0 MiB  reclaim",
+            "  anon                   30.0 MiB  30.0 MiB       ±0 B  none",
+        ] {
+            assert!(h.contains(want), "missing {want:?} in\n{h}");
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! `memshim-ctl cgroup` and `reclaim` refuse bad input with a clear message
+//! and a distinct exit code, and a `reclaim` that cannot do its job changes
+//! nothing: a pid that is gone (3), no memory cgroup (8), no permission
+//! (5, another uid via setpriv), a read-only cgroup filesystem (9, a
+//! read-only bind mount in a mount namespace, as containers have it).
+
+mod cgroup_support;
+mod control_support;
+
+use cgroup_support::*;
+use control_support::{ctl_json, ctl_run};
+use memshim_tests::*;
+use std::time::Duration;
+
+const MIB: u64 = 1 << 20;
+const NOBODY: &[&str] = &["--reuid=65534", "--regid=65534", "--clear-groups"];
+
+fn json_error(o: &Output) -> serde_json::Value {
+    let v: serde_json::Value = serde_json::from_str(&o.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {o:?}"));
+    v["error"].clone()
+}
+
+#[test]
+fn a_pid_that_is_gone_is_exit_3() {
+    let o = Cmd::new("true", Vec::<String>::new()).spawn();
+    let pid = o.pid();
+    let _ = o.finish(Duration::from_secs(10));
+    for cmd in ["cgroup", "reclaim"] {
+        let o = ctl_run(&[cmd, &pid.to_string()]);
+        assert_eq!(o.code, 3, "{cmd}: {o:?}");
+        assert!(
+            o.stderr.contains(&format!("pid {pid}: no such process")),
+            "{o:?}"
+        );
+        let (code, v) = ctl_json(&[cmd, &pid.to_string()]);
+        assert_eq!(
+            (code, v["error"]["code"].as_str()),
+            (3, Some("not_found")),
+            "{v}"
+        );
+    }
+}
+
+#[test]
+fn no_memory_controller_mounted_is_exit_7() {
+    if !is_root() {
+        eprintln!("SKIP: unmounting the cgroup filesystems in a mount namespace needs root");
+        return;
+    }
+    // Take away every cgroup mount in a mount namespace of our own: the
+    // process is still in its memory cgroup, but nothing here shows it.
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let mut cgroup_mounts: Vec<&str> = mounts
+        .lines()
+        .filter_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            right
+                .starts_with("cgroup")
+                .then(|| left.split(' ').nth(4))
+                .flatten()
+        })
+        .collect();
+    cgroup_mounts.reverse(); // children first
+    let umounts: String = cgroup_mounts
+        .iter()
+        .map(|m| format!("umount -l '{m}' && "))
+        .collect();
+    for cmd in ["cgroup", "reclaim"] {
+        let script = format!("{umounts}exec '{}' {cmd} --json", ctl().display());
+        let o = Cmd::new("unshare", ["-m", "sh", "-c", &script]).run();
+        if o.stderr.contains("umount") || o.stderr.contains("unshare:") {
+            eprintln!(
+                "SKIP: cannot unmount the cgroup filesystems here: {}",
+                o.stderr.trim()
+            );
+            return;
+        }
+        assert_eq!(o.code, 8, "{cmd}: {o:?}");
+        let e = json_error(&o);
+        assert_eq!(e["code"], "no_cgroup", "{e}");
+        assert!(
+            e["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("no memory cgroup:"),
+            "{e}"
+        );
+        assert!(
+            o.stderr.contains("no memory cgroup") && o.stderr.contains("hint:"),
+            "{o:?}"
+        );
+    }
+}
+
+/// A sleeper inside `cg` that read 32 MiB of a file (page cache charged
+/// to the cgroup).
+fn cached_sleeper(cg: &TestCgroup, tag: &str) -> (Child, std::path::PathBuf) {
+    let file = uncached_file(tag, 32);
+    let script = format!(
+        "cat '{}' > /dev/null; echo ready; exec sleep 600",
+        file.display()
+    );
+    let mut ch = cg.cmd("sh", ["-c", &script]).spawn();
+    ch.wait_for_line("ready", Duration::from_secs(30));
+    assert!(
+        cg.file_pages() >= 24 * MIB,
+        "page cache {}",
+        m(cg.file_pages())
+    );
+    (ch, file)
+}
+
+#[test]
+fn another_uid_may_look_but_reclaim_is_refused_with_exit_5_and_changes_nothing() {
+    let Some(cg) = TestCgroup::new("perm") else {
+        return;
+    };
+    let (sleeper, file) = cached_sleeper(&cg, "cgroup-perm");
+    // A root process of the cgroup maps a file in our own /dev/shm.
+    let shm = format!("/dev/shm/memshim-test-{}-perm", std::process::id());
+    let src = format!(
+        "import mmap\nf = open({shm:?}, 'w+b'); f.truncate(1 << 20)\nm = mmap.mmap(f.fileno(), 1 << 20)\n\
+         m[:] = b'z' * (1 << 20)\nprint('ready', flush=True)\ninput()\n"
+    );
+    let mut mapper = cg.cmd(python(), ["-c", &src]).spawn();
+    mapper.wait_for_line("ready", Duration::from_secs(30));
+    let pid = sleeper.pid().to_string();
+
+    let as_nobody = |args: &[&str]| {
+        let mut a: Vec<String> = NOBODY.iter().map(|s| s.to_string()).collect();
+        a.push(ctl().display().to_string());
+        a.extend(args.iter().map(|s| s.to_string()));
+        Cmd::new("setpriv", a).run()
+    };
+    let before = cg.file_pages();
+    let o = as_nobody(&["reclaim", &pid, "--json"]);
+    assert_eq!(o.code, 5, "{o:?}");
+    let e = json_error(&o);
+    assert_eq!(e["code"], "permission", "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("nothing was changed"),
+        "{e}"
+    );
+    assert!(
+        o.stderr.contains("permission denied") && o.stderr.contains("as root"),
+        "{o:?}"
+    );
+    assert!(
+        cg.file_pages() + 4 * MIB >= before,
+        "page cache untouched: {} -> {}",
+        m(before),
+        m(cg.file_pages())
+    );
+
+    // Looking is allowed, and honest about what it could not see: the
+    // file root's process maps is not called unowned.
+    let o = as_nobody(&["cgroup", &pid, "--json"]);
+    assert_eq!(o.code, 0, "{o:?}");
+    let r: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    let f = r["shm"]["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == shm.as_str())
+        .unwrap_or_else(|| panic!("{shm} not listed: {}", r["shm"]))
+        .clone();
+    assert_eq!(f["state"], "unknown", "{f}");
+    assert!(
+        r["shm"]["unreadable_processes"].as_u64().unwrap() >= 1,
+        "{}",
+        r["shm"]
+    );
+    assert!(
+        r["notes"].to_string().contains("could not be read"),
+        "{}",
+        r["notes"]
+    );
+    // As root: in use, by the mapper.
+    let (_, r) = ctl_json(&["cgroup", &pid]);
+    let f = r["shm"]["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == shm.as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(f["state"], "in_use", "{f}");
+    assert_eq!(f["users"][0], mapper.pid(), "{f}");
+    drop(mapper);
+    let _ = std::fs::remove_file(&shm);
+    let _ = std::fs::remove_file(file);
+}
+
+#[test]
+fn a_read_only_cgroup_filesystem_is_exit_8_says_what_to_do_and_changes_nothing() {
+    let Some(cg) = TestCgroup::new("ro") else {
+        return;
+    };
+    let (sleeper, file) = cached_sleeper(&cg, "cgroup-ro");
+    let pid = sleeper.pid().to_string();
+    let mp = cg.mount.display().to_string();
+    let script = format!(
+        "mount --bind '{mp}' '{mp}' && mount -o remount,bind,ro '{mp}' && exec '{}' reclaim {pid} \"$@\"",
+        ctl().display()
+    );
+    let before = cg.file_pages();
+    let o = Cmd::new("unshare", ["-m", "sh", "-c", &script, "sh", "--json"]).run();
+    if o.stderr.contains("mount:") {
+        eprintln!(
+            "SKIP: cannot make a read-only bind mount here: {}",
+            o.stderr.trim()
+        );
+        return;
+    }
+    assert_eq!(o.code, 9, "{o:?}");
+    let e = json_error(&o);
+    assert_eq!(e["code"], "read_only", "{e}");
+    let msg = e["message"].as_str().unwrap();
+    assert!(
+        msg.contains("read-only") && msg.contains("nothing was changed"),
+        "{e}"
+    );
+    let hint = e["hint"].as_str().unwrap();
+    assert!(
+        hint.contains("on the host") && hint.contains("DaemonSet"),
+        "{e}"
+    );
+    assert!(
+        cg.file_pages() + 4 * MIB >= before,
+        "page cache untouched: {} -> {}",
+        m(before),
+        m(cg.file_pages())
+    );
+    // The human form says the same on stderr.
+    let o = Cmd::new("unshare", ["-m", "sh", "-c", &script, "sh"]).run();
+    assert_eq!(o.code, 9, "{o:?}");
+    assert!(
+        o.stderr.contains("read-only") && o.stderr.contains("DaemonSet"),
+        "{o:?}"
+    );
+    let _ = std::fs::remove_file(file);
+}

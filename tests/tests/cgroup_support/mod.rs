@@ -1,0 +1,225 @@
+//! Real memory cgroups for the `cgroup_*` tests: made by the test, with
+//! processes started inside, removed on drop even when the test fails.
+//! v1 (`/sys/fs/cgroup/memory`, this CI machine) or v2 where the unified
+//! hierarchy has the memory controller.
+
+#![allow(dead_code)]
+
+use memshim_tests::*;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A memory cgroup made for one test.
+pub struct TestCgroup {
+    /// Its directory.
+    pub dir: PathBuf,
+    /// Its path as `/proc/<pid>/cgroup` shows it.
+    pub path: String,
+    /// 1 or 2.
+    pub version: u8,
+    /// The mount point of its hierarchy.
+    pub mount: PathBuf,
+}
+
+/// Whether we are root (cgroups are made by root).
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))?
+                .split_whitespace()
+                .nth(2)
+                .map(|u| u == "0")
+        })
+        .unwrap_or(false)
+}
+
+/// The hierarchy tests can make memory cgroups in: (version, mount point).
+fn hierarchy() -> Option<(u8, PathBuf)> {
+    let v1 = Path::new("/sys/fs/cgroup/memory");
+    if v1.join("memory.usage_in_bytes").exists() {
+        return Some((1, v1.to_path_buf()));
+    }
+    for m in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
+        let sub = std::fs::read_to_string(Path::new(m).join("cgroup.subtree_control"))
+            .unwrap_or_default();
+        if sub.split_whitespace().any(|c| c == "memory") {
+            return Some((2, PathBuf::from(m)));
+        }
+    }
+    None
+}
+
+impl TestCgroup {
+    /// A fresh cgroup named for `tag`, or `None` (after saying why) where
+    /// tests cannot make one.
+    pub fn new(tag: &str) -> Option<TestCgroup> {
+        if !is_root() {
+            eprintln!("SKIP: making memory cgroups needs root");
+            return None;
+        }
+        let Some((version, mount)) = hierarchy() else {
+            eprintln!(
+                "SKIP: no writable memory controller (v1 /sys/fs/cgroup/memory or v2 with memory enabled)"
+            );
+            return None;
+        };
+        remove_stale(&mount);
+        let name = format!("memshim-test-{}-{tag}", std::process::id());
+        let dir = mount.join(&name);
+        if dir.exists() {
+            let _ = TestCgroup::remove(&dir);
+        }
+        if let Err(e) = std::fs::create_dir(&dir) {
+            eprintln!("SKIP: cannot make {}: {e}", dir.display());
+            return None;
+        }
+        Some(TestCgroup {
+            dir,
+            path: format!("/{name}"),
+            version,
+            mount,
+        })
+    }
+
+    /// `program args...`, started inside the cgroup (the shell that starts
+    /// it joins first, then execs it, so all of its memory is charged here).
+    pub fn cmd<S: AsRef<str>>(
+        &self,
+        program: impl AsRef<Path>,
+        args: impl IntoIterator<Item = S>,
+    ) -> Cmd {
+        let mut a: Vec<String> = vec![
+            "-c".into(),
+            format!(
+                "echo $$ > '{}' && exec \"$@\"",
+                self.dir.join("cgroup.procs").display()
+            ),
+            "sh".into(),
+            program.as_ref().display().to_string(),
+        ];
+        a.extend(args.into_iter().map(|s| s.as_ref().to_owned()));
+        Cmd::new("sh", a)
+    }
+
+    /// Its `memory.stat`.
+    pub fn stat(&self) -> BTreeMap<String, u64> {
+        std::fs::read_to_string(self.dir.join("memory.stat"))
+            .unwrap()
+            .lines()
+            .filter_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                Some((k.to_owned(), v.trim().parse().ok()?))
+            })
+            .collect()
+    }
+
+    fn stat_key(&self, v2: &str, v1: &str) -> u64 {
+        let s = self.stat();
+        let k = if self.version == 2 { v2 } else { v1 };
+        s.get(k).copied().unwrap_or(0)
+    }
+
+    /// Page cache on the file LRUs, read from the kernel directly.
+    pub fn file_pages(&self) -> u64 {
+        self.stat_key("active_file", "total_active_file")
+            + self.stat_key("inactive_file", "total_inactive_file")
+    }
+
+    /// Shared memory charged here.
+    pub fn shmem(&self) -> u64 {
+        self.stat_key("shmem", "total_shmem")
+    }
+
+    /// The pids in it.
+    pub fn pids(&self) -> Vec<i32> {
+        std::fs::read_to_string(self.dir.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    /// Kills whatever is in `dir` and removes it.
+    fn remove(dir: &Path) -> bool {
+        let procs = dir.join("cgroup.procs");
+        let gone = wait_until(Duration::from_secs(10), || {
+            let pids: Vec<String> = std::fs::read_to_string(&procs)
+                .unwrap_or_default()
+                .lines()
+                .map(str::to_owned)
+                .collect();
+            if pids.is_empty() {
+                return Some(());
+            }
+            let _ = std::process::Command::new("kill")
+                .arg("-9")
+                .args(&pids)
+                .output();
+            None
+        });
+        gone.is_some()
+            && wait_until(Duration::from_secs(5), || std::fs::remove_dir(dir).ok()).is_some()
+    }
+}
+
+/// Removes cgroups a killed test run left behind (their test process is
+/// gone).
+fn remove_stale(mount: &Path) {
+    let Ok(rd) = std::fs::read_dir(mount) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(owner) = name
+            .strip_prefix("memshim-test-")
+            .and_then(|r| r.split('-').next())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{owner}")).exists() {
+            let _ = TestCgroup::remove(&e.path());
+        }
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        if !TestCgroup::remove(&self.dir) {
+            eprintln!(
+                "warning: could not remove test cgroup {}",
+                self.dir.display()
+            );
+        }
+    }
+}
+
+/// A file of `mib` MiB under target/test-scratch that is not in the page
+/// cache (written, synced, then dropped with POSIX_FADV_DONTNEED), so that
+/// reading it charges its pages to the reader's cgroup.
+pub fn uncached_file(name: &str, mib: usize) -> PathBuf {
+    let p = scratch().join(format!("{name}-{}.bin", std::process::id()));
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&p).unwrap();
+        let block = vec![0x5au8; 1 << 20];
+        for _ in 0..mib {
+            f.write_all(&block).unwrap();
+        }
+        f.sync_all().unwrap();
+    }
+    let script = format!(
+        "import os; fd = os.open({:?}, os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)",
+        p.display().to_string()
+    );
+    let o = Cmd::new(python(), ["-c", &script]).run();
+    assert_eq!(o.code, 0, "fadvise: {o:?}");
+    p
+}
+
+/// MiB, for messages.
+pub fn m(b: u64) -> String {
+    format!("{:.1} MiB", mib(b))
+}
