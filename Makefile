@@ -40,10 +40,11 @@ build: ## Build the release library and CLI
 $(LIB) $(CTL): build
 
 test: test-deps ## Install what the tests need, then run every test (what CI runs)
-	$(MAKE) build wheel-x86_64
+	$(MAKE) build
 	@if rustup target list --installed 2>/dev/null | grep -qx aarch64-unknown-linux-gnu; then \
-	    $(MAKE) wheel-aarch64; \
-	else echo "SKIP aarch64 wheel: rustup has no aarch64-unknown-linux-gnu standard library and could not fetch it"; fi
+	    $(MAKE) wheels; \
+	else echo "SKIP aarch64 wheel: rustup has no aarch64-unknown-linux-gnu standard library and could not fetch it"; \
+	    $(MAKE) wheel-x86_64; fi
 	$(MAKE) test-unit test-integration test-torch bench-smoke
 
 test-deps: ## Install what the tests need and this machine lacks (idempotent; scripts/test-deps.sh)
@@ -100,14 +101,29 @@ $(ZIGBUILD):
 
 wheel: wheel-$(HOST_ARCH) ## The wheel for this machine's architecture (target/wheels/)
 
-wheels: wheel-x86_64 wheel-aarch64 ## The x86_64 and aarch64 wheels
+# One cargo run for both targets: they share the host-side build (proc
+# macros, build scripts) and keep both cores busy while one target links.
+wheels: $(ZIGBUILD) ## The x86_64 and aarch64 wheels, built together
+	$(call zigbuild,x86_64 aarch64)
+	$(call pack,x86_64)
+	$(call pack,aarch64)
 
 wheel-x86_64 wheel-aarch64: wheel-%: $(ZIGBUILD)
-	@rustup target list --installed 2>/dev/null | grep -qx '$*-unknown-linux-gnu' || rustup target add $*-unknown-linux-gnu
-	$(WHEEL_ENV) $(CARGO) zigbuild --release -p memshim -p memshim-ctl --target $*-unknown-linux-gnu.$(GLIBC_FLOOR)
-	$(TOOLS)/bin/python python/build_wheel.py --arch $* --bin-dir target/$*-unknown-linux-gnu/release
-	$(TOOLS)/bin/auditwheel show target/wheels/memshim-*-manylinux_2_17_$*.whl | tr '\n' ' ' | grep -q 'consistent with the following platform tag: "manylinux_2_17_$*"' \
-	    || { $(TOOLS)/bin/auditwheel show target/wheels/memshim-*-manylinux_2_17_$*.whl; exit 1; }
+	$(call zigbuild,$*)
+	$(call pack,$*)
+
+# $(call zigbuild,ARCHS): the release library and CLI for each ARCH against
+# glibc $(GLIBC_FLOOR), without debug info (the wheel is what users download).
+zigbuild = @for a in $(1); do rustup target list --installed 2>/dev/null | grep -qx "$$a-unknown-linux-gnu" \
+	        || rustup target add "$$a-unknown-linux-gnu" || exit 1; done; \
+	$(WHEEL_ENV) $(CARGO) zigbuild --release -p memshim -p memshim-ctl \
+	    $(foreach a,$(1),--target $(a)-unknown-linux-gnu.$(GLIBC_FLOOR))
+
+# $(call pack,ARCH): the wheel, checked by auditwheel for its platform tag.
+pack = $(TOOLS)/bin/python python/build_wheel.py --arch $(1) --bin-dir target/$(1)-unknown-linux-gnu/release && \
+	$(TOOLS)/bin/auditwheel show target/wheels/memshim-*-manylinux_2_17_$(1).whl | tr '\n' ' ' \
+	    | grep -q 'consistent with the following platform tag: "manylinux_2_17_$(1)"' \
+	    || { $(TOOLS)/bin/auditwheel show target/wheels/memshim-*-manylinux_2_17_$(1).whl; exit 1; }
 
 test-aarch64: wheel-aarch64 ## The aarch64 smoke test under qemu-user (part of make test)
 	$(CARGO) test --release -p memshim-tests --test deploy_aarch64 -- --test-threads=1
