@@ -24,6 +24,7 @@ TOOL_PINS    := ziglang==0.17.1 cargo-zigbuild==0.24.0 auditwheel==6.8.2
 empty        :=
 ZIGBUILD     := $(TOOLS)/.installed-$(subst ==,-,$(subst $(empty) $(empty),_,$(TOOL_PINS)))
 GLIBC_FLOOR  := 2.17
+WHEEL_DIR    ?= target/wheels
 HOST_ARCH    := $(shell uname -m)
 WHEEL_ENV     = PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" CARGO_PROFILE_RELEASE_DEBUG=false \
                 CARGO_PROFILE_RELEASE_STRIP=debuginfo
@@ -41,8 +42,10 @@ $(LIB) $(CTL): build
 
 test: test-deps ## Install what the tests need, then run every test (what CI runs)
 	$(MAKE) build
+	@# Both architectures in one cargo run; the aarch64 wheel goes to scratch,
+	@# so that target/wheels/ holds only wheels this machine can install.
 	@if rustup target list --installed 2>/dev/null | grep -qx aarch64-unknown-linux-gnu; then \
-	    $(MAKE) wheels; \
+	    $(MAKE) wheels WHEEL_DIR=target/test-scratch/wheels && $(MAKE) wheel-x86_64; \
 	else echo "SKIP aarch64 wheel: rustup has no aarch64-unknown-linux-gnu standard library and could not fetch it"; \
 	    $(MAKE) wheel-x86_64; fi
 	$(MAKE) test-unit test-integration test-torch bench-smoke
@@ -120,16 +123,17 @@ zigbuild = @for a in $(1); do rustup target list --installed 2>/dev/null | grep 
 	    $(foreach a,$(1),--target $(a)-unknown-linux-gnu.$(GLIBC_FLOOR))
 
 # $(call pack,ARCH): the wheel, checked by auditwheel for its platform tag.
-pack = $(TOOLS)/bin/python python/build_wheel.py --arch $(1) --bin-dir target/$(1)-unknown-linux-gnu/release && \
-	$(TOOLS)/bin/auditwheel show target/wheels/memshim-*-manylinux_2_17_$(1).whl | tr '\n' ' ' \
+# WHEEL_DIR=dir puts it elsewhere than target/wheels/.
+pack = $(TOOLS)/bin/python python/build_wheel.py --arch $(1) --bin-dir target/$(1)-unknown-linux-gnu/release --out $(WHEEL_DIR) && \
+	$(TOOLS)/bin/auditwheel show $(WHEEL_DIR)/memshim-*-manylinux_2_17_$(1).whl | tr '\n' ' ' \
 	    | grep -q 'consistent with the following platform tag: "manylinux_2_17_$(1)"' \
-	    || { $(TOOLS)/bin/auditwheel show target/wheels/memshim-*-manylinux_2_17_$(1).whl; exit 1; }
+	    || { $(TOOLS)/bin/auditwheel show $(WHEEL_DIR)/memshim-*-manylinux_2_17_$(1).whl; exit 1; }
 
-test-aarch64: wheel-aarch64 ## The aarch64 smoke test under qemu-user (part of make test)
+test-aarch64: $(ZIGBUILD) ## The aarch64 smoke test under qemu-user alone (make test runs it too)
 	$(CARGO) test --release -p memshim-tests --test deploy_aarch64 -- --test-threads=1
 
 clean: ## Remove build outputs
 	$(CARGO) clean
 
 help: ## List targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
+	@grep -E '^[a-z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20

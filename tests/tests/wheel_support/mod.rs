@@ -27,19 +27,27 @@ pub fn workspace_version() -> String {
         .expect("version in [workspace.package]")
 }
 
-/// `make wheel-<arch>`, then the wheel's path, which must carry exactly the
-/// workspace version and the manylinux_2_17 tag.
+/// `make wheel-<arch>` into `target/wheels/` (x86_64, what a user of this
+/// machine installs) or scratch (other architectures: `target/wheels/`
+/// keeps only wheels this machine can install), then the wheel's path,
+/// which must carry exactly the workspace version and the manylinux_2_17 tag.
 pub fn build_wheel(arch: &str) -> PathBuf {
-    crate::deploy_util::make(&format!("wheel-{arch}"), &[]);
+    let dir = if arch == "x86_64" {
+        root().join("target/wheels")
+    } else {
+        memshim_tests::scratch().join("wheels")
+    };
+    crate::deploy_util::make(&format!("wheel-{arch}"), &[("WHEEL_DIR", &dir)]);
     let name = format!(
         "memshim-{}-py3-none-manylinux_2_17_{arch}.whl",
         workspace_version()
     );
-    let p = root().join("target/wheels").join(&name);
+    let p = dir.join(&name);
     assert!(
         p.is_file(),
-        "make wheel-{arch} did not write target/wheels/{name}; it has {:?}",
-        std::fs::read_dir(root().join("target/wheels"))
+        "make wheel-{arch} did not write {}; it has {:?}",
+        p.display(),
+        std::fs::read_dir(&dir)
             .map(|rd| rd.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
             .unwrap_or_default()
     );
