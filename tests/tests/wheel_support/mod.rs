@@ -112,6 +112,20 @@ pub fn glibc_versions(bin: &Path) -> Vec<(u32, u32)> {
         "{} references no GLIBC_ version",
         bin.display()
     );
+    // An undefined symbol without a version would bind to whatever an old
+    // glibc has, or fail the load (BIND_NOW); only weak ones (Rust std's
+    // optional gettid/statx, which it checks for null) may go without.
+    // objdump's flag columns: "0000000000000000  w   D  *UND*".
+    let unversioned: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("*UND*") && !l.contains("GLIBC_"))
+        .filter(|l| l.get(16..24).is_none_or(|flags| !flags.contains('w')))
+        .collect();
+    assert!(
+        unversioned.is_empty(),
+        "{}: strong undefined symbols without a glibc version: {unversioned:#?}",
+        bin.display()
+    );
     v
 }
 
