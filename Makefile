@@ -1,7 +1,9 @@
 # memshim — build, test, install, benchmark.
 #
 #   make                 build target/release/libmemshim.so and memshim-ctl
-#   make test            every test CI runs (unit, integration, bench smoke)
+#   make test            install what the tests need (scripts/test-deps.sh), then
+#                        every test CI runs (unit, integration, wheel, bench smoke)
+#   make wheel           target/wheels/memshim-<version>-py3-none-manylinux_2_17_<arch>.whl
 #   make install PREFIX=/usr/local [DESTDIR=...]
 #   make help            all targets
 
@@ -13,8 +15,23 @@ PYTHON  ?= python3
 LIB := target/release/libmemshim.so
 CTL := target/release/memshim-ctl
 
-.PHONY: all build test test-unit test-integration test-torch test-gpu lint \
-        install uninstall bench bench-deps bench-smoke stress clean help
+# Wheels: built with zig as the C compiler and linker (cargo-zigbuild), against
+# glibc 2.17's symbol versions, whatever glibc this machine has. The tools
+# live in their own venv under .tools/ (pip's cache keeps re-creating it fast;
+# `make clean` keeps it). docs/deploy.md, "pip", says why zig.
+TOOLS        := .tools/venv
+TOOL_PINS    := ziglang==0.17.1 cargo-zigbuild==0.24.0 auditwheel==6.8.2
+empty        :=
+ZIGBUILD     := $(TOOLS)/.installed-$(subst ==,-,$(subst $(empty) $(empty),_,$(TOOL_PINS)))
+GLIBC_FLOOR  := 2.17
+WHEEL_DIR    ?= target/wheels
+HOST_ARCH    := $(shell uname -m)
+WHEEL_ENV     = PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" CARGO_PROFILE_RELEASE_DEBUG=false \
+                CARGO_PROFILE_RELEASE_STRIP=debuginfo
+
+.PHONY: all build test test-deps test-unit test-integration test-torch test-gpu lint \
+        install uninstall bench bench-deps bench-smoke stress clean help \
+        wheel wheels wheel-x86_64 wheel-aarch64 test-aarch64 tools
 
 all: build
 
@@ -23,7 +40,18 @@ build: ## Build the release library and CLI
 
 $(LIB) $(CTL): build
 
-test: build test-unit test-integration test-torch bench-smoke ## Run every test (what CI runs)
+test: test-deps ## Install what the tests need, then run every test (what CI runs)
+	$(MAKE) build
+	@# Both architectures in one cargo run; the aarch64 wheel goes to scratch,
+	@# so that target/wheels/ holds only wheels this machine can install.
+	@if rustup target list --installed 2>/dev/null | grep -qx aarch64-unknown-linux-gnu; then \
+	    $(MAKE) wheels WHEEL_DIR=target/test-scratch/wheels && $(MAKE) wheel-x86_64; \
+	else echo "SKIP aarch64 wheel: rustup has no aarch64-unknown-linux-gnu standard library and could not fetch it"; \
+	    $(MAKE) wheel-x86_64; fi
+	$(MAKE) test-unit test-integration test-torch bench-smoke
+
+test-deps: ## Install what the tests need and this machine lacks (idempotent; scripts/test-deps.sh)
+	bash scripts/test-deps.sh
 
 test-unit: ## Unit tests of every crate
 	$(CARGO) test --release --workspace --lib --bins
@@ -31,7 +59,7 @@ test-unit: ## Unit tests of every crate
 test-integration: build ## Real processes under LD_PRELOAD (tests/)
 	$(CARGO) test --release -p memshim-tests --tests -- --test-threads=2
 
-test-torch: build ## PyTorch bridge tests (fails without torch; .ci/run installs it)
+test-torch: build ## PyTorch bridge tests (fails without torch; make test-deps installs it)
 	$(CARGO) test --release -p memshim-tests --test python_torch -- --ignored --test-threads=1
 
 test-gpu: build ## GPU checks (needs an NVIDIA GPU; skips cleanly without)
@@ -67,8 +95,45 @@ bench-smoke: build ## Every benchmark scenario once, briefly (asserts it ran)
 stress: build ## Long reliability run (minutes); see docs/reliability.md
 	MEMSHIM_STRESS=full $(CARGO) test --release -p memshim-tests --test stress -- --ignored --test-threads=1
 
+tools: $(ZIGBUILD) ## The wheel build's tools (zig, cargo-zigbuild, auditwheel) in .tools/venv
+
+$(ZIGBUILD):
+	@$(PYTHON) -m venv --clear $(TOOLS) || { echo "make: python3 -m venv failed; on Debian: apt-get install python3-venv" >&2; exit 1; }
+	$(TOOLS)/bin/pip install --quiet --disable-pip-version-check $(TOOL_PINS)
+	touch $@
+
+wheel: wheel-$(HOST_ARCH) ## The wheel for this machine's architecture (target/wheels/)
+
+# One cargo run for both targets: they share the host-side build (proc
+# macros, build scripts) and keep both cores busy while one target links.
+wheels: $(ZIGBUILD) ## The x86_64 and aarch64 wheels, built together
+	$(call zigbuild,x86_64 aarch64)
+	$(call pack,x86_64)
+	$(call pack,aarch64)
+
+wheel-x86_64 wheel-aarch64: wheel-%: $(ZIGBUILD)
+	$(call zigbuild,$*)
+	$(call pack,$*)
+
+# $(call zigbuild,ARCHS): the release library and CLI for each ARCH against
+# glibc $(GLIBC_FLOOR), without debug info (the wheel is what users download).
+zigbuild = @for a in $(1); do rustup target list --installed 2>/dev/null | grep -qx "$$a-unknown-linux-gnu" \
+	        || rustup target add "$$a-unknown-linux-gnu" || exit 1; done; \
+	$(WHEEL_ENV) $(CARGO) zigbuild --release -p memshim -p memshim-ctl \
+	    $(foreach a,$(1),--target $(a)-unknown-linux-gnu.$(GLIBC_FLOOR))
+
+# $(call pack,ARCH): the wheel, checked by auditwheel for its platform tag.
+# WHEEL_DIR=dir puts it elsewhere than target/wheels/.
+pack = $(TOOLS)/bin/python python/build_wheel.py --arch $(1) --bin-dir target/$(1)-unknown-linux-gnu/release --out $(WHEEL_DIR) && \
+	$(TOOLS)/bin/auditwheel show $(WHEEL_DIR)/memshim-*-manylinux_2_17_$(1).whl | tr '\n' ' ' \
+	    | grep -q 'consistent with the following platform tag: "manylinux_2_17_$(1)"' \
+	    || { $(TOOLS)/bin/auditwheel show $(WHEEL_DIR)/memshim-*-manylinux_2_17_$(1).whl; exit 1; }
+
+test-aarch64: $(ZIGBUILD) ## The aarch64 smoke test under qemu-user alone (make test runs it too)
+	$(CARGO) test --release -p memshim-tests --test deploy_aarch64 -- --test-threads=1
+
 clean: ## Remove build outputs
 	$(CARGO) clean
 
 help: ## List targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
+	@grep -E '^[a-z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20

@@ -138,7 +138,7 @@ fn metrics_describes_a_shimmed_process_and_passes_promtool() {
 
     if !have("promtool") {
         eprintln!(
-            "SKIP promtool check: promtool is not installed (Debian package prometheus; .ci/run installs it)"
+            "SKIP promtool check: promtool is not installed (Debian package prometheus; make test-deps installs it)"
         );
         return;
     }
@@ -357,7 +357,7 @@ fn prometheus_sees_resident_fall_after_a_purge() {
     if !have("prometheus") || !have("promtool") {
         eprintln!(
             "SKIP prometheus_sees_resident_fall_after_a_purge: prometheus/promtool not installed \
-             (Debian package prometheus; .ci/run installs it)"
+             (Debian package prometheus; make test-deps installs it)"
         );
         return;
     }

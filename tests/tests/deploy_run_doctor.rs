@@ -355,7 +355,7 @@ fn doctor_explains_a_sanitizer_build() {
 fn doctor_explains_a_valgrind_run() {
     if Cmd::new("valgrind", ["--version"]).run().code != 0 {
         eprintln!(
-            "SKIP doctor_explains_a_valgrind_run: valgrind is not installed (.ci/run installs it)"
+            "SKIP doctor_explains_a_valgrind_run: valgrind is not installed (make test-deps installs it)"
         );
         return;
     }

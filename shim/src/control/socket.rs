@@ -78,9 +78,16 @@ pub fn dir_path() -> Vec<u8> {
 }
 
 /// Field 22 of `/proc/self/stat`: start time in clock ticks after boot.
+///
+/// Read as `/proc/./self/stat`, which the kernel resolves to the same file.
+/// User-mode emulators (qemu-user, which runs arm64 containers on x86_64
+/// hosts through binfmt_misc) rewrite only the literal `/proc/self/stat`
+/// and report their own start-up time there, a few ticks later than the
+/// kernel's; the socket name would then never match what memshim-ctl reads
+/// from `/proc/<pid>/stat`. The aarch64 smoke test runs under qemu-user.
 pub fn starttime() -> u64 {
     let mut buf = [0u8; 1024];
-    let Some(len) = crate::sys::read_file(c"/proc/self/stat", &mut buf) else {
+    let Some(len) = crate::sys::read_file(c"/proc/./self/stat", &mut buf) else {
         return 0;
     };
     parse_starttime(&buf[..len]).unwrap_or(0)

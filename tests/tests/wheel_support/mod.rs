@@ -1,0 +1,143 @@
+//! Shared by `deploy_wheel` and `deploy_aarch64`: build a wheel with
+//! `make wheel-<arch>` (a no-op when it is up to date), find it, read the
+//! glibc versions a binary needs.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use memshim_tests::root;
+
+/// `version` of `[workspace.package]` in Cargo.toml: the single source of
+/// the CLI's, the library's and the wheel's version.
+pub fn workspace_version() -> String {
+    let toml = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let section = toml
+        .split("[workspace.package]")
+        .nth(1)
+        .expect("[workspace.package] in Cargo.toml");
+    section
+        .lines()
+        .take_while(|l| !l.starts_with('['))
+        .find_map(|l| {
+            let (k, v) = l.split_once('=')?;
+            (k.trim() == "version").then(|| v.trim().trim_matches('"').to_owned())
+        })
+        .expect("version in [workspace.package]")
+}
+
+/// `make wheel-<arch>` into `target/wheels/` (x86_64, what a user of this
+/// machine installs) or scratch (other architectures: `target/wheels/`
+/// keeps only wheels this machine can install), then the wheel's path,
+/// which must carry exactly the workspace version and the manylinux_2_17 tag.
+pub fn build_wheel(arch: &str) -> PathBuf {
+    let dir = if arch == "x86_64" {
+        root().join("target/wheels")
+    } else {
+        memshim_tests::scratch().join("wheels")
+    };
+    crate::deploy_util::make(&format!("wheel-{arch}"), &[("WHEEL_DIR", &dir)]);
+    let name = format!(
+        "memshim-{}-py3-none-manylinux_2_17_{arch}.whl",
+        workspace_version()
+    );
+    let p = dir.join(&name);
+    assert!(
+        p.is_file(),
+        "make wheel-{arch} did not write {}; it has {:?}",
+        p.display(),
+        std::fs::read_dir(&dir)
+            .map(|rd| rd.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+            .unwrap_or_default()
+    );
+    p
+}
+
+/// The venv with the wheel build's tools (zig, cargo-zigbuild, auditwheel),
+/// made by `make tools`.
+pub fn tools_python() -> PathBuf {
+    root().join(".tools/venv/bin/python")
+}
+
+/// Installs `wheel` into `dir` with pip (`--target`), as pip would on a
+/// machine of the wheel's architecture (`--platform`): pip accepts the tag,
+/// and the files get the modes the wheel gives them.
+pub fn pip_install_for(arch: &str, wheel: &Path, dir: &Path) {
+    let o = Command::new(tools_python())
+        .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
+        .args(["--no-index", "--no-deps", "--only-binary=:all:"])
+        .args(["--platform", &format!("manylinux_2_17_{arch}")])
+        .arg("--target")
+        .arg(dir)
+        .arg(wheel)
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("run pip");
+    assert!(
+        o.status.success(),
+        "pip install --platform manylinux_2_17_{arch} {}: {}",
+        wheel.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// Every `GLIBC_x.y` version `bin` references (`objdump -T`), sorted; panics
+/// on `GLIBC_PRIVATE`, which no distribution promises to keep.
+pub fn glibc_versions(bin: &Path) -> Vec<(u32, u32)> {
+    let o = Command::new("objdump")
+        .arg("-T")
+        .arg(bin)
+        .output()
+        .expect("objdump (binutils) on PATH");
+    assert!(o.status.success(), "objdump -T {}: {o:?}", bin.display());
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        !text.contains("GLIBC_PRIVATE"),
+        "{} needs GLIBC_PRIVATE",
+        bin.display()
+    );
+    let mut v: Vec<(u32, u32)> = text
+        .split(|c: char| c.is_whitespace() || c == '(' || c == ')')
+        .filter_map(|w| w.strip_prefix("GLIBC_"))
+        .filter_map(|v| {
+            let mut it = v.split('.');
+            Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+        })
+        .collect();
+    v.sort();
+    v.dedup();
+    assert!(
+        !v.is_empty(),
+        "{} references no GLIBC_ version",
+        bin.display()
+    );
+    // An undefined symbol without a version would bind to whatever an old
+    // glibc has, or fail the load (BIND_NOW); only weak ones (Rust std's
+    // optional gettid/statx, which it checks for null) may go without.
+    // objdump's flag columns: "0000000000000000  w   D  *UND*".
+    let unversioned: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("*UND*") && !l.contains("GLIBC_"))
+        .filter(|l| l.get(16..24).is_none_or(|flags| !flags.contains('w')))
+        .collect();
+    assert!(
+        unversioned.is_empty(),
+        "{}: strong undefined symbols without a glibc version: {unversioned:#?}",
+        bin.display()
+    );
+    v
+}
+
+/// Asserts that `bin` needs no glibc newer than 2.17 (manylinux_2_17).
+pub fn assert_glibc_floor(bin: &Path) {
+    let v = glibc_versions(bin);
+    let newest = *v.last().unwrap();
+    assert!(
+        newest <= (2, 17),
+        "{} needs GLIBC_{}.{} (all: {v:?}); the wheel promises glibc 2.17",
+        bin.display(),
+        newest.0,
+        newest.1
+    );
+}
