@@ -461,3 +461,46 @@ pub fn private_tmp_prefix(files: &[&Path]) -> (String, Vec<String>) {
         paths,
     )
 }
+
+/// Copies the executable `src` to `dst`, for tests that run a program from
+/// another path.
+pub fn copy_executable(src: &Path, dst: &Path) {
+    std::fs::copy(src, dst)
+        .unwrap_or_else(|e| panic!("copy {} to {}: {e}", src.display(), dst.display()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn executables_copied_by_the_harness_run_while_other_threads_fork() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = Arc::new(AtomicBool::new(false));
+        let forker = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = Command::new("/bin/true").status();
+                }
+            })
+        };
+        let d = scratch().join("copy-executable");
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let mut busy = 0;
+        for i in 0..300 {
+            let p = d.join(format!("true-{i}"));
+            copy_executable(Path::new("/bin/true"), &p);
+            match Command::new(&p).status() {
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => busy += 1,
+                r => assert!(r.as_ref().is_ok_and(|s| s.success()), "{r:?}"),
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        forker.join().unwrap();
+        let _ = std::fs::remove_dir_all(&d);
+        assert_eq!(busy, 0, "text file busy in {busy} of 300 runs");
+    }
+}

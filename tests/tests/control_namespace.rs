@@ -94,3 +94,98 @@ fn a_process_in_another_pid_and_mount_namespace_is_reachable_from_outside() {
     let out = ns.finish(Duration::from_secs(10));
     assert_eq!((out.code, out.stderr.as_str()), (0, ""));
 }
+
+/// The host pid of the only child of `pid`.
+fn child_of(pid: i32) -> Option<i32> {
+    let rd = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    rd.flatten().find_map(|t| {
+        std::fs::read_to_string(t.path().join("children"))
+            .ok()?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    })
+}
+
+/// The pid (in our namespace) of the process listening on `path`.
+fn server_pid(path: &std::path::Path) -> Option<i32> {
+    use std::os::fd::AsRawFd;
+    let s = std::os::unix::net::UnixStream::connect(path).ok()?;
+    // SAFETY: ucred is plain data; getsockopt fills it.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: a valid socket and a buffer of the size SO_PEERCRED writes.
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0).then_some(cred.pid)
+}
+
+#[test]
+fn processes_with_the_same_pid_and_start_time_in_two_pid_namespaces_keep_their_own_sockets() {
+    if Cmd::new("unshare", ["-pf", "true"]).run().code != 0 {
+        eprintln!("SKIP: unshare -pf does not work here");
+        return;
+    }
+    let dir = scratch().join(format!("sock-pidns-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let script = format!(
+        "exec env LD_PRELOAD={} MEMSHIM_CONTROL=on MEMSHIM_SOCKET_DIR={} MEMSHIM_DIRTY_DECAY_MS=-1 {}",
+        shim().display(),
+        dir.display(),
+        heap_fixture().display()
+    );
+    // Two processes, each pid 1 of its own pid namespace, sharing /tmp;
+    // tried until both started in the same clock tick.
+    for attempt in 0..40 {
+        let mut a = Cmd::new("unshare", ["-pf", "--kill-child", "sh", "-c", &script]).spawn();
+        let mut b = Cmd::new("unshare", ["-pf", "--kill-child", "sh", "-c", &script]).spawn();
+        a.wait_for_line("started", Duration::from_secs(10));
+        b.wait_for_line("started", Duration::from_secs(10));
+        let (ua, ub) = (a.pid(), b.pid());
+        let (Some(pa), Some(pb)) = (child_of(ua), child_of(ub)) else {
+            continue;
+        };
+        if starttime(pa) != starttime(pb) {
+            continue;
+        }
+        // Both endpoints exist, and each is served by its own process.
+        let served = wait_until(Duration::from_secs(10), || {
+            let mut who: Vec<i32> = std::fs::read_dir(&dir)
+                .ok()?
+                .flatten()
+                .filter_map(|e| server_pid(&e.path()))
+                .collect();
+            who.sort_unstable();
+            let mut want = vec![pa, pb];
+            want.sort_unstable();
+            (who == want).then_some(())
+        });
+        let files: Vec<_> = std::fs::read_dir(&dir)
+            .map(|rd| rd.flatten().map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(
+            served.is_some(),
+            "attempt {attempt}: pids {pa} and {pb} (both pid 1, start time {}) do not each have an endpoint: {files:?}",
+            starttime(pa)
+        );
+        a.send("quit");
+        b.send("quit");
+        let (oa, ob) = (
+            a.finish(Duration::from_secs(10)),
+            b.finish(Duration::from_secs(10)),
+        );
+        assert_eq!((oa.code, oa.stderr.as_str()), (0, ""));
+        assert_eq!((ob.code, ob.stderr.as_str()), (0, ""));
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
+    eprintln!("SKIP: could not start two processes in the same clock tick");
+}

@@ -108,7 +108,7 @@ fn runpath_layout() -> PathBuf {
         "runpath_main",
         &["-Wl,--enable-new-dtags,-rpath,$ORIGIN/plugins"],
     );
-    std::fs::copy(&exe, dir.join("runpath_main")).unwrap();
+    memshim_tests::copy_executable(&exe, &dir.join("runpath_main"));
     std::fs::copy(
         shared("runpath_plugin"),
         dir.join("plugins/librunpath_plugin.so"),

@@ -362,3 +362,15 @@ fn settings_are_in_force_before_main_and_before_library_constructors() {
         .expect("verbose line");
     assert!(at < lines.len() - 1, "{o:?}");
 }
+
+#[test]
+fn a_preload_that_allocates_inside_open_and_read_does_not_hang_start_up() {
+    let lib = memshim_tests::fixture("alloc_in_open", &["-shared", "-fPIC"]);
+    let preload = format!("{}:{}", lib.display(), memshim_tests::shim().display());
+    for prog in [["/bin/true", ""], ["/bin/echo", "hello"]] {
+        let mut c = Cmd::new(prog[0], [prog[1]]);
+        c.command().env("LD_PRELOAD", &preload);
+        let o = c.run_timeout(std::time::Duration::from_secs(20));
+        assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{prog:?}: {o:?}");
+    }
+}

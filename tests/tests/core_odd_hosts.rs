@@ -114,3 +114,18 @@ print("python ok")
         assert_eq!(o.stderr, "", "{o:?}");
     }
 }
+
+#[test]
+fn control_on_starts_no_thread_in_an_executable_with_its_own_malloc() {
+    let f = fixture("own_malloc", &[]);
+    let plain = Cmd::new(&f, [""; 0]).run();
+    let o = Cmd::new(&f, [""; 0])
+        .shimmed()
+        .env("MEMSHIM_CONTROL", "on")
+        .run();
+    assert_eq!(
+        (o.code, o.stdout.as_str(), o.stderr.as_str()),
+        (0, plain.stdout.as_str(), ""),
+        "MEMSHIM_CONTROL=on must not start the shim's thread where it does not interpose malloc"
+    );
+}

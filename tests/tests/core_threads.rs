@@ -332,3 +332,122 @@ fn thread_started_in_a_library_constructor_brings_the_memshim_thread() {
     let o = ch.finish(T);
     assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
 }
+
+#[test]
+fn a_pending_cancel_acts_after_fork_returns_not_inside_it() {
+    let exe = memshim_tests::fixture("cancel_points", &[]);
+    let plain = Cmd::new(&exe, ["fork"]).run();
+    assert_eq!(
+        (plain.code, plain.stdout.as_str()),
+        (0, "forked\ncanceled\nagain\n"),
+        "{plain:?}"
+    );
+    for _ in 0..3 {
+        let o = Cmd::new(&exe, ["fork"]).shimmed().run();
+        assert_eq!(
+            (o.code, o.stdout.as_str(), o.stderr.as_str()),
+            (0, plain.stdout.as_str(), ""),
+            "under the shim"
+        );
+    }
+}
+
+#[test]
+fn a_pending_cancel_acts_after_pthread_create_returns_not_inside_it() {
+    let exe = memshim_tests::fixture("cancel_points", &[]);
+    let plain = Cmd::new(&exe, ["create"]).run();
+    assert_eq!(
+        (plain.code, plain.stdout.as_str()),
+        (0, "created\nworker\n"),
+        "{plain:?}"
+    );
+    let o = Cmd::new(&exe, ["create"])
+        .shimmed()
+        .env("MEMSHIM_DIRTY_DECAY_MS", "0")
+        .run();
+    assert_eq!(
+        (o.code, o.stdout.as_str(), o.stderr.as_str()),
+        (0, plain.stdout.as_str(), ""),
+        "under the shim"
+    );
+}
+
+/// Starts and joins a thread, then waits until only the main thread and the
+/// shim's are left (the shim's thread lingers for the decay time plus a
+/// second), then runs `call` at once.
+fn right_after_the_last_thread(call: &str) -> String {
+    format!(
+        r#"
+import os, threading, time
+def others():
+    n = 0
+    for tid in os.listdir("/proc/self/task"):
+        if tid != str(os.getpid()):
+            try:
+                n += open("/proc/self/task/%s/comm" % tid).read().strip() != "memshim"
+            except OSError:
+                pass
+    return n
+t = threading.Thread(target=lambda: None); t.start(); t.join()
+while others():
+    time.sleep(0.001)
+{call}
+print("ok", flush=True)
+"#
+    )
+}
+
+#[test]
+fn python_can_unshare_a_user_namespace_while_the_shim_thread_lingers() {
+    if Cmd::new("unshare", ["-U", "true"]).run().code != 0 {
+        eprintln!("SKIP: no user namespaces on this machine");
+        return;
+    }
+    let script = right_after_the_last_thread("os.unshare(os.CLONE_NEWUSER)");
+    let pys: Vec<_> = pyenv_pythons()
+        .into_iter()
+        .filter(|(v, _)| v.starts_with("3.12") || v.starts_with("3.13"))
+        .collect();
+    for (v, exe) in pys {
+        let plain = Cmd::new(&exe, ["-c", &script]).run();
+        assert_eq!(
+            (plain.code, plain.stdout.as_str()),
+            (0, "ok\n"),
+            "{v}: {plain:?}"
+        );
+        for round in 0..3 {
+            let o = Cmd::new(&exe, ["-c", &script]).shimmed().run();
+            assert_eq!(
+                (o.code, o.stdout.as_str(), o.stderr.as_str()),
+                (0, "ok\n", ""),
+                "CPython {v} round {round}"
+            );
+        }
+    }
+}
+
+#[test]
+fn python_can_setns_into_a_mount_namespace_while_the_shim_thread_lingers() {
+    let script = right_after_the_last_thread(
+        "fd = os.open('/proc/self/ns/mnt', os.O_RDONLY)\nos.setns(fd, os.CLONE_NEWNS)",
+    );
+    let pys: Vec<_> = pyenv_pythons()
+        .into_iter()
+        .filter(|(v, _)| v.starts_with("3.12") || v.starts_with("3.13"))
+        .collect();
+    for (v, exe) in pys {
+        let plain = Cmd::new(&exe, ["-c", &script]).run();
+        if plain.code != 0 {
+            eprintln!("SKIP: setns(CLONE_NEWNS) fails here without the shim: {plain:?}");
+            return;
+        }
+        for round in 0..3 {
+            let o = Cmd::new(&exe, ["-c", &script]).shimmed().run();
+            assert_eq!(
+                (o.code, o.stdout.as_str(), o.stderr.as_str()),
+                (0, "ok\n", ""),
+                "CPython {v} round {round}"
+            );
+        }
+    }
+}

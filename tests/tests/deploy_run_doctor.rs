@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use deploy_util::{fresh_dir, make};
-use memshim_tests::{Child, Cmd, Output, ctl, fixture, python, shim};
+use memshim_tests::{Child, Cmd, Output, copy_executable, ctl, fixture, python, shim};
 
 /// One `make install` into a scratch prefix for every test in this file.
 fn prefix() -> &'static Path {
@@ -166,7 +166,7 @@ fn run_finds_the_library_through_a_symlink_to_the_cli_and_honours_memshim_lib() 
 fn run_without_a_library_fails_clearly_and_runs_nothing() {
     let d = fresh_dir("deploy-run-nolib");
     let lone = d.join("memshim-ctl");
-    std::fs::copy(ctl(), &lone).unwrap();
+    copy_executable(&ctl(), &lone);
     let marker = d.join("ran");
     let o = Cmd::new(&lone, ["run", "--", "touch", marker.to_str().unwrap()]).run();
     assert_eq!(o.code, 3, "{o:?}");
@@ -271,7 +271,7 @@ fn doctor_explains_secure_execution_of_a_setuid_program() {
     let d = fresh_dir("deploy-suid");
     std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
     let exe = d.join("deploy_wait_suid");
-    std::fs::copy(fixture("deploy_wait", &[]), &exe).unwrap();
+    copy_executable(&fixture("deploy_wait", &[]), &exe);
     std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o4755)).unwrap();
     let lib = shim();
     let ch = start(

@@ -1,0 +1,154 @@
+//! The shim's descriptors and the application's: the application never
+//! sees, loses or shares one because of the shim, whatever it does to its
+//! descriptor table and whenever it does it.
+
+mod control_support;
+
+use control_support::*;
+use memshim_tests::*;
+use std::time::{Duration, Instant};
+
+const T: Duration = Duration::from_secs(20);
+
+/// CPU time (user + system, clock ticks) of the thread named `name` in `pid`.
+fn thread_ticks(pid: i32, name: &str) -> Option<u64> {
+    let rd = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    rd.flatten().find_map(|t| {
+        let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
+        if comm.trim() != name {
+            return None;
+        }
+        let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
+        let f: Vec<&str> = stat[stat.rfind(')')? + 2..].split(' ').collect();
+        Some(f[11].parse::<u64>().ok()? + f[12].parse::<u64>().ok()?)
+    })
+}
+
+#[test]
+fn a_host_out_of_descriptors_with_a_client_waiting_does_not_make_the_shim_spin() {
+    let exe = fixture("fd_exhaust", &[]);
+    let mut ch = Cmd::new(&exe, ["256"])
+        .shimmed()
+        .env("MEMSHIM_CONTROL", "on")
+        .spawn();
+    ch.wait_for_line("ready", T);
+    let pid = ch.pid();
+    wait_endpoint(pid);
+    ch.send("fill");
+    let full = ch.wait_for_line("full", T);
+    assert!(full.ends_with("errno=24"), "{full}");
+    // A client connects and waits for its answer.
+    let client = Cmd::new(ctl(), ["stats", &pid.to_string(), "--json"]).spawn();
+    std::thread::sleep(Duration::from_millis(300));
+    let before = thread_ticks(pid, "memshim").expect("the shim's thread");
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs(2));
+    let used = thread_ticks(pid, "memshim").unwrap() - before;
+    let ticks_per_s = 100.0; // USER_HZ
+    let share = used as f64 / ticks_per_s / t0.elapsed().as_secs_f64();
+    assert!(
+        share < 0.2,
+        "the shim's thread used {:.0}% of a core while the host had no descriptor left",
+        share * 100.0
+    );
+    // Once the host frees descriptors (if it was not answered already), the
+    // client is answered.
+    ch.send("free");
+    ch.wait_for_line("freed", T);
+    let o = client.finish(T);
+    assert_eq!(o.code, 0, "{o:?}");
+    ch.send("quit");
+    let o = ch.finish(T);
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+}
+
+#[test]
+fn a_fresh_child_under_control_on_lists_the_same_descriptors_as_without_the_shim() {
+    let script = "import os, subprocess, sys\n\
+        print(subprocess.run([sys.executable, '-c', 'import os; print(sorted(os.listdir(\"/proc/self/fd\")))'], \
+        capture_output=True, text=True, close_fds=True).stdout.strip())";
+    let plain = Cmd::new(python(), ["-c", script]).run();
+    assert_eq!(plain.code, 0, "{plain:?}");
+    let o = Cmd::new(python(), ["-c", script])
+        .shimmed()
+        .env("MEMSHIM_CONTROL", "on")
+        .run();
+    assert_eq!(
+        (o.code, o.stdout.as_str(), o.stderr.as_str()),
+        (0, plain.stdout.as_str(), ""),
+        "a fresh child under MEMSHIM_CONTROL=on sees other descriptors than without the shim"
+    );
+}
+
+#[test]
+fn cpython_test_pass_fds_redirected_passes_with_control_on() {
+    let py = python();
+    let probe = Cmd::new(&py, ["-c", "import test.support, test.test_subprocess"]).run();
+    if probe.code != 0 {
+        eprintln!("SKIP: {} has no Lib/test", py.display());
+        return;
+    }
+    let args = [
+        "-m",
+        "test",
+        "test_subprocess",
+        "-m",
+        "test_pass_fds_redirected",
+    ];
+    let base = Cmd::new(&py, args).run_timeout(Duration::from_secs(300));
+    assert_eq!(base.code, 0, "fails without the shim: {base:?}");
+    let o = Cmd::new(&py, args)
+        .shimmed()
+        .env("MEMSHIM_CONTROL", "on")
+        .run_timeout(Duration::from_secs(300));
+    assert_eq!(o.code, 0, "{}", o.stdout);
+}
+
+/// Runs tests/fixtures/fd_race.c in `mode` with `env`, makes a client
+/// connect to its endpoint, and returns its check line.
+fn race(mode: &str, env: &[(&str, &str)]) -> String {
+    let exe = fixture("fd_race", &[]);
+    let mut c = Cmd::new(&exe, [mode]).shimmed();
+    for (k, v) in env {
+        c = c.env(k, v);
+    }
+    let mut ch = c.spawn();
+    ch.wait_for_line("ready", T);
+    let pid = ch.pid();
+    // The endpoint comes up (again, if a creation was spoiled), and a client
+    // connection is accepted.
+    wait_endpoint(pid);
+    ch.send("check");
+    let line = ch.wait_for_line("check", T);
+    ch.send("quit");
+    let o = ch.finish(T);
+    assert_eq!(o.code, 0, "{o:?}");
+    line
+}
+
+#[test]
+fn the_shim_never_closes_an_app_descriptor_put_on_its_socket_while_binding() {
+    let l = race("bind", &[]);
+    assert!(l.contains("number_intact=1"), "{l}");
+}
+
+#[test]
+fn the_shim_never_closes_an_app_descriptor_put_on_a_number_it_moves_high() {
+    let l = race("dupfd", &[]);
+    assert!(l.contains("number_intact=1"), "{l}");
+}
+
+#[test]
+fn the_shim_never_reads_or_closes_an_app_pipe_put_on_its_wake_pipe() {
+    let l = race("pipe", &[]);
+    assert!(
+        l.contains("number_intact=1") && l.contains("pipe_data=1"),
+        "{l}"
+    );
+}
+
+#[test]
+fn the_shim_never_accepts_on_an_app_listener_put_on_its_listeners_number() {
+    let l = race("accept", &[]);
+    assert!(l.contains("own_conn=1"), "{l}");
+}
