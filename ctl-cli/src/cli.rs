@@ -91,6 +91,18 @@ pub fn pid_parser() -> clap::builder::RangedI64ValueParser<i32> {
     clap::value_parser!(i32).range(1..)
 }
 
+/// A decay time in milliseconds: -1 (never) or 0 to 10^12, the limits the
+/// library applies (`memshim_proto::endpoint`).
+pub fn decay_ms(s: &str) -> Result<i64, String> {
+    match s.parse::<i64>() {
+        Ok(v) if memshim_proto::endpoint::valid_decay_ms(v) => Ok(v),
+        _ => Err(format!(
+            "{s:?} is not -1 (never) or a number of milliseconds from 0 to {}",
+            memshim_proto::endpoint::MAX_DECAY_MS
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,70 +1,30 @@
-//! Talking to one process's endpoint: connect, `hello`, requests, timeouts.
+//! Talking to one process's endpoint through the protocol client of
+//! `memshim-proto` (the one the tests use too), with what failed said for
+//! a person: which pid, which path, what to do.
 
 use crate::discover::{self, Proc, SocketLoc};
 use crate::exit::{Exit, Failure};
-use memshim_proto::{HelloReply, PROTOCOL_VERSION, Reply, Request, Response};
-use std::io::{self, BufRead, BufReader, Read, Write};
-use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use memshim_proto::client::{ClientError, ConnectError, Connection};
+use memshim_proto::{HelloReply, Reply, Request, Response};
 use std::time::Duration;
+
+pub use memshim_proto::client::connect;
 
 /// Time limit for connecting and for simple requests.
 const SHORT: Duration = Duration::from_secs(5);
 /// Time limit for requests that may wait for Python (gc, empty_cache,
 /// release): the shim waits at most 5 s for the interpreter, then works.
 const LONG: Duration = Duration::from_secs(60);
-/// `sun_path` holds 108 bytes, NUL included.
-const SUN_PATH_MAX: usize = 107;
 
 /// An open, greeted connection.
 pub struct Client {
-    reader: BufReader<UnixStream>,
+    conn: Connection,
     /// The process.
     pub proc: Proc,
     /// Where its socket is.
     pub loc: SocketLoc,
     /// Its `hello` answer.
     pub hello: HelloReply,
-}
-
-/// How a connection attempt failed, before any failure is built.
-pub enum ConnectError {
-    /// No file at the path.
-    Missing,
-    /// A file, but nobody listens: a stale socket.
-    Refused,
-    /// Not allowed.
-    Permission,
-    /// Anything else.
-    Other(io::Error),
-}
-
-/// Connects to `path`; paths longer than `sun_path` go through
-/// `/proc/self/fd/<dirfd>/<name>`.
-pub fn connect_path(loc: &SocketLoc) -> Result<UnixStream, ConnectError> {
-    let full = loc.path();
-    let dir_handle;
-    let target: PathBuf = if full.as_os_str().len() > SUN_PATH_MAX {
-        dir_handle = std::fs::File::open(&loc.dir).map_err(classify)?;
-        use std::os::fd::AsRawFd;
-        PathBuf::from(format!(
-            "/proc/self/fd/{}/{}",
-            dir_handle.as_raw_fd(),
-            loc.name
-        ))
-    } else {
-        full
-    };
-    UnixStream::connect(&target).map_err(classify)
-}
-
-fn classify(e: io::Error) -> ConnectError {
-    match e.kind() {
-        io::ErrorKind::NotFound => ConnectError::Missing,
-        io::ErrorKind::ConnectionRefused => ConnectError::Refused,
-        io::ErrorKind::PermissionDenied => ConnectError::Permission,
-        _ => ConnectError::Other(e),
-    }
 }
 
 impl Client {
@@ -78,8 +38,8 @@ impl Client {
     pub fn open_proc(p: Proc) -> Result<Client, Failure> {
         let loc = discover::socket_loc(&p);
         let path = loc.path();
-        let stream = match connect_path(&loc) {
-            Ok(s) => s,
+        let conn = match Connection::open(&loc.dir, &loc.name, SHORT) {
+            Ok(c) => c,
             Err(ConnectError::Missing) => {
                 let (why, hint) = discover::why_no_endpoint(&p, &loc);
                 return Err(Failure::new(Exit::NoEndpoint, Some(p.pid), why).hint(hint));
@@ -106,16 +66,16 @@ impl Client {
                 ));
             }
         };
-        let _ = stream.set_read_timeout(Some(SHORT));
-        let _ = stream.set_write_timeout(Some(SHORT));
+        let pid = p.pid;
         let mut c = Client {
-            reader: BufReader::new(stream),
+            conn,
             hello: HelloReply {
                 version: 0,
                 min_version: 0,
                 max_version: 0,
                 pid: 0,
                 starttime: 0,
+                pidns: None,
                 shim_version: String::new(),
                 max_request_bytes: 0,
                 ops: vec![],
@@ -124,14 +84,12 @@ impl Client {
             loc,
         };
         let client = Some(format!("memshim-ctl {}", env!("CARGO_PKG_VERSION")));
-        match c.request(&Request::Hello {
-            version: PROTOCOL_VERSION,
-            client,
-        })? {
-            Reply::Hello(h) => c.hello = h,
-            other => return Err(c.unexpected(&other)),
+        match c.conn.hello(client).map_err(|e| c.io_failure(&e))? {
+            Ok(h) => c.hello = h,
+            Err(Response::Error(e)) => return Err(remote_failure(pid, &e)),
+            Err(Response::Ok(other)) => return Err(c.unexpected(&other)),
         }
-        if c.hello.pid != c.proc.nspid || c.hello.starttime != c.proc.starttime {
+        if !discover::hello_matches(&c.hello, &c.proc) {
             return Err(Failure::new(
                 Exit::Remote,
                 Some(c.proc.pid),
@@ -148,55 +106,30 @@ impl Client {
         Ok(c)
     }
 
+    fn io_failure(&self, e: &ClientError) -> Failure {
+        let path = self.loc.path();
+        match e {
+            ClientError::Undecodable(_) => Failure::new(
+                Exit::Remote,
+                Some(self.proc.pid),
+                format!("{e} from {}", path.display()),
+            )
+            .hint("use a memshim-ctl of the same release as the library"),
+            _ => Failure::new(
+                Exit::Failed,
+                Some(self.proc.pid),
+                format!("{}: {e}", path.display()),
+            ),
+        }
+    }
+
     /// Sends `req` and waits for its answer.
     pub fn request(&mut self, req: &Request) -> Result<Reply, Failure> {
         let slow = matches!(req, Request::Gc | Request::EmptyCache | Request::Release);
-        let _ = self
-            .reader
-            .get_ref()
-            .set_read_timeout(Some(if slow { LONG } else { SHORT }));
-        let pid = self.proc.pid;
-        let path = self.loc.path();
-        let io_fail = |what: &str, e: io::Error| {
-            let timeout = matches!(
-                e.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-            );
-            Failure::new(
-                Exit::Failed,
-                Some(pid),
-                if timeout {
-                    format!("{what} {}: no answer in time", path.display())
-                } else {
-                    format!("{what} {}: {e}", path.display())
-                },
-            )
-        };
-        // A server that refuses us (permission, busy) may have answered and
-        // closed already: on a write error, still read what it said.
-        let wrote = self.reader.get_mut().write_all(&req.to_line());
-        let mut line = Vec::new();
-        let limit = memshim_proto::MAX_RESPONSE_BYTES as u64;
-        let read = (&mut self.reader).take(limit).read_until(b'\n', &mut line);
-        if line.is_empty() {
-            if let Err(e) = wrote {
-                return Err(io_fail("writing to", e));
-            }
-            read.map_err(|e| io_fail("reading from", e))?;
-            return Err(io_fail(
-                "reading from",
-                io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed"),
-            ));
-        }
-        match Response::from_line(&line) {
-            Ok(Response::Ok(r)) => Ok(r),
-            Ok(Response::Error(e)) => Err(remote_failure(pid, &e)),
-            Err(e) => Err(Failure::new(
-                Exit::Remote,
-                Some(pid),
-                format!("undecodable answer from {}: {e}", path.display()),
-            )
-            .hint("use a memshim-ctl of the same release as the library")),
+        self.conn.set_timeout(if slow { LONG } else { SHORT });
+        match self.conn.request(req).map_err(|e| self.io_failure(&e))? {
+            Response::Ok(r) => Ok(r),
+            Response::Error(e) => Err(remote_failure(self.proc.pid, &e)),
         }
     }
 
@@ -248,18 +181,13 @@ mod tests {
             dir.push("a-rather-long-directory-name");
         }
         std::fs::create_dir_all(&dir).unwrap();
-        let name = "4242-99999.sock";
-        assert!(dir.join(name).as_os_str().len() > SUN_PATH_MAX);
+        let name = "4242-99999-1.sock";
+        assert!(dir.join(name).as_os_str().len() > memshim_proto::SUN_PATH_MAX);
         let handle = std::fs::File::open(&dir).unwrap();
         let listener =
             UnixListener::bind(format!("/proc/self/fd/{}/{name}", handle.as_raw_fd())).unwrap();
-        let loc = SocketLoc {
-            dir_inside: dir.clone(),
-            dir: dir.clone(),
-            name: name.into(),
-        };
-        let stream =
-            connect_path(&loc).unwrap_or_else(|_| panic!("connect to {}", loc.path().display()));
+        let stream = connect(&dir, name)
+            .unwrap_or_else(|e| panic!("connect to {}/{name}: {e}", dir.display()));
         assert!(listener.accept().is_ok());
         drop(stream);
         let top = std::env::temp_dir().join(format!("memshim-ctl-test-{}", std::process::id()));

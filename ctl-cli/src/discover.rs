@@ -1,24 +1,24 @@
 //! Finding shimmed processes and their control sockets through `/proc`.
 //!
 //! * The shim is loaded if `/proc/<pid>/maps` maps a `libmemshim.so`.
-//! * The socket is `<dir>/<nspid>-<starttime>.sock`, where `<dir>` is the
-//!   process's `MEMSHIM_SOCKET_DIR` (from `/proc/<pid>/environ`) or
+//! * The socket is `<dir>/<nspid>-<starttime>-<pidns>.sock`
+//!   (`memshim_proto::endpoint`), where `<dir>` is the process's
+//!   `MEMSHIM_SOCKET_DIR` (from `/proc/<pid>/environ`) or
 //!   `/tmp/memshim-<euid>`, `<nspid>` is the last `NSpid` entry of
-//!   `/proc/<pid>/status` (the pid inside the process's own pid namespace)
-//!   and `<starttime>` is field 22 of `/proc/<pid>/stat`. A file with the
-//!   right pid but another start time belongs to an earlier process that had
-//!   the same pid, and is never used.
+//!   `/proc/<pid>/status` (the pid inside the process's own pid namespace),
+//!   `<starttime>` is field 22 of `/proc/<pid>/stat` and `<pidns>` the inode
+//!   of `/proc/<pid>/ns/pid`. A file with the right pid but another start
+//!   time belongs to an earlier process that had the same pid, and is never
+//!   used.
 //! * A process in another mount namespace (a container) is reached through
 //!   `/proc/<pid>/root/<dir>` (needs root or ptrace rights). Its euid is
 //!   translated through `/proc/<pid>/uid_map` when it has its own user
 //!   namespace.
 
 use crate::exit::{Exit, Failure};
+use memshim_proto::endpoint::{self, SocketName};
 use std::io;
 use std::path::{Path, PathBuf};
-
-/// Longest socket directory the shim accepts (options.rs MAX_SOCKET_DIR).
-const MAX_SOCKET_DIR: usize = 72;
 
 /// What `/proc` says about one process.
 #[derive(Debug, Clone)]
@@ -35,6 +35,8 @@ pub struct Proc {
     pub threads: u64,
     /// Field 22 of `stat`.
     pub starttime: u64,
+    /// Inode of its pid namespace (`/proc/<pid>/ns/pid`); 0 if unreadable.
+    pub pidns: u64,
     /// `VmRSS` in bytes.
     pub rss: u64,
 }
@@ -98,6 +100,8 @@ pub fn read_proc(pid: i32) -> Result<Proc, Failure> {
                 .unwrap_or_default()
         ),
     };
+    use std::os::unix::fs::MetadataExt;
+    let pidns = std::fs::metadata(proc_path(pid, "ns/pid")).map_or(0, |m| m.ino());
     Ok(Proc {
         pid,
         nspid,
@@ -105,6 +109,7 @@ pub fn read_proc(pid: i32) -> Result<Proc, Failure> {
         command,
         threads,
         starttime: parse_starttime(&stat).unwrap_or(0),
+        pidns,
         rss,
     })
 }
@@ -218,19 +223,56 @@ impl SocketLoc {
 /// The socket directory the shim in `p` uses, and how we reach it.
 pub fn socket_loc(p: &Proc) -> SocketLoc {
     let dir_inside = environ_var(p.pid, "MEMSHIM_SOCKET_DIR")
-        .filter(|d| d.starts_with('/') && d.len() <= MAX_SOCKET_DIR)
+        .filter(|d| endpoint::valid_socket_dir(d.as_bytes()))
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(format!("/tmp/memshim-{}", uid_inside(p.pid, p.uid))));
+        .unwrap_or_else(|| PathBuf::from(endpoint::default_socket_dir(uid_inside(p.pid, p.uid))));
     let dir = if same_mount_ns(p.pid) {
         dir_inside.clone()
     } else {
         proc_path(p.pid, "root").join(dir_inside.strip_prefix("/").unwrap_or(&dir_inside))
     };
+    let name = socket_name(p, &dir);
     SocketLoc {
         dir_inside,
         dir,
-        name: format!("{}-{}.sock", p.nspid, p.starttime),
+        name,
     }
+}
+
+/// The file name of `p`'s socket. Without the pid namespace (no permission
+/// to read `/proc/<pid>/ns/pid`), the one file in `dir` with `p`'s pid and
+/// start time, if there is exactly one.
+fn socket_name(p: &Proc, dir: &Path) -> String {
+    let want = SocketName {
+        pid: p.nspid,
+        starttime: p.starttime,
+        pidns: p.pidns,
+    };
+    if p.pidns != 0 {
+        return want.to_string();
+    }
+    let candidates: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| {
+                    SocketName::parse(n)
+                        .is_some_and(|s| s.pid == p.nspid && s.starttime == p.starttime)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    match &candidates[..] {
+        [one] => one.clone(),
+        _ => want.to_string(),
+    }
+}
+
+/// Whether a `hello` answer comes from the process `p`.
+pub fn hello_matches(h: &memshim_proto::HelloReply, p: &Proc) -> bool {
+    h.pid == p.nspid
+        && h.starttime == p.starttime
+        && (p.pidns == 0 || h.pidns.is_none_or(|n| n == p.pidns))
 }
 
 /// Why a directory is one the shim refuses, if it is.
@@ -385,7 +427,11 @@ mod tests {
         assert_eq!(p.pid, me);
         assert!(p.starttime > 0 && p.rss > 0 && p.threads >= 1);
         let loc = socket_loc(&p);
-        assert_eq!(loc.name, format!("{}-{}.sock", p.nspid, p.starttime));
+        assert!(p.pidns != 0);
+        assert_eq!(
+            loc.name,
+            format!("{}-{}-{}.sock", p.nspid, p.starttime, p.pidns)
+        );
         assert!(read_proc(i32::MAX).is_err_and(|f| f.exit == Exit::NotFound));
     }
 }

@@ -2,7 +2,7 @@
 //! (specified in docs/protocol.md).
 //!
 //! * Transport: a Unix stream socket, one per process
-//!   (`<dir>/<pid>-<starttime>.sock`).
+//!   (`<dir>/<pid>-<starttime>-<pidns>.sock`, see [`endpoint`]).
 //! * Framing: newline-delimited JSON. The client writes one request line,
 //!   the server answers with one response line, and so on. A request line is
 //!   at most [`MAX_REQUEST_BYTES`] bytes including its `\n`.
@@ -20,8 +20,11 @@
 
 mod actions;
 pub mod cgroup;
+#[cfg(feature = "client")]
+pub mod client;
 #[cfg(test)]
 mod doc_examples;
+pub mod endpoint;
 mod error;
 #[cfg(test)]
 mod golden;
@@ -29,6 +32,7 @@ mod python;
 mod stats;
 
 pub use actions::*;
+pub use endpoint::*;
 pub use error::*;
 pub use python::*;
 pub use stats::*;
@@ -129,6 +133,10 @@ pub struct HelloReply {
     /// Field 22 of `/proc/self/stat` (clock ticks after boot): with `pid`,
     /// tells a reused pid from the process that created the socket.
     pub starttime: u64,
+    /// Inode number of the process's pid namespace (`/proc/self/ns/pid`):
+    /// with `pid` and `starttime`, tells two containers' pid 1 apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pidns: Option<u64>,
     /// libmemshim version.
     pub shim_version: String,
     /// Longest request line accepted, `\n` included.

@@ -168,4 +168,10 @@ pub struct ConfigState {
     pub deepbind_cleared: u64,
     /// How often the shim's thread was started in this process.
     pub thread_starts: u64,
+    /// Whether the shim's thread keeps its descriptors in a table of its
+    /// own (`false`: in the application's, the fallback where the kernel
+    /// or a seccomp profile refuses). `null` from releases before it was
+    /// reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub private_fds: Option<bool>,
 }

@@ -1,4 +1,5 @@
-//! glibc's malloc control API, made to work on jemalloc.
+//! glibc's malloc control API, made to work on jemalloc (the exported
+//! functions are in `exports.rs`).
 //!
 //! Programs and ML libraries call these directly (`malloc_trim(0)` after
 //! unloading a model is folklore), so they must do something real, not just
@@ -7,7 +8,7 @@
 //! trim; `ctypes.CDLL(None).malloc_trim` reaches this one.
 
 use crate::jemalloc;
-use core::ffi::{c_int, c_void};
+use core::ffi::c_int;
 use std::io::Write;
 
 /// glibc's `struct mallinfo` (int fields, deprecated but still used).
@@ -46,7 +47,7 @@ pub struct Mallinfo2 {
 /// `arena` = mapped, `uordblks` = allocated, `fordblks` = mapped − allocated,
 /// `keepcost` = dirty (what `malloc_trim` would release), `hblkhd` =
 /// metadata; the block counts have no jemalloc equivalent and are 0.
-fn mallinfo2_now() -> Mallinfo2 {
+pub fn mallinfo2() -> Mallinfo2 {
     let s = jemalloc::stats().unwrap_or_default();
     Mallinfo2 {
         arena: s.mapped as usize,
@@ -60,11 +61,7 @@ fn mallinfo2_now() -> Mallinfo2 {
 
 /// `malloc_trim(pad)`: purges every arena. Returns 1 if memory was released
 /// to the OS, 0 otherwise, like glibc. `pad` has no meaning for jemalloc.
-///
-/// # Safety
-/// Always safe; `unsafe` only because it is an exported C function.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn malloc_trim(_pad: usize) -> c_int {
+pub fn malloc_trim() -> c_int {
     let before = jemalloc::stats().map(|s| s.resident).unwrap_or(0);
     let _ = jemalloc::flush_own_tcache();
     if jemalloc::purge_all().is_err() {
@@ -74,22 +71,9 @@ pub unsafe extern "C" fn malloc_trim(_pad: usize) -> c_int {
     c_int::from(after < before)
 }
 
-/// `mallinfo2()` filled from jemalloc's statistics.
-///
-/// # Safety
-/// Always safe; exported C function.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn mallinfo2() -> Mallinfo2 {
-    mallinfo2_now()
-}
-
 /// `mallinfo()`: as `mallinfo2`, saturated to `int` like glibc's.
-///
-/// # Safety
-/// Always safe; exported C function.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn mallinfo() -> Mallinfo {
-    let m = mallinfo2_now();
+pub fn mallinfo() -> Mallinfo {
+    let m = mallinfo2();
     let c = |v: usize| c_int::try_from(v).unwrap_or(c_int::MAX);
     Mallinfo {
         arena: c(m.arena),
@@ -101,22 +85,8 @@ pub unsafe extern "C" fn mallinfo() -> Mallinfo {
     }
 }
 
-/// `mallopt(param, value)`: accepted and ignored, returns 1 (glibc's
-/// success). glibc's tunables have no jemalloc meaning; use `MEMSHIM_*`.
-///
-/// # Safety
-/// Always safe; exported C function.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn mallopt(_param: c_int, _value: c_int) -> c_int {
-    1
-}
-
 /// `malloc_stats()`: a summary on stderr in glibc's layout.
-///
-/// # Safety
-/// Always safe; exported C function.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn malloc_stats() {
+pub fn malloc_stats() {
     let s = jemalloc::stats().unwrap_or_default();
     let text = format!(
         "memshim (jemalloc {}):\nsystem bytes     = {:>10}\nin use bytes     = {:>10}\nresident bytes   = {:>10}\ndirty bytes      = {:>10}\nTotal (incl. mmap):\nsystem bytes     = {:>10}\nin use bytes     = {:>10}\n",
@@ -128,23 +98,12 @@ pub unsafe extern "C" fn malloc_stats() {
         s.mapped + s.metadata,
         s.allocated,
     );
-    crate::sys::write_stderr(text.as_bytes());
+    crate::os::write_stderr(text.as_bytes());
 }
 
-/// `malloc_info(options, fp)`: an XML document in the shape of glibc's
-/// (`<malloc version=...>` with `<total>` and `<system>` elements). `options`
-/// must be 0 (glibc returns EINVAL otherwise).
-///
-/// # Safety
-/// `fp` must be a valid `FILE*` open for writing.
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn malloc_info(options: c_int, fp: *mut libc::FILE) -> c_int {
-    if options != 0 {
-        return libc::EINVAL;
-    }
-    if fp.is_null() {
-        return libc::EINVAL;
-    }
+/// The XML document of `malloc_info`, in the shape of glibc's
+/// (`<malloc version=...>` with `<total>` and `<system>` elements).
+pub fn malloc_info_xml() -> Vec<u8> {
     let s = jemalloc::stats().unwrap_or_default();
     let mut xml = Vec::with_capacity(512);
     let _ = write!(
@@ -169,7 +128,5 @@ pub unsafe extern "C" fn malloc_info(options: c_int, fp: *mut libc::FILE) -> c_i
         s.mapped,
         s.metadata,
     );
-    // SAFETY: `fp` is a valid FILE* (caller contract); the buffer is live.
-    let n = unsafe { libc::fwrite(xml.as_ptr().cast::<c_void>(), 1, xml.len(), fp) };
-    if n == xml.len() { 0 } else { -1 }
+    xml
 }

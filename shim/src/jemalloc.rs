@@ -91,8 +91,8 @@ fn run(key: &[u8]) -> Result<(), Error> {
 }
 
 /// A key with an arena index in it, such as `arena.3.dirty_decay_ms`.
-fn arena_key(arena: u32, suffix: &str) -> crate::sys::StackBuf<64> {
-    let mut k = crate::sys::StackBuf::<64>::new();
+fn arena_key(arena: u32, suffix: &str) -> crate::os::StackBuf<64> {
+    let mut k = crate::os::StackBuf::<64>::new();
     let _ = write!(k, "arena.{arena}.{suffix}\0");
     k
 }
@@ -243,7 +243,7 @@ pub struct ArenaStats {
 /// Per-arena summaries of initialised arenas (after `advance_epoch`).
 pub fn arena_stats(index: u32) -> Option<ArenaStats> {
     let init = {
-        let mut k = crate::sys::StackBuf::<64>::new();
+        let mut k = crate::os::StackBuf::<64>::new();
         let _ = write!(k, "arena.{index}.initialized\0");
         read::<bool>(k.as_bytes()).ok()?
     };
@@ -252,7 +252,7 @@ pub fn arena_stats(index: u32) -> Option<ArenaStats> {
     }
     let page = page_size();
     let key = |suffix: &str| {
-        let mut k = crate::sys::StackBuf::<64>::new();
+        let mut k = crate::os::StackBuf::<64>::new();
         let _ = write!(k, "stats.arenas.{index}.{suffix}\0");
         k
     };

@@ -2,20 +2,19 @@
 //! process to a statically linked jemalloc and gives idle memory back to the
 //! OS by itself.
 //!
-//! How it fits together (docs/design.md has the long version):
+//! Layers, each depending only on those below it (docs/design.md draws
+//! them):
 //!
-//! * [`interpose`]: the exported malloc family, one forward per symbol.
-//! * [`glibc_api`]: `malloc_trim`, `mallinfo2`, `malloc_stats`, ... on jemalloc.
-//! * [`options`]: the `MEMSHIM_*` table, handed to jemalloc during its own
-//!   initialisation (before `main`), without touching the allocation path.
-//! * [`lifecycle`]: constructor, fork handlers, and the rule for when the
-//!   shim may have a thread (never in a single-threaded process).
-//! * [`supervisor`]: that thread: idle purging and the control socket.
-//! * [`control`]: the per-process control endpoint.
+//! * [`exports`]: every entry point from C, one line each: the malloc
+//!   family (glibc's answers in [`alloc`]), glibc's control API
+//!   ([`glibc_api`]), `pthread_create`, `unshare`, `setns`, `dlopen`
+//!   ([`deepbind`]), jemalloc's configuration hook, the constructor.
+//! * [`thread`]: when the shim may have a thread, the thread itself, fork.
+//! * [`control`]: the per-process control endpoint the thread serves.
 //! * [`python`]: the CPython / PyTorch bridge used by control requests.
-//! * [`dlopen`]: `RTLD_DEEPBIND` clearing.
-//! * [`jemalloc`]: the only file that calls `mallctl`.
-//! * [`sys`], [`log`]: allocation-free primitives and the warning line.
+//! * [`os`] (the only libc caller besides `exports` and `python::ffi`),
+//!   [`jemalloc`] (the only `mallctl` caller), [`options`] (the `MEMSHIM_*`
+//!   table), [`log`] (the warning line) and [`report`] (`MEMSHIM_VERBOSE`).
 //!
 //! Rules for the allocation path: no locks, no allocation, no formatting,
 //! no Rust thread-locals, no panics (`panic = "abort"` in every profile).
@@ -25,19 +24,18 @@
 // replace the test binary's own malloc), so what only they reach is unused there.
 #![cfg_attr(test, allow(dead_code))]
 
+pub mod alloc;
 pub mod control;
-pub mod dlopen;
-pub mod fork_fence;
+pub mod deepbind;
+pub mod exports;
 pub mod glibc_api;
-pub mod interpose;
 pub mod jemalloc;
-pub mod lifecycle;
 pub mod log;
 pub mod options;
+pub mod os;
 pub mod python;
 pub mod report;
-pub mod supervisor;
-pub mod sys;
+pub mod thread;
 
 /// The shim's own Rust allocations (control plane, formatting) go straight
 /// to jemalloc instead of through the exported `malloc`.

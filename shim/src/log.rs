@@ -6,7 +6,7 @@
 //! buffer and written with one `write(2)`, so they never allocate and lines
 //! from different processes do not interleave mid-line.
 
-use crate::sys::{StackBuf, write_stderr};
+use crate::os::{StackBuf, write_stderr};
 use core::fmt::{self, Write};
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 

@@ -1,26 +1,27 @@
 //! `MEMSHIM_VERBOSE=1`: the effective settings, printed once at start-up.
 
-use crate::{jemalloc, lifecycle, log, options};
+use crate::{jemalloc, log, options, os};
 
 /// Prints the effective settings (called from the constructor).
-pub fn print_verbose() {
+pub fn print_verbose(interposed: bool) {
     let o = jemalloc::opts();
     let (affinity, quota) = options::effective_cpus();
     log::info(format_args!(
         "libmemshim {} (jemalloc {}), pid {}, interposed={}",
         env!("CARGO_PKG_VERSION"),
         jemalloc::version(),
-        crate::sys::getpid(),
-        if lifecycle::interposed() { "yes" } else { "no" },
+        os::getpid(),
+        if interposed { "yes" } else { "no" },
     ));
     log::info(format_args!(
         "dirty_decay_ms={} muzzy_decay_ms={} narenas={} tcache_max={} oversize_threshold={} retain={}",
         o.dirty_decay_ms, o.muzzy_decay_ms, o.narenas, o.tcache_max, o.oversize_threshold, o.retain,
     ));
     log::info(format_args!(
-        "control={:?} clear_deepbind={} cpus: affinity={} quota={}",
+        "control={:?} clear_deepbind={} fd_table={:?} cpus: affinity={} quota={}",
         options::control(),
         options::clear_deepbind(),
+        options::fd_table(),
         affinity,
         match quota {
             Some(q) => q as i64,

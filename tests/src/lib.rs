@@ -8,6 +8,20 @@
 //! * [`Cmd`]: runs a command with or without the shim and captures the result.
 //! * [`Child`]: a long-running process, killed and reaped on drop.
 //! * [`wait_until`]: readiness by polling, never a bare sleep.
+//! * [`copy_executable`]: a program at another path, without the "text file
+//!   busy" race.
+//!
+//! Helpers of the test families: [`endpoint`] (the socket and a protocol
+//! connection, through `memshim_proto`'s client), [`control`], [`py`],
+//! [`cgroups`], [`deploy`], [`wheel`] and [`stress`].
+
+pub mod cgroups;
+pub mod control;
+pub mod deploy;
+pub mod endpoint;
+pub mod py;
+pub mod stress;
+pub mod wheel;
 
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read};
@@ -464,9 +478,29 @@ pub fn private_tmp_prefix(files: &[&Path]) -> (String, Vec<String>) {
 
 /// Copies the executable `src` to `dst`, for tests that run a program from
 /// another path.
+///
+/// The copy is written by a `cp` process, never by this one. A file this
+/// process had open for writing would be inherited by every child another
+/// test thread forks meanwhile (until that child execs), and running the
+/// file then fails with "text file busy" (ETXTBSY): the classic race of
+/// multi-threaded test harnesses. `cp` exits before we run the copy, and
+/// nothing else holds the file open for writing.
 pub fn copy_executable(src: &Path, dst: &Path) {
-    std::fs::copy(src, dst)
-        .unwrap_or_else(|e| panic!("copy {} to {}: {e}", src.display(), dst.display()));
+    let _ = std::fs::remove_file(dst);
+    let o = Command::new("cp")
+        .arg("--")
+        .arg(src)
+        .arg(dst)
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("run cp");
+    assert!(
+        o.status.success(),
+        "cp {} {}: {}",
+        src.display(),
+        dst.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 #[cfg(test)]

@@ -2,11 +2,8 @@
 //! tests: page cache read inside the cgroup, `/dev/shm` leftovers and files
 //! in use, shimmed processes with allocator and Python figures.
 
-mod cgroup_support;
-mod control_support;
-
-use cgroup_support::*;
-use control_support::{ctl_json, ctl_run, heap_fixture};
+use memshim_tests::cgroups::*;
+use memshim_tests::control::{ctl_json, ctl_run, heap_fixture};
 use memshim_tests::*;
 use std::time::Duration;
 

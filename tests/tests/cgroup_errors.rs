@@ -4,11 +4,8 @@
 //! (5, another uid via setpriv), a read-only cgroup filesystem (9, a
 //! read-only bind mount in a mount namespace, as containers have it).
 
-mod cgroup_support;
-mod control_support;
-
-use cgroup_support::*;
-use control_support::{ctl_json, ctl_run};
+use memshim_tests::cgroups::*;
+use memshim_tests::control::{ctl_json, ctl_run};
 use memshim_tests::*;
 use std::time::Duration;
 

@@ -2,9 +2,7 @@
 //! sees, loses or shares one because of the shim, whatever it does to its
 //! descriptor table and whenever it does it.
 
-mod control_support;
-
-use control_support::*;
+use memshim_tests::control::*;
 use memshim_tests::*;
 use std::time::{Duration, Instant};
 
@@ -26,10 +24,17 @@ fn thread_ticks(pid: i32, name: &str) -> Option<u64> {
 
 #[test]
 fn a_host_out_of_descriptors_with_a_client_waiting_does_not_make_the_shim_spin() {
+    for table in ["auto", "shared"] {
+        exhaustion_round(table);
+    }
+}
+
+fn exhaustion_round(table: &str) {
     let exe = fixture("fd_exhaust", &[]);
     let mut ch = Cmd::new(&exe, ["256"])
         .shimmed()
         .env("MEMSHIM_CONTROL", "on")
+        .env("MEMSHIM_FD_TABLE", table)
         .spawn();
     ch.wait_for_line("ready", T);
     let pid = ch.pid();
@@ -38,7 +43,7 @@ fn a_host_out_of_descriptors_with_a_client_waiting_does_not_make_the_shim_spin()
     let full = ch.wait_for_line("full", T);
     assert!(full.ends_with("errno=24"), "{full}");
     // A client connects and waits for its answer.
-    let client = Cmd::new(ctl(), ["stats", &pid.to_string(), "--json"]).spawn();
+    let mut client = Cmd::new(ctl(), ["stats", &pid.to_string(), "--json"]).spawn();
     std::thread::sleep(Duration::from_millis(300));
     let before = thread_ticks(pid, "memshim").expect("the shim's thread");
     let t0 = Instant::now();
@@ -48,18 +53,25 @@ fn a_host_out_of_descriptors_with_a_client_waiting_does_not_make_the_shim_spin()
     let share = used as f64 / ticks_per_s / t0.elapsed().as_secs_f64();
     assert!(
         share < 0.2,
-        "the shim's thread used {:.0}% of a core while the host had no descriptor left",
+        "{table}: the shim's thread used {:.0}% of a core while the host had no descriptor left",
         share * 100.0
     );
-    // Once the host frees descriptors (if it was not answered already), the
-    // client is answered.
+    if table == "auto" {
+        // With a table of its own the shim has descriptors to spare: the
+        // client was answered while the host's table was full.
+        assert!(
+            client.child.try_wait().unwrap().is_some(),
+            "the client is still waiting although the shim's table is its own"
+        );
+    }
+    // Once the host frees descriptors, the client is answered.
     ch.send("free");
     ch.wait_for_line("freed", T);
     let o = client.finish(T);
-    assert_eq!(o.code, 0, "{o:?}");
+    assert_eq!(o.code, 0, "{table}: {o:?}");
     ch.send("quit");
     let o = ch.finish(T);
-    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{table}: {o:?}");
 }
 
 #[test]
@@ -104,15 +116,15 @@ fn cpython_test_pass_fds_redirected_passes_with_control_on() {
     assert_eq!(o.code, 0, "{}", o.stdout);
 }
 
-/// Runs tests/fixtures/fd_race.c in `mode` with `env`, makes a client
-/// connect to its endpoint, and returns its check line.
-fn race(mode: &str, env: &[(&str, &str)]) -> String {
+/// Runs tests/fixtures/fd_race.c in `mode` with the shim's descriptors in
+/// `table` (auto: a table of their own; shared: the application's), makes a
+/// client connect to its endpoint, and returns its check line.
+fn race(mode: &str, table: &str) -> String {
     let exe = fixture("fd_race", &[]);
-    let mut c = Cmd::new(&exe, [mode]).shimmed();
-    for (k, v) in env {
-        c = c.env(k, v);
-    }
-    let mut ch = c.spawn();
+    let mut ch = Cmd::new(&exe, [mode])
+        .shimmed()
+        .env("MEMSHIM_FD_TABLE", table)
+        .spawn();
     ch.wait_for_line("ready", T);
     let pid = ch.pid();
     // The endpoint comes up (again, if a creation was spoiled), and a client
@@ -122,33 +134,56 @@ fn race(mode: &str, env: &[(&str, &str)]) -> String {
     let line = ch.wait_for_line("check", T);
     ch.send("quit");
     let o = ch.finish(T);
-    assert_eq!(o.code, 0, "{o:?}");
+    assert_eq!(
+        (o.code, o.stderr.as_str()),
+        (0, ""),
+        "{mode} {table}: {o:?}"
+    );
     line
+}
+
+/// A table of its own is out of the application's reach: nothing can be
+/// put on its numbers. In the application's table (the fallback), the
+/// application's descriptor is put there, and the shim must leave it alone.
+fn race_both(mode: &str, want: &[&str]) {
+    let own = race(mode, "auto");
+    assert!(
+        own.contains("injected=0"),
+        "{mode}: a private table was reached: {own}"
+    );
+    let shared = race(mode, "shared");
+    assert!(
+        shared.contains("injected=1"),
+        "{mode}: nothing was injected: {shared}"
+    );
+    for w in want {
+        assert!(
+            own.contains(w) && shared.contains(w),
+            "{mode}: {own} / {shared}"
+        );
+    }
 }
 
 #[test]
 fn the_shim_never_closes_an_app_descriptor_put_on_its_socket_while_binding() {
-    let l = race("bind", &[]);
-    assert!(l.contains("number_intact=1"), "{l}");
+    race_both("bind", &["number_intact=1"]);
 }
 
 #[test]
 fn the_shim_never_closes_an_app_descriptor_put_on_a_number_it_moves_high() {
-    let l = race("dupfd", &[]);
-    assert!(l.contains("number_intact=1"), "{l}");
+    race_both("dupfd", &["number_intact=1"]);
 }
 
 #[test]
 fn the_shim_never_reads_or_closes_an_app_pipe_put_on_its_wake_pipe() {
-    let l = race("pipe", &[]);
-    assert!(
-        l.contains("number_intact=1") && l.contains("pipe_data=1"),
-        "{l}"
-    );
+    race_both("pipe", &["number_intact=1", "pipe_data=1"]);
 }
 
+/// Between the last check of its listener and `accept4` no check can help
+/// in a shared table (docs/reliability.md, "Descriptors"): only a table of
+/// its own keeps the application's connections from the shim.
 #[test]
 fn the_shim_never_accepts_on_an_app_listener_put_on_its_listeners_number() {
-    let l = race("accept", &[]);
-    assert!(l.contains("own_conn=1"), "{l}");
+    let l = race("accept", "auto");
+    assert!(l.contains("injected=0") && l.contains("own_conn=1"), "{l}");
 }

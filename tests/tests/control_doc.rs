@@ -1,9 +1,7 @@
 //! The Python client printed in docs/protocol.md works against a real
 //! shimmed process, as printed.
 
-mod control_support;
-
-use control_support::*;
+use memshim_tests::control::*;
 use memshim_tests::*;
 use std::time::Duration;
 

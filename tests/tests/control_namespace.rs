@@ -2,9 +2,7 @@
 //! without a container engine: `unshare -pmf --mount-proc` plus a private
 //! /tmp) is reachable from outside, through /proc/<pid>/root and NSpid.
 
-mod control_support;
-
-use control_support::*;
+use memshim_tests::control::*;
 use memshim_tests::*;
 use std::time::Duration;
 
@@ -52,7 +50,10 @@ fn a_process_in_another_pid_and_mount_namespace_is_reachable_from_outside() {
     );
 
     // Its socket lives in its private /tmp, invisible at the host's path.
-    let inside = format!("/tmp/memshim-0/1-{}.sock", starttime(host_pid));
+    let inside = format!(
+        "/tmp/memshim-0/{}",
+        memshim_tests::endpoint::socket_name_inside(1, host_pid).unwrap()
+    );
     wait_until(Duration::from_secs(10), || {
         std::path::Path::new(&format!("/proc/{host_pid}/root{inside}"))
             .exists()

@@ -1,32 +1,26 @@
 //! The endpoint across the life of processes: fork, exit, kill -9, pid
-//! reuse, and an application that closes every descriptor (hazard 26).
+//! reuse, and an application that closes every descriptor and reuses the
+//! numbers.
 
-mod control_support;
-
-use control_support::*;
+use memshim_tests::control::*;
 use memshim_tests::*;
-use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::time::Duration;
 
-fn sockets_of(pid: i32) -> HashSet<String> {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .flatten()
-        .filter_map(|e| std::fs::read_link(e.path()).ok())
-        .map(|l| l.display().to_string())
-        .filter(|l| l.starts_with("socket:"))
-        .collect()
-}
-
 fn hello_pid(path: &std::path::Path) -> i64 {
-    Raw::connect(path).hello()["ok"]["pid"].as_i64().unwrap()
+    Conn::connect(path).hello()["ok"]["pid"].as_i64().unwrap()
 }
 
 #[test]
 fn parent_and_fork_child_each_answer_on_their_own_endpoint() {
-    let mut parent = start_heap(&[]);
+    for table in ["auto", "shared"] {
+        fork_child_round(table);
+    }
+}
+
+fn fork_child_round(table: &str) {
+    let mut parent = start_heap(&[("MEMSHIM_FD_TABLE", table)]);
     let ppid = parent.pid();
     wait_endpoint(ppid);
     parent.send("fork");
@@ -56,7 +50,8 @@ fn parent_and_fork_child_each_answer_on_their_own_endpoint() {
         ),
         (Some(false), Some(true))
     );
-    // The child closed every inherited descriptor of the parent's endpoint.
+    // The child holds no descriptor of the parent's endpoint (it closed
+    // what it inherited; a table of the shim's own is not inherited).
     let shared: Vec<_> = sockets_of(ppid)
         .intersection(&sockets_of(cpid))
         .cloned()
@@ -124,7 +119,14 @@ fn a_socket_from_an_earlier_process_with_the_same_pid_is_never_used() {
     let dir = default_dir();
     std::fs::create_dir_all(&dir).unwrap();
     // An earlier process with the same pid left a (listening!) socket.
-    let old = dir.join(format!("{pid}-{}.sock", starttime(pid) - 1));
+    let old = dir.join(
+        memshim_proto::endpoint::SocketName {
+            pid,
+            starttime: starttime(pid) - 1,
+            pidns: memshim_tests::endpoint::pid_namespace(pid).unwrap(),
+        }
+        .to_string(),
+    );
     let _ = std::fs::remove_file(&old);
     let impostor = UnixListener::bind(&old).unwrap();
     impostor.set_nonblocking(true).unwrap();
@@ -159,28 +161,24 @@ fn a_socket_from_an_earlier_process_with_the_same_pid_is_never_used() {
 #[test]
 fn close_range_and_fd_reuse_by_the_app_do_not_confuse_the_endpoint() {
     // The race this guards against (the app's close_range and dup2 while
-    // the shim re-creates its listener) is timing-dependent: several rounds.
-    for _ in 0..10 {
-        close_range_round();
+    // the shim re-creates its listener) is timing-dependent: several rounds,
+    // with the shim's descriptors in a table of their own and in the
+    // application's (the fallback).
+    for table in ["auto", "shared"] {
+        for _ in 0..6 {
+            close_range_round(table);
+        }
     }
 }
 
-fn close_range_round() {
-    let mut child = start_heap(&[]);
+fn close_range_round(table: &str) {
+    let mut child = start_heap(&[("MEMSHIM_FD_TABLE", table)]);
     let pid = child.pid();
     wait_endpoint(pid);
     let sock = socket_in(&default_dir(), pid);
-    // The shim's listener: a socket at a high descriptor number.
-    let ours: i32 = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .flatten()
-        .filter_map(|e| {
-            let n: i32 = e.file_name().to_str()?.parse().ok()?;
-            let l = std::fs::read_link(e.path()).ok()?;
-            (n >= 512 && l.to_string_lossy().starts_with("socket:")).then_some(n)
-        })
-        .min()
-        .expect("the shim's listener at fd >= 512");
+    // The number of the shim's listener (in the application's table, at
+    // 512 or above; in a table of its own, any).
+    let ours = listener_fd(pid, &sock).expect("the shim's listener");
     let app_path = std::path::PathBuf::from(format!("/tmp/msh-app-{pid}.sock"));
     // The app closes everything and puts its own listening socket on the
     // very number the shim's listener had.

@@ -2,9 +2,7 @@
 //! allocate and free a fragmented heap with decay off: the freed pages stay
 //! resident until `memshim-ctl purge` returns them.
 
-mod control_support;
-
-use control_support::*;
+use memshim_tests::control::*;
 use memshim_tests::*;
 use std::time::Duration;
 

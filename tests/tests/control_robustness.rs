@@ -2,9 +2,7 @@
 //! connections, pipelining, and a flood of 1000 connections. The host must
 //! stay alive and unchanged, and the endpoint must keep answering.
 
-mod control_support;
-
-use control_support::*;
+use memshim_tests::control::*;
 use memshim_tests::*;
 use std::io::Write;
 use std::os::unix::net::UnixStream;
@@ -31,32 +29,32 @@ fn garbage_and_oversized_lines_get_errors_and_the_endpoint_keeps_answering() {
     let threads_before = threads(pid);
     let sock = socket_in(&default_dir(), pid);
 
-    let mut c = Raw::connect(&sock);
-    let v = c.ask("\u{1}\u{7f}not json at all");
+    let mut c = Conn::connect(&sock);
+    let v = c.ask("\u{1}\u{7f}not json at all").unwrap();
     assert_eq!(v["error"]["code"], "bad_request", "{v}");
-    let v = c.ask(r#"{"op":"stats"}"#);
+    let v = c.ask(r#"{"op":"stats"}"#).unwrap();
     assert_eq!(v["error"]["code"], "hello_required", "{v}");
-    let v = c.ask(r#"{"op":"launch_missiles"}"#);
+    let v = c.ask(r#"{"op":"launch_missiles"}"#).unwrap();
     assert_eq!(v["error"]["code"], "unknown_op", "{v}");
-    let v = c.ask(r#"{"op":"hello","version":0}"#);
+    let v = c.ask(r#"{"op":"hello","version":0}"#).unwrap();
     assert_eq!(v["error"]["code"], "version_mismatch", "{v}");
-    let v = c.ask(r#"{"op":"hello","version":99}"#);
+    let v = c.ask(r#"{"op":"hello","version":99}"#).unwrap();
     assert_eq!(
         v["ok"]["version"], 1,
         "a newer client gets the server's version: {v}"
     );
-    let v = c.ask(r#"{"op":"decay","dirty_ms":-7}"#);
+    let v = c.ask(r#"{"op":"decay","dirty_ms":-7}"#).unwrap();
     assert_eq!(v["error"]["code"], "invalid_argument", "{v}");
-    let v = c.ask(r#"{"op":"stats","arenas":true}"#);
+    let v = c.ask(r#"{"op":"stats","arenas":true}"#).unwrap();
     assert!(
         v["ok"]["arenas"].as_array().is_some_and(|a| !a.is_empty()),
         "{v}"
     );
 
     // A 1 MiB line: one too_large error, then the connection is closed.
-    let mut big = Raw::connect(&sock);
+    let mut big = Conn::connect(&sock);
     let writer = {
-        let mut s = big.reader.get_ref().try_clone().unwrap();
+        let mut s = big.0.stream().try_clone().unwrap();
         std::thread::spawn(move || {
             let chunk = vec![b'x'; 64 * 1024];
             for _ in 0..16 {
@@ -72,7 +70,7 @@ fn garbage_and_oversized_lines_get_errors_and_the_endpoint_keeps_answering() {
     writer.join().unwrap();
 
     // NUL bytes and invalid UTF-8 inside a line.
-    let mut n = Raw::connect(&sock);
+    let mut n = Conn::connect(&sock);
     n.send(b"{\"op\":\"hel\0lo\xff\"}\n").unwrap();
     let v: serde_json::Value = serde_json::from_str(&n.line()).unwrap();
     assert_eq!(v["error"]["code"], "bad_request", "{v}");
@@ -91,18 +89,15 @@ fn half_open_idle_and_pipelining_clients_are_handled() {
     let sock = socket_in(&default_dir(), pid);
 
     // Idle: says nothing; closed with a timeout error after IDLE_TIMEOUT_MS.
-    let mut idle = Raw::connect(&sock);
+    let mut idle = Conn::connect(&sock);
     let t0 = Instant::now();
 
     // Half-open: request, then shut down our write side; the answer still
     // comes, then end of file.
-    let mut h = Raw::connect(&sock);
+    let mut h = Conn::connect(&sock);
     h.send(b"{\"op\":\"hello\",\"version\":1}\n{\"op\":\"purge\"}\n")
         .unwrap();
-    h.reader
-        .get_ref()
-        .shutdown(std::net::Shutdown::Write)
-        .unwrap();
+    h.0.stream().shutdown(std::net::Shutdown::Write).unwrap();
     let a: serde_json::Value = serde_json::from_str(&h.line()).unwrap();
     let b: serde_json::Value = serde_json::from_str(&h.line()).unwrap();
     assert_eq!(
@@ -112,7 +107,7 @@ fn half_open_idle_and_pipelining_clients_are_handled() {
     assert_eq!(h.line(), "");
 
     // Pipelining: 200 requests in one write are all answered, in order.
-    let mut p = Raw::connect(&sock);
+    let mut p = Conn::connect(&sock);
     let mut batch = String::from("{\"op\":\"hello\",\"version\":1}\n");
     for _ in 0..199 {
         batch.push_str("{\"op\":\"decay\"}\n");
@@ -167,11 +162,11 @@ fn a_flood_of_1000_connections_leaves_the_host_alive_and_answering() {
         "the flood grew the host by {:.1} MiB",
         mib(grown)
     );
-    // The shim holds at most a few descriptors, not one per client.
-    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .count();
-    assert!(fds < 40, "{fds} descriptors open in the host");
+    // The shim holds at most a few descriptors, not one per client (counted
+    // in its thread's table: the application's, or one of its own).
+    let tid = shim_tids(pid)[0];
+    let fds = task_fds(pid, tid).len();
+    assert!(fds < 40, "{fds} descriptors open in the shim's table");
     drop(conns);
     host_is_fine(&mut child, threads_before);
     child.send("quit");

@@ -1,8 +1,6 @@
 //! Who may talk to the endpoint, and attacks on the socket directory.
 
-mod control_support;
-
-use control_support::*;
+use memshim_tests::control::*;
 use memshim_tests::*;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};

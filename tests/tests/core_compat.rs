@@ -1,7 +1,8 @@
 //! Compatibility with what real processes do around the allocator: fork
 //! while threads allocate, allocation in library constructors,
-//! `RTLD_DEEPBIND` (hazard 15), dlopen's caller semantics, `errno` across
-//! `free` (hazard 4), and glibc's answers for the aligned allocators.
+//! `RTLD_DEEPBIND` (such a library would otherwise bind to glibc's
+//! malloc), dlopen's caller semantics, `errno` across `free` (glibc's
+//! manual requires replacements to keep it), and glibc's answers for the aligned allocators.
 
 use memshim_tests::{Cmd, fixture, scratch, shim};
 use std::path::PathBuf;

@@ -1,5 +1,6 @@
-//! Do no harm in odd hosts: an executable with its own malloc (hazard 16)
-//! and a shim loaded with dlopen instead of LD_PRELOAD (hazard 11).
+//! Do no harm in odd hosts: an executable with its own malloc (it wins the
+//! symbol lookup over any preload) and a shim loaded with dlopen instead of
+//! LD_PRELOAD (its initial-exec TLS may not fit).
 
 use memshim_tests::{Cmd, fixture, python, shim};
 

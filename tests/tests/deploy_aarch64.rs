@@ -5,17 +5,14 @@
 //! kernels), and the packaged aarch64 memshim-ctl reaches an aarch64 shimmed
 //! process. The fixtures are compiled for aarch64 with zig (`make tools`).
 
-mod deploy_util;
-mod wheel_support;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use deploy_util::fresh_dir;
+use memshim_tests::deploy::fresh_dir;
+use memshim_tests::wheel::{assert_glibc_floor, build_wheel, tools_python, workspace_version};
 use memshim_tests::{Cmd, root, scratch, wait_until};
-use wheel_support::{assert_glibc_floor, build_wheel, tools_python, workspace_version};
 
 const QEMU: &str = "qemu-aarch64-static";
 const SYSROOT: &str = "/usr/aarch64-linux-gnu";
@@ -49,7 +46,7 @@ fn unpacked() -> Option<&'static PathBuf> {
         }
         let wheel = build_wheel("aarch64");
         let dir = fresh_dir("aarch64-wheel");
-        wheel_support::pip_install_for("aarch64", &wheel, &dir);
+        memshim_tests::wheel::pip_install_for("aarch64", &wheel, &dir);
         Some(dir.join("memshim"))
     })
     .as_ref()

@@ -3,12 +3,10 @@
 //! PREFIX and DESTDIR into a scratch root, then run the example app through
 //! the installed paths only.
 
-mod deploy_util;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use deploy_util::{files_under, fresh_dir, http, json_num, json_tok, make};
+use memshim_tests::deploy::{files_under, fresh_dir, http, json_num, json_tok, make};
 use memshim_tests::{Cmd, python, root, rss_bytes, wait_until};
 
 const INSTALLED: [&str; 2] = ["bin/memshim-ctl", "lib/libmemshim.so"];
@@ -237,7 +235,8 @@ fn example_app_loads_and_unloads_a_model_under_the_installed_shim() {
 
 #[test]
 fn image_build_steps_still_work_if_a_preload_is_inherited() {
-    // Images built FROM ours inherit ENV LD_PRELOAD (hazard 51): their
+    // Images built FROM ours inherit ENV LD_PRELOAD (an ENV line applies
+    // to every later RUN step and every image built on top): their
     // compiler and pip steps run shimmed. Show that such steps behave.
     let inst = install_like_the_dockerfile("deploy-inherited");
     let lib = inst.path("lib/libmemshim.so");

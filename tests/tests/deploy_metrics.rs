@@ -4,14 +4,12 @@
 //! shimmed process's `resident` series fall after `memshim-ctl purge`.
 //! The PromQL results before and after go to target/test-scratch/promql.txt.
 
-mod deploy_util;
-
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use deploy_util::{fresh_dir, http};
+use memshim_tests::deploy::{fresh_dir, http};
 use memshim_tests::{Child, Cmd, ctl, proc_status, python, scratch, wait_until};
 
 /// A shimmed CPython that allocates ~200 MB in 4000-byte objects, frees them
@@ -205,13 +203,7 @@ fn metrics_reaches_a_process_in_its_own_pid_and_mount_namespace() {
         "{text}"
     );
     // Its socket is not in the host's /tmp: only /proc/<pid>/root leads to it.
-    let starttime = std::fs::read_to_string(format!("/proc/{host_pid}/stat")).unwrap();
-    let starttime = starttime[starttime.rfind(')').unwrap() + 1..]
-        .split_whitespace()
-        .nth(19)
-        .unwrap()
-        .to_owned();
-    let name = format!("1-{starttime}.sock");
+    let name = memshim_tests::endpoint::socket_name_inside(1, host_pid).unwrap();
     assert!(Path::new(&format!("/proc/{host_pid}/root/tmp/memshim-0/{name}")).exists());
     assert!(!Path::new(&format!("/tmp/memshim-0/{name}")).exists());
 }
@@ -301,7 +293,8 @@ fn serve_purge_endpoint_is_loopback_only_and_needs_its_header() {
     assert_eq!(code, 403, "{body}");
     assert!(body.contains("X-Memshim-Purge"), "{body}");
     let before = proc_status(h.pid(), "VmRSS").unwrap();
-    let (code, body) = deploy_util::http_with(&addr, "POST", &path, &[("X-Memshim-Purge", "1")]);
+    let (code, body) =
+        memshim_tests::deploy::http_with(&addr, "POST", &path, &[("X-Memshim-Purge", "1")]);
     assert_eq!(code, 200, "{body}");
     let after = proc_status(h.pid(), "VmRSS").unwrap();
     assert!(
@@ -309,7 +302,7 @@ fn serve_purge_endpoint_is_loopback_only_and_needs_its_header() {
         "RSS {before} kB -> {after} kB after the purge"
     );
     // A non-loopback Host (DNS rebinding) is refused even with the header.
-    let (code, _) = deploy_util::http_with(
+    let (code, _) = memshim_tests::deploy::http_with(
         &addr,
         "POST",
         &path,

@@ -2,14 +2,12 @@
 //! `memshim-ctl doctor` on real processes: static, setuid, sanitizer,
 //! valgrind, own-malloc, preload dropped, single-threaded.
 
-mod deploy_util;
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use deploy_util::{fresh_dir, make};
+use memshim_tests::deploy::{fresh_dir, make};
 use memshim_tests::{Child, Cmd, Output, copy_executable, ctl, fixture, python, shim};
 
 /// One `make install` into a scratch prefix for every test in this file.
@@ -301,7 +299,7 @@ fn doctor_explains_a_program_with_its_own_malloc() {
     assert!(finding(&o, "own_malloc"), "{}", o.stdout);
     // With a thread of its own it still gets no shim thread and no endpoint:
     // the shim sees that the executable's malloc wins and stays inert
-    // (lifecycle.rs), and doctor still explains why.
+    // (thread/mod.rs), and doctor still explains why.
     let ch2 = start(
         &fixture("deploy_own_malloc", &[]),
         &["thread"],
@@ -337,7 +335,8 @@ fn doctor_explains_a_program_with_its_own_malloc() {
 #[test]
 fn doctor_explains_a_sanitizer_build() {
     let exe = fixture("deploy_wait", &["-fsanitize=address"]);
-    // Under the shim the ASan runtime refuses to start (hazard 17) ...
+    // Under the shim the ASan runtime refuses to start (a sanitizer must own
+    // malloc, and the preload comes before it) ...
     let o = Cmd::new(&exe, [""; 0]).shimmed().stdin("").run();
     assert_ne!(o.code, 0, "ASan started under the shim: {o:?}");
     // ... and the escape hatch runs it; doctor tells why it has no shim.

@@ -4,16 +4,13 @@
 //! glibc floor of both binaries, one version everywhere, and the steps of
 //! examples/docker/Dockerfile.wheel run by hand.
 
-mod deploy_util;
-mod wheel_support;
-
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use deploy_util::{fresh_dir, http, json_num, json_tok};
+use memshim_tests::deploy::{fresh_dir, http, json_num, json_tok};
+use memshim_tests::wheel::{assert_glibc_floor, build_wheel, workspace_version};
 use memshim_tests::{Cmd, fixture, python, root, rss_bytes, scratch, wait_until};
-use wheel_support::{assert_glibc_floor, build_wheel, workspace_version};
 
 /// A venv with the wheel installed by pip, offline.
 struct Venv {

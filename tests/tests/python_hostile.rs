@@ -5,11 +5,9 @@
 //! in flight (the child starts clean and exits at once).
 //! Fixture: tests/fixtures/py_hostile.py.
 
-mod python_support;
-
 use memshim_proto::{PythonUnavailable, Reply, Request, Response, StepOutcome};
+use memshim_tests::py::*;
 use memshim_tests::{Cmd, ctl, python};
-use python_support::*;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};

@@ -8,11 +8,9 @@
 //! Fixture: tests/fixtures/py_states.py. Figures go to stderr and to
 //! target/test-scratch/python-reach.txt.
 
-mod python_support;
-
 use memshim_proto::{PythonUnavailable, Reply, Request, Response, StepOutcome};
+use memshim_tests::py::*;
 use memshim_tests::{scratch, wait_until};
-use python_support::*;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 

@@ -2,11 +2,9 @@
 //! the collector disabled: only a collection can free it. The main thread
 //! is asleep meanwhile, as a server's is between requests.
 
-mod python_support;
-
 use memshim_proto::{Reply, Request, StepOutcome};
+use memshim_tests::py::*;
 use memshim_tests::{Cmd, ctl, mib, python, rss_bytes};
-use python_support::*;
 use std::io::Write;
 use std::time::Duration;
 

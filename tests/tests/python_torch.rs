@@ -5,11 +5,9 @@
 //! docs/python.md "Tests"). Without torch they fail loudly: a target that
 //! exists to run them must not pass by skipping.
 
-mod python_support;
-
 use memshim_proto::{Reply, Request};
+use memshim_tests::py::*;
 use memshim_tests::{mib, python, rss_bytes};
-use python_support::*;
 use std::io::Write;
 use std::time::Duration;
 

@@ -5,11 +5,9 @@
 //! initialised its interpreter yet is never entered. (Main-thread states:
 //! python_reach.rs.)
 
-mod python_support;
-
 use memshim_proto::{PythonUnavailable, Reply, Request};
+use memshim_tests::py::*;
 use memshim_tests::{Cmd, fixture};
-use python_support::*;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -97,7 +95,8 @@ fn stats_and_gc_work_on_every_installed_cpython() {
 /// Interpreters exiting normally while another thread fires `stats` and
 /// `gc` at them: no hang, no crash, exit status 0 and an empty stderr, with
 /// and without `atexit` imported, from a sleep and from a spinning loop
-/// (hazard 34; the exit gate in shim/src/python/gate.rs).
+/// (no call into CPython may begin once its finalization has begun: the exit
+/// gate in shim/src/python/gate.rs).
 #[test]
 fn two_hundred_exits_under_request_fire_on_every_installed_cpython() {
     let results = for_each_cpython(2, |v, exe| exit_rounds(&exe, &format!("exit-{v}"), 200));

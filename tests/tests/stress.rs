@@ -12,12 +12,8 @@
 mod access;
 #[path = "reliab/alloc.rs"]
 mod alloc;
-#[path = "reliab/common.rs"]
-mod common;
 #[path = "reliab/config.rs"]
 mod config;
-#[path = "reliab/control.rs"]
-mod control;
 #[path = "reliab/cpython.rs"]
 mod cpython;
 #[path = "reliab/forks.rs"]
@@ -29,7 +25,7 @@ mod global_preload;
 #[path = "reliab/lifecycles.rs"]
 mod lifecycles;
 
-use common::Level;
+use memshim_tests::stress::Level;
 
 macro_rules! smoke_and_full {
     ($($smoke:ident, $full:ident => $f:path;)*) => {$(

@@ -14,10 +14,10 @@ pub struct DecayArgs {
     #[arg(value_parser = pid_parser())]
     pub pid: i32,
     /// Milliseconds until freed pages are returned to the OS (-1: never).
-    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(-1..))]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::decay_ms)]
     pub dirty_ms: Option<i64>,
     /// Milliseconds MADV_FREE'd pages are kept (-1: never).
-    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(-1..))]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::decay_ms)]
     pub muzzy_ms: Option<i64>,
     /// One JSON document on stdout.
     #[arg(long)]

@@ -1,10 +1,12 @@
 //! `memshim-ctl list [--json]`: every visible process with the shim loaded.
 
-use crate::client::{self, Client, ConnectError};
+use crate::client::{self, Client};
 use crate::discover::{self, Proc};
 use crate::exit::{Exit, Failure};
 use crate::render;
 use clap::Args;
+use memshim_proto::client::ConnectError;
+use memshim_proto::endpoint::SocketName;
 use memshim_proto::{Reply, Request};
 use serde::Serialize;
 
@@ -89,7 +91,7 @@ fn entry(p: Proc) -> Entry {
 }
 
 /// Removes socket files in `dir` that nobody listens on and whose
-/// `<pid>-<starttime>` matches no live process we can see (only in
+/// pid and start time match no live process we can see (only in
 /// directories of our own mount namespace, where the pids are ours).
 fn remove_stale(dirs: &[std::path::PathBuf]) -> Vec<String> {
     let mut removed = vec![];
@@ -99,22 +101,13 @@ fn remove_stale(dirs: &[std::path::PathBuf]) -> Vec<String> {
         };
         for f in rd.flatten() {
             let name = f.file_name().to_string_lossy().into_owned();
-            let Some((pid, start)) = name.strip_suffix(".sock").and_then(|s| s.split_once('-'))
-            else {
+            let Some(sock) = SocketName::parse(&name) else {
                 continue;
             };
-            let (Ok(pid), Ok(start)) = (pid.parse::<i32>(), start.parse::<u64>()) else {
-                continue;
-            };
-            if discover::read_proc(pid).is_ok_and(|p| p.starttime == start) {
+            if discover::read_proc(sock.pid).is_ok_and(|p| p.starttime == sock.starttime) {
                 continue; // a live process: its shim manages the file
             }
-            let loc = discover::SocketLoc {
-                dir_inside: dir.clone(),
-                dir: dir.clone(),
-                name: name.clone(),
-            };
-            if matches!(client::connect_path(&loc), Err(ConnectError::Refused))
+            if matches!(client::connect(dir, &name), Err(ConnectError::Refused))
                 && std::fs::remove_file(f.path()).is_ok()
             {
                 removed.push(f.path().display().to_string());
@@ -133,7 +126,9 @@ pub fn run(a: ListArgs) -> Result<Exit, Failure> {
     // directory of every shimmed process found below.
     let mut dirs = vec![];
     if let Some(uid) = discover::my_euid() {
-        dirs.push(std::path::PathBuf::from(format!("/tmp/memshim-{uid}")));
+        dirs.push(std::path::PathBuf::from(
+            memshim_proto::endpoint::default_socket_dir(uid),
+        ));
     }
     if let Some(d) = std::env::var_os("MEMSHIM_SOCKET_DIR") {
         dirs.push(std::path::PathBuf::from(d));

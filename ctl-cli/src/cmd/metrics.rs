@@ -7,12 +7,12 @@
 //! is kept between runs.
 
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::time::{Duration, Instant};
 
-use memshim_proto::{MAX_RESPONSE_BYTES, PROTOCOL_VERSION, Reply, Request, Response, StatsReport};
+use memshim_proto::client::Connection;
+use memshim_proto::{Reply, Request, Response, StatsReport};
 
-use crate::client::connect_path;
 use crate::discover::{self, Proc};
 use crate::exit::{Exit, Failure};
 
@@ -408,74 +408,38 @@ pub fn render(samples: &[ProcSample], info: &ScrapeInfo) -> String {
 
 /// Sends one request line and reads one response line, at most
 /// MAX_RESPONSE_BYTES, within the stream's timeouts.
-fn exchange(
-    r: &mut BufReader<std::os::unix::net::UnixStream>,
-    req: &Request,
-) -> Result<Reply, String> {
-    r.get_mut()
-        .write_all(&req.to_line())
-        .map_err(|e| format!("sending {}: {e}", req.op()))?;
-    let mut line = Vec::new();
-    r.by_ref()
-        .take(MAX_RESPONSE_BYTES as u64)
-        .read_until(b'\n', &mut line)
-        .map_err(|e| format!("waiting for the answer to {}: {e}", req.op()))?;
-    match Response::from_line(&line)
-        .map_err(|e| format!("undecodable answer to {}: {e}", req.op()))?
-    {
-        Response::Ok(reply) => Ok(reply),
-        Response::Error(e) => Err(format!("{}: {}", req.op(), e.message)),
-    }
-}
-
 /// `hello` + `stats` with every step under `budget`: a process that does not
 /// answer in time costs at most that.
 pub fn ask_stats(p: &Proc, budget: Duration) -> Result<StatsReport, String> {
     let t0 = Instant::now();
     let loc = discover::socket_loc(p);
-    let stream =
-        connect_path(&loc).map_err(|_| format!("cannot connect to {}", loc.path().display()))?;
     let left = || {
         budget
             .saturating_sub(t0.elapsed())
             .max(Duration::from_millis(1))
     };
-    let mut r = BufReader::new(stream);
-    r.get_ref()
-        .set_write_timeout(Some(left()))
-        .map_err(|e| e.to_string())?;
-    r.get_ref()
-        .set_read_timeout(Some(left()))
-        .map_err(|e| e.to_string())?;
+    let mut c = Connection::open(&loc.dir, &loc.name, left())
+        .map_err(|_| format!("cannot connect to {}", loc.path().display()))?;
     let client = Some(format!("memshim-ctl {} metrics", env!("CARGO_PKG_VERSION")));
-    match exchange(
-        &mut r,
-        &Request::Hello {
-            version: PROTOCOL_VERSION,
-            client,
-        },
-    )? {
-        Reply::Hello(h) if h.pid == p.nspid && h.starttime == p.starttime => {}
-        Reply::Hello(h) => {
+    match c.hello(client).map_err(|e| format!("hello: {e}"))? {
+        Ok(h) if discover::hello_matches(&h, p) => {}
+        Ok(h) => {
             return Err(format!(
                 "socket answered as pid {} started at {}",
                 h.pid, h.starttime
             ));
         }
-        _ => return Err("unexpected answer to hello".into()),
+        Err(_) => return Err("unexpected answer to hello".into()),
     }
-    r.get_ref()
-        .set_read_timeout(Some(left()))
-        .map_err(|e| e.to_string())?;
-    match exchange(
-        &mut r,
-        &Request::Stats {
-            arenas: false,
-            pss: false,
-        },
-    )? {
-        Reply::Stats(s) => Ok(*s),
-        _ => Err("unexpected answer to stats".into()),
+    c.set_timeout(left());
+    let req = Request::Stats {
+        arenas: false,
+        pss: false,
+    };
+    match c.request(&req).map_err(|e| format!("stats: {e}"))? {
+        Response::Ok(Reply::Stats(s)) => Ok(*s),
+        Response::Ok(_) => Err("unexpected answer to stats".into()),
+        Response::Error(e) => Err(format!("stats: {}", e.message)),
     }
 }
 

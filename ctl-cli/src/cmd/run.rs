@@ -21,10 +21,10 @@ use crate::exit::{Exit, Failure};
 )]
 pub struct RunArgs {
     /// MEMSHIM_DIRTY_DECAY_MS: ms until freed pages go back to the OS (-1 = never)
-    #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = decay_ms)]
+    #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = crate::cli::decay_ms)]
     pub dirty_ms: Option<i64>,
     /// MEMSHIM_MUZZY_DECAY_MS: ms MADV_FREE'd pages are kept (-1 = never)
-    #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = decay_ms)]
+    #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = crate::cli::decay_ms)]
     pub muzzy_ms: Option<i64>,
     /// MEMSHIM_NARENAS: arena count, or auto
     #[arg(long, value_name = "N|auto", value_parser = narenas)]
@@ -46,15 +46,6 @@ pub struct RunArgs {
         value_name = "CMD"
     )]
     pub command: Vec<OsString>,
-}
-
-fn decay_ms(s: &str) -> Result<i64, String> {
-    match s.parse::<i64>() {
-        Ok(v) if v >= -1 => Ok(v),
-        _ => Err(format!(
-            "{s:?} is not a number of milliseconds (use -1 for never)"
-        )),
-    }
 }
 
 fn narenas(s: &str) -> Result<String, String> {
@@ -222,9 +213,9 @@ mod tests {
 
     #[test]
     fn option_values_are_checked() {
-        assert_eq!(decay_ms("-1"), Ok(-1));
-        assert_eq!(decay_ms("0"), Ok(0));
-        assert!(decay_ms("-2").is_err() && decay_ms("1s").is_err());
+        assert_eq!(crate::cli::decay_ms("-1"), Ok(-1));
+        assert_eq!(crate::cli::decay_ms("0"), Ok(0));
+        assert!(crate::cli::decay_ms("-2").is_err() && crate::cli::decay_ms("1s").is_err());
         assert!(narenas("auto").is_ok() && narenas("8").is_ok());
         assert!(narenas("0").is_err() && narenas("4096").is_err() && narenas("x").is_err());
     }

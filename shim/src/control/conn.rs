@@ -1,7 +1,9 @@
 //! One client connection: a bounded input buffer, the pending output, the
 //! handshake state and a deadline. Protocol: docs/protocol.md.
 
-use super::{fds, handlers, socket};
+use super::{Ctx, handlers};
+use crate::os::fd::Owned;
+use crate::os::sock;
 use memshim_proto::*;
 
 /// Requests answered per connection per wake-up; more wait for the next
@@ -21,10 +23,9 @@ pub enum Next {
     Close,
 }
 
-/// A client connection; its descriptor lives in `fds::CONNS[slot]`.
+/// A client connection.
 pub struct Conn {
-    /// Index into `fds::CONNS`.
-    pub slot: usize,
+    sock: Owned,
     input: Vec<u8>,
     output: Vec<u8>,
     sent: usize,
@@ -41,10 +42,10 @@ pub struct Conn {
 }
 
 impl Conn {
-    /// A new connection in `slot`.
-    pub fn new(slot: usize, now_ms: u64) -> Conn {
+    /// A new connection.
+    pub fn new(sock: Owned, now_ms: u64) -> Conn {
         Conn {
-            slot,
+            sock,
             input: Vec::new(),
             output: Vec::new(),
             sent: 0,
@@ -59,8 +60,8 @@ impl Conn {
 
     /// A connection that is refused with `code`: it gets one error line,
     /// and is closed when the client closes or after one second.
-    pub fn refused(slot: usize, now_ms: u64, code: ErrorCode, message: &str) -> Conn {
-        let mut c = Conn::new(slot, now_ms);
+    pub fn refused(sock: Owned, now_ms: u64, code: ErrorCode, message: &str) -> Conn {
+        let mut c = Conn::new(sock, now_ms);
         c.respond(&Response::Error(ErrorReply::new(code, message)), false);
         c.draining = true;
         c.deadline_ms = now_ms + DRAIN_MS;
@@ -69,7 +70,13 @@ impl Conn {
 
     /// The descriptor, if it is still ours.
     pub fn fd(&self) -> Option<i32> {
-        fds::CONNS[self.slot].get()
+        self.sock.fd()
+    }
+
+    /// Gives the connection up without closing its descriptor (the number
+    /// is not ours any more).
+    pub fn forget(self) {
+        self.sock.forget();
     }
 
     /// The events to poll for: output first, then input.
@@ -104,15 +111,17 @@ impl Conn {
     }
 
     /// Sends an error line (best effort, never waits) before a close.
-    pub fn send_final(fd: i32, code: ErrorCode, message: &str) {
-        let _ = socket::send(
-            fd,
-            &Response::Error(ErrorReply::new(code, message)).to_line(),
-        );
+    pub fn send_final(&self, code: ErrorCode, message: &str) {
+        if let Some(fd) = self.fd() {
+            let _ = sock::send(
+                fd,
+                &Response::Error(ErrorReply::new(code, message)).to_line(),
+            );
+        }
     }
 
     /// Readable or writable (or hung up): do one bounded turn.
-    pub fn turn(&mut self, now_ms: u64, starttime: u64) -> Next {
+    pub fn turn(&mut self, now_ms: u64, ctx: &Ctx<'_>) -> Next {
         let Some(fd) = self.fd() else {
             return Next::Close;
         };
@@ -121,7 +130,7 @@ impl Conn {
         }
         if self.draining {
             let mut chunk = [0u8; READ_CHUNK];
-            return match socket::recv(fd, &mut chunk) {
+            return match sock::recv(fd, &mut chunk) {
                 Ok(0) => Next::Close,
                 Ok(_) | Err(libc::EAGAIN) | Err(libc::EINTR) => Next::Keep,
                 Err(_) => Next::Close,
@@ -131,14 +140,14 @@ impl Conn {
         // is waiting.
         if self.sent >= self.output.len() && !self.eof && self.input.len() < MAX_REQUEST_BYTES {
             let mut chunk = [0u8; READ_CHUNK];
-            match socket::recv(fd, &mut chunk) {
+            match sock::recv(fd, &mut chunk) {
                 Ok(0) => self.eof = true,
                 Ok(n) => self.input.extend_from_slice(&chunk[..n]),
                 Err(libc::EAGAIN) | Err(libc::EINTR) => {}
                 Err(_) => return Next::Close,
             }
         }
-        self.serve(now_ms, starttime);
+        self.serve(now_ms, ctx);
         if self.flush(fd) == Next::Close {
             return Next::Close;
         }
@@ -151,7 +160,7 @@ impl Conn {
     }
 
     /// Answers up to `MAX_REQUESTS_PER_TURN` complete lines.
-    pub fn serve(&mut self, now_ms: u64, starttime: u64) {
+    pub fn serve(&mut self, now_ms: u64, ctx: &Ctx<'_>) {
         for _ in 0..MAX_REQUESTS_PER_TURN {
             if self.close_after_output {
                 return;
@@ -183,19 +192,19 @@ impl Conn {
             if line.iter().all(|b| b.is_ascii_whitespace()) {
                 continue;
             }
-            let response = self.answer(&line, starttime);
+            let response = self.answer(&line, ctx);
             self.respond(&response, false);
             self.deadline_ms = now_ms + IDLE_TIMEOUT_MS;
         }
     }
 
-    fn answer(&mut self, line: &[u8], starttime: u64) -> Response {
+    fn answer(&mut self, line: &[u8], ctx: &Ctx<'_>) -> Response {
         let req = match parse_request(line) {
             Ok(r) => r,
             Err(e) => return Response::Error(e),
         };
         match req {
-            Request::Hello { version, .. } => match handlers::hello(version, starttime) {
+            Request::Hello { version, .. } => match handlers::hello(version, ctx) {
                 Ok(h) => {
                     self.hello = true;
                     Response::Ok(Reply::Hello(h))
@@ -206,14 +215,14 @@ impl Conn {
                 ErrorCode::HelloRequired,
                 format!("send {{\"op\":\"hello\",\"version\":{PROTOCOL_VERSION}}} first"),
             )),
-            ref other => handlers::dispatch(other),
+            ref other => handlers::dispatch(other, ctx),
         }
     }
 
     /// Writes pending output without waiting.
     fn flush(&mut self, fd: i32) -> Next {
         while self.sent < self.output.len() {
-            match socket::send(fd, &self.output[self.sent..]) {
+            match sock::send(fd, &self.output[self.sent..]) {
                 Ok(n) => self.sent += n,
                 Err(libc::EAGAIN) | Err(libc::EINTR) => return Next::Keep,
                 Err(_) => return Next::Close,

@@ -1,9 +1,9 @@
 //! What each request does. Runs on the shim's thread, one request at a
 //! time; nothing here blocks longer than the Python bridge's time limit.
 
-use super::procfs;
+use super::{Ctx, figures};
 use crate::options::{self, Control};
-use crate::{jemalloc, lifecycle};
+use crate::{jemalloc, os};
 use memshim_proto::*;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -25,8 +25,6 @@ const PY_STATS_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long `gc` / `empty_cache` (and each of those steps of `release`)
 /// wait for the GIL before answering "busy".
 const PY_ACTION_TIMEOUT: Duration = Duration::from_secs(5);
-/// Largest decay accepted at runtime (about 31 years), as in options.rs.
-const MAX_DECAY_MS: i64 = 1_000_000_000_000;
 
 fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1000.0
@@ -36,8 +34,8 @@ fn internal(what: &str, e: jemalloc::Error) -> ErrorReply {
     ErrorReply::new(ErrorCode::Internal, format!("{what} failed: {e}"))
 }
 
-/// The answer to `hello`, or `None` if the versions have nothing in common.
-pub fn hello(client_version: u32, starttime: u64) -> Result<HelloReply, ErrorReply> {
+/// The answer to `hello`, or an error if the versions have nothing in common.
+pub fn hello(client_version: u32, ctx: &Ctx<'_>) -> Result<HelloReply, ErrorReply> {
     let Some(version) = negotiate(client_version, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION) else {
         return Err(ErrorReply::new(
             ErrorCode::VersionMismatch,
@@ -51,8 +49,9 @@ pub fn hello(client_version: u32, starttime: u64) -> Result<HelloReply, ErrorRep
         version,
         min_version: MIN_PROTOCOL_VERSION,
         max_version: PROTOCOL_VERSION,
-        pid: crate::sys::getpid(),
-        starttime,
+        pid: os::getpid(),
+        starttime: ctx.starttime,
+        pidns: (ctx.pidns != 0).then_some(ctx.pidns),
         shim_version: env!("CARGO_PKG_VERSION").to_owned(),
         max_request_bytes: MAX_REQUEST_BYTES as u64,
         ops: OPS.iter().map(|s| s.to_string()).collect(),
@@ -74,7 +73,7 @@ fn allocator(s: &jemalloc::Stats) -> AllocatorStats {
     }
 }
 
-fn config() -> ConfigState {
+fn config(ctx: &Ctx<'_>) -> ConfigState {
     let (dirty, muzzy) = jemalloc::decay_ms().unwrap_or((options::dirty_decay_ms(), -1));
     ConfigState {
         dirty_decay_ms: dirty,
@@ -84,22 +83,23 @@ fn config() -> ConfigState {
         jemalloc_background_thread: jemalloc::background_thread(),
         jemalloc_version: jemalloc::version().to_owned(),
         shim_version: env!("CARGO_PKG_VERSION").to_owned(),
-        interposed: lifecycle::interposed(),
+        interposed: ctx.facts.interposed,
         control: match options::control() {
             Control::Auto => "auto",
             Control::On => "on",
             Control::Off => "off",
         }
         .to_owned(),
-        uptime_ms: lifecycle::uptime_ms(),
-        fork_child: lifecycle::is_fork_child(),
-        deepbind_cleared: crate::dlopen::deepbind_cleared(),
-        thread_starts: lifecycle::thread_starts(),
+        uptime_ms: ctx.facts.uptime_ms,
+        fork_child: ctx.facts.fork_child,
+        deepbind_cleared: crate::deepbind::cleared(),
+        thread_starts: ctx.facts.thread_starts,
+        private_fds: Some(ctx.facts.private_fds),
     }
 }
 
 /// `stats`.
-pub fn stats(arenas: bool, pss: bool) -> Result<StatsReport, ErrorReply> {
+pub fn stats(arenas: bool, pss: bool, ctx: &Ctx<'_>) -> Result<StatsReport, ErrorReply> {
     let t0 = Instant::now();
     let s = jemalloc::stats().map_err(|e| internal("reading jemalloc statistics", e))?;
     let arenas = arenas.then(|| {
@@ -121,12 +121,12 @@ pub fn stats(arenas: bool, pss: bool) -> Result<StatsReport, ErrorReply> {
         Err(why) => (None, None, Some(why)),
     };
     Ok(StatsReport {
-        pid: crate::sys::getpid(),
+        pid: os::getpid(),
         allocator: allocator(&s),
         arenas,
-        process: procfs::process(s.resident, pss),
-        cgroup: procfs::cgroup(),
-        config: config(),
+        process: figures::process(s.resident, pss),
+        cgroup: figures::cgroup(),
+        config: config(ctx),
         python,
         torch,
         python_unavailable,
@@ -141,12 +141,12 @@ pub fn stats(arenas: bool, pss: bool) -> Result<StatsReport, ErrorReply> {
 /// `purge`: empties this thread's cache and purges every arena.
 pub fn purge() -> Result<PurgeResult, ErrorReply> {
     let t0 = Instant::now();
-    let rss_before = procfs::rss();
+    let rss_before = os::proc::rss_bytes();
     let before = jemalloc::stats().map_err(|e| internal("reading jemalloc statistics", e))?;
     let _ = jemalloc::flush_own_tcache();
     jemalloc::purge_all().map_err(|e| internal("arena.4096.purge", e))?;
     let after = jemalloc::stats().unwrap_or(before);
-    let rss_after = procfs::rss();
+    let rss_after = os::proc::rss_bytes();
     PURGES.fetch_add(1, Relaxed);
     PURGED_BYTES.fetch_add(rss_before.saturating_sub(rss_after), Relaxed);
     Ok(PurgeResult {
@@ -164,7 +164,7 @@ pub fn purge() -> Result<PurgeResult, ErrorReply> {
 pub fn decay(dirty: Option<i64>, muzzy: Option<i64>) -> Result<DecayResult, ErrorReply> {
     for (name, v) in [("dirty_ms", dirty), ("muzzy_ms", muzzy)] {
         if let Some(v) = v
-            && !(-1..=MAX_DECAY_MS).contains(&v)
+            && !valid_decay_ms(v)
         {
             return Err(ErrorReply::new(
                 ErrorCode::InvalidArgument,
@@ -257,7 +257,7 @@ fn python_step(
 /// `memshim-ctl` exits non-zero); the purge always runs.
 pub fn release() -> Result<ReleaseResult, ErrorReply> {
     let t0 = Instant::now();
-    let rss_before = procfs::rss();
+    let rss_before = os::proc::rss_bytes();
     let mut steps = Vec::with_capacity(3);
 
     let t = Instant::now();
@@ -286,7 +286,7 @@ pub fn release() -> Result<ReleaseResult, ErrorReply> {
         error: None,
         python: None,
     });
-    let rss_after = procfs::rss();
+    let rss_after = os::proc::rss_bytes();
     Ok(ReleaseResult {
         rss_before,
         rss_after,
@@ -297,10 +297,12 @@ pub fn release() -> Result<ReleaseResult, ErrorReply> {
 }
 
 /// Runs one decoded request (other than `hello`).
-pub fn dispatch(req: &Request) -> Response {
+pub fn dispatch(req: &Request, ctx: &Ctx<'_>) -> Response {
     let r = match *req {
         Request::Hello { .. } => unreachable_hello(),
-        Request::Stats { arenas, pss } => stats(arenas, pss).map(|s| Reply::Stats(Box::new(s))),
+        Request::Stats { arenas, pss } => {
+            stats(arenas, pss, ctx).map(|s| Reply::Stats(Box::new(s)))
+        }
         Request::Purge => purge().map(Reply::Purge),
         Request::Decay { dirty_ms, muzzy_ms } => decay(dirty_ms, muzzy_ms).map(Reply::Decay),
         Request::Gc => gc().map(Reply::Gc),

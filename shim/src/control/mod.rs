@@ -1,40 +1,49 @@
 //! The per-process control endpoint (docs/protocol.md).
 //!
-//! A Unix stream socket at `<dir>/<pid>-<starttime>.sock` (see
-//! [`socket`]), served by the shim's own thread (`supervisor.rs`) through
-//! this interface:
+//! A Unix stream socket at `<dir>/<pid>-<starttime>-<pidns>.sock` (see
+//! [`socket`]), served by the shim's thread (`thread/run.rs`), which owns
+//! the [`Endpoint`] and drives it:
 //!
 //! * [`Endpoint::open`] when the thread starts, [`Endpoint::close`] when it
 //!   stops (the socket file is removed);
 //! * [`Endpoint::poll_fds`] / [`Endpoint::on_events`]: the listener and the
 //!   client connections, polled by the thread's loop;
-//! * [`Endpoint::on_tick`]: identity checks, deadlines, retries;
+//! * [`Endpoint::on_tick`]: lost descriptors, deadlines, retries;
 //! * [`after_fork_child`] (fork child handler, async-signal-safe) and
 //!   [`at_exit`] (library destructor).
 //!
+//! The thread passes what the endpoint reports about it as [`Facts`]; the
+//! endpoint never reads the thread's state.
+//!
 //! Never blocking the thread: every descriptor is nonblocking, each wake-up
 //! does bounded work (accepts, bytes read, requests answered), at most
-//! [`fds::MAX_CONNS`] connections are held (a new one evicts the oldest),
-//! a connection that sends no complete request within
-//! `IDLE_TIMEOUT_MS` is closed, and a request line is at most
-//! `MAX_REQUEST_BYTES`. No lock of ours is taken; jemalloc's own locks are
-//! taken only inside `mallctl` and its allocation calls.
+//! [`MAX_CONNS`] connections are held (a new one evicts the oldest), a
+//! connection that sends no complete request within `IDLE_TIMEOUT_MS` is
+//! closed, and a request line is at most `MAX_REQUEST_BYTES`. Out of
+//! descriptors, the listener is left alone for a while instead of being
+//! polled (it would be readable, and `accept` would fail, at once, again).
+//! No lock of ours is taken; jemalloc's own locks are taken only inside
+//! `mallctl` and its allocation calls.
 //!
 //! Only the process's effective uid and root may talk (`SO_PEERCRED`);
 //! others get a `permission_denied` line and the connection is closed.
 
 mod conn;
-mod fds;
-pub(crate) use fds::move_high;
+mod figures;
 mod handlers;
-mod procfs;
 mod socket;
 
+use crate::os::{self, fd::Owned, sock};
 use conn::{Conn, Next};
-use core::sync::atomic::{AtomicBool, AtomicI32, Ordering::*};
+use core::sync::atomic::{AtomicBool, Ordering::*};
 use memshim_proto::ErrorCode;
 use std::ffi::CString;
 
+/// Most client connections held at once; an extra one evicts the oldest.
+pub const MAX_CONNS: usize = 16;
+/// Descriptors [`Endpoint::poll_fds`] may return: the listener and every
+/// connection.
+pub const MAX_POLL_FDS: usize = 1 + MAX_CONNS;
 /// Accepts per wake-up.
 const MAX_ACCEPTS_PER_TURN: usize = 32;
 /// Wait after the first failure to (re)create the socket; doubles with each
@@ -45,48 +54,89 @@ const MAX_ACCEPTS_PER_TURN: usize = 32;
 const RETRY_MIN_MS: u64 = 100;
 /// Longest wait between attempts.
 const RETRY_MAX_MS: u64 = 5000;
-/// Descriptors [`Endpoint::poll_fds`] may return: the listener and every
-/// connection.
-pub const MAX_POLL_FDS: usize = 1 + fds::MAX_CONNS;
+/// How long the listener is left alone after `accept` found no descriptor
+/// free (doubling up to a second while that lasts).
+const PAUSE_MIN_MS: u64 = 50;
+const PAUSE_MAX_MS: u64 = 1000;
 
-/// getpid() of the process that has a socket file bound now, 0 if none.
-/// A fork child inherits the parent's value, so its destructor leaves the
-/// parent's socket alone.
-static BOUND_PID: AtomicI32 = AtomicI32::new(0);
 /// The library destructor ran: never create the socket again.
 static EXITING: AtomicBool = AtomicBool::new(false);
 /// Whether the last failure was already reported (MEMSHIM_VERBOSE only).
 static REPORTED: AtomicBool = AtomicBool::new(false);
 
+/// What the shim's thread tells the endpoint about itself and the process
+/// (reported in `stats`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Facts {
+    /// Our `malloc` is the process's.
+    pub interposed: bool,
+    /// The process is a fork child of a shimmed process.
+    pub fork_child: bool,
+    /// Milliseconds since the constructor (or the fork).
+    pub uptime_ms: u64,
+    /// How many times the shim's thread was started in this process.
+    pub thread_starts: u64,
+    /// The shim's descriptors live in a table of their own.
+    pub private_fds: bool,
+}
+
+/// What a request is answered with: the thread's facts and the endpoint's
+/// identity.
+pub(crate) struct Ctx<'a> {
+    facts: &'a Facts,
+    starttime: u64,
+    pidns: u64,
+}
+
+/// Where the socket is bound.
+struct Bound {
+    /// `<dir>/<name>`.
+    path: CString,
+    /// What `bind` was given (the path, or one through the directory's
+    /// descriptor when the path is longer than `sun_path`).
+    addr: Vec<u8>,
+    /// (device, inode) of the socket file.
+    file_id: Option<(u64, u64)>,
+    /// The directory, held while the address goes through it.
+    _dir: Option<Owned>,
+}
+
 /// The endpoint, owned by the shim's thread.
 pub struct Endpoint {
-    conns: [Option<Conn>; fds::MAX_CONNS],
-    path: Option<CString>,
-    file_id: Option<(u64, u64)>,
+    listener: Option<Owned>,
+    conns: [Option<Conn>; MAX_CONNS],
+    bound: Option<Bound>,
     starttime: u64,
+    pidns: u64,
     retry_at_ms: u64,
     /// Failed attempts since the last success.
     failures: u32,
+    /// The listener is not polled before this (out of descriptors).
+    paused_until_ms: u64,
+    pause_ms: u64,
 }
 
 fn now_ms() -> u64 {
-    crate::sys::monotonic_ms()
+    os::time::monotonic_ms()
 }
 
 impl Endpoint {
-    /// Creates the endpoint. It always exists while the thread runs; if the
-    /// socket cannot be created (unsafe directory, ...) it retries on ticks.
+    /// Creates the endpoint. It exists while the thread runs; if the socket
+    /// cannot be created (unsafe directory, ...) it retries on ticks.
     pub fn open() -> Option<Endpoint> {
         if EXITING.load(Acquire) {
             return None;
         }
         let mut e = Endpoint {
-            conns: [const { None }; fds::MAX_CONNS],
-            path: None,
-            file_id: None,
-            starttime: socket::starttime(),
+            listener: None,
+            conns: [const { None }; MAX_CONNS],
+            bound: None,
+            starttime: os::proc::starttime(),
+            pidns: os::proc::pid_namespace(),
             retry_at_ms: 0,
             failures: 0,
+            paused_until_ms: 0,
+            pause_ms: PAUSE_MIN_MS,
         };
         e.bind();
         Some(e)
@@ -96,42 +146,42 @@ impl Endpoint {
         if EXITING.load(Acquire) {
             return;
         }
-        let dir = socket::dir_path();
-        if let Err(why) = socket::ensure_dir(&dir) {
-            self.fail(format_args!(
-                "control socket not created: {}: {why}",
-                String::from_utf8_lossy(&dir)
-            ));
-            return;
-        }
-        let pid = crate::sys::getpid();
-        let path = socket::socket_path(&dir, pid, self.starttime);
-        // No fork may copy the listener before it is recorded.
-        let Some(_fence) = crate::fork_fence::enter() else {
-            self.retry_at_ms = now_ms() + 10;
-            return;
+        let dir = socket::dir();
+        let dirfd = match sock::ensure_dir(&dir) {
+            Ok(d) => d,
+            Err(why) => {
+                return self.fail(format_args!(
+                    "control socket not created: {}: {why}",
+                    dir.to_string_lossy()
+                ));
+            }
         };
-        let Some(fd) = socket::listen(&path) else {
-            self.fail(format_args!(
+        let name = socket::name(self.starttime, self.pidns);
+        let path = socket::join(&dir, &name);
+        let addr = socket::address(&path, dirfd.fd().unwrap_or(-1), &name);
+        let Some(listener) = sock::listen(&addr, &path) else {
+            return self.fail(format_args!(
                 "control socket not created: {}",
-                socket::show(&path)
+                path.to_string_lossy()
             ));
-            return;
         };
-        fds::LISTENER.set(fd);
-        if !socket::bound_to(fd, &path) {
-            // The application replaced the number between listen() and the
-            // record (close_range + dup2 from another thread): what we
-            // recorded is not ours. Forget it, never close it, try again.
-            fds::LISTENER.forget();
-            self.fail(format_args!(
+        // In the application's table the number could have been replaced
+        // since the checks in `listen`: what is there now is not ours.
+        if !listener.fd().is_some_and(|fd| sock::bound_to(fd, &addr)) {
+            listener.forget();
+            return self.fail(format_args!(
                 "control socket replaced while it was being created"
             ));
-            return;
         }
-        self.file_id = socket::socket_file_id(&path);
-        self.path = Some(path);
-        BOUND_PID.store(pid, Release);
+        socket::record_bound(&path);
+        let long = addr != path.as_bytes();
+        self.bound = Some(Bound {
+            file_id: sock::socket_file_id(&path),
+            path,
+            addr,
+            _dir: long.then_some(dirfd),
+        });
+        self.listener = Some(listener);
         REPORTED.store(false, Relaxed);
         self.failures = 0;
     }
@@ -145,24 +195,21 @@ impl Endpoint {
         }
     }
 
-    /// Closes the listener (if still ours) and removes our socket file.
+    /// Closes the listener (if still ours) and removes our socket file (if
+    /// it is still the one we bound).
     fn unbind(&mut self) {
-        fds::LISTENER.close();
-        if let Some(p) = self.path.take() {
-            socket::unlink(&p);
+        self.listener = None;
+        if let Some(b) = self.bound.take()
+            && sock::socket_file_id(&b.path) == b.file_id
+        {
+            sock::unlink(&b.path);
         }
-        self.file_id = None;
-        BOUND_PID.store(0, Release);
-    }
-
-    /// The listening descriptor, if it is still ours.
-    pub fn poll_fd(&self) -> Option<i32> {
-        fds::LISTENER.get()
+        socket::record_unbound();
     }
 
     /// Fills `out` with what to poll (listener first, then connections).
     /// Returns how many entries were written.
-    pub fn poll_fds(&self, out: &mut [libc::pollfd]) -> usize {
+    pub fn poll_fds(&mut self, out: &mut [libc::pollfd], now: u64) -> usize {
         let mut n = 0;
         let mut push = |fd: i32, events: i16| {
             if n < out.len() {
@@ -174,7 +221,9 @@ impl Endpoint {
                 n += 1;
             }
         };
-        if let Some(fd) = fds::LISTENER.get() {
+        if now >= self.paused_until_ms
+            && let Some(fd) = self.listener.as_ref().and_then(Owned::fd)
+        {
             push(fd, libc::POLLIN);
         }
         for c in self.conns.iter().flatten() {
@@ -185,171 +234,163 @@ impl Endpoint {
         n
     }
 
+    fn ctx<'a>(&self, facts: &'a Facts) -> Ctx<'a> {
+        Ctx {
+            facts,
+            starttime: self.starttime,
+            pidns: self.pidns,
+        }
+    }
+
     /// Serves what `poll` reported on the entries of [`Endpoint::poll_fds`].
-    pub fn on_events(&mut self, polled: &[libc::pollfd]) {
+    pub fn on_events(&mut self, polled: &[libc::pollfd], facts: &Facts) {
         let now = now_ms();
+        let ctx = self.ctx(facts);
+        let listener = self.listener.as_ref().and_then(Owned::fd);
         for p in polled.iter().filter(|p| p.revents != 0) {
-            if Some(p.fd) == fds::LISTENER.get() {
-                self.accept_some(now);
+            if Some(p.fd) == listener {
+                self.accept_some(now, &ctx);
                 continue;
             }
             let Some(i) = self
                 .conns
                 .iter()
-                .position(|c| c.as_ref().and_then(|c| c.fd()) == Some(p.fd))
+                .position(|c| c.as_ref().and_then(Conn::fd) == Some(p.fd))
             else {
                 continue;
             };
             let next = self.conns[i]
                 .as_mut()
-                .map_or(Next::Close, |c| c.turn(now, self.starttime));
+                .map_or(Next::Close, |c| c.turn(now, &ctx));
             if next == Next::Close {
-                self.drop_conn(i);
+                self.conns[i] = None;
             }
         }
     }
 
-    /// Accepts waiting connections (the supervisor's single-fd interface).
-    pub fn on_ready(&mut self) {
-        self.accept_some(now_ms());
-    }
-
-    fn accept_some(&mut self, now: u64) {
+    fn accept_some(&mut self, now: u64, ctx: &Ctx<'_>) {
         for _ in 0..MAX_ACCEPTS_PER_TURN {
-            // No fork may copy a connection before it is recorded; during
-            // a fork, accept on a later turn.
-            let Some(_fence) = crate::fork_fence::enter() else {
+            let (Some(listener), Some(b)) = (self.listener.as_ref(), self.bound.as_ref()) else {
                 return;
             };
-            // Identity checked before every accept (hazard 26).
-            let Some(listener) = fds::LISTENER.get() else {
-                return;
-            };
-            let fd = match socket::accept(listener) {
-                Ok(fd) => fd,
+            let sock = match os::fd::accept(listener) {
+                Ok(s) => s,
                 Err(libc::EINTR) | Err(libc::ECONNABORTED) => continue,
-                Err(_) => return, // EAGAIN, or out of descriptors: try later
+                Err(libc::EMFILE) | Err(libc::ENFILE) | Err(libc::ENOBUFS) | Err(libc::ENOMEM) => {
+                    // Out of descriptors (the application uses every one
+                    // its limit allows): the client waits in the backlog.
+                    self.paused_until_ms = now + self.pause_ms;
+                    self.pause_ms = (self.pause_ms * 2).min(PAUSE_MAX_MS);
+                    return;
+                }
+                Err(_) => return, // EAGAIN, or the listener is not ours any more
             };
-            let slot = self.free_slot();
-            fds::CONNS[slot].set(fd);
-            // Recorded first, then checked: if the application replaced the
-            // number in between, the record is not ours; forget it.
-            if !self.path.as_ref().is_some_and(|p| socket::bound_to(fd, p)) {
-                fds::CONNS[slot].forget();
+            self.pause_ms = PAUSE_MIN_MS;
+            // Application's table only: if the application put its own
+            // listener on our number between the check and accept4, this
+            // connection is one of its clients'; it is closed (the client
+            // sees the connection end), never served.
+            if !sock.fd().is_some_and(|fd| sock::bound_to(fd, &b.addr)) {
                 continue;
             }
-            let me = socket::euid();
-            match socket::peer_uid(fd) {
-                Some(uid) if uid == me || uid == 0 => {}
+            let slot = self.free_slot();
+            let me = os::euid();
+            match sock.fd().and_then(sock::peer_uid) {
+                Some(uid) if uid == me || uid == 0 => {
+                    self.conns[slot] = Some(Conn::new(sock, now));
+                }
                 peer => {
                     let who = peer.map_or("an unknown uid".to_owned(), |u| format!("uid {u}"));
                     let msg = format!(
                         "permission denied: this process runs as uid {me}; only uid {me} or root may use its \
                          control socket, and the request came from {who}"
                     );
-                    self.conns[slot] =
-                        Some(Conn::refused(slot, now, ErrorCode::PermissionDenied, &msg));
-                    if let Some(c) = self.conns[slot].as_mut() {
-                        let _ = c.turn(now, self.starttime);
-                    }
-                    continue;
+                    let mut c = Conn::refused(sock, now, ErrorCode::PermissionDenied, &msg);
+                    let _ = c.turn(now, ctx);
+                    self.conns[slot] = Some(c);
                 }
             }
-            self.conns[slot] = Some(Conn::new(slot, now));
         }
     }
 
     /// A free connection slot, evicting the oldest connection if need be.
     fn free_slot(&mut self) -> usize {
-        match self.conns.iter().position(Option::is_none) {
-            Some(i) => i,
-            None => {
-                let oldest = (0..fds::MAX_CONNS)
-                    .min_by_key(|&i| self.conns[i].as_ref().map_or(0, |c| c.accepted_ms))
-                    .unwrap_or(0);
-                if let Some(old) = self.conns[oldest].as_ref().and_then(|c| c.fd()) {
-                    Conn::send_final(
-                        old,
-                        ErrorCode::Busy,
-                        "too many connections; this one was closed",
-                    );
-                }
-                self.drop_conn(oldest);
-                oldest
-            }
+        if let Some(i) = self.conns.iter().position(Option::is_none) {
+            return i;
         }
+        let oldest = (0..MAX_CONNS)
+            .min_by_key(|&i| self.conns[i].as_ref().map_or(0, |c| c.accepted_ms))
+            .unwrap_or(0);
+        if let Some(old) = self.conns[oldest].take() {
+            old.send_final(ErrorCode::Busy, "too many connections; this one was closed");
+        }
+        oldest
     }
 
-    fn drop_conn(&mut self, i: usize) {
-        self.conns[i] = None;
-        fds::CONNS[i].close();
-    }
-
-    /// Housekeeping on every loop turn: identity checks (hazard 26),
-    /// deadlines, queued requests, and re-creating a lost socket.
-    pub fn on_tick(&mut self) {
+    /// Housekeeping on every loop turn: descriptors the application took
+    /// (its own table only), deadlines, queued requests, and re-creating a
+    /// lost socket.
+    pub fn on_tick(&mut self, facts: &Facts) {
         if EXITING.load(Acquire) {
             return;
         }
         let now = now_ms();
-        for i in 0..fds::MAX_CONNS {
-            let Some(c) = self.conns[i].as_mut() else {
+        let ctx = self.ctx(facts);
+        for slot in self.conns.iter_mut() {
+            let Some(c) = slot.as_mut() else {
                 continue;
             };
-            let Some(fd) = c.fd() else {
-                // Closed (and maybe reused) by the application: forget it.
-                fds::CONNS[i].forget();
-                self.conns[i] = None;
-                continue;
-            };
-            if now >= c.deadline_ms && c.is_draining() {
-                self.drop_conn(i);
+            if c.fd().is_none() {
+                // Closed, and maybe reused, by the application: forget the
+                // number, never close it.
+                if let Some(c) = slot.take() {
+                    c.forget();
+                }
+            } else if now >= c.deadline_ms && c.is_draining() {
+                *slot = None;
             } else if now >= c.deadline_ms {
                 let msg = format!(
                     "no complete request within {} ms; closing",
                     memshim_proto::IDLE_TIMEOUT_MS
                 );
-                Conn::send_final(fd, ErrorCode::Timeout, &msg);
-                self.drop_conn(i);
-            } else if c.has_backlog() && c.turn(now, self.starttime) == Next::Close {
-                self.drop_conn(i);
+                c.send_final(ErrorCode::Timeout, &msg);
+                *slot = None;
+            } else if c.has_backlog() && c.turn(now, &ctx) == Next::Close {
+                *slot = None;
             }
         }
-        let listener_lost = fds::LISTENER.is_set() && fds::LISTENER.get().is_none();
-        if listener_lost {
-            fds::LISTENER.forget();
+        let listener_lost = self.listener.as_ref().is_some_and(|l| l.fd().is_none());
+        if listener_lost && let Some(l) = self.listener.take() {
+            l.forget();
         }
         let file_lost = self
-            .path
+            .bound
             .as_ref()
-            .is_some_and(|p| socket::socket_file_id(p) != self.file_id);
+            .is_some_and(|b| sock::socket_file_id(&b.path) != b.file_id);
         if listener_lost || file_lost {
             // Our file name in our own directory: safe to remove and re-create.
             self.unbind();
             self.bind();
-        } else if self.path.is_none() && now >= self.retry_at_ms {
+        } else if self.bound.is_none() && now >= self.retry_at_ms {
             self.bind();
         }
     }
 
     /// Closes every connection and the listener, and removes the socket file.
     pub fn close(mut self) {
-        for i in 0..fds::MAX_CONNS {
-            if self.conns[i].is_some() {
-                self.drop_conn(i);
-            }
+        for c in self.conns.iter_mut() {
+            *c = None;
         }
         self.unbind();
     }
 }
 
-/// Fork child: close the inherited listener and connections if they are
-/// still ours; never unlink the parent's socket file (`BOUND_PID` keeps the
-/// parent's pid, so the child's destructor leaves it alone too). The child
-/// creates its own socket when its thread starts. Async-signal-safe (fstat,
-/// close).
+/// Fork child: the parent's connections and listener are not the child's
+/// (os/fd.rs closed what it inherited, in the application's table); its
+/// socket file is the parent's and is never removed here. The child creates
+/// its own socket when its thread starts. Async-signal-safe.
 pub fn after_fork_child() {
-    fds::close_all();
+    socket::after_fork_child();
     handlers::reset_purge_counters();
 }
 
@@ -358,19 +399,5 @@ pub fn after_fork_child() {
 /// Allocation-free.
 pub fn at_exit() {
     EXITING.store(true, Release);
-    let pid = crate::sys::getpid();
-    if BOUND_PID.load(Acquire) != pid {
-        return;
-    }
-    let dir = socket::dir_path_static();
-    let mut buf = crate::sys::StackBuf::<160>::new();
-    buf.push(dir.as_bytes());
-    if buf.as_bytes().last() != Some(&b'/') {
-        buf.push(b"/");
-    }
-    use core::fmt::Write;
-    let _ = write!(buf, "{pid}-{}.sock\0", socket::starttime());
-    if let Ok(c) = core::ffi::CStr::from_bytes_with_nul(buf.as_bytes()) {
-        socket::unlink(c);
-    }
+    socket::unlink_at_exit();
 }

@@ -223,6 +223,12 @@ pub fn api() -> Option<&'static Api> {
     Some(API.get_or_init(|| a))
 }
 
+/// Whether `Py_IsInitialized` is in the global scope: a CPython is linked
+/// in or was loaded `RTLD_GLOBAL`.
+pub fn present() -> bool {
+    API.get().is_some() || !sym("Py_IsInitialized\0").is_null()
+}
+
 /// The API if it was resolved before. For the job thread (`job.rs`) and the
 /// exit hooks (`gate.rs`), which run only after the shim's thread resolved it.
 pub fn resolved() -> Option<&'static Api> {

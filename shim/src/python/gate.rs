@@ -36,6 +36,7 @@
 
 use super::ffi::{self, METH_NOARGS, PyMethodDef, PyObject};
 use super::object::Py;
+use crate::os;
 use core::ffi::c_void;
 use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering::SeqCst};
 
@@ -84,14 +85,9 @@ pub fn after_fork_child() {
 /// Shuts the gate and waits (bounded) until nothing is in flight.
 fn close() {
     CLOSED.store(true, SeqCst);
-    let deadline = crate::sys::monotonic_ms() + CLOSE_WAIT_MS;
-    while IN_FLIGHT.load(SeqCst) != 0 && crate::sys::monotonic_ms() < deadline {
-        let ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 100_000,
-        };
-        // SAFETY: sleeping on a local timespec.
-        unsafe { libc::nanosleep(&ts, core::ptr::null_mut()) };
+    let deadline = os::time::monotonic_ms() + CLOSE_WAIT_MS;
+    while IN_FLIGHT.load(SeqCst) != 0 && os::time::monotonic_ms() < deadline {
+        os::time::sleep(std::time::Duration::from_micros(100));
     }
 }
 

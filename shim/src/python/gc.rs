@@ -48,26 +48,11 @@ fn collections(py: &Py, gc: &Obj<'_>) -> PyResult<[u64; 3]> {
     Ok(out)
 }
 
-/// RSS of this process in bytes, from `/proc/self/statm`.
-pub fn rss() -> u64 {
-    let mut buf = [0u8; 128];
-    let Some(len) = crate::sys::read_file(c"/proc/self/statm", &mut buf) else {
-        return 0;
-    };
-    let pages = buf[..len]
-        .split(|&b| b == b' ')
-        .nth(1)
-        .and_then(crate::sys::parse_u64)
-        .unwrap_or(0);
-    // SAFETY: sysconf has no memory-safety preconditions.
-    pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64
-}
-
 /// A full collection, like `gc.collect()`, even if the program disabled
 /// the collector.
 pub fn collect(py: &Py) -> PyResult<GcResult> {
     let api = py.api();
-    let rss_before = rss();
+    let rss_before = crate::os::proc::rss_bytes();
     let t0 = Instant::now();
     let collected = match py.imported(c"gc") {
         Some(gc) => py.to_u64(&py.call_method(&gc, c"collect", &[])?)?,
@@ -97,7 +82,7 @@ pub fn collect(py: &Py) -> PyResult<GcResult> {
     Ok(GcResult {
         collected,
         rss_before,
-        rss_after: rss(),
+        rss_after: crate::os::proc::rss_bytes(),
         elapsed_ms,
     })
 }

@@ -30,7 +30,7 @@
 use super::ffi;
 use super::gate;
 use super::object::Py;
-use crate::sys;
+use crate::os::{self, spawner, thread::Key, time};
 use core::cell::UnsafeCell;
 use core::ffi::c_void;
 use core::sync::atomic::{AtomicI32, AtomicU32, Ordering::SeqCst};
@@ -92,38 +92,11 @@ static SLOT: Slot = Slot {
 };
 
 fn futex_wait(expected: u32, timeout: Duration) {
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: FUTEX_WAIT on a live static u32 with a relative timeout; it
-    // returns at once if the word is no longer `expected`.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            PHASE.as_ptr(),
-            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-            expected,
-            &ts as *const libc::timespec,
-            core::ptr::null::<u32>(),
-            0,
-        )
-    };
+    time::futex_wait(&PHASE, expected, Some(timeout));
 }
 
 fn futex_wake() {
-    // SAFETY: FUTEX_WAKE on a live static u32.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            PHASE.as_ptr(),
-            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-            i32::MAX,
-            core::ptr::null::<libc::timespec>(),
-            core::ptr::null::<u32>(),
-            0,
-        )
-    };
+    time::futex_wake(&PHASE);
 }
 
 /// Fork child handler: no job thread, no request. Async-signal-safe
@@ -175,7 +148,7 @@ pub fn run(job: Job, timeout: Duration) -> Outcome {
     PHASE.store(POSTED, SeqCst);
     // Posted first, then the worker: a job thread that is on its way out
     // looks at the phase after giving up its `WORKER` claim (`worker_main`).
-    let pid = sys::getpid();
+    let pid = os::getpid();
     if WORKER.compare_exchange(0, pid, SeqCst, SeqCst).is_ok()
         && let Err(why) = spawn_worker()
     {
@@ -233,27 +206,25 @@ static EXIT_KEY: AtomicU32 = AtomicU32::new(0);
 
 /// Runs on the job thread as it exits (glibc calls thread-specific-data
 /// destructors after the forced unwind of `pthread_exit`, too).
-extern "C" fn on_worker_exit(_: *mut c_void) {
+unsafe extern "C" fn on_worker_exit(_: *mut c_void) {
     WORKER.store(0, SeqCst);
     gate::leave();
 }
 
-fn exit_key() -> Option<libc::pthread_key_t> {
+fn exit_key() -> Option<Key> {
     let k = EXIT_KEY.load(SeqCst);
     if k != 0 {
-        return Some(k - 1);
+        return Some(Key::from_raw(k - 1));
     }
-    let mut key: libc::pthread_key_t = 0;
-    // SAFETY: creates a key with a plain extern "C" destructor; only the
-    // shim's thread gets here, so at most one key is ever created.
-    if unsafe { libc::pthread_key_create(&mut key, Some(on_worker_exit)) } != 0 {
-        return None;
-    }
-    EXIT_KEY.store(key + 1, SeqCst);
+    // Only the shim's thread gets here, so at most one key is ever created.
+    let key = Key::create(on_worker_exit)?;
+    EXIT_KEY.store(key.as_raw() + 1, SeqCst);
     Some(key)
 }
 
-/// Starts the job thread (the caller holds the `WORKER` claim).
+/// Starts the job thread (the caller holds the `WORKER` claim). It must
+/// share the application's descriptor table (Python code runs on it), so
+/// it is started through `os::spawner`.
 fn spawn_worker() -> Result<(), PythonUnavailable> {
     let failed = |what: &str| PythonUnavailable::Error {
         message: format!("could not start the bridge's thread: {what}"),
@@ -262,25 +233,28 @@ fn spawn_worker() -> Result<(), PythonUnavailable> {
     if !gate::enter() {
         return Err(PythonUnavailable::Finalizing);
     }
-    let arg = key as usize as *mut c_void;
-    if crate::supervisor::spawn_thread(worker_main, arg, None, true).is_none() {
-        gate::leave();
-        return Err(failed("pthread_create failed"));
+    match spawner::spawn_detached(worker_main, key.as_raw() as usize) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            gate::leave();
+            Err(match e {
+                spawner::SpawnError::NoSpawner => failed(
+                    "CPython was loaded after the shim's thread started; the bridge reaches it once the \
+                     process starts its next thread",
+                ),
+                spawner::SpawnError::Failed => failed("pthread_create failed"),
+            })
+        }
     }
-    Ok(())
 }
 
 /// The job thread: takes the GIL, claims the posted job, runs it, and
 /// leaves; once more if a request was posted as it was leaving.
 extern "C" fn worker_main(arg: *mut c_void) -> *mut c_void {
-    let key = arg as usize as libc::pthread_key_t;
-    // SAFETY: naming the calling thread with a static C string; any
-    // non-null value arms the key's destructor for this thread.
-    let armed = unsafe {
-        libc::pthread_setname_np(libc::pthread_self(), c"memshim-py".as_ptr());
-        libc::pthread_setspecific(key, core::ptr::dangling::<c_void>()) == 0
-    };
-    if !armed {
+    let key = Key::from_raw(arg as usize as u32);
+    os::thread::set_name(c"memshim-py");
+    // Any value arms the key's destructor for this thread.
+    if !key.set(true) {
         // Without the destructor a pthread_exit could not be accounted for:
         // do not enter CPython at all.
         WORKER.store(0, SeqCst);
@@ -290,7 +264,7 @@ extern "C" fn worker_main(arg: *mut c_void) -> *mut c_void {
     // Memory a job frees (gc) goes straight back to the arenas, where a
     // purge reaches it, instead of into this thread's cache.
     let _ = crate::jemalloc::disable_own_tcache();
-    let pid = sys::getpid();
+    let pid = os::getpid();
     // Leaving: give up the claim, then look once more, so a request posted
     // meanwhile (whose requester saw us alive and started no thread) is not
     // stranded.
@@ -304,9 +278,8 @@ extern "C" fn worker_main(arg: *mut c_void) -> *mut c_void {
             break;
         }
     }
-    // SAFETY: disarming the destructor of this thread's key value (this
-    // normal exit does its work here).
-    unsafe { libc::pthread_setspecific(key, core::ptr::null()) };
+    // This normal exit does the destructor's work here.
+    key.set(false);
     gate::leave();
     core::ptr::null_mut()
 }

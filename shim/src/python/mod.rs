@@ -3,7 +3,8 @@
 //!
 //! The control endpoint calls [`stats`], [`gc`] and [`empty_cache`] on the
 //! shim's thread. Each is one fixed job, run on a short-lived thread of the
-//! shim's (`memshim-py`) that takes the GIL like any thread of the program
+//! shim's (`memshim-py`, started in the application's descriptor table, see
+//! `os/spawner.rs`) that takes the GIL like any thread of the program
 //! would, so it reaches the interpreter whatever the main thread is doing:
 //! sleeping, blocked in I/O or a C call, running an event loop, or spinning
 //! in pure Python. The shim's own thread never takes the GIL; it waits for
@@ -74,6 +75,12 @@ pub fn empty_cache(timeout: Duration) -> Result<EmptyCacheResult, PythonUnavaila
         }
         _ => Err(unexpected()),
     }
+}
+
+/// Whether a CPython is in the process's global scope (a cheap look-up; the
+/// full API is resolved at the first request).
+pub fn present() -> bool {
+    ffi::present()
 }
 
 /// Fork child handler: the job thread and any request in flight stay in

@@ -1,5 +1,5 @@
 //! Owned references and small helpers over the C API, for code that holds
-//! the GIL (the pending call on the main thread, `mainthread.rs`).
+//! the GIL (the job thread, `job.rs`).
 //!
 //! Every failure inside Python comes back as `Err(text)` with the exception
 //! fetched and cleared, so nothing is left set for the host's code.

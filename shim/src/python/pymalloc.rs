@@ -15,26 +15,16 @@ use super::ffi::Api;
 /// Output buffer; the arena lines come within the first few KiB.
 const BUF: usize = 64 * 1024;
 
-/// Main thread, GIL held.
+/// Job thread, GIL held.
 pub fn arena_bytes(api: &Api) -> Option<u64> {
     let f = api.debug_malloc_stats?;
     let mut buf = vec![0u8; BUF];
-    // SAFETY: fmemopen over our live buffer; the stream is closed before
-    // the buffer is read or dropped. GIL held for the CPython call.
-    let len = unsafe {
-        let fp = libc::fmemopen(buf.as_mut_ptr().cast(), BUF - 1, c"w".as_ptr());
-        if fp.is_null() {
-            return None;
-        }
-        let rc = f(fp);
-        libc::fflush(fp);
-        let len = libc::ftell(fp);
-        libc::fclose(fp);
-        if rc == 0 {
-            return None;
-        }
-        len.clamp(0, (BUF - 1) as libc::c_long) as usize
-    };
+    // SAFETY: the stream is a valid FILE* for the duration of the call; the
+    // GIL is held for the CPython call.
+    let (rc, len) = crate::os::memstream::with_stream(&mut buf, |fp| unsafe { f(fp) })?;
+    if rc == 0 {
+        return None;
+    }
     parse(&buf[..len])
 }
 

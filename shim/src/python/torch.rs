@@ -1,7 +1,8 @@
 //! The `torch` section of `stats`, and the `empty_cache` action. Job
 //! thread, GIL held (called from `job.rs`).
 //!
-//! Rules (hazards 38-40):
+//! Rules (each keeps the bridge from changing what the program's own CUDA
+//! use would be):
 //! * touch nothing unless `torch` and `torch.cuda` are already in
 //!   `sys.modules` (read from there: attribute access on `torch` may load
 //!   submodules lazily);

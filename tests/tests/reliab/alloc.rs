@@ -4,8 +4,10 @@
 //! (every wait has a bound), and the shim's own threads and metadata do not
 //! grow over the run.
 
-use super::common::{Level, Rng, alive, figures, memshim_threads, private_socket_dir, seed};
-use super::control::Conn;
+use memshim_tests::endpoint::Conn;
+use memshim_tests::stress::{
+    Level, Rng, alive, figures, memshim_threads, private_socket_dir, seed,
+};
 use memshim_tests::*;
 use std::collections::VecDeque;
 use std::sync::Arc;

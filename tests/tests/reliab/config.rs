@@ -2,7 +2,7 @@
 //! and empty values. The process runs as without the shim, with exactly one
 //! `memshim: warning:` line per bad variable on stderr.
 
-use super::common::{Level, figures};
+use memshim_tests::stress::{Level, figures};
 use memshim_tests::*;
 
 /// Every variable the shim reads (shim/src/options.rs TABLE; MEMSHIM_LIB is

@@ -1,7 +1,7 @@
 //! CPython's own regression tests under the shim, compared with a run
 //! without it (tests/cpython/regrtest_compare.py does the work).
 
-use super::common::{Level, figures};
+use memshim_tests::stress::{Level, figures};
 use memshim_tests::*;
 use std::time::Duration;
 

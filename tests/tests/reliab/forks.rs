@@ -3,8 +3,8 @@
 //! process that has an endpoint. Every child finishes with the right result,
 //! no child inherits the shim's thread or socket, and no socket is left.
 
-use super::common::{Level, figures, private_socket_dir, socket_files};
-use super::control::Conn;
+use memshim_tests::endpoint::Conn;
+use memshim_tests::stress::{Level, figures, private_socket_dir, socket_files};
 use memshim_tests::*;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -97,7 +97,7 @@ fn live_leftovers(dir: &Path) -> Vec<String> {
                 .next()
                 .and_then(|p| p.parse().ok())
                 .unwrap_or(0);
-            super::common::alive(pid)
+            memshim_tests::stress::alive(pid)
                 || std::os::unix::net::UnixStream::connect(dir.join(n)).is_ok()
         })
         .collect()

@@ -3,7 +3,7 @@
 //! make + gcc, git, tar, sort and find. Each step gives the same exit code
 //! and stdout as without the shim, and an empty stderr.
 
-use super::common::{Level, figures};
+use memshim_tests::stress::{Level, figures};
 use memshim_tests::*;
 use std::time::Duration;
 

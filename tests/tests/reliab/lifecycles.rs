@@ -2,8 +2,8 @@
 //! rate, a daemon that closes every descriptor and reuses the numbers, exec
 //! chains, and kill -9 in the middle of a purge.
 
-use super::common::{Level, Rng, alive, figures, private_socket_dir, seed, tasks};
-use super::control::{Conn, socket_path};
+use memshim_tests::endpoint::{Conn, socket_path};
+use memshim_tests::stress::{Level, Rng, alive, figures, private_socket_dir, seed, tasks};
 use memshim_tests::*;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};

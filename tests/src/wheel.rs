@@ -2,12 +2,10 @@
 //! `make wheel-<arch>` (a no-op when it is up to date), find it, read the
 //! glibc versions a binary needs.
 
-#![allow(dead_code)]
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use memshim_tests::root;
+use crate::root;
 
 /// `version` of `[workspace.package]` in Cargo.toml: the single source of
 /// the CLI's, the library's and the wheel's version.
@@ -35,9 +33,9 @@ pub fn build_wheel(arch: &str) -> PathBuf {
     let dir = if arch == "x86_64" {
         root().join("target/wheels")
     } else {
-        memshim_tests::scratch().join("wheels")
+        crate::scratch().join("wheels")
     };
-    crate::deploy_util::make(&format!("wheel-{arch}"), &[("WHEEL_DIR", &dir)]);
+    crate::deploy::make(&format!("wheel-{arch}"), &[("WHEEL_DIR", &dir)]);
     let name = format!(
         "memshim-{}-py3-none-manylinux_2_17_{arch}.whl",
         workspace_version()

@@ -3,9 +3,7 @@
 //! v1 (`/sys/fs/cgroup/memory`, this CI machine) or v2 where the unified
 //! hierarchy has the memory controller.
 
-#![allow(dead_code)]
-
-use memshim_tests::*;
+use crate::*;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

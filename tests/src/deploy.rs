@@ -1,20 +1,18 @@
 //! Shared by the `deploy_*` tests: `make install` into a scratch prefix,
 //! a tiny HTTP/1.0 client, and JSON number lookup without a JSON crate.
 
-#![allow(dead_code)]
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use memshim_tests::root;
+use crate::root;
 
 /// A fresh, empty directory under target/test-scratch (removed first if a
 /// previous run left it).
 pub fn fresh_dir(name: &str) -> PathBuf {
-    let d = memshim_tests::scratch().join(name);
+    let d = crate::scratch().join(name);
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d

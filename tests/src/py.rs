@@ -1,12 +1,9 @@
-//! Shared by the `python_*` tests: a CPython under the shim, and a client
-//! for its control socket speaking the real protocol (`memshim-proto`).
+//! For the `python_*` tests: a CPython under the shim, and requests to its
+//! control socket (through `endpoint::Conn`).
 
-#![allow(dead_code)]
-
-use memshim_proto::{PROTOCOL_VERSION, Reply, Request, Response};
-use memshim_tests::{Child, Cmd, pyenv_pythons, root, scratch};
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
+use crate::endpoint::Conn;
+use crate::{Child, Cmd, pyenv_pythons, root, scratch};
+use memshim_proto::{Reply, Request, Response};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -38,7 +35,7 @@ pub fn shimmed_python(python: &Path, script: &Path, args: &[&str], dir: &Path) -
 
 /// The socket of `pid` in `dir`, once it exists.
 pub fn socket_of(dir: &Path, pid: i32) -> PathBuf {
-    memshim_tests::wait_until(Duration::from_secs(10), || {
+    crate::wait_until(Duration::from_secs(10), || {
         std::fs::read_dir(dir)
             .ok()?
             .flatten()
@@ -52,26 +49,16 @@ pub fn socket_of(dir: &Path, pid: i32) -> PathBuf {
     .unwrap_or_else(|| panic!("no control socket for pid {pid} in {}", dir.display()))
 }
 
-/// One request on a fresh connection (after `hello`).
+/// One request on a fresh connection (after `hello`), waiting up to a minute.
 pub fn try_request(sock: &Path, req: &Request) -> std::io::Result<Response> {
-    let s = UnixStream::connect(sock)?;
-    s.set_read_timeout(Some(Duration::from_secs(60)))?;
-    let mut w = s.try_clone()?;
-    let mut r = BufReader::new(s);
-    let mut line = String::new();
-    w.write_all(
-        &Request::Hello {
-            version: PROTOCOL_VERSION,
-            client: None,
-        }
-        .to_line(),
-    )?;
-    r.read_line(&mut line)?;
-    line.clear();
-    w.write_all(&req.to_line())?;
-    r.read_line(&mut line)?;
-    Response::from_line(line.as_bytes())
-        .map_err(|e| std::io::Error::other(format!("{e}: {line:?}")))
+    let mut c = Conn::try_connect(sock)?;
+    c.0.set_timeout(Duration::from_secs(60));
+    c.request(&Request::Hello {
+        version: memshim_proto::PROTOCOL_VERSION,
+        client: None,
+    })
+    .map_err(std::io::Error::other)?;
+    c.request(req).map_err(std::io::Error::other)
 }
 
 /// One request that must succeed at the transport level.

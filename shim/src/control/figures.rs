@@ -1,5 +1,5 @@
 //! The process and cgroup figures of `stats`, read from `/proc/self` and
-//! the cgroup filesystem. Runs on the shim's thread only.
+//! the cgroup filesystem (with `std::fs`: the shim's thread only).
 //!
 //! Cost: `/proc/self/status` is a few counters (about 20 µs); the cgroup
 //! files are the same. `smaps_rollup` walks every page table (about 16 ms per
@@ -14,14 +14,6 @@ fn kb_field(text: &str, key: &str) -> Option<u64> {
         let n: u64 = rest.split_whitespace().next()?.parse().ok()?;
         Some(n * 1024)
     })
-}
-
-/// Resident set size in bytes (`VmRSS`), cheap.
-pub fn rss() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| kb_field(&s, "VmRSS"))
-        .unwrap_or(0)
 }
 
 /// The `process` section. `resident` is jemalloc's figure, for `unmanaged`.

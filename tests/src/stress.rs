@@ -1,5 +1,5 @@
-//! What every reliability test shares: the smoke/full level, the seed, and
-//! the figures file that docs/reliability.md is filled from.
+//! For the reliability tests (`tests/stress.rs`): the smoke/full level, the
+//! seed, and the figures file that docs/reliability.md is filled from.
 
 use std::io::Write;
 use std::time::Duration;
@@ -68,7 +68,7 @@ pub fn figures(level: Level, name: &str, kv: &[(&str, String)]) {
         line.push_str(&format!(" {k}={v}"));
     }
     println!("reliability figures: {line}");
-    let path = memshim_tests::scratch().join(format!("reliability-{}.txt", level.name()));
+    let path = crate::scratch().join(format!("reliability-{}.txt", level.name()));
     if let Ok(mut f) = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -85,6 +85,7 @@ impl Rng {
     pub fn new(seed: u64) -> Rng {
         Rng(seed.max(1))
     }
+    #[allow(clippy::should_implement_trait)] // an endless generator, not an Iterator
     pub fn next(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x >> 12;

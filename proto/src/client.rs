@@ -1,0 +1,185 @@
+//! The protocol client used by `memshim-ctl` and the tests: connecting
+//! (also to paths longer than `sun_path`), `hello`, one request at a time,
+//! bounded waits. Feature `client`; the library does not build it.
+
+use crate::{
+    HelloReply, MAX_RESPONSE_BYTES, PROTOCOL_VERSION, Reply, Request, Response, SUN_PATH_MAX,
+};
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Why a connection could not be made.
+#[derive(Debug)]
+pub enum ConnectError {
+    /// No file at the path.
+    Missing,
+    /// A file, but nobody listens: a stale socket, or one being re-created.
+    Refused,
+    /// Not allowed.
+    Permission,
+    /// Anything else.
+    Other(io::Error),
+}
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConnectError::Missing => f.write_str("no such socket"),
+            ConnectError::Refused => f.write_str("connection refused"),
+            ConnectError::Permission => f.write_str("permission denied"),
+            ConnectError::Other(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+fn classify(e: io::Error) -> ConnectError {
+    match e.kind() {
+        io::ErrorKind::NotFound => ConnectError::Missing,
+        io::ErrorKind::ConnectionRefused => ConnectError::Refused,
+        io::ErrorKind::PermissionDenied => ConnectError::Permission,
+        _ => ConnectError::Other(e),
+    }
+}
+
+/// Connects to `dir/name`. A path longer than `sun_path` is reached through
+/// the directory's descriptor, `/proc/self/fd/<dirfd>/<name>`.
+pub fn connect(dir: &Path, name: &str) -> Result<UnixStream, ConnectError> {
+    let full = dir.join(name);
+    if full.as_os_str().len() <= SUN_PATH_MAX {
+        return UnixStream::connect(&full).map_err(classify);
+    }
+    let handle = std::fs::File::open(dir).map_err(classify)?;
+    use std::os::fd::AsRawFd;
+    let via = PathBuf::from(format!("/proc/self/fd/{}/{name}", handle.as_raw_fd()));
+    UnixStream::connect(&via).map_err(classify)
+}
+
+/// How a request failed on the client's side.
+#[derive(Debug)]
+pub enum ClientError {
+    /// Writing the request failed (and the server said nothing).
+    Write(io::Error),
+    /// Reading the answer failed or timed out.
+    Read(io::Error),
+    /// The server closed the connection without an answer.
+    Closed,
+    /// The answer is not a response of this protocol.
+    Undecodable(String),
+}
+
+impl ClientError {
+    /// Whether the answer did not come in time.
+    pub fn timed_out(&self) -> bool {
+        matches!(self, ClientError::Read(e) | ClientError::Write(e)
+            if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut))
+    }
+}
+
+impl std::fmt::Display for ClientError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            e if e.timed_out() => f.write_str("no answer in time"),
+            ClientError::Write(e) => write!(f, "writing the request: {e}"),
+            ClientError::Read(e) => write!(f, "reading the answer: {e}"),
+            ClientError::Closed => f.write_str("connection closed without an answer"),
+            ClientError::Undecodable(e) => write!(f, "undecodable answer: {e}"),
+        }
+    }
+}
+
+/// One connection to an endpoint.
+pub struct Connection {
+    reader: BufReader<UnixStream>,
+}
+
+impl Connection {
+    /// Connects to `dir/name` (not yet greeted), with `timeout` for every
+    /// read and write.
+    pub fn open(dir: &Path, name: &str, timeout: Duration) -> Result<Connection, ConnectError> {
+        let c = Connection::from_stream(connect(dir, name)?);
+        c.set_timeout(timeout);
+        Ok(c)
+    }
+
+    /// Wraps a connected stream.
+    pub fn from_stream(stream: UnixStream) -> Connection {
+        Connection {
+            reader: BufReader::new(stream),
+        }
+    }
+
+    /// The limit for each following read and write (at least 1 ms).
+    pub fn set_timeout(&self, timeout: Duration) {
+        let t = Some(timeout.max(Duration::from_millis(1)));
+        let _ = self.reader.get_ref().set_read_timeout(t);
+        let _ = self.reader.get_ref().set_write_timeout(t);
+    }
+
+    /// The stream, for socket options and raw writes.
+    pub fn stream(&mut self) -> &mut UnixStream {
+        self.reader.get_mut()
+    }
+
+    /// Writes bytes as they are (tests send malformed lines this way).
+    pub fn send_raw(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.reader.get_mut().write_all(bytes)
+    }
+
+    /// Reads one answer line (at most [`MAX_RESPONSE_BYTES`]); empty at end
+    /// of file.
+    pub fn read_line(&mut self) -> io::Result<Vec<u8>> {
+        let mut line = Vec::new();
+        (&mut self.reader)
+            .take(MAX_RESPONSE_BYTES as u64)
+            .read_until(b'\n', &mut line)?;
+        Ok(line)
+    }
+
+    /// Sends one line and reads the answer line.
+    pub fn exchange(&mut self, line: &[u8]) -> Result<Vec<u8>, ClientError> {
+        // A server that refuses us (permission, busy) may have answered and
+        // closed already: on a write error, still read what it said.
+        let wrote = self.send_raw(line);
+        let answer = self.read_line();
+        match answer {
+            Ok(l) if !l.is_empty() => Ok(l),
+            Ok(_) => Err(wrote.err().map_or(ClientError::Closed, ClientError::Write)),
+            Err(e) => Err(wrote.err().map_or(ClientError::Read(e), ClientError::Write)),
+        }
+    }
+
+    /// Sends `req` and decodes the answer.
+    pub fn request(&mut self, req: &Request) -> Result<Response, ClientError> {
+        let line = self.exchange(&req.to_line())?;
+        Response::from_line(&line).map_err(|e| {
+            ClientError::Undecodable(format!("{e}: {}", String::from_utf8_lossy(&line)))
+        })
+    }
+
+    /// Sends a raw request line (without its `\n`) and returns the answer as
+    /// JSON, for tests that look at fields this build may not know.
+    pub fn ask(&mut self, line: &str) -> Result<serde_json::Value, ClientError> {
+        let answer = self.exchange(format!("{line}\n").as_bytes())?;
+        serde_json::from_slice(&answer).map_err(|e| {
+            ClientError::Undecodable(format!("{e}: {}", String::from_utf8_lossy(&answer)))
+        })
+    }
+
+    /// `hello` with this build's protocol version. A refusal comes back as
+    /// the server's error answer.
+    pub fn hello(
+        &mut self,
+        client: Option<String>,
+    ) -> Result<Result<HelloReply, Response>, ClientError> {
+        let r = self.request(&Request::Hello {
+            version: PROTOCOL_VERSION,
+            client,
+        })?;
+        Ok(match r {
+            Response::Ok(Reply::Hello(h)) => Ok(h),
+            other => Err(other),
+        })
+    }
+}

@@ -1,0 +1,157 @@
+//! Allocation with glibc's answers, on jemalloc. The exported functions in
+//! `exports.rs` forward here where glibc's documented behaviour differs
+//! from jemalloc's; glibc wins, because the process was written against it.
+//!
+//! Rules: no locks, no allocation, no formatting, no Rust thread-locals, no
+//! panicking paths; the only libc call is `__errno_location`.
+
+use crate::os::{errno, set_errno};
+use core::ffi::c_void;
+use core::ptr;
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use tikv_jemalloc_sys as je;
+
+/// The smallest alignment jemalloc guarantees for every `malloc` result
+/// (its smallest size class is 8 bytes).
+const JE_MIN_ALIGN: usize = 8;
+
+/// Page size, cached on first use (`sysconf` reads the aux vector and does
+/// not allocate).
+static PAGE: AtomicUsize = AtomicUsize::new(0);
+
+/// glibc 2.38 made `aligned_alloc` reject alignments that are not powers of
+/// two (C17); older glibc treats them like `memalign`. Set at start-up from
+/// glibc's version, so the shim answers as the host's glibc would.
+static ALIGNED_ALLOC_STRICT: AtomicBool = AtomicBool::new(false);
+
+/// Start-up: reads glibc's version (constructor).
+pub fn init() {
+    ALIGNED_ALLOC_STRICT.store(crate::os::dl::glibc_version() >= (2, 38), Relaxed);
+}
+
+/// The page size.
+#[inline]
+pub fn page() -> usize {
+    let p = PAGE.load(Relaxed);
+    if p != 0 {
+        return p;
+    }
+    let p = crate::os::page_size();
+    PAGE.store(p, Relaxed);
+    p
+}
+
+/// `free` that keeps `errno` (glibc's manual requires it of replacements;
+/// jemalloc may `madvise`/`munmap` inside `free`).
+///
+/// # Safety
+/// `p` is NULL or a pointer from this allocator, not freed yet.
+#[inline(always)]
+pub unsafe fn free(p: *mut c_void) {
+    if p.is_null() {
+        return;
+    }
+    let e = errno();
+    // SAFETY: caller passes a pointer from this allocator.
+    unsafe { je::free(p) };
+    set_errno(e);
+}
+
+/// glibc's `_mid_memalign`: alignments up to the minimum are plain malloc,
+/// absurd ones are EINVAL, and the rest are rounded up to a power of two
+/// (jemalloc would return NULL without setting errno).
+///
+/// # Safety
+/// Always safe; `unsafe` as the C allocation functions are.
+#[inline]
+pub unsafe fn memalign(align: usize, size: usize) -> *mut c_void {
+    if align <= JE_MIN_ALIGN {
+        // SAFETY: plain forward.
+        return unsafe { je::malloc(size) };
+    }
+    if align > usize::MAX / 2 + 1 {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    }
+    // SAFETY: `align` is now a power of two; jemalloc sets ENOMEM on failure.
+    unsafe { je::aligned_alloc(align.next_power_of_two(), size) }
+}
+
+/// `aligned_alloc`: strict (C17) where the host glibc is >= 2.38, like
+/// `memalign` before.
+///
+/// # Safety
+/// Always safe; `unsafe` as the C allocation functions are.
+#[inline]
+pub unsafe fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
+    if ALIGNED_ALLOC_STRICT.load(Relaxed) && !align.is_power_of_two() {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    }
+    // SAFETY: as `memalign`.
+    unsafe { memalign(align, size) }
+}
+
+/// `realloc(p, 0)` frees and returns NULL (glibc's REALLOC_ZERO_BYTES_FREES),
+/// keeping errno.
+///
+/// # Safety
+/// `p` is NULL or a live pointer from this allocator.
+#[inline]
+pub unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    if size == 0 && !p.is_null() {
+        // SAFETY: `p` came from this allocator.
+        unsafe { free(p) };
+        return ptr::null_mut();
+    }
+    // SAFETY: plain forward.
+    unsafe { je::realloc(p, size) }
+}
+
+/// `reallocarray`: overflow of `n * size` is ENOMEM, as in glibc.
+///
+/// # Safety
+/// As [`realloc`].
+#[inline]
+pub unsafe fn reallocarray(p: *mut c_void, n: usize, size: usize) -> *mut c_void {
+    match n.checked_mul(size) {
+        // SAFETY: as `realloc`.
+        Some(total) => unsafe { realloc(p, total) },
+        None => {
+            set_errno(libc::ENOMEM);
+            ptr::null_mut()
+        }
+    }
+}
+
+/// `pvalloc`: page-aligned, size rounded up to whole pages (overflow is
+/// ENOMEM).
+///
+/// # Safety
+/// Always safe; `unsafe` as the C allocation functions are.
+#[inline]
+pub unsafe fn pvalloc(size: usize) -> *mut c_void {
+    let pg = page();
+    match size.checked_add(pg - 1) {
+        // SAFETY: as `memalign`.
+        Some(s) => unsafe { memalign(pg, s & !(pg - 1)) },
+        None => {
+            set_errno(libc::ENOMEM);
+            ptr::null_mut()
+        }
+    }
+}
+
+/// `malloc_usable_size`: 0 for NULL, like glibc.
+///
+/// # Safety
+/// `p` is NULL or a live pointer from this allocator.
+#[inline]
+pub unsafe fn usable_size(p: *mut c_void) -> usize {
+    if p.is_null() {
+        0
+    } else {
+        // SAFETY: a live pointer from this allocator.
+        unsafe { je::malloc_usable_size(p) }
+    }
+}

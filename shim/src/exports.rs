@@ -1,0 +1,378 @@
+//! Every entry point from C: the exported symbols, one line each, a comment
+//! beside every special case (mimalloc's `alloc-override.c` is the model),
+//! jemalloc's configuration hook, and the constructor and destructor.
+//!
+//! The allocation functions forward to jemalloc (linked statically with the
+//! `_rjem_` prefix, so none of jemalloc's own symbols are exported), or to
+//! `alloc.rs` where glibc answers differently. Their rules: no locks, no
+//! allocation, no formatting, no Rust thread-locals, no panicking paths;
+//! the only libc call is `__errno_location`. Symbols stay unversioned:
+//! ld.so binds versioned references such as `malloc@GLIBC_2.2.5` to an
+//! unversioned definition found earlier in the search order (the preload).
+//!
+//! Unit tests build without the `#[no_mangle]`s, which would replace the
+//! test binary's own malloc.
+
+use crate::{alloc, glibc_api, options, os, thread};
+use core::ffi::{c_char, c_int, c_void};
+use tikv_jemalloc_sys as je;
+
+macro_rules! export {
+    ($(#[$m:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+        $(#[$m])*
+        ///
+        /// # Safety
+        /// The C contract of the function of the same name in glibc.
+        #[cfg_attr(not(test), unsafe(no_mangle))]
+        #[inline(never)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) $(-> $ret)? {
+            // SAFETY: the caller upholds the C contract; each body forwards
+            // to a function with the same contract.
+            #[allow(unused_unsafe)]
+            unsafe { $body }
+        }
+    };
+}
+
+// --- What glibc's manual says a replacement malloc must provide ------------
+export!(
+    /// `malloc`
+    fn malloc(size: usize) -> *mut c_void {
+        je::malloc(size)
+    }
+);
+export!(
+    /// `free`, keeping errno.
+    fn free(p: *mut c_void) {
+        alloc::free(p)
+    }
+);
+export!(
+    /// `calloc`; jemalloc checks `n * size` for overflow and sets ENOMEM.
+    fn calloc(n: usize, size: usize) -> *mut c_void {
+        je::calloc(n, size)
+    }
+);
+export!(
+    /// `realloc`; `realloc(p, 0)` frees like glibc.
+    fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+        alloc::realloc(p, size)
+    }
+);
+
+// --- What it says a general-purpose replacement should provide --------------
+export!(
+    /// `reallocarray` (glibc 2.26): overflow is ENOMEM, as in glibc.
+    fn reallocarray(p: *mut c_void, n: usize, size: usize) -> *mut c_void {
+        alloc::reallocarray(p, n, size)
+    }
+);
+export!(
+    /// `aligned_alloc`: strict (C17) where the host glibc is >= 2.38, like `memalign` before.
+    fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
+        alloc::aligned_alloc(align, size)
+    }
+);
+export!(
+    /// `posix_memalign`: jemalloc applies POSIX's checks (EINVAL, ENOMEM).
+    fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> c_int {
+        je::posix_memalign(out, align, size)
+    }
+);
+export!(
+    /// `memalign`: any alignment, rounded up to a power of two like glibc.
+    fn memalign(align: usize, size: usize) -> *mut c_void {
+        alloc::memalign(align, size)
+    }
+);
+export!(
+    /// `valloc`: page-aligned.
+    fn valloc(size: usize) -> *mut c_void {
+        alloc::memalign(alloc::page(), size)
+    }
+);
+export!(
+    /// `pvalloc`: page-aligned, size rounded up to whole pages (overflow is ENOMEM).
+    fn pvalloc(size: usize) -> *mut c_void {
+        alloc::pvalloc(size)
+    }
+);
+export!(
+    /// `malloc_usable_size`: 0 for NULL, like glibc.
+    fn malloc_usable_size(p: *mut c_void) -> usize {
+        alloc::usable_size(p)
+    }
+);
+export!(
+    /// `free_sized` (C23, glibc 2.43). The size is ignored, as glibc does: jemalloc's
+    /// sized free trusts it, and a wrong size from a buggy caller would corrupt
+    /// the heap instead of being harmless.
+    fn free_sized(p: *mut c_void, _size: usize) {
+        alloc::free(p)
+    }
+);
+export!(
+    /// `free_aligned_sized` (C23): see `free_sized`.
+    fn free_aligned_sized(p: *mut c_void, _align: usize, _size: usize) {
+        alloc::free(p)
+    }
+);
+export!(
+    /// `cfree`: obsolete alias of `free`, still called by very old programs.
+    fn cfree(p: *mut c_void) {
+        alloc::free(p)
+    }
+);
+
+// --- glibc's internal names, which other interposers and debug tools call as
+//     "the real malloc" --------------------------------------------------------
+export!(
+    /// `__libc_malloc`
+    fn __libc_malloc(size: usize) -> *mut c_void {
+        je::malloc(size)
+    }
+);
+export!(
+    /// `__libc_free`
+    fn __libc_free(p: *mut c_void) {
+        alloc::free(p)
+    }
+);
+export!(
+    /// `__libc_calloc`
+    fn __libc_calloc(n: usize, size: usize) -> *mut c_void {
+        je::calloc(n, size)
+    }
+);
+export!(
+    /// `__libc_realloc`
+    fn __libc_realloc(p: *mut c_void, size: usize) -> *mut c_void {
+        alloc::realloc(p, size)
+    }
+);
+export!(
+    /// `__libc_memalign` (ld.so used it before glibc 2.25)
+    fn __libc_memalign(align: usize, size: usize) -> *mut c_void {
+        alloc::memalign(align, size)
+    }
+);
+export!(
+    /// `__libc_valloc`
+    fn __libc_valloc(size: usize) -> *mut c_void {
+        alloc::memalign(alloc::page(), size)
+    }
+);
+export!(
+    /// `__libc_pvalloc`
+    fn __libc_pvalloc(size: usize) -> *mut c_void {
+        alloc::pvalloc(size)
+    }
+);
+export!(
+    /// `__posix_memalign`
+    fn __posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> c_int {
+        je::posix_memalign(out, align, size)
+    }
+);
+
+// --- glibc's malloc control API (glibc_api.rs) ---------------------------------
+export!(
+    /// `malloc_trim`: purges every arena; 1 if memory went back to the OS.
+    fn malloc_trim(_pad: usize) -> c_int {
+        glibc_api::malloc_trim()
+    }
+);
+export!(
+    /// `mallinfo2` filled from jemalloc's statistics.
+    fn mallinfo2() -> glibc_api::Mallinfo2 {
+        glibc_api::mallinfo2()
+    }
+);
+export!(
+    /// `mallinfo`: as `mallinfo2`, saturated to `int` like glibc's.
+    fn mallinfo() -> glibc_api::Mallinfo {
+        glibc_api::mallinfo()
+    }
+);
+export!(
+    /// `mallopt`: accepted and ignored, returns 1 (glibc's success); glibc's
+    /// tunables have no jemalloc meaning (use `MEMSHIM_*`).
+    fn mallopt(_param: c_int, _value: c_int) -> c_int {
+        1
+    }
+);
+export!(
+    /// `malloc_stats`: a summary on stderr in glibc's layout.
+    fn malloc_stats() {
+        glibc_api::malloc_stats()
+    }
+);
+export!(
+    /// `malloc_info(options, fp)`: XML in glibc's shape; `options` must be 0
+    /// (glibc returns EINVAL otherwise). `fp` must be open for writing.
+    fn malloc_info(options: c_int, fp: *mut libc::FILE) -> c_int {
+        if options != 0 || fp.is_null() {
+            return libc::EINVAL;
+        }
+        let xml = glibc_api::malloc_info_xml();
+        let n = libc::fwrite(xml.as_ptr().cast::<c_void>(), 1, xml.len(), fp);
+        if n == xml.len() { 0 } else { -1 }
+    }
+);
+
+// --- Threads and namespaces (thread/) -----------------------------------------
+export!(
+    /// `pthread_create`: creates the application's thread exactly as glibc
+    /// does; then, if it is the process's second, the shim's thread starts.
+    fn pthread_create(
+        t: *mut libc::pthread_t,
+        attr: *const libc::pthread_attr_t,
+        start: extern "C" fn(*mut c_void) -> *mut c_void,
+        arg: *mut c_void,
+    ) -> c_int {
+        let Some(real) = os::thread::real_pthread_create() else {
+            return libc::EAGAIN;
+        };
+        let rc = real(t, attr, start, arg);
+        if rc == 0 {
+            thread::after_app_thread_created();
+        }
+        rc
+    }
+);
+export!(
+    /// `unshare`: `CLONE_NEWUSER` (and `CLONE_VM`/`CLONE_SIGHAND`/`CLONE_THREAD`)
+    /// need a single-threaded caller; a process alone but for the shim's
+    /// thread gets it stopped first, as for `fork`.
+    fn unshare(flags: c_int) -> c_int {
+        thread::before_unshare(flags);
+        libc::syscall(libc::SYS_unshare, flags) as c_int
+    }
+);
+export!(
+    /// `setns`: entering a user or mount namespace needs a single-threaded
+    /// caller (a mount namespace: one whose filesystem context no other
+    /// thread shares); as `unshare`.
+    fn setns(fd: c_int, nstype: c_int) -> c_int {
+        thread::before_setns(nstype);
+        libc::syscall(libc::SYS_setns, fd, nstype) as c_int
+    }
+);
+
+/// `dlopen`: clears `RTLD_DEEPBIND` (if enabled, and counts it) and
+/// tail-jumps to glibc's, so glibc still sees the original caller
+/// (deepbind.rs says why both matter).
+///
+/// # Safety
+/// The C contract of `dlopen`.
+#[cfg(target_arch = "x86_64")]
+#[cfg_attr(not(test), unsafe(no_mangle))]
+#[unsafe(naked)]
+pub unsafe extern "C" fn dlopen(file: *const c_char, mode: c_int) -> *mut c_void {
+    core::arch::naked_asm!(
+        // if (mode & RTLD_DEEPBIND) && CLEAR: clear the flag and count it
+        "test esi, 8",
+        "jz 2f",
+        "cmp byte ptr [rip + {clear}], 0",
+        "je 2f",
+        "and esi, -9",
+        "lock inc qword ptr [rip + {count}]",
+        "2:",
+        "mov rax, qword ptr [rip + {real}]",
+        "test rax, rax",
+        "jz 3f",
+        "jmp rax",
+        // Not resolved yet: resolve, keeping the argument registers.
+        "3:",
+        "push rdi",
+        "push rsi",
+        "sub rsp, 8",
+        "call {resolve}",
+        "add rsp, 8",
+        "pop rsi",
+        "pop rdi",
+        "test rax, rax",
+        "jz 4f",
+        "jmp rax",
+        "4:",
+        "xor eax, eax",
+        "ret",
+        clear = sym crate::deepbind::CLEAR,
+        count = sym crate::deepbind::CLEARED,
+        real = sym crate::deepbind::REAL,
+        resolve = sym crate::deepbind::resolve_real,
+    )
+}
+
+// --- jemalloc's configuration -------------------------------------------------
+
+#[cfg(not(test))]
+unsafe extern "C" {
+    /// glibc's `secure_getenv`, as renamed by `--wrap` (see `build.rs`).
+    fn __real_secure_getenv(name: *const c_char) -> *mut c_char;
+}
+
+/// Unit tests link without `--wrap`.
+#[cfg(test)]
+unsafe fn __real_secure_getenv(name: *const c_char) -> *mut c_char {
+    // SAFETY: forwarding a C string.
+    unsafe { libc::getenv(name) }
+}
+
+/// Target of `--wrap=secure_getenv` (through the hidden trampoline below,
+/// so the library exports no extra symbol): jemalloc asks for
+/// `_RJEM_MALLOC_CONF` during its initialisation and gets the composed
+/// configuration (options.rs); every other name goes to glibc.
+///
+/// # Safety
+/// `name` must be NUL-terminated (what glibc's `secure_getenv` takes).
+pub unsafe extern "C" fn wrap_secure_getenv(name: *const c_char) -> *mut c_char {
+    // SAFETY: the caller passes a C string.
+    let key = unsafe { core::ffi::CStr::from_ptr(name) };
+    if key.to_bytes() == b"_RJEM_MALLOC_CONF" {
+        // Route jemalloc's own complaints through our warning format.
+        // SAFETY: jemalloc reads this pointer only when it prints; setting it
+        // during its initialisation, before any message, is the documented use.
+        unsafe { je::malloc_message = Some(crate::log::jemalloc_message) };
+        return options::jemalloc_conf_ptr() as *mut c_char;
+    }
+    // SAFETY: forwarding the caller's argument unchanged.
+    unsafe { __real_secure_getenv(name) }
+}
+
+#[cfg(not(test))]
+core::arch::global_asm!(
+    ".globl __wrap_secure_getenv",
+    ".hidden __wrap_secure_getenv",
+    ".type __wrap_secure_getenv,@function",
+    "__wrap_secure_getenv:",
+    #[cfg(target_arch = "x86_64")]
+    "jmp {f}",
+    #[cfg(target_arch = "aarch64")]
+    "b {f}",
+    ".size __wrap_secure_getenv, . - __wrap_secure_getenv",
+    f = sym wrap_secure_getenv,
+);
+
+// --- Constructor and destructor -------------------------------------------------
+
+extern "C" fn constructor() {
+    let _e = os::KeepErrno::new();
+    alloc::init();
+    thread::on_load();
+    crate::deepbind::init();
+}
+
+extern "C" fn destructor() {
+    thread::on_unload();
+}
+
+#[cfg(not(test))]
+#[used]
+#[unsafe(link_section = ".init_array")]
+static CONSTRUCTOR: extern "C" fn() = constructor;
+
+#[cfg(not(test))]
+#[used]
+#[unsafe(link_section = ".fini_array")]
+static DESTRUCTOR: extern "C" fn() = destructor;

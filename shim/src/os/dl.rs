@@ -1,0 +1,44 @@
+//! The dynamic loader: symbol lookup, which object defines an address, and
+//! glibc's version. None of this may run on the allocation path or in a
+//! fork handler (`dlsym` takes the loader's lock and may allocate).
+
+use core::ffi::{CStr, c_void};
+
+/// The next definition of `name` after this library (`RTLD_NEXT`), as an
+/// address; 0 if none.
+pub fn next(name: &CStr) -> usize {
+    // SAFETY: dlsym with a NUL-terminated name.
+    unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) as usize }
+}
+
+/// The global definition of `name` (`RTLD_DEFAULT`), null if none.
+pub fn global(name: &CStr) -> *mut c_void {
+    // SAFETY: dlsym with a NUL-terminated name.
+    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }
+}
+
+/// Whether the addresses `a` and `b` lie in the same loaded object
+/// (compared by load base).
+pub fn same_object(a: usize, b: usize) -> bool {
+    let (a, b) = (a as *const c_void, b as *const c_void);
+    // SAFETY: dladdr only reads the loader's tables into the Dl_info we pass;
+    // Dl_info is plain data, valid when zeroed.
+    unsafe {
+        let mut x: libc::Dl_info = core::mem::zeroed();
+        let mut y: libc::Dl_info = core::mem::zeroed();
+        libc::dladdr(a, &mut x) != 0
+            && libc::dladdr(b, &mut y) != 0
+            && !x.dli_fbase.is_null()
+            && x.dli_fbase == y.dli_fbase
+    }
+}
+
+/// glibc's version as (major, minor), e.g. (2, 36).
+pub fn glibc_version() -> (u64, u64) {
+    // SAFETY: returns a static NUL-terminated string such as "2.36".
+    let v = unsafe { CStr::from_ptr(libc::gnu_get_libc_version()) }.to_bytes();
+    let mut it = v.split(|&b| b == b'.');
+    let ma = it.next().and_then(super::parse_u64).unwrap_or(0);
+    let mi = it.next().and_then(super::parse_u64).unwrap_or(0);
+    (ma, mi)
+}

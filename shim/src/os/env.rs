@@ -1,0 +1,58 @@
+//! The environment, read without calling libc.
+//!
+//! The configuration is read inside jemalloc's initialisation (see
+//! `raw.rs` for why no interposable libc call may run there), so variables
+//! are looked up by walking `environ` directly. Like `secure_getenv`, the
+//! lookup answers nothing in secure-execution mode (setuid programs).
+
+use core::ffi::{CStr, c_char};
+
+unsafe extern "C" {
+    static environ: *const *const c_char;
+}
+
+/// Secure-execution mode (`AT_SECURE`): the environment is not trusted.
+fn secure() -> bool {
+    // SAFETY: getauxval reads the aux vector; it neither allocates nor fails.
+    unsafe { libc::getauxval(libc::AT_SECURE) != 0 }
+}
+
+/// Every `NAME=value` entry, as bytes. Allocation-free.
+pub fn entries() -> impl Iterator<Item = &'static [u8]> {
+    // SAFETY: `environ` is NULL or a NULL-terminated array of C strings that
+    // live as long as the process unless the program edits its environment
+    // (then we read the array it put there).
+    let mut p = unsafe { environ };
+    core::iter::from_fn(move || {
+        // SAFETY: as above; `p` stays inside the array up to its NULL.
+        unsafe {
+            if p.is_null() || (*p).is_null() {
+                return None;
+            }
+            let e = CStr::from_ptr(*p).to_bytes();
+            p = p.add(1);
+            Some(e)
+        }
+    })
+}
+
+/// The value of `name`, or `None` if unset or in secure-execution mode.
+/// Allocation-free.
+pub fn var(name: &[u8]) -> Option<&'static [u8]> {
+    if secure() {
+        return None;
+    }
+    entries().find_map(|e| e.strip_prefix(name)?.strip_prefix(b"="))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn reads_variables_without_libc() {
+        assert_eq!(
+            super::var(b"PATH"),
+            std::env::var("PATH").ok().as_deref().map(str::as_bytes)
+        );
+        assert_eq!(super::var(b"MEMSHIM_SURELY_UNSET_VARIABLE"), None);
+    }
+}

@@ -1,0 +1,213 @@
+//! The OS layer: the only code, besides `exports.rs` (the C entry points)
+//! and `python/ffi.rs` (the CPython C API), that calls libc or the kernel.
+//!
+//! | file | what |
+//! |---|---|
+//! | [`raw`] | system calls without libc, for the configuration read inside jemalloc's initialisation |
+//! | [`fd`] | the shim's descriptors: the table they live in, their identity, fork |
+//! | [`sock`] | the control socket, its directory, connections |
+//! | [`proc`] | reading `/proc/self` |
+//! | [`thread`] | threads of the shim's: spawning with signals blocked, joining, names, cancellation |
+//! | [`spawner`] | a thread that starts threads in the application's descriptor table |
+//! | [`time`] | the monotonic clock, sleeping, futexes |
+//! | [`dl`] | `dlsym`, `dladdr`, glibc's version |
+//! | [`env`] | the environment, read without libc |
+//! | [`memstream`] | an in-memory `FILE*` |
+//!
+//! Contract: nothing here panics on bad input; errors come back as
+//! `None`/`Err(errno)`. Functions marked *async-signal-safe* may be called
+//! from fork handlers; functions marked *allocation-free* from jemalloc's
+//! initialisation and the constructor. Code that runs on the application's
+//! threads keeps `errno` as it found it.
+
+pub mod dl;
+pub mod env;
+pub mod fd;
+pub mod memstream;
+pub mod proc;
+pub mod raw;
+pub mod sock;
+pub mod spawner;
+pub mod thread;
+pub mod time;
+
+use core::ffi::c_int;
+
+/// Reads the calling thread's `errno`.
+#[inline(always)]
+pub fn errno() -> c_int {
+    // SAFETY: `__errno_location` always returns a valid pointer to the
+    // calling thread's errno (glibc, initial-exec TLS inside libc).
+    unsafe { *libc::__errno_location() }
+}
+
+/// Sets the calling thread's `errno`.
+#[inline(always)]
+pub fn set_errno(value: c_int) {
+    // SAFETY: as in `errno`.
+    unsafe { *libc::__errno_location() = value }
+}
+
+/// Keeps `errno` across a scope: code of ours that runs on the
+/// application's threads must not change it.
+pub struct KeepErrno(c_int);
+
+impl KeepErrno {
+    /// Remembers the current `errno`.
+    pub fn new() -> KeepErrno {
+        KeepErrno(errno())
+    }
+}
+
+impl Default for KeepErrno {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for KeepErrno {
+    fn drop(&mut self) {
+        set_errno(self.0);
+    }
+}
+
+/// The process id, straight from the kernel (never a cached value, so it is
+/// right in fork and vfork children). Allocation-free, async-signal-safe.
+#[inline]
+pub fn getpid() -> i32 {
+    raw::getpid()
+}
+
+/// The effective uid.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Writes all of `bytes` to fd 2 with raw system calls (a preloaded
+/// `write` of another library is not called), retrying on EINTR, ignoring
+/// other errors. Allocation-free; keeps `errno`.
+pub fn write_stderr(mut bytes: &[u8]) {
+    while !bytes.is_empty() {
+        match raw::write(2, bytes) {
+            Ok(n) => bytes = &bytes[n..],
+            Err(libc::EINTR) => continue,
+            Err(_) => break,
+        }
+    }
+}
+
+/// The system's page size (from the aux vector; allocation-free).
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions and does not allocate.
+    match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        n if n > 0 => n as usize,
+        _ => 4096,
+    }
+}
+
+/// Parses an unsigned decimal number, without allocating.
+pub fn parse_u64(s: &[u8]) -> Option<u64> {
+    if s.is_empty() {
+        return None;
+    }
+    let mut v: u64 = 0;
+    for &b in s {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        v = v.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
+    }
+    Some(v)
+}
+
+/// Parses a signed decimal number, without allocating.
+pub fn parse_i64(s: &[u8]) -> Option<i64> {
+    match s.split_first() {
+        Some((b'-', rest)) => parse_u64(rest).and_then(|v| 0i64.checked_sub_unsigned(v)),
+        Some((b'+', rest)) => parse_u64(rest).and_then(|v| i64::try_from(v).ok()),
+        _ => parse_u64(s).and_then(|v| i64::try_from(v).ok()),
+    }
+}
+
+/// A fixed-capacity byte buffer that implements `fmt::Write`; text that does
+/// not fit is cut off. Lets the shim format without the heap.
+pub struct StackBuf<const N: usize> {
+    buf: [u8; N],
+    len: usize,
+}
+
+impl<const N: usize> StackBuf<N> {
+    /// An empty buffer.
+    pub const fn new() -> Self {
+        StackBuf {
+            buf: [0; N],
+            len: 0,
+        }
+    }
+
+    /// Appends raw bytes (cut off at capacity).
+    pub fn push(&mut self, bytes: &[u8]) {
+        let n = bytes.len().min(N - self.len);
+        self.buf[self.len..self.len + n].copy_from_slice(&bytes[..n]);
+        self.len += n;
+    }
+
+    /// The bytes written so far.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+
+    /// The bytes with a NUL appended, as a C string (`None` if they hold a
+    /// NUL or there is no room for one).
+    pub fn as_cstr(&mut self) -> Option<&core::ffi::CStr> {
+        if self.len >= N || self.buf[..self.len].contains(&0) {
+            return None;
+        }
+        self.buf[self.len] = 0;
+        core::ffi::CStr::from_bytes_with_nul(&self.buf[..=self.len]).ok()
+    }
+}
+
+impl<const N: usize> Default for StackBuf<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<const N: usize> core::fmt::Write for StackBuf<N> {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        self.push(s.as_bytes());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::fmt::Write;
+
+    #[test]
+    fn parses_numbers() {
+        assert_eq!(parse_u64(b"0"), Some(0));
+        assert_eq!(parse_u64(b"18446744073709551615"), Some(u64::MAX));
+        assert_eq!(parse_u64(b"18446744073709551616"), None);
+        assert_eq!(parse_u64(b""), None);
+        assert_eq!(parse_u64(b"1x"), None);
+        assert_eq!(parse_i64(b"-1"), Some(-1));
+        assert_eq!(parse_i64(b"+5"), Some(5));
+        assert_eq!(parse_i64(b"-9223372036854775808"), Some(i64::MIN));
+        assert_eq!(parse_i64(b"-"), None);
+    }
+
+    #[test]
+    fn stackbuf_truncates_and_makes_c_strings() {
+        let mut b = StackBuf::<4>::new();
+        write!(b, "abcdef").unwrap();
+        assert_eq!(b.as_bytes(), b"abcd");
+        assert!(b.as_cstr().is_none(), "no room for the NUL");
+        let mut b = StackBuf::<8>::new();
+        write!(b, "/a/b").unwrap();
+        assert_eq!(b.as_cstr().unwrap().to_bytes(), b"/a/b");
+    }
+}

@@ -1,0 +1,117 @@
+//! Reading `/proc/self`.
+//!
+//! The thread count, which the fork handler needs on the application's
+//! thread, is read without opening anything: the link count of
+//! `/proc/self/task` is 2 plus the number of threads. Everything else opens
+//! files and is read on the shim's thread.
+
+use core::ffi::CStr;
+
+/// Number of threads in this process, the kernel's figure (field 20 of
+/// `/proc/self/stat`, which CPython reads before warning about fork with
+/// threads; a main thread that called `pthread_exit` still counts). Opens
+/// no descriptor.
+pub fn thread_count() -> Option<u64> {
+    let _e = super::KeepErrno::new();
+    // SAFETY: `st` is a valid out-pointer; the path is a static C string.
+    let mut st: libc::stat = unsafe { core::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::stat(c"/proc/self/task".as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    (st.st_nlink as u64).checked_sub(2).filter(|&n| n > 0)
+}
+
+/// Reads up to `buf.len()` bytes of a small procfs or sysfs file. `None` if
+/// it cannot be opened. Shim's thread (it opens a descriptor).
+pub fn read_file(path: &CStr, buf: &mut [u8]) -> Option<usize> {
+    let _e = super::KeepErrno::new();
+    super::raw::read_file(path, buf)
+}
+
+/// The fields of a `/proc/<pid>/stat` line after the command (field 3 on);
+/// the command (field 2) may hold spaces and parentheses.
+fn stat_fields(stat: &[u8]) -> Option<impl Iterator<Item = &[u8]>> {
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    Some(
+        stat[close + 1..]
+            .split(|&b| b == b' ' || b == b'\n')
+            .filter(|f| !f.is_empty()),
+    )
+}
+
+/// Field 22 of a `/proc/<pid>/stat` line: the start time in clock ticks
+/// after boot.
+pub fn parse_starttime(stat: &[u8]) -> Option<u64> {
+    super::parse_u64(stat_fields(stat)?.nth(19)?)
+}
+
+/// This process's start time (field 22 of its stat file), 0 if unreadable.
+///
+/// Read as `/proc/./self/stat`, which the kernel resolves to the same file.
+/// User-mode emulators (qemu-user, which runs arm64 containers on x86_64
+/// hosts through binfmt_misc) rewrite only the literal `/proc/self/stat`
+/// and report their own start-up time there, a few ticks later than the
+/// kernel's; the socket name would then never match what memshim-ctl reads
+/// from `/proc/<pid>/stat`.
+pub fn starttime() -> u64 {
+    let mut buf = [0u8; 1024];
+    read_file(c"/proc/./self/stat", &mut buf)
+        .and_then(|n| parse_starttime(&buf[..n]))
+        .unwrap_or(0)
+}
+
+/// The inode number of this process's pid namespace (`/proc/self/ns/pid`),
+/// 0 if unknown. Opens no descriptor.
+pub fn pid_namespace() -> u64 {
+    let _e = super::KeepErrno::new();
+    // SAFETY: `st` is a valid out-pointer; the path is a static C string.
+    let mut st: libc::stat = unsafe { core::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::stat(c"/proc/self/ns/pid".as_ptr(), &mut st) } != 0 {
+        return 0;
+    }
+    st.st_ino as u64
+}
+
+/// The main thread (the thread-group leader) has ended with `pthread_exit`
+/// while other threads run on: `/proc/self/stat` shows the process as a
+/// zombie then.
+pub fn leader_exited() -> bool {
+    let mut buf = [0u8; 1024];
+    read_file(c"/proc/self/stat", &mut buf)
+        .and_then(|n| stat_fields(&buf[..n])?.next().map(|s| s == b"Z"))
+        .unwrap_or(false)
+}
+
+/// Resident set size in bytes (the second field of `/proc/self/statm`).
+pub fn rss_bytes() -> u64 {
+    let mut buf = [0u8; 128];
+    let Some(len) = read_file(c"/proc/self/statm", &mut buf) else {
+        return 0;
+    };
+    let pages = buf[..len]
+        .split(|&b| b == b' ')
+        .nth(1)
+        .and_then(super::parse_u64)
+        .unwrap_or(0);
+    pages * super::page_size() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_this_process() {
+        assert!(thread_count().unwrap() >= 1);
+        assert!(starttime() > 0);
+        assert!(pid_namespace() > 0);
+        assert!(!leader_exited());
+        assert!(rss_bytes() > 0);
+        let stat =
+            b"42 (a) b (c)) S 1 42 42 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 987654 1000 10";
+        assert_eq!(parse_starttime(stat), Some(987654));
+        assert_eq!(parse_starttime(b"garbage"), None);
+    }
+}

@@ -1,0 +1,187 @@
+//! System calls made with the `syscall` instruction, not through libc.
+//!
+//! The shim reads its configuration inside jemalloc's initialisation, which
+//! holds jemalloc's init lock, and often before libc's own initialisation
+//! has finished. A libc call there can reach another preloaded library
+//! instead of glibc (`open`, `read`, `write` and `sched_getaffinity` are
+//! commonly interposed by tracing and sandboxing preloads); if that library
+//! allocates, the allocation re-enters jemalloc, which deadlocks on its own
+//! init lock. These calls cannot be interposed, touch no `errno` (errors
+//! come back as `Err(errno)`), allocate nothing and are async-signal-safe.
+
+use core::ffi::CStr;
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn syscall4(n: usize, a: usize, b: usize, c: usize, d: usize) -> isize {
+    let ret: isize;
+    // SAFETY: the caller passes a valid system call number and arguments
+    // that are valid for it; the kernel clobbers only rcx and r11.
+    unsafe {
+        core::arch::asm!(
+            "syscall",
+            inlateout("rax") n as isize => ret,
+            in("rdi") a,
+            in("rsi") b,
+            in("rdx") c,
+            in("r10") d,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    ret
+}
+
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+unsafe fn syscall4(n: usize, a: usize, b: usize, c: usize, d: usize) -> isize {
+    let ret: isize;
+    // SAFETY: as for x86_64; on aarch64 the kernel clobbers nothing else.
+    unsafe {
+        core::arch::asm!(
+            "svc 0",
+            in("x8") n,
+            inlateout("x0") a as isize => ret,
+            in("x1") b,
+            in("x2") c,
+            in("x3") d,
+            options(nostack),
+        );
+    }
+    ret
+}
+
+fn result(r: isize) -> Result<usize, i32> {
+    if (-4095..0).contains(&r) {
+        Err(-r as i32)
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// `openat(AT_FDCWD, path, flags | O_CLOEXEC)`.
+pub fn open(path: &CStr, flags: i32) -> Result<i32, i32> {
+    // SAFETY: `path` is NUL-terminated and outlives the call.
+    let r = unsafe {
+        syscall4(
+            libc::SYS_openat as usize,
+            libc::AT_FDCWD as usize,
+            path.as_ptr() as usize,
+            (flags | libc::O_CLOEXEC) as usize,
+            0,
+        )
+    };
+    result(r).map(|fd| fd as i32)
+}
+
+/// `read(fd, buf)`.
+pub fn read(fd: i32, buf: &mut [u8]) -> Result<usize, i32> {
+    // SAFETY: the pointer and length describe `buf`, which the kernel writes.
+    result(unsafe {
+        syscall4(
+            libc::SYS_read as usize,
+            fd as usize,
+            buf.as_mut_ptr() as usize,
+            buf.len(),
+            0,
+        )
+    })
+}
+
+/// `write(fd, bytes)`.
+pub fn write(fd: i32, bytes: &[u8]) -> Result<usize, i32> {
+    // SAFETY: the pointer and length describe `bytes`, which the kernel reads.
+    result(unsafe {
+        syscall4(
+            libc::SYS_write as usize,
+            fd as usize,
+            bytes.as_ptr() as usize,
+            bytes.len(),
+            0,
+        )
+    })
+}
+
+/// `close(fd)`.
+pub fn close(fd: i32) {
+    // SAFETY: closing a descriptor number has no memory-safety preconditions.
+    let _ = unsafe { syscall4(libc::SYS_close as usize, fd as usize, 0, 0, 0) };
+}
+
+/// `getpid()`.
+pub fn getpid() -> i32 {
+    // SAFETY: no arguments; cannot fail.
+    unsafe { syscall4(libc::SYS_getpid as usize, 0, 0, 0, 0) as i32 }
+}
+
+/// `gettid()`.
+pub fn gettid() -> i32 {
+    // SAFETY: no arguments; cannot fail.
+    unsafe { syscall4(libc::SYS_gettid as usize, 0, 0, 0, 0) as i32 }
+}
+
+/// The number of CPUs in this thread's affinity mask (`sched_getaffinity`),
+/// at least 1.
+pub fn affinity_cpus() -> u32 {
+    let mut mask = [0u64; 64]; // 4096 CPUs
+    // SAFETY: the kernel writes at most `size_of_val(&mask)` bytes into it.
+    let r = unsafe {
+        syscall4(
+            libc::SYS_sched_getaffinity as usize,
+            0,
+            core::mem::size_of_val(&mask),
+            mask.as_mut_ptr() as usize,
+            0,
+        )
+    };
+    match result(r) {
+        Ok(bytes) => {
+            let words = (bytes / 8).min(mask.len());
+            mask[..words]
+                .iter()
+                .map(|w| w.count_ones())
+                .sum::<u32>()
+                .max(1)
+        }
+        Err(_) => 1,
+    }
+}
+
+/// Reads up to `buf.len()` bytes of a small file (procfs, sysfs). Returns
+/// the number of bytes read, or `None` if it cannot be opened.
+pub fn read_file(path: &CStr, buf: &mut [u8]) -> Option<usize> {
+    let fd = open(path, libc::O_RDONLY).ok()?;
+    let mut len = 0;
+    while len < buf.len() {
+        match read(fd, &mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(libc::EINTR) => continue,
+            Err(_) => break,
+        }
+    }
+    close(fd);
+    Some(len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_calls_agree_with_libc() {
+        // SAFETY: plain getters.
+        unsafe {
+            assert_eq!(getpid(), libc::getpid());
+            assert_eq!(gettid(), libc::gettid());
+        }
+        let mut buf = [0u8; 64];
+        let n = read_file(c"/proc/self/stat", &mut buf).unwrap();
+        assert!(n > 0 && buf[..n].starts_with(getpid().to_string().as_bytes()));
+        assert!(read_file(c"/nonexistent", &mut buf).is_none());
+        assert!(affinity_cpus() >= 1);
+        assert_eq!(result(-2), Err(2));
+        assert_eq!(result(5), Ok(5));
+    }
+}

@@ -1,0 +1,195 @@
+//! A thread that starts threads in the application's descriptor table.
+//!
+//! A thread shares the descriptor table of the thread that created it.
+//! Once the shim's thread has a table of its own (`fd.rs`), every thread it
+//! creates would share that private table. The Python bridge's job threads
+//! must not: they run Python code (finalizers during `gc`, torch's
+//! `empty_cache`) that closes, opens and passes descriptors by number, and
+//! those numbers are the application's. So the shim's thread creates this
+//! small idle thread *before* it leaves the application's table, and asks
+//! it for each job thread ([`spawn_detached`]); it is the shim's only other
+//! long-lived thread, exists only while the shim's thread runs with a
+//! private table in a process that hosts CPython, and is stopped with it.
+//!
+//! A process that loads CPython only after the shim's thread started has no
+//! spawner: [`spawn_detached`] says so, and the next `pthread_create` of
+//! the application starts one ([`wanted`], from the application's thread,
+//! which is in its own table).
+
+use super::thread::{self, Stack};
+use super::time;
+use core::ffi::c_void;
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::*};
+
+const OFF: u32 = 0;
+const STARTING: u32 = 1;
+const ON: u32 = 2;
+const STOPPING: u32 = 3;
+
+/// The spawner's life.
+static LIFE: AtomicU32 = AtomicU32::new(OFF);
+/// The shim's thread runs with a private table and allows a spawner.
+static ALLOWED: AtomicBool = AtomicBool::new(false);
+/// A job thread was wanted and there was no spawner.
+static WANTED: AtomicBool = AtomicBool::new(false);
+/// pthread_t of the spawner (joinable).
+static HANDLE: AtomicUsize = AtomicUsize::new(0);
+
+const IDLE: u32 = 0;
+const REQUEST: u32 = 1;
+const EXIT: u32 = 2;
+/// The request word the spawner waits on (a futex).
+static ORDER: AtomicU32 = AtomicU32::new(IDLE);
+/// The answer: 0 none yet, 1 started, 2 failed (a futex).
+static ANSWER: AtomicU32 = AtomicU32::new(0);
+static ENTRY: AtomicUsize = AtomicUsize::new(0);
+static ARG: AtomicUsize = AtomicUsize::new(0);
+
+/// Stack of the spawner: it only calls `pthread_create`.
+const STACK: usize = 64 * 1024;
+
+/// Whether a spawner thread exists (or is being created): it counts among
+/// the shim's threads.
+pub fn alive() -> bool {
+    LIFE.load(Acquire) != OFF
+}
+
+/// Allows (or, with `false`, forbids) starting a spawner: the shim's
+/// thread allows it while it runs with a private table.
+pub fn allow(yes: bool) {
+    ALLOWED.store(yes, Release);
+    if !yes {
+        WANTED.store(false, Release);
+    }
+}
+
+/// Whether a job thread was asked for while no spawner existed.
+pub fn wanted() -> bool {
+    WANTED.load(Acquire) && ALLOWED.load(Acquire) && !alive()
+}
+
+/// Starts the spawner. Call only on a thread that uses the application's
+/// descriptor table (the shim's thread before it leaves it, or an
+/// application thread). Returns whether one runs now.
+pub fn start() -> bool {
+    if !ALLOWED.load(Acquire) {
+        return false;
+    }
+    if LIFE
+        .compare_exchange(OFF, STARTING, AcqRel, Acquire)
+        .is_err()
+    {
+        return LIFE.load(Acquire) == ON;
+    }
+    ORDER.store(IDLE, SeqCst);
+    match thread::spawn(main, 0, Stack::Bytes(STACK), false) {
+        Some(t) => {
+            HANDLE.store(t as usize, Release);
+            WANTED.store(false, Release);
+            LIFE.store(ON, Release);
+            true
+        }
+        None => {
+            LIFE.store(OFF, Release);
+            false
+        }
+    }
+}
+
+/// Stops the spawner and waits until it has ended (shim's thread).
+pub fn stop() {
+    allow(false);
+    // A start on an application's thread takes a few microseconds.
+    while LIFE.load(Acquire) == STARTING {
+        time::sleep(std::time::Duration::from_micros(100));
+    }
+    if LIFE
+        .compare_exchange(ON, STOPPING, AcqRel, Acquire)
+        .is_err()
+    {
+        return;
+    }
+    ORDER.store(EXIT, SeqCst);
+    time::futex_wake(&ORDER);
+    let t = HANDLE.swap(0, AcqRel);
+    if t != 0 {
+        thread::join(t as libc::pthread_t);
+    }
+    LIFE.store(OFF, Release);
+}
+
+/// Why no thread was started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpawnError {
+    /// The shim's thread has a private table and no spawner runs (CPython
+    /// was loaded after the shim's thread started).
+    NoSpawner,
+    /// `pthread_create` failed.
+    Failed,
+}
+
+/// Starts a detached thread, with every signal blocked, that shares the
+/// application's descriptor table: directly where the shim's thread shares
+/// it, through the spawner where it has a table of its own. Shim's thread
+/// only (one request at a time).
+pub fn spawn_detached(
+    entry: extern "C" fn(*mut c_void) -> *mut c_void,
+    arg: usize,
+) -> Result<(), SpawnError> {
+    if !super::fd::private() {
+        return thread::spawn(entry, arg, Stack::Default, true)
+            .map(|_| ())
+            .ok_or(SpawnError::Failed);
+    }
+    if LIFE.load(Acquire) != ON {
+        WANTED.store(true, Release);
+        return Err(SpawnError::NoSpawner);
+    }
+    ENTRY.store(entry as usize, SeqCst);
+    ARG.store(arg, SeqCst);
+    ANSWER.store(0, SeqCst);
+    ORDER.store(REQUEST, SeqCst);
+    time::futex_wake(&ORDER);
+    // The spawner only calls pthread_create: wait for its answer.
+    loop {
+        match ANSWER.load(SeqCst) {
+            0 => time::futex_wait(&ANSWER, 0, None),
+            1 => return Ok(()),
+            _ => return Err(SpawnError::Failed),
+        }
+    }
+}
+
+/// Fork child: no spawner here. Async-signal-safe.
+pub fn after_fork_child() {
+    LIFE.store(OFF, SeqCst);
+    HANDLE.store(0, SeqCst);
+    ORDER.store(IDLE, SeqCst);
+    ANSWER.store(0, SeqCst);
+    ALLOWED.store(false, SeqCst);
+    WANTED.store(false, SeqCst);
+}
+
+extern "C" fn main(_: *mut c_void) -> *mut c_void {
+    thread::set_name(c"memshim");
+    loop {
+        match ORDER.load(SeqCst) {
+            IDLE => time::futex_wait(&ORDER, IDLE, None),
+            REQUEST => {
+                let entry = ENTRY.load(SeqCst);
+                // SAFETY: ENTRY holds the `extern "C" fn` that
+                // `spawn_detached` stored before posting the request.
+                let entry = unsafe {
+                    core::mem::transmute::<usize, extern "C" fn(*mut c_void) -> *mut c_void>(entry)
+                };
+                let ok = thread::spawn(entry, ARG.load(SeqCst), Stack::Default, true).is_some();
+                // Idle before answering: the requester may post the next
+                // request as soon as it sees the answer.
+                ORDER.store(IDLE, SeqCst);
+                ANSWER.store(if ok { 1 } else { 2 }, SeqCst);
+                time::futex_wake(&ANSWER);
+            }
+            _ => return core::ptr::null_mut(),
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! Threads of the shim's own, and what the shim's code may do on the
+//! application's threads.
+//!
+//! * [`spawn`] creates a thread with glibc's `pthread_create` (not our
+//!   exported one, so the thread rule never sees it) and every signal
+//!   blocked: the application's handlers never run on it, and a signal
+//!   meant for the program is never delivered to it.
+//! * [`NoCancel`] keeps a pending deferred cancellation of the application's
+//!   thread from acting inside code of ours (a fork handler, our
+//!   `pthread_create`): glibc would unwind the thread through our frames,
+//!   out of a call that is not a cancellation point.
+
+use core::ffi::{CStr, c_int, c_void};
+use core::sync::atomic::{AtomicUsize, Ordering::*};
+
+/// The signature of `pthread_create`.
+pub type PthreadCreate = unsafe extern "C" fn(
+    *mut libc::pthread_t,
+    *const libc::pthread_attr_t,
+    extern "C" fn(*mut c_void) -> *mut c_void,
+    *mut c_void,
+) -> c_int;
+
+static REAL_PTHREAD_CREATE: AtomicUsize = AtomicUsize::new(0);
+
+/// glibc's `pthread_create`, found with `dlsym(RTLD_NEXT)` (ours comes first
+/// in the search order). Resolved by the constructor, or on first use if a
+/// library constructor creates a thread before ours runs.
+pub fn real_pthread_create() -> Option<PthreadCreate> {
+    let mut p = REAL_PTHREAD_CREATE.load(Acquire);
+    if p == 0 {
+        p = super::dl::next(c"pthread_create");
+        REAL_PTHREAD_CREATE.store(p, Release);
+    }
+    // SAFETY: a non-null result of dlsym("pthread_create") has this type.
+    (p != 0).then(|| unsafe { core::mem::transmute::<usize, PthreadCreate>(p) })
+}
+
+/// Where a new thread's stack comes from.
+#[derive(Clone, Copy, Debug)]
+pub enum Stack {
+    /// The system's default (what a thread of the program would get).
+    Default,
+    /// This many bytes.
+    Bytes(usize),
+}
+
+/// Creates a thread of the shim's with every signal blocked; `entry` gets
+/// `arg` as its `void*`. Returns its handle (0 for a detached thread), or
+/// `None`.
+pub fn spawn(
+    entry: extern "C" fn(*mut c_void) -> *mut c_void,
+    arg: usize,
+    stack: Stack,
+    detached: bool,
+) -> Option<libc::pthread_t> {
+    let create = real_pthread_create()?;
+    let _e = super::KeepErrno::new();
+    // SAFETY: standard pthread attribute and signal-mask calls on locals.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = core::mem::zeroed();
+        if libc::pthread_attr_init(&mut attr) != 0 {
+            return None;
+        }
+        if let Stack::Bytes(size) = stack {
+            libc::pthread_attr_setstacksize(&mut attr, size);
+        }
+        if detached {
+            libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
+        }
+        let mut all: libc::sigset_t = core::mem::zeroed();
+        let mut old: libc::sigset_t = core::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        let mut t: libc::pthread_t = 0;
+        let rc = create(&mut t, &attr, entry, arg as *mut c_void);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, core::ptr::null_mut());
+        libc::pthread_attr_destroy(&mut attr);
+        (rc == 0).then_some(if detached { 0 } else { t })
+    }
+}
+
+/// Waits for a joinable thread of ours to end. Never acts on a pending
+/// cancellation of the caller.
+pub fn join(t: libc::pthread_t) {
+    let _nc = NoCancel::new();
+    let _e = super::KeepErrno::new();
+    // SAFETY: `t` is a joinable thread we created and nobody else joins.
+    unsafe { libc::pthread_join(t, core::ptr::null_mut()) };
+}
+
+// Not in the libc crate. glibc: PTHREAD_CANCEL_ENABLE 0, _DISABLE 1.
+unsafe extern "C" {
+    fn pthread_setcancelstate(state: c_int, old: *mut c_int) -> c_int;
+}
+const PTHREAD_CANCEL_DISABLE: c_int = 1;
+
+/// Disables cancellation of the calling thread while it lives, and
+/// restores the previous state (a pending request then acts at the
+/// thread's next cancellation point, as without the shim).
+pub struct NoCancel(c_int);
+
+impl NoCancel {
+    /// Disables cancellation.
+    pub fn new() -> NoCancel {
+        let mut old = 0;
+        // SAFETY: pthread_setcancelstate is not a cancellation point and
+        // only writes `old`.
+        unsafe { pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &mut old) };
+        NoCancel(old)
+    }
+}
+
+impl Default for NoCancel {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for NoCancel {
+    fn drop(&mut self) {
+        let mut ignored = 0;
+        // SAFETY: as in `new`.
+        unsafe { pthread_setcancelstate(self.0, &mut ignored) };
+    }
+}
+
+/// Names the calling thread (as `ps -L` and `/proc/<pid>/task/*/comm` show it).
+pub fn set_name(name: &CStr) {
+    // SAFETY: naming the calling thread with a NUL-terminated name.
+    unsafe { libc::pthread_setname_np(libc::pthread_self(), name.as_ptr()) };
+}
+
+/// The calling thread's kernel id.
+pub fn gettid() -> i32 {
+    super::raw::gettid()
+}
+
+/// Registers fork handlers (`pthread_atfork`).
+pub fn atfork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern "C" fn()) {
+    // SAFETY: registering plain extern "C" functions.
+    unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+}
+
+/// A thread-specific-data key whose destructor runs when a thread that set
+/// a value ends, however it ends (a return, or `pthread_exit`).
+#[derive(Clone, Copy)]
+pub struct Key(libc::pthread_key_t);
+
+impl Key {
+    /// Creates a key with `dtor`.
+    pub fn create(dtor: unsafe extern "C" fn(*mut c_void)) -> Option<Key> {
+        let mut key: libc::pthread_key_t = 0;
+        // SAFETY: creates a key with a plain extern "C" destructor.
+        (unsafe { libc::pthread_key_create(&mut key, Some(dtor)) } == 0).then_some(Key(key))
+    }
+
+    /// The key as a number (to pass through a `void*`).
+    pub fn as_raw(self) -> u32 {
+        self.0
+    }
+
+    /// The key from [`Key::as_raw`].
+    pub fn from_raw(raw: u32) -> Key {
+        Key(raw)
+    }
+
+    /// Arms (a non-null value) or disarms (null) the destructor for the
+    /// calling thread. Returns false if that failed.
+    pub fn set(self, armed: bool) -> bool {
+        let v = if armed {
+            core::ptr::dangling::<c_void>()
+        } else {
+            core::ptr::null()
+        };
+        // SAFETY: setting this thread's value of a live key.
+        unsafe { libc::pthread_setspecific(self.0, v) == 0 }
+    }
+}

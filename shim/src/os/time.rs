@@ -1,0 +1,68 @@
+//! The monotonic clock, sleeping, and futexes.
+
+use core::sync::atomic::AtomicU32;
+use std::time::Duration;
+
+/// Monotonic clock in milliseconds. Allocation-free, async-signal-safe.
+pub fn monotonic_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
+fn timespec(d: Duration) -> libc::timespec {
+    libc::timespec {
+        tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: d.subsec_nanos() as libc::c_long,
+    }
+}
+
+/// Sleeps for `d` (or less, if a signal interrupts). `nanosleep` is a
+/// cancellation point: callers on the application's threads hold a
+/// [`super::thread::NoCancel`]. Async-signal-safe.
+pub fn sleep(d: Duration) {
+    let ts = timespec(d);
+    // SAFETY: sleeping on a local timespec.
+    unsafe { libc::nanosleep(&ts, core::ptr::null_mut()) };
+}
+
+/// Waits until `word` is no longer `expected`, a wake-up, or `timeout`
+/// (`None`: no limit). Returns at once if the word differs already.
+pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
+    let ts = timeout.map(timespec);
+    let tp = ts
+        .as_ref()
+        .map_or(core::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: FUTEX_WAIT on a live u32 with a relative timeout (or none).
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            tp,
+            core::ptr::null::<u32>(),
+            0,
+        )
+    };
+}
+
+/// Wakes every waiter on `word`.
+pub fn futex_wake(word: &AtomicU32) {
+    // SAFETY: FUTEX_WAKE on a live u32.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            i32::MAX,
+            core::ptr::null::<libc::timespec>(),
+            core::ptr::null::<u32>(),
+            0,
+        )
+    };
+}

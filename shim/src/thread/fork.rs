@@ -1,0 +1,118 @@
+//! Fork handlers, and stopping the shim's thread when the application,
+//! alone but for it, forks or enters a namespace.
+//!
+//! Before `fork`: if the process is alone but for the shim's threads, the
+//! prepare handler asks the thread to stop, wakes it and waits (bounded,
+//! 200 ms) until it has exited and been joined. A thread that is still
+//! starting (a process that creates, joins and forks back to back, like
+//! CPython's `t.start(); t.join(); os.fork()`) is first waited for,
+//! bounded too, until it reaches its loop. The parent is then
+//! single-threaded when `fork()` copies it and when CPython counts threads
+//! after `fork()` returns. If the thread cannot stop in time (it waits for
+//! a lock the forking thread holds, such as the GIL), the fork goes ahead
+//! with the thread alive rather than risk a deadlock. Our prepare handler
+//! runs before jemalloc's (the constructor made sure jemalloc's are
+//! registered first), so jemalloc is unlocked while we wait.
+//!
+//! `unshare(CLONE_NEWUSER)` and `setns` into a user or mount namespace need
+//! a single-threaded caller; our exported `unshare`/`setns` stop the thread
+//! the same way first.
+//!
+//! In the child only the forking thread exists. The child handler does
+//! async-signal-safe work only: reset atomics, record the new pid, close
+//! inherited descriptors that are still ours (application's table only). It
+//! never starts a thread; the child starts its own by the same rule, at its
+//! own first `pthread_create`. `vfork`/`posix_spawn` children run no fork
+//! handlers, and every start checks `getpid()` against the recorded pid, so
+//! they never start anything.
+//!
+//! All of this runs on the application's thread, with its cancellation
+//! disabled: `nanosleep`, `pthread_join` and `open` are cancellation points,
+//! and a pending cancel acting in a fork handler would unwind the thread
+//! out of `fork()`, which is not one.
+
+use super::state::{Phase, STATE};
+use super::{run, wake};
+use crate::options::{self, Control};
+use crate::os::thread::NoCancel;
+use crate::os::{self, KeepErrno};
+use std::time::Duration;
+
+/// Longest wait for a starting thread to reach its loop.
+const START_WAIT_MS: u64 = 200;
+/// Longest wait for the thread to stop before a fork goes ahead.
+const STOP_WAIT_MS: u64 = 200;
+
+/// Fork prepare handler.
+pub(super) extern "C" fn prepare() {
+    let _e = KeepErrno::new();
+    let _nc = NoCancel::new();
+    stop_if_alone_but_for_us();
+    // After the stop above: a thread that is stopping must still be able to
+    // close its descriptors.
+    os::fd::before_fork();
+}
+
+/// Fork parent handler.
+pub(super) extern "C" fn parent() {
+    os::fd::after_fork_parent();
+}
+
+/// Fork child handler: the shim's threads do not exist here.
+/// Async-signal-safe.
+pub(super) extern "C" fn child() {
+    let _e = KeepErrno::new();
+    os::fd::after_fork_child();
+    os::spawner::after_fork_child();
+    STATE.after_fork_child(os::getpid(), os::time::monotonic_ms());
+    crate::control::after_fork_child();
+    crate::python::after_fork_child();
+}
+
+/// If the process is alone but for the shim's threads (`MEMSHIM_CONTROL=auto`),
+/// stops them and waits (bounded) until they are gone.
+pub(super) fn stop_if_alone_but_for_us() {
+    if options::control() != Control::Auto
+        || !matches!(STATE.phase(), Phase::Running | Phase::Starting)
+    {
+        return;
+    }
+    let _e = KeepErrno::new();
+    let _nc = NoCancel::new();
+    if os::proc::thread_count() != Some(1 + run::our_threads()) {
+        return;
+    }
+    wait_while_starting();
+    if STATE.phase() == Phase::Running {
+        stop_now();
+    }
+}
+
+fn wait_while_starting() {
+    let deadline = os::time::monotonic_ms() + START_WAIT_MS;
+    while STATE.phase() == Phase::Starting && os::time::monotonic_ms() < deadline {
+        os::time::sleep(Duration::from_micros(100));
+    }
+}
+
+/// Asks the thread to stop, wakes it, waits until it has exited and been
+/// joined (so the kernel no longer counts it), or gives up after
+/// [`STOP_WAIT_MS`].
+fn stop_now() {
+    STATE.ask_stop(true);
+    wake::wake();
+    let deadline = os::time::monotonic_ms() + STOP_WAIT_MS;
+    while STATE.phase() != Phase::Idle {
+        if os::time::monotonic_ms() >= deadline {
+            // Busy (for example waiting for a lock the forking thread holds):
+            // go ahead with the thread still there rather than risk a deadlock.
+            STATE.ask_stop(false);
+            return;
+        }
+        os::time::sleep(Duration::from_micros(200));
+    }
+    let t = STATE.take_handle();
+    if t != 0 {
+        os::thread::join(t);
+    }
+}

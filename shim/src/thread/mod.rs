@@ -1,0 +1,158 @@
+//! The shim's thread: when it may exist, what it does, and fork.
+//!
+//! The rule (docs/design.md, "Threads"): **a single-threaded process stays
+//! single-threaded.** The shim's thread (idle purging and the control
+//! socket) starts only when the process creates its own second thread,
+//! which we notice in our exported `pthread_create`. It stops again once
+//! the process has been alone for a while, and at once if the process forks
+//! or enters a namespace while alone (so CPython's "multi-threaded fork"
+//! warning and `unshare(CLONE_NEWUSER)` behave as without the shim).
+//! `MEMSHIM_CONTROL=on` starts it in the constructor and keeps it;
+//! `MEMSHIM_CONTROL=off` never starts it.
+//!
+//! * `state.rs`: the one owner of the thread's state;
+//! * `run.rs`: the thread itself (its descriptor table, its loop, stopping);
+//! * `fork.rs`: the fork handlers, and stopping for a fork or a namespace;
+//! * `wake.rs`: how a handler wakes the thread.
+//!
+//! Code here that runs on the application's threads (our `pthread_create`,
+//! `unshare`, `setns`, the fork handlers) keeps `errno` and never acts on a
+//! pending cancellation of that thread.
+
+mod fork;
+mod run;
+mod state;
+mod wake;
+
+use crate::control::Facts;
+use crate::options::{self, Control};
+use crate::os::thread::NoCancel;
+use crate::os::{self, KeepErrno};
+use state::{Phase, STATE};
+
+/// May this process start the shim's thread at all?
+fn eligible() -> bool {
+    STATE.interposed() && options::control() != Control::Off && STATE.pid() == os::getpid()
+}
+
+/// Starts the shim's thread if it is not running. Called from our
+/// `pthread_create` after the application's thread exists, and from the
+/// constructor.
+fn arm() {
+    STATE.want();
+    if !STATE.move_phase(Phase::Idle, Phase::Starting) {
+        return; // running, or being started/stopped by someone who will look at `wanted`
+    }
+    // Reap the previous thread, which has left its loop (the phase was Idle).
+    let old = STATE.take_handle();
+    if old != 0 {
+        os::thread::join(old);
+    }
+    match run::spawn() {
+        Some(t) => STATE.set_handle(t),
+        None => STATE.set_phase(Phase::Idle),
+    }
+}
+
+/// Detects whether our `malloc` is the process's `malloc`, and whether a
+/// sanitizer (which must own malloc) is present.
+fn detect_interposition() -> bool {
+    // Compare the *object* that defines the global `malloc` with ours.
+    // Comparing with the address of our `malloc` does not work: that
+    // address is taken through our GOT, which the loader binds to the global
+    // definition too, so the test always passed (an executable with its own
+    // malloc, or a dlopen'ed shim, read as interposed). `STATE` is a local
+    // static, so its address is never interposed.
+    let global = os::dl::global(c"malloc");
+    let here = &raw const STATE as usize;
+    if global.is_null() || !os::dl::same_object(global as usize, here) {
+        return false;
+    }
+    [
+        c"__asan_init",
+        c"__tsan_init",
+        c"__msan_init",
+        c"__hwasan_init",
+    ]
+    .iter()
+    .all(|s| os::dl::global(s).is_null())
+}
+
+/// Constructor.
+pub fn on_load() {
+    // jemalloc is normally initialised already (the loader's first malloc);
+    // this forces it otherwise, so its fork handlers are registered before
+    // ours: glibc runs prepare handlers in reverse order, so ours runs first
+    // (while jemalloc is unlocked) and our child handler runs last.
+    let _ = crate::jemalloc::version();
+    options::load();
+    options::warn_unknown();
+    let interposed = detect_interposition();
+    STATE.on_load(os::getpid(), os::time::monotonic_ms(), interposed);
+    let _ = os::thread::real_pthread_create();
+    os::thread::atfork(fork::prepare, fork::parent, fork::child);
+    // A library constructor that created a thread before ours ran went
+    // through our pthread_create and was recorded as pending.
+    let already_threaded = STATE.ctor_finished();
+    if options::verbose() {
+        crate::report::print_verbose(interposed);
+    }
+    let start = match options::control() {
+        Control::On => true,
+        Control::Auto => already_threaded,
+        Control::Off => false,
+    };
+    if start && eligible() {
+        arm();
+    }
+}
+
+/// Destructor (the process is exiting).
+pub fn on_unload() {
+    crate::control::at_exit();
+}
+
+/// Our `pthread_create`, after glibc's has created the application's thread.
+pub fn after_app_thread_created() {
+    let _e = KeepErrno::new();
+    let _nc = NoCancel::new();
+    if !STATE.ctor_done_or_pend() {
+        return;
+    }
+    if eligible() {
+        arm();
+    }
+    // CPython appeared after the shim's thread left the application's
+    // descriptor table: this thread of the application's can start the
+    // spawner the Python bridge needs (os/spawner.rs).
+    if os::spawner::wanted() && STATE.phase() == Phase::Running {
+        os::spawner::start();
+    }
+}
+
+/// Our `unshare`, before the system call.
+pub fn before_unshare(flags: i32) {
+    let single = libc::CLONE_NEWUSER | libc::CLONE_VM | libc::CLONE_SIGHAND | libc::CLONE_THREAD;
+    if flags & single != 0 {
+        fork::stop_if_alone_but_for_us();
+    }
+}
+
+/// Our `setns`, before the system call: entering a user namespace, or a
+/// mount namespace (or an unknown kind, 0), needs a single-threaded caller.
+pub fn before_setns(nstype: i32) {
+    if nstype == 0 || nstype & (libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
+        fork::stop_if_alone_but_for_us();
+    }
+}
+
+/// What the control endpoint reports about the thread and the process.
+fn facts() -> Facts {
+    Facts {
+        interposed: STATE.interposed(),
+        fork_child: STATE.fork_child(),
+        uptime_ms: os::time::monotonic_ms().saturating_sub(STATE.start_ms()),
+        thread_starts: STATE.starts(),
+        private_fds: os::fd::private(),
+    }
+}

@@ -1,0 +1,238 @@
+//! The shim's own thread, named `memshim`.
+//!
+//! At its start it leaves the application's descriptor table where the
+//! kernel allows it (os/fd.rs); in a process that hosts CPython it first
+//! starts the spawner, which keeps starting the Python bridge's job
+//! threads in the application's table (os/spawner.rs). Its loop:
+//!
+//! * every tick, `arena.4096.decay` (`jemalloc::decay_all`), so pages freed
+//!   by a process that then goes idle are returned within the decay time;
+//!   jemalloc alone only decays on allocator activity;
+//! * serves the control socket (`control/`): its listener and client
+//!   connections are polled here;
+//! * stops when the process has been alone (main thread + the shim's) for
+//!   the decay time plus a grace second, or at once when a fork or
+//!   namespace handler asks;
+//! * ends within a tick, in every mode, once every application thread has
+//!   ended (main called `pthread_exit` and the others returned), so the
+//!   process exits as it would without the shim.
+//!
+//! All signals are blocked on this thread (it is created with a full mask),
+//! so the application's handlers never run here. It holds no lock of its own
+//! that the allocation path takes; jemalloc's own locks are taken only
+//! inside `mallctl`.
+
+use super::state::{Phase, STATE};
+use super::wake::Wake;
+use crate::options::{self, Control, FdTable};
+use crate::os::{self, spawner, thread::Stack};
+use crate::{control, jemalloc};
+use core::ffi::c_void;
+
+/// Stack of the shim's thread (the default 8 MiB is far more than needed;
+/// the protocol decoder's deepest input still fits).
+const STACK_SIZE: usize = 256 * 1024;
+/// Longest sleep between ticks.
+const MAX_TICK_MS: i64 = 1000;
+/// Shortest sleep between ticks.
+const MIN_TICK_MS: i64 = 50;
+
+/// Creates the shim's thread. Returns its handle.
+pub(super) fn spawn() -> Option<libc::pthread_t> {
+    os::thread::spawn(main, 0, Stack::Bytes(STACK_SIZE), false)
+}
+
+/// How many threads the shim has now besides job threads: this one, and
+/// the spawner if it runs.
+pub(super) fn our_threads() -> u64 {
+    1 + u64::from(spawner::alive())
+}
+
+/// Tick length: a quarter of the dirty decay time, within [50 ms, 1 s].
+fn tick_ms(dirty_decay_ms: i64) -> i64 {
+    if dirty_decay_ms > 0 {
+        (dirty_decay_ms / 4).clamp(MIN_TICK_MS, MAX_TICK_MS)
+    } else {
+        MAX_TICK_MS
+    }
+}
+
+/// How long the process must be alone before the thread stops by itself:
+/// long enough for pages freed just before to decay away.
+fn alone_grace_ms(dirty_decay_ms: i64) -> u64 {
+    (dirty_decay_ms.clamp(0, 30_000) as u64) + 1000
+}
+
+/// Moves this thread to a descriptor table of its own, first starting the
+/// spawner if CPython is here (it must be created from the application's
+/// table). Returns whether the table is private.
+fn leave_the_application_table() -> bool {
+    if options::fd_table() == FdTable::Shared || !os::fd::can_be_private() {
+        return false;
+    }
+    spawner::allow(true);
+    if crate::python::present() {
+        spawner::start();
+    }
+    // With MEMSHIM_VERBOSE, fd 2 stays (a copy of the application's
+    // stderr), for this thread's own messages.
+    if os::fd::make_private(options::verbose()) {
+        return true;
+    }
+    spawner::stop();
+    false
+}
+
+/// The endpoint and the wake pipe: what the thread holds while it runs.
+struct Held {
+    endpoint: Option<control::Endpoint>,
+    wake: Option<Wake>,
+}
+
+impl Held {
+    fn open() -> Held {
+        Held {
+            wake: Wake::open(),
+            endpoint: control::Endpoint::open(),
+        }
+    }
+
+    fn close(&mut self) {
+        if let Some(e) = self.endpoint.take() {
+            e.close();
+        }
+        if let Some(w) = self.wake.take() {
+            w.close();
+        }
+    }
+}
+
+extern "C" fn main(_: *mut c_void) -> *mut c_void {
+    os::thread::set_name(c"memshim");
+    let _ = jemalloc::disable_own_tcache();
+    leave_the_application_table();
+    let mut own = Held {
+        wake: Wake::open(),
+        endpoint: None,
+    };
+    STATE.set_phase(Phase::Running);
+    own.endpoint = control::Endpoint::open();
+    let mut last_decay = os::time::monotonic_ms();
+    let mut alone_since: Option<u64> = None;
+    loop {
+        let dirty = jemalloc::decay_ms()
+            .map(|d| d.0)
+            .unwrap_or(options::dirty_decay_ms());
+        let tick = tick_ms(dirty);
+        // fds[0]: the wake pipe; then the endpoint's listener and connections.
+        let mut fds = [libc::pollfd {
+            fd: -1,
+            events: 0,
+            revents: 0,
+        }; 1 + control::MAX_POLL_FDS];
+        if let Some(w) = &own.wake {
+            fds[0] = w.pollfd();
+        }
+        let now = os::time::monotonic_ms();
+        let n_ep = own
+            .endpoint
+            .as_mut()
+            .map_or(0, |e| e.poll_fds(&mut fds[1..], now));
+        // SAFETY: `fds` is a live array of at least 1 + n_ep pollfd; negative
+        // descriptors are ignored.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), (1 + n_ep) as libc::nfds_t, tick as i32) };
+        if let Some(w) = &own.wake {
+            if n > 0 && fds[0].revents != 0 {
+                w.drain();
+            }
+        }
+        // The application closed or replaced it (its own table only): make a
+        // new one.
+        if own.wake.as_ref().is_none_or(|w| w.lost()) {
+            if let Some(w) = own.wake.take() {
+                w.close();
+            }
+            own.wake = Wake::open();
+        }
+        if STATE.take_stop() && try_stop(&mut own) {
+            return finish();
+        }
+        let facts = super::facts();
+        if let Some(e) = own.endpoint.as_mut() {
+            if n > 0 {
+                e.on_events(&fds[1..1 + n_ep], &facts);
+            }
+            e.on_tick(&facts);
+        }
+        let now = os::time::monotonic_ms();
+        if dirty >= 0 && now.saturating_sub(last_decay) >= tick as u64 {
+            let _ = jemalloc::decay_all();
+            last_decay = now;
+        }
+        let threads = os::proc::thread_count();
+        let alone = threads.is_some_and(|n| n <= 1 + our_threads());
+        if alone && os::proc::leader_exited() && try_stop(&mut own) {
+            // Every thread of the application has ended (its main thread
+            // with pthread_exit). Without us the process would have exited;
+            // returning lets glibc's last-thread exit(0) happen, in any
+            // mode. Staying would keep it alive forever, and since we block
+            // every signal, even SIGTERM would stay pending.
+            return finish();
+        }
+        if options::control() == Control::Auto {
+            if alone {
+                let since = *alone_since.get_or_insert(now);
+                if now.saturating_sub(since) >= alone_grace_ms(dirty) && try_stop(&mut own) {
+                    return finish();
+                }
+            } else {
+                alone_since = None;
+            }
+        }
+    }
+}
+
+/// Leaves the loop unless the process created a thread meanwhile. Returns
+/// true if the thread must exit now (its endpoint and wake pipe are closed;
+/// the spawner still runs until [`finish`]).
+fn try_stop(own: &mut Held) -> bool {
+    STATE.clear_wanted();
+    if !STATE.move_phase(Phase::Running, Phase::Stopping) {
+        return false;
+    }
+    if os::proc::thread_count().is_some_and(|n| n > 1 + our_threads()) {
+        STATE.set_phase(Phase::Running);
+        return false;
+    }
+    own.close();
+    STATE.set_phase(Phase::Idle);
+    // A thread created while we were stopping wants us back.
+    if STATE.wanted() && STATE.move_phase(Phase::Idle, Phase::Running) {
+        *own = Held::open();
+        return false;
+    }
+    true
+}
+
+/// The thread's last act: the spawner ends with it (a fork handler or
+/// `arm`, which join this thread, then see both gone).
+fn finish() -> *mut c_void {
+    spawner::stop();
+    core::ptr::null_mut()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tick_follows_decay() {
+        assert_eq!(tick_ms(1000), 250);
+        assert_eq!(tick_ms(10), MIN_TICK_MS);
+        assert_eq!(tick_ms(60_000), MAX_TICK_MS);
+        assert_eq!(tick_ms(-1), MAX_TICK_MS);
+        assert_eq!(tick_ms(0), MAX_TICK_MS);
+        assert_eq!(alone_grace_ms(1000), 2000);
+        assert_eq!(alone_grace_ms(-1), 1000);
+    }
+}
