@@ -261,7 +261,9 @@ export!(
 
 /// `dlopen`: clears `RTLD_DEEPBIND` (if enabled, and counts it) and
 /// tail-jumps to glibc's, so glibc still sees the original caller
-/// (deepbind.rs says why both matter).
+/// (deepbind.rs says why both matter). While the shim's thread may need a
+/// spawner it lacks, it first tells the thread layer which library is
+/// being loaded (os/spawner.rs).
 ///
 /// # Safety
 /// The C contract of `dlopen`.
@@ -270,6 +272,17 @@ export!(
 #[unsafe(naked)]
 pub unsafe extern "C" fn dlopen(file: *const c_char, mode: c_int) -> *mut c_void {
     core::arch::naked_asm!(
+        // if WATCH: before_dlopen(file), keeping the argument registers
+        "cmp byte ptr [rip + {watch}], 0",
+        "je 1f",
+        "push rdi",
+        "push rsi",
+        "sub rsp, 8",
+        "call {before}",
+        "add rsp, 8",
+        "pop rsi",
+        "pop rdi",
+        "1:",
         // if (mode & RTLD_DEEPBIND) && CLEAR: clear the flag and count it
         "test esi, 8",
         "jz 2f",
@@ -301,6 +314,8 @@ pub unsafe extern "C" fn dlopen(file: *const c_char, mode: c_int) -> *mut c_void
         count = sym crate::deepbind::CLEARED,
         real = sym crate::deepbind::REAL,
         resolve = sym crate::deepbind::resolve_real,
+        watch = sym crate::os::spawner::WATCH,
+        before = sym crate::deepbind::before_dlopen,
     )
 }
 

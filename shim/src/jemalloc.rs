@@ -57,37 +57,32 @@ fn read<T: Copy>(key: &[u8]) -> Result<T, Error> {
     Ok(unsafe { value.assume_init() })
 }
 
-/// Writes `value` to a NUL-terminated key.
-fn write<T: Copy>(key: &[u8], mut value: T) -> Result<(), Error> {
+/// Writes `len` bytes at `value` (none for an action) to a NUL-terminated key.
+fn set(key: &[u8], value: *mut c_void, len: usize) -> Result<(), Error> {
     debug_assert_eq!(key.last(), Some(&0));
-    // SAFETY: `key` is NUL-terminated; `value` is a live T of the size the
-    // key expects.
+    // SAFETY: `key` is NUL-terminated; `value` is null with `len` 0 (an
+    // action key takes no buffer) or points to `len` live bytes of the type
+    // the key expects (callers below).
     let rc = unsafe {
         sys::mallctl(
             key.as_ptr().cast::<c_char>(),
             ptr::null_mut(),
             ptr::null_mut(),
-            (&raw mut value).cast::<c_void>(),
-            core::mem::size_of::<T>(),
+            value,
+            len,
         )
     };
     if rc == 0 { Ok(()) } else { Err(Error(rc)) }
 }
 
+/// Writes `value` to a NUL-terminated key.
+fn write<T: Copy>(key: &[u8], mut value: T) -> Result<(), Error> {
+    set(key, (&raw mut value).cast(), core::mem::size_of::<T>())
+}
+
 /// Runs a key that takes no value (an action such as `arena.4096.purge`).
 fn run(key: &[u8]) -> Result<(), Error> {
-    debug_assert_eq!(key.last(), Some(&0));
-    // SAFETY: `key` is NUL-terminated; action keys take no buffers.
-    let rc = unsafe {
-        sys::mallctl(
-            key.as_ptr().cast::<c_char>(),
-            ptr::null_mut(),
-            ptr::null_mut(),
-            ptr::null_mut(),
-            0,
-        )
-    };
-    if rc == 0 { Ok(()) } else { Err(Error(rc)) }
+    set(key, ptr::null_mut(), 0)
 }
 
 /// A key with an arena index in it, such as `arena.3.dirty_decay_ms`.

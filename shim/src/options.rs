@@ -561,16 +561,23 @@ mod tests {
         assert_eq!(parse_decay(b"0"), Some(0));
         assert_eq!(parse_decay(b"10000"), Some(10000));
         assert_eq!(parse_decay(b"1000000000000"), Some(MAX_DECAY_MS));
-        for bad in [
-            &b""[..],
-            b"-2",
-            b"1e3",
-            b"abc",
-            b" 5",
-            b"99999999999999999999",
-            b"1000000000001",
-        ] {
-            assert_eq!(parse_decay(bad), None, "{bad:?}");
+        rejects(
+            parse_decay,
+            &[
+                b"",
+                b"-2",
+                b"1e3",
+                b"abc",
+                b" 5",
+                b"99999999999999999999",
+                b"1000000000001",
+            ],
+        );
+    }
+
+    fn rejects(parse: fn(&[u8]) -> Option<i64>, bad: &[&[u8]]) {
+        for b in bad {
+            assert_eq!(parse(b), None, "{b:?}");
         }
     }
 
@@ -580,9 +587,10 @@ mod tests {
         assert_eq!(parse_narenas(b"AUTO"), Some(0));
         assert_eq!(parse_narenas(b"1"), Some(1));
         assert_eq!(parse_narenas(b"4094"), Some(4094));
-        for bad in [&b"0"[..], b"4095", b"4096", b"-1", b"", b"many"] {
-            assert_eq!(parse_narenas(bad), None, "{bad:?}");
-        }
+        rejects(
+            parse_narenas,
+            &[b"0", b"4095", b"4096", b"-1", b"", b"many"],
+        );
     }
 
     #[test]
@@ -608,17 +616,16 @@ mod tests {
         assert!(!valid_raw_conf(&[b'a'; 2049]));
         assert!(valid_raw_conf(b""));
         assert!(valid_raw_conf(b"prof_prefix:/tmp/x:y,narenas:"));
-        for bad in [
-            &b"junk"[..],
+        let bad: [&[u8]; 7] = [
+            b"junk",
             b",",
             b"narenas:2,",
             b"a:1,,b:2",
             b":1",
             b"na-renas:1",
             b"narenas:2,junk",
-        ] {
-            assert!(!valid_raw_conf(bad), "{bad:?}");
-        }
+        ];
+        assert!(bad.iter().all(|b| !valid_raw_conf(b)));
     }
 
     #[test]

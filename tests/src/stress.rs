@@ -149,3 +149,23 @@ pub fn alive(pid: i32) -> bool {
         })
         .unwrap_or(false)
 }
+
+/// What each thread of `pid` is doing (name, state, kernel stack), for a
+/// failure message: a stuck or busy shim thread shows where it is.
+pub fn threads_report(pid: i32) -> String {
+    let mut out = String::new();
+    for (tid, name) in tasks(pid) {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).unwrap_or_default();
+        let state = stat
+            .rfind(')')
+            .map_or("?", |i| stat[i + 2..].get(..1).unwrap_or("?"));
+        let stack =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stack")).unwrap_or_default();
+        out += &format!(
+            "\n  {tid} {name} {state}: {}",
+            stack.lines().take(6).collect::<Vec<_>>().join(" < ")
+        );
+    }
+    out
+}

@@ -24,17 +24,15 @@ fn thread_ticks(pid: i32, name: &str) -> Option<u64> {
 
 #[test]
 fn a_host_out_of_descriptors_with_a_client_waiting_does_not_make_the_shim_spin() {
-    for table in ["auto", "shared"] {
+    for table in ["auto", "shared", "seccomp-old"] {
         exhaustion_round(table);
     }
 }
 
 fn exhaustion_round(table: &str) {
     let exe = fixture("fd_exhaust", &[]);
-    let mut ch = Cmd::new(&exe, ["256"])
-        .shimmed()
+    let mut ch = placed(table, &exe, &["256"])
         .env("MEMSHIM_CONTROL", "on")
-        .env("MEMSHIM_FD_TABLE", table)
         .spawn();
     ch.wait_for_line("ready", T);
     let pid = ch.pid();
@@ -116,15 +114,29 @@ fn cpython_test_pass_fds_redirected_passes_with_control_on() {
     assert_eq!(o.code, 0, "{}", o.stdout);
 }
 
-/// Runs tests/fixtures/fd_race.c in `mode` with the shim's descriptors in
-/// `table` (auto: a table of their own; shared: the application's), makes a
-/// client connect to its endpoint, and returns its check line.
+/// A command with the shim, its descriptors placed by `table`: `auto` (a
+/// table of their own), `shared` (the application's, forced by the
+/// test-only switch), or `seccomp-docker` / `seccomp-old` (under a real
+/// seccomp filter, tests/fixtures/seccomp_run.c, like a container
+/// runtime's: `unshare` refused; `unshare` and `close_range` refused).
+fn placed(table: &str, program: &std::path::Path, args: &[&str]) -> Cmd {
+    let c = match table.strip_prefix("seccomp-") {
+        Some(profile) => {
+            let mut a = vec![profile.to_owned(), program.display().to_string()];
+            a.extend(args.iter().map(|s| s.to_string()));
+            Cmd::new(fixture("seccomp_run", &[]), a)
+        }
+        None => Cmd::new(program, args).env("MEMSHIM_FD_TABLE", table),
+    };
+    c.shimmed()
+}
+
+/// Runs tests/fixtures/fd_race.c in `mode` with the shim's descriptors
+/// placed by `table` (see [`placed`]), makes a client connect to its
+/// endpoint, and returns its check line.
 fn race(mode: &str, table: &str) -> String {
     let exe = fixture("fd_race", &[]);
-    let mut ch = Cmd::new(&exe, [mode])
-        .shimmed()
-        .env("MEMSHIM_FD_TABLE", table)
-        .spawn();
+    let mut ch = placed(table, &exe, &[mode]).spawn();
     ch.wait_for_line("ready", T);
     let pid = ch.pid();
     // The endpoint comes up (again, if a creation was spoiled), and a client
@@ -143,24 +155,19 @@ fn race(mode: &str, table: &str) -> String {
 }
 
 /// A table of its own is out of the application's reach: nothing can be
-/// put on its numbers. In the application's table (the fallback), the
+/// put on its numbers (also under a Docker-like seccomp profile, which
+/// allows `close_range`). In the application's table (the fallback,
+/// forced by the switch or by a profile that refuses both calls), the
 /// application's descriptor is put there, and the shim must leave it alone.
 fn race_both(mode: &str, want: &[&str]) {
-    let own = race(mode, "auto");
-    assert!(
-        own.contains("injected=0"),
-        "{mode}: a private table was reached: {own}"
-    );
-    let shared = race(mode, "shared");
-    assert!(
-        shared.contains("injected=1"),
-        "{mode}: nothing was injected: {shared}"
-    );
-    for w in want {
-        assert!(
-            own.contains(w) && shared.contains(w),
-            "{mode}: {own} / {shared}"
-        );
+    for table in ["auto", "seccomp-docker", "shared", "seccomp-old"] {
+        let line = race(mode, table);
+        let fallback = table == "shared" || table == "seccomp-old";
+        let reached = if fallback { "injected=1" } else { "injected=0" };
+        assert!(line.contains(reached), "{mode} {table}: {line}");
+        for w in want {
+            assert!(line.contains(w), "{mode} {table}: {line}");
+        }
     }
 }
 
@@ -186,4 +193,37 @@ fn the_shim_never_reads_or_closes_an_app_pipe_put_on_its_wake_pipe() {
 fn the_shim_never_accepts_on_an_app_listener_put_on_its_listeners_number() {
     let l = race("accept", "auto");
     assert!(l.contains("injected=0") && l.contains("own_conn=1"), "{l}");
+}
+
+#[test]
+fn the_table_of_its_own_is_used_where_seccomp_allows_close_range_and_not_where_it_refuses_both() {
+    for (table, private) in [
+        ("auto", true),
+        ("seccomp-docker", true),
+        ("shared", false),
+        ("seccomp-old", false),
+    ] {
+        let exe = fixture("fd_exhaust", &[]);
+        let mut ch = placed(table, &exe, &["1024"])
+            .env("MEMSHIM_CONTROL", "on")
+            .spawn();
+        ch.wait_for_line("ready", T);
+        let pid = ch.pid();
+        wait_endpoint(pid);
+        let (code, s) = ctl_json(&["stats", &pid.to_string()]);
+        assert_eq!(code, 0, "{table}: {s}");
+        assert_eq!(s["config"]["private_fds"], private, "{table}: {s}");
+        // In a table of its own, none of the shim's descriptors is in the
+        // application's; in the fallback they are, at 512 or above.
+        let app: Vec<i32> = task_fds(pid, pid).into_iter().map(|(n, _)| n).collect();
+        let high = app.iter().filter(|&&n| n >= 512).count();
+        assert_eq!(
+            high > 0,
+            !private,
+            "{table}: the application's table holds {app:?}"
+        );
+        ch.send("quit");
+        let o = ch.finish(T);
+        assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{table}: {o:?}");
+    }
 }

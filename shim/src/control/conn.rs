@@ -168,26 +168,13 @@ impl Conn {
             let Some(nl) = self.input.iter().position(|&b| b == b'\n') else {
                 if self.input.len() >= MAX_REQUEST_BYTES {
                     self.input = Vec::new();
-                    let msg = format!(
-                        "request line longer than {MAX_REQUEST_BYTES} bytes; closing the connection"
-                    );
-                    self.respond(
-                        &Response::Error(ErrorReply::new(ErrorCode::TooLarge, msg)),
-                        true,
-                    );
+                    self.too_large();
                 }
                 return;
             };
             let line: Vec<u8> = self.input.drain(..=nl).collect();
             if line.len() > MAX_REQUEST_BYTES {
-                let msg = format!(
-                    "request line longer than {MAX_REQUEST_BYTES} bytes; closing the connection"
-                );
-                self.respond(
-                    &Response::Error(ErrorReply::new(ErrorCode::TooLarge, msg)),
-                    true,
-                );
-                return;
+                return self.too_large();
             }
             if line.iter().all(|b| b.is_ascii_whitespace()) {
                 continue;
@@ -196,6 +183,16 @@ impl Conn {
             self.respond(&response, false);
             self.deadline_ms = now_ms + IDLE_TIMEOUT_MS;
         }
+    }
+
+    /// The answer to a line over the limit; the connection is closed after it.
+    fn too_large(&mut self) {
+        let msg =
+            format!("request line longer than {MAX_REQUEST_BYTES} bytes; closing the connection");
+        self.respond(
+            &Response::Error(ErrorReply::new(ErrorCode::TooLarge, msg)),
+            true,
+        );
     }
 
     fn answer(&mut self, line: &[u8], ctx: &Ctx<'_>) -> Response {

@@ -11,15 +11,18 @@
 //! long-lived thread, exists only while the shim's thread runs with a
 //! private table in a process that hosts CPython, and is stopped with it.
 //!
-//! A process that loads CPython only after the shim's thread started has no
-//! spawner: [`spawn_detached`] says so, and the next `pthread_create` of
-//! the application starts one ([`wanted`], from the application's thread,
-//! which is in its own table).
+//! A process that loads CPython only after the shim's thread started (an
+//! embedder that `dlopen`s libpython) has no spawner. While none runs, the
+//! exported `dlopen` passes every library name to the thread layer, which
+//! starts one when the name is CPython's (on the application's thread,
+//! which is in its table). Otherwise [`spawn_detached`] says there is no
+//! spawner, and the application's next `pthread_create` starts one
+//! ([`wanted`]).
 
 use super::thread::{self, Stack};
 use super::time;
 use core::ffi::c_void;
-use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::*};
+use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicUsize, Ordering::*};
 
 const OFF: u32 = 0;
 const STARTING: u32 = 1;
@@ -34,6 +37,15 @@ static ALLOWED: AtomicBool = AtomicBool::new(false);
 static WANTED: AtomicBool = AtomicBool::new(false);
 /// pthread_t of the spawner (joinable).
 static HANDLE: AtomicUsize = AtomicUsize::new(0);
+/// 1 while a spawner is allowed and none runs: the exported `dlopen` then
+/// tells the thread layer about each library the application loads, so a
+/// CPython loaded later gets a spawner at once (read by its assembly).
+pub(crate) static WATCH: AtomicU8 = AtomicU8::new(0);
+
+fn update_watch() {
+    let w = ALLOWED.load(Acquire) && LIFE.load(Acquire) == OFF;
+    WATCH.store(u8::from(w), Release);
+}
 
 const IDLE: u32 = 0;
 const REQUEST: u32 = 1;
@@ -61,6 +73,7 @@ pub fn allow(yes: bool) {
     if !yes {
         WANTED.store(false, Release);
     }
+    update_watch();
 }
 
 /// Whether a job thread was asked for while no spawner existed.
@@ -87,6 +100,7 @@ pub fn start() -> bool {
             HANDLE.store(t as usize, Release);
             WANTED.store(false, Release);
             LIFE.store(ON, Release);
+            update_watch();
             true
         }
         None => {
@@ -116,6 +130,7 @@ pub fn stop() {
         thread::join(t as libc::pthread_t);
     }
     LIFE.store(OFF, Release);
+    update_watch();
 }
 
 /// Why no thread was started.
@@ -168,6 +183,7 @@ pub fn after_fork_child() {
     ANSWER.store(0, SeqCst);
     ALLOWED.store(false, SeqCst);
     WANTED.store(false, SeqCst);
+    WATCH.store(0, SeqCst);
 }
 
 extern "C" fn main(_: *mut c_void) -> *mut c_void {

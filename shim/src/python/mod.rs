@@ -51,30 +51,36 @@ pub fn stats(
     }
 }
 
-/// A full `gc.collect()` on the main thread. `elapsed_ms` includes the wait
-/// for the main thread.
-pub fn gc(timeout: Duration) -> Result<GcResult, PythonUnavailable> {
+/// Runs `job` and measures it from the request on (`elapsed_ms` includes
+/// the wait for the GIL).
+fn timed<T>(
+    job: Job,
+    timeout: Duration,
+    take: impl FnOnce(Done) -> Option<T>,
+    elapsed: impl FnOnce(&mut T) -> &mut f64,
+) -> Result<T, PythonUnavailable> {
     let start = Instant::now();
-    match job::run(Job::Gc, timeout)? {
-        Done::Gc(mut r) => {
-            r.elapsed_ms = start.elapsed().as_secs_f64() * 1000.0;
-            Ok(r)
-        }
-        _ => Err(unexpected()),
-    }
+    let mut r = take(job::run(job, timeout)?).ok_or_else(unexpected)?;
+    *elapsed(&mut r) = start.elapsed().as_secs_f64() * 1000.0;
+    Ok(r)
+}
+
+/// A full `gc.collect()`.
+pub fn gc(timeout: Duration) -> Result<GcResult, PythonUnavailable> {
+    let take = |d| match d {
+        Done::Gc(r) => Some(r),
+        _ => None,
+    };
+    timed(Job::Gc, timeout, take, |r| &mut r.elapsed_ms)
 }
 
 /// `torch.cuda.empty_cache()` on every device that already has a context.
-/// `elapsed_ms` includes the wait for the main thread.
 pub fn empty_cache(timeout: Duration) -> Result<EmptyCacheResult, PythonUnavailable> {
-    let start = Instant::now();
-    match job::run(Job::EmptyCache, timeout)? {
-        Done::EmptyCache(mut r) => {
-            r.elapsed_ms = start.elapsed().as_secs_f64() * 1000.0;
-            Ok(r)
-        }
-        _ => Err(unexpected()),
-    }
+    let take = |d| match d {
+        Done::EmptyCache(r) => Some(r),
+        _ => None,
+    };
+    timed(Job::EmptyCache, timeout, take, |r| &mut r.elapsed_ms)
 }
 
 /// Whether a CPython is in the process's global scope (a cheap look-up; the

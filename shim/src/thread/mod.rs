@@ -130,6 +130,20 @@ pub fn after_app_thread_created() {
     }
 }
 
+/// Our `dlopen`, before glibc's, while a spawner is allowed and none runs
+/// (os/spawner.rs): a library that looks like CPython (libpython, or an
+/// extension module) may bring an interpreter the Python bridge must
+/// reach through a spawner, which only a thread of the application's can
+/// start.
+pub fn before_dlopen(file: &[u8]) {
+    if STATE.phase() != Phase::Running || !file.windows(6).any(|w| w == b"python") {
+        return;
+    }
+    let _e = KeepErrno::new();
+    let _nc = NoCancel::new();
+    os::spawner::start();
+}
+
 /// Our `unshare`, before the system call.
 pub fn before_unshare(flags: i32) {
     let single = libc::CLONE_NEWUSER | libc::CLONE_VM | libc::CLONE_SIGHAND | libc::CLONE_THREAD;

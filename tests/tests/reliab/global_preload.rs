@@ -10,7 +10,10 @@ use std::time::Duration;
 fn steps(py: &str, wheel: &str) -> Vec<(&'static str, String)> {
     vec![
         ("apt-cache", "apt-cache policy bash coreutils; apt-cache show hostname | grep -E '^(Package|Priority|Section):'; apt-cache depends make | head -20; apt-cache search --names-only '^coreutils$'".into()),
-        ("apt-get", "apt-get -s install hostname; apt-get -s remove --no-act hostname | tail -3; apt-get check; echo rc=$?".into()),
+        // `check` takes dpkg's lock unless told not to: another package manager
+        // on the machine (unattended-upgrades on a fresh VM) must not make
+        // the run without the shim differ from the run with it.
+        ("apt-get", "apt-get -s install hostname; apt-get -s remove --no-act hostname | tail -3; apt-get -o Debug::NoLocking=true check; echo rc=$?".into()),
         (
             "venv+pip",
             format!(
