@@ -9,7 +9,7 @@ use crate::client::Client;
 use crate::discover;
 use crate::exit::Failure;
 use memshim_proto::cgroup::CgroupMemory;
-use memshim_proto::{AllocatorStats, PythonSection, Reply, Request, TorchSection};
+use memshim_proto::{AllocatorStats, PythonSection, TorchSection};
 use serde::Serialize;
 
 /// One process of the cgroup.
@@ -109,15 +109,7 @@ fn entry(pid: i32, cgroup: String) -> Option<ProcEntry> {
         e.reason = Some(discover::why_no_endpoint(&p, &loc).0);
         return Some(e);
     }
-    let stats = Client::open_proc(p).and_then(|mut c| {
-        match c.request(&Request::Stats {
-            arenas: false,
-            pss: false,
-        })? {
-            Reply::Stats(s) => Ok(s),
-            other => Err(c.unexpected(&other)),
-        }
-    });
+    let stats = Client::open_proc(p).and_then(|mut c| c.stats());
     match stats {
         Ok(s) => {
             e.endpoint = true;

@@ -5,7 +5,7 @@
 use crate::discover::{self, Proc, SocketLoc};
 use crate::exit::{Exit, Failure};
 use memshim_proto::client::{ClientError, ConnectError, Connection};
-use memshim_proto::{HelloReply, Reply, Request, Response};
+use memshim_proto::{HelloReply, Reply, Request, Response, StatsReport};
 use std::time::Duration;
 
 pub use memshim_proto::client::connect;
@@ -130,6 +130,17 @@ impl Client {
         match self.conn.request(req).map_err(|e| self.io_failure(&e))? {
             Response::Ok(r) => Ok(r),
             Response::Error(e) => Err(remote_failure(self.proc.pid, &e)),
+        }
+    }
+
+    /// `stats` of the process (no arenas, no PSS).
+    pub fn stats(&mut self) -> Result<Box<StatsReport>, Failure> {
+        match self.request(&Request::Stats {
+            arenas: false,
+            pss: false,
+        })? {
+            Reply::Stats(s) => Ok(s),
+            other => Err(self.unexpected(&other)),
         }
     }
 

@@ -209,7 +209,7 @@ pub struct SocketLoc {
     /// The directory as we reach it (`/proc/<pid>/root/...` across mount
     /// namespaces).
     pub dir: PathBuf,
-    /// `<nspid>-<starttime>.sock`.
+    /// `<nspid>-<starttime>-<pidns>.sock`.
     pub name: String,
 }
 

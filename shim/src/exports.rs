@@ -246,7 +246,7 @@ export!(
     /// thread gets it stopped first, as for `fork`.
     fn unshare(flags: c_int) -> c_int {
         thread::before_unshare(flags);
-        libc::syscall(libc::SYS_unshare, flags) as c_int
+        libc::syscall(libc::SYS_unshare, flags as libc::c_long) as c_int
     }
 );
 export!(
@@ -255,7 +255,7 @@ export!(
     /// thread shares); as `unshare`.
     fn setns(fd: c_int, nstype: c_int) -> c_int {
         thread::before_setns(nstype);
-        libc::syscall(libc::SYS_setns, fd, nstype) as c_int
+        libc::syscall(libc::SYS_setns, fd as libc::c_long, nstype as libc::c_long) as c_int
     }
 );
 

@@ -7,7 +7,6 @@ use crate::render;
 use clap::Args;
 use memshim_proto::client::ConnectError;
 use memshim_proto::endpoint::SocketName;
-use memshim_proto::{Reply, Request};
 use serde::Serialize;
 
 /// Options of `list`.
@@ -69,15 +68,7 @@ fn entry(p: Proc) -> Entry {
         resident: None,
         purgeable: None,
     };
-    let stats = Client::open_proc(p).and_then(|mut c| {
-        match c.request(&Request::Stats {
-            arenas: false,
-            pss: false,
-        })? {
-            Reply::Stats(s) => Ok(s),
-            other => Err(c.unexpected(&other)),
-        }
-    });
+    let stats = Client::open_proc(p).and_then(|mut c| c.stats());
     match stats {
         Ok(s) => {
             e.endpoint = true;

@@ -1,7 +1,7 @@
 //! What each request does. Runs on the shim's thread, one request at a
 //! time; nothing here blocks longer than the Python bridge's time limit.
 
-use super::{Ctx, figures};
+use super::Ctx;
 use crate::options::{self, Control};
 use crate::{jemalloc, os};
 use memshim_proto::*;
@@ -124,8 +124,16 @@ pub fn stats(arenas: bool, pss: bool, ctx: &Ctx<'_>) -> Result<StatsReport, Erro
         pid: os::getpid(),
         allocator: allocator(&s),
         arenas,
-        process: figures::process(s.resident, pss),
-        cgroup: figures::cgroup(),
+        process: process(s.resident, pss),
+        cgroup: os::cgroup::memory().map(|m| CgroupStats {
+            version: m.version,
+            path: m.path,
+            current: m.current,
+            max: m.max,
+            anon: m.anon,
+            file: m.file,
+            kernel: m.kernel,
+        }),
         config: config(ctx),
         python,
         torch,
@@ -136,6 +144,20 @@ pub fn stats(arenas: bool, pss: bool, ctx: &Ctx<'_>) -> Result<StatsReport, Erro
         }),
         elapsed_ms: ms(t0),
     })
+}
+
+/// The `process` section. `resident` is jemalloc's figure, for `unmanaged`.
+fn process(resident: u64, pss: bool) -> ProcessStats {
+    let m = os::proc::memory();
+    ProcessStats {
+        rss: m.rss,
+        pss: if pss { os::proc::pss() } else { None },
+        anon: m.anon,
+        file: m.file,
+        shmem: m.shmem,
+        swap: m.swap,
+        unmanaged: m.rss.saturating_sub(resident),
+    }
 }
 
 /// `purge`: empties this thread's cache and purges every arena.

@@ -29,7 +29,6 @@
 //! others get a `permission_denied` line and the connection is closed.
 
 mod conn;
-mod figures;
 mod handlers;
 mod socket;
 

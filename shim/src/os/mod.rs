@@ -7,6 +7,7 @@
 //! | [`fd`] | the shim's descriptors: the table they live in, their identity, fork |
 //! | [`sock`] | the control socket, its directory, connections |
 //! | [`proc`] | reading `/proc/self` |
+//! | [`cgroup`] | the process's memory cgroup |
 //! | [`thread`] | threads of the shim's: spawning with signals blocked, joining, names, cancellation |
 //! | [`spawner`] | a thread that starts threads in the application's descriptor table |
 //! | [`time`] | the monotonic clock, sleeping, futexes |
@@ -20,6 +21,7 @@
 //! initialisation and the constructor. Code that runs on the application's
 //! threads keeps `errno` as it found it.
 
+pub mod cgroup;
 pub mod dl;
 pub mod env;
 pub mod fd;
@@ -104,6 +106,22 @@ pub fn page_size() -> usize {
         n if n > 0 => n as usize,
         _ => 4096,
     }
+}
+
+/// Waits (at most `timeout_ms`) until one of `fds` is ready; returns how
+/// many are (0 on a timeout or a signal).
+pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i64) -> usize {
+    let _e = KeepErrno::new();
+    // SAFETY: the pointer and length describe `fds`; negative descriptors
+    // are ignored by the kernel.
+    let n = unsafe {
+        libc::poll(
+            fds.as_mut_ptr(),
+            fds.len() as libc::nfds_t,
+            timeout_ms as i32,
+        )
+    };
+    n.max(0) as usize
 }
 
 /// Parses an unsigned decimal number, without allocating.

@@ -98,6 +98,50 @@ pub fn rss_bytes() -> u64 {
     pages * super::page_size() as u64
 }
 
+/// A `Key:   123 kB` line of a status-like file, in bytes.
+fn kb_field(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let rest = l.strip_prefix(key)?.strip_prefix(':')?;
+        let n: u64 = rest.split_whitespace().next()?.parse().ok()?;
+        Some(n * 1024)
+    })
+}
+
+/// The memory lines of `/proc/self/status`, in bytes (about 20 µs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Memory {
+    /// `VmRSS`.
+    pub rss: u64,
+    /// `RssAnon`.
+    pub anon: Option<u64>,
+    /// `RssFile`.
+    pub file: Option<u64>,
+    /// `RssShmem`.
+    pub shmem: Option<u64>,
+    /// `VmSwap`.
+    pub swap: Option<u64>,
+}
+
+/// Reads [`Memory`].
+pub fn memory() -> Memory {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    Memory {
+        rss: kb_field(&status, "VmRSS").unwrap_or(0),
+        anon: kb_field(&status, "RssAnon"),
+        file: kb_field(&status, "RssFile"),
+        shmem: kb_field(&status, "RssShmem"),
+        swap: kb_field(&status, "VmSwap"),
+    }
+}
+
+/// PSS in bytes from `/proc/self/smaps_rollup`, which walks every page table
+/// (about 16 ms of this process's CPU per resident GiB).
+pub fn pss() -> Option<u64> {
+    std::fs::read_to_string("/proc/self/smaps_rollup")
+        .ok()
+        .and_then(|s| kb_field(&s, "Pss"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,6 +153,10 @@ mod tests {
         assert!(pid_namespace() > 0);
         assert!(!leader_exited());
         assert!(rss_bytes() > 0);
+        assert!(memory().rss > 0 && pss().is_some());
+        let s = "Name:\tx\nVmRSS:\t    2048 kB\nRssAnon:\t  1024 kB\n";
+        assert_eq!(kb_field(s, "VmRSS"), Some(2 << 20));
+        assert_eq!(kb_field(s, "VmSwap"), None);
         let stat =
             b"42 (a) b (c)) S 1 42 42 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 987654 1000 10";
         assert_eq!(parse_starttime(stat), Some(987654));

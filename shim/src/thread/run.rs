@@ -138,9 +138,7 @@ extern "C" fn main(_: *mut c_void) -> *mut c_void {
             .endpoint
             .as_mut()
             .map_or(0, |e| e.poll_fds(&mut fds[1..], now));
-        // SAFETY: `fds` is a live array of at least 1 + n_ep pollfd; negative
-        // descriptors are ignored.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), (1 + n_ep) as libc::nfds_t, tick as i32) };
+        let n = os::poll(&mut fds[..1 + n_ep], tick);
         if let Some(w) = &own.wake {
             if n > 0 && fds[0].revents != 0 {
                 w.drain();

@@ -125,6 +125,14 @@ pub fn signal_storm(level: Level) {
 }
 
 pub fn fd_closing_daemon(level: Level) {
+    // With the shim's descriptors in a table of their own, and in the
+    // application's (the fallback), where the daemon's dup2 lands on them.
+    for table in ["auto", "shared"] {
+        fd_closing_daemon_with(level, table);
+    }
+}
+
+fn fd_closing_daemon_with(level: Level, table: &str) {
     let conns = level.pick(200, 5000);
     let dir = private_socket_dir("daemon");
     let app_sock = format!("/tmp/msr-{}-app.sock", std::process::id());
@@ -132,6 +140,7 @@ pub fn fd_closing_daemon(level: Level) {
     let mut child = Cmd::new(&exe, [app_sock.clone(), dir.display().to_string()])
         .shimmed()
         .env("MEMSHIM_SOCKET_DIR", &dir)
+        .env("MEMSHIM_FD_TABLE", table)
         .spawn();
     let pid = child.pid();
     let ready = child.wait_for_line("ready", Duration::from_secs(20));
@@ -168,6 +177,7 @@ pub fn fd_closing_daemon(level: Level) {
         level,
         "fd_closing_daemon",
         &[
+            ("table", table.to_owned()),
             ("app_connections", served.to_string()),
             ("stolen", "0".into()),
             ("failures", "0".into()),

@@ -1,41 +1,24 @@
-//! The process and cgroup figures of `stats`, read from `/proc/self` and
-//! the cgroup filesystem (with `std::fs`: the shim's thread only).
-//!
-//! Cost: `/proc/self/status` is a few counters (about 20 µs); the cgroup
-//! files are the same. `smaps_rollup` walks every page table (about 16 ms per
-//! resident GiB), so PSS is read only when asked for.
+//! The process's memory cgroup, for the `cgroup` section of `stats`: where
+//! it is (`/proc/self/cgroup`, v2 or v1's `memory` controller) and what it
+//! holds. Shim's thread (it reads files).
 
-use memshim_proto::{CgroupStats, ProcessStats};
-
-/// A `Key:   123 kB` line of a status-like file, in bytes.
-fn kb_field(text: &str, key: &str) -> Option<u64> {
-    text.lines().find_map(|l| {
-        let rest = l.strip_prefix(key)?.strip_prefix(':')?;
-        let n: u64 = rest.split_whitespace().next()?.parse().ok()?;
-        Some(n * 1024)
-    })
-}
-
-/// The `process` section. `resident` is jemalloc's figure, for `unmanaged`.
-pub fn process(resident: u64, pss: bool) -> ProcessStats {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let rss = kb_field(&status, "VmRSS").unwrap_or(0);
-    let pss = if pss {
-        std::fs::read_to_string("/proc/self/smaps_rollup")
-            .ok()
-            .and_then(|s| kb_field(&s, "Pss"))
-    } else {
-        None
-    };
-    ProcessStats {
-        rss,
-        pss,
-        anon: kb_field(&status, "RssAnon"),
-        file: kb_field(&status, "RssFile"),
-        shmem: kb_field(&status, "RssShmem"),
-        swap: kb_field(&status, "VmSwap"),
-        unmanaged: rss.saturating_sub(resident),
-    }
+/// What the memory cgroup holds, in bytes (docs/stats.md, "cgroup").
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Memory {
+    /// 1 or 2.
+    pub version: u8,
+    /// Its path inside the hierarchy.
+    pub path: String,
+    /// Usage now.
+    pub current: u64,
+    /// The limit, `None` for none.
+    pub max: Option<u64>,
+    /// Anonymous memory.
+    pub anon: Option<u64>,
+    /// Page cache.
+    pub file: Option<u64>,
+    /// Kernel memory.
+    pub kernel: Option<u64>,
 }
 
 fn read_u64(path: &str) -> Option<u64> {
@@ -81,8 +64,9 @@ fn locate(mount: &str, path: &str, probe: &str) -> Option<(String, String)> {
         .then(|| (mount.to_owned(), "/".to_owned()))
 }
 
-/// The `cgroup` section (v2 preferred, v1 `memory` controller otherwise).
-pub fn cgroup() -> Option<CgroupStats> {
+/// The process's memory cgroup (v2 preferred, v1 `memory` controller
+/// otherwise), `None` without one.
+pub fn memory() -> Option<Memory> {
     let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
     let (v2, v1) = parse_cgroup_file(&text);
     if let Some(p) = &v2 {
@@ -95,7 +79,7 @@ pub fn cgroup() -> Option<CgroupStats> {
                     let v: Vec<u64> = parts.iter().filter_map(|k| stat_field(&stat, k)).collect();
                     (!v.is_empty()).then(|| v.iter().sum())
                 });
-                return Some(CgroupStats {
+                return Some(Memory {
                     version: 2,
                     path,
                     current: read_u64(&format!("{dir}/memory.current"))?,
@@ -112,7 +96,7 @@ pub fn cgroup() -> Option<CgroupStats> {
     let stat = std::fs::read_to_string(format!("{dir}/memory.stat")).unwrap_or_default();
     // v1 reports "no limit" as a huge page-rounded number.
     let max = read_u64(&format!("{dir}/memory.limit_in_bytes")).filter(|&m| m < 1 << 62);
-    Some(CgroupStats {
+    Some(Memory {
         version: 1,
         path,
         current: read_u64(&format!("{dir}/memory.usage_in_bytes"))?,
@@ -134,20 +118,6 @@ mod tests {
         assert_eq!(v1.as_deref(), Some("/a/b"));
         let (v2, v1) = parse_cgroup_file("0::/\n");
         assert_eq!((v2.as_deref(), v1), (Some("/"), None));
-    }
-
-    #[test]
-    fn reads_status_fields() {
-        let s = "Name:\tx\nVmRSS:\t    2048 kB\nRssAnon:\t  1024 kB\n";
-        assert_eq!(kb_field(s, "VmRSS"), Some(2 << 20));
-        assert_eq!(kb_field(s, "RssAnon"), Some(1 << 20));
-        assert_eq!(kb_field(s, "VmSwap"), None);
         assert_eq!(stat_field("anon 5\nfile 7\n", "file"), Some(7));
-    }
-
-    #[test]
-    fn own_process_has_rss() {
-        let p = process(0, false);
-        assert!(p.rss > 0 && p.unmanaged == p.rss && p.pss.is_none());
     }
 }
