@@ -227,7 +227,7 @@ pub fn run(job: Job, timeout: Duration) -> Outcome {
 // --- the job thread --------------------------------------------------------
 
 /// Key whose destructor notices the job thread's end, however it ends: a
-/// return, or `pthread_exit` from inside `PyGILState_Ensure` during
+/// return, or `pthread_exit` from inside `PyEval_RestoreThread` during
 /// finalization. 0 until created; stored as key + 1.
 static EXIT_KEY: AtomicU32 = AtomicU32::new(0);
 
