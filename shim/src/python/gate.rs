@@ -3,7 +3,7 @@
 //! for one beyond a job that is already running.
 //!
 //! The job thread (`job.rs`) is the only thread of ours that enters
-//! CPython, with `PyGILState_Ensure`. That call is safe while the runtime
+//! CPython, taking the GIL with a thread state of its own. That is safe while the runtime
 //! is initialised, and it ends the thread with `pthread_exit` once the
 //! runtime is finalizing (3.8-3.13); what it must never do is *begin* after
 //! the interpreter's thread-state machinery has been torn down (late in
@@ -31,7 +31,7 @@
 //!
 //! A 3.8-3.11 program that imports neither `atexit` nor `threading` offers
 //! neither; there the job thread relies on the `Py_IsFinalizing()` check
-//! just before `PyGILState_Ensure` (docs/python.md, "Shutdown", names the
+//! just before it creates its thread state (docs/python.md, "Shutdown", names the
 //! window that leaves).
 
 use super::ffi::{self, METH_NOARGS, PyMethodDef, PyObject};

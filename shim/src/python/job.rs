@@ -1,6 +1,6 @@
 //! Running a fixed job inside the interpreter, whatever its main thread is
 //! doing: on a short-lived thread of the shim's, `memshim-py`, that takes
-//! the GIL with `PyGILState_Ensure`. docs/python.md explains the design and
+//! the GIL with a thread state of its own, as `PyGILState_Ensure` would. docs/python.md explains the design and
 //! why it is safe.
 //!
 //! One request at a time, in static storage (a job thread that outlives its
@@ -233,7 +233,7 @@ pub fn run(job: Job, timeout: Duration) -> Outcome {
 // --- the job thread --------------------------------------------------------
 
 /// Key whose destructor notices the job thread's end, however it ends: a
-/// return, or `pthread_exit` from inside `PyGILState_Ensure` during
+/// return, or `pthread_exit` from inside `PyEval_RestoreThread` during
 /// finalization. 0 until created; stored as key + 1.
 static EXIT_KEY: AtomicU32 = AtomicU32::new(0);
 
@@ -329,11 +329,14 @@ fn take_one() -> bool {
     if PHASE.load(SeqCst) != POSTED {
         return true;
     }
-    // SAFETY: the runtime is initialised and not finalizing (checked just
-    // above); if it starts finalizing while we wait, CPython ends this
-    // thread with pthread_exit and the key's destructor accounts for it.
-    // The state is released below, on this thread.
-    let gil = unsafe { (api.gil_ensure)() };
+    let Some(tstate) = new_thread_state(api) else {
+        return !gate::closed();
+    };
+    // SAFETY: `tstate` is this thread's new thread state; taking the GIL
+    // with it may block. If the runtime starts finalizing meanwhile,
+    // CPython ends this thread with pthread_exit and the key's destructor
+    // accounts for it.
+    unsafe { (api.restore_thread)(tstate) };
     if !gate::closed()
         && PHASE
             .compare_exchange(POSTED, RUNNING, SeqCst, SeqCst)
@@ -341,7 +344,8 @@ fn take_one() -> bool {
     {
         // SAFETY: RUNNING: the slot is ours until we publish DONE.
         let job = unsafe { (*SLOT.job.get()).take() };
-        // SAFETY: this thread holds the GIL (is attached) until gil_release.
+        // SAFETY: this thread holds the GIL (is attached) until its thread
+        // state is deleted below, after `py` is gone.
         let py = unsafe { Py::assume_attached(api) };
         let outcome = match job {
             Some(job) => {
@@ -359,9 +363,46 @@ fn take_one() -> bool {
         PHASE.store(DONE, SeqCst);
         futex_wake();
     }
-    // SAFETY: releases what gil_ensure took, on the same thread.
-    unsafe { (api.gil_release)(gil) };
+    // SAFETY: this thread holds the GIL with `tstate`: clear it, then
+    // delete it and release the GIL in one call, so the runtime's
+    // thread-list lock is only taken while we hold the GIL (no fork can
+    // copy it held: os.fork holds the GIL).
+    unsafe {
+        (api.thread_state_clear)(tstate);
+        (api.thread_state_delete_current)();
+    }
     !gate::closed()
+}
+
+/// A thread state for this thread, created inside the fork fence.
+///
+/// `PyThreadState_New` takes the runtime's thread-list lock without the
+/// GIL. A fork by another thread while we held it would leave the lock held
+/// in the child, whose `PyOS_AfterFork_Child` then waits for it forever
+/// (seen: a multiprocessing child hung under request fire, 3.11). So the
+/// creation runs inside the fork fence (`fork_fence.rs`), which the fork
+/// prepare handler waits for; while a fork is under way we wait for it.
+/// (`PyGILState_Ensure` would create the state the same way, but
+/// unfenced.) `None`: the interpreter is shutting down.
+fn new_thread_state(api: &ffi::Api) -> Option<*mut c_void> {
+    loop {
+        if gate::closed() || api.usable().is_err() {
+            return None;
+        }
+        if let Some(_fence) = crate::fork_fence::enter() {
+            // SAFETY: the runtime is initialised and not finalizing
+            // (checked just above; the exit gate covers the rest); the main
+            // interpreter lives as long as the runtime.
+            let t = unsafe { (api.thread_state_new)((api.interp_main)()) };
+            return (!t.is_null()).then_some(t);
+        }
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 200_000,
+        };
+        // SAFETY: sleeping on a local timespec.
+        unsafe { libc::nanosleep(&ts, core::ptr::null_mut()) };
+    }
 }
 
 fn execute(py: &Py, job: Job) -> Outcome {
