@@ -1,7 +1,10 @@
 """Scenario parameters of the full run and of the smoke run."""
 
-ALL_VARIANTS = ["ms-decay0", "ms-decay5s", "ms-decay10s", "ms-nodecay", "ms-oversize8m", "ms-tcache4k"]
-PY_CONFIGS = ["glibc", "jemalloc", "tcmalloc", "mimalloc", "memshim"]
+ALL_VARIANTS = ["ms-decay0", "ms-decay5s", "ms-decay10s", "ms-nodecay", "ms-oversize8m", "ms-tcache4k",
+                "ms-narenas4x"]
+# The registry anchors (mimalloc3, jemalloc531) join the Python and start-up scenarios; mimalloc2 only
+# scenarios 1-4, to keep the full run's time in check.
+PY_CONFIGS = ["glibc", "jemalloc", "tcmalloc", "mimalloc", "mimalloc3", "jemalloc531", "memshim"]
 
 FULL = {
     "reps": {"s1": 1, "s2": 2, "s3": 1, "s4": 3, "s5": 1},
