@@ -77,12 +77,19 @@ const NOT_AVAILABLE: u64 = u64::MAX;
 /// `NVML_DEVICE_UUID_V2_BUFFER_SIZE`.
 const UUID_LEN: usize = 96;
 
+type InitFn = unsafe extern "C" fn() -> Ret;
+type CountFn = unsafe extern "C" fn(*mut c_uint) -> Ret;
+type HandleFn = unsafe extern "C" fn(c_uint, *mut Device) -> Ret;
+type UuidFn = unsafe extern "C" fn(Device, *mut c_char, c_uint) -> Ret;
+type MemoryFn = unsafe extern "C" fn(Device, *mut Memory) -> Ret;
+type ProcessesFn = unsafe extern "C" fn(Device, *mut c_uint, *mut ProcessInfo) -> Ret;
+
 struct Nvml {
-    device_count: unsafe extern "C" fn(*mut c_uint) -> Ret,
-    handle_by_index: unsafe extern "C" fn(c_uint, *mut Device) -> Ret,
-    uuid: unsafe extern "C" fn(Device, *mut c_char, c_uint) -> Ret,
-    memory: unsafe extern "C" fn(Device, *mut Memory) -> Ret,
-    processes: unsafe extern "C" fn(Device, *mut c_uint, *mut ProcessInfo) -> Ret,
+    device_count: CountFn,
+    handle_by_index: HandleFn,
+    uuid: UuidFn,
+    memory: MemoryFn,
+    processes: ProcessesFn,
 }
 
 // SAFETY: plain function pointers into a library that stays loaded for the
@@ -113,7 +120,7 @@ fn load() -> Result<Nvml, Error> {
     // SAFETY: each symbol has the signature of NVML's header for that
     // versioned name (nvmlInit_v2: void -> nvmlReturn_t, and so on).
     unsafe {
-        let init: unsafe extern "C" fn() -> Ret = core::mem::transmute(init);
+        let init = core::mem::transmute::<*mut c_void, InitFn>(init);
         let rc = init();
         if rc != SUCCESS {
             return Err(Error::Call("nvmlInit_v2", rc));
@@ -122,13 +129,17 @@ fn load() -> Result<Nvml, Error> {
             .or_else(|| sym(lib, c"nvmlDeviceGetComputeRunningProcesses_v2"))
             .ok_or(Error::NoLibrary)?;
         Ok(Nvml {
-            device_count: core::mem::transmute::<*mut c_void, _>(need(c"nvmlDeviceGetCount_v2")?),
-            handle_by_index: core::mem::transmute::<*mut c_void, _>(need(
+            device_count: core::mem::transmute::<*mut c_void, CountFn>(need(
+                c"nvmlDeviceGetCount_v2",
+            )?),
+            handle_by_index: core::mem::transmute::<*mut c_void, HandleFn>(need(
                 c"nvmlDeviceGetHandleByIndex_v2",
             )?),
-            uuid: core::mem::transmute::<*mut c_void, _>(need(c"nvmlDeviceGetUUID")?),
-            memory: core::mem::transmute::<*mut c_void, _>(need(c"nvmlDeviceGetMemoryInfo")?),
-            processes: core::mem::transmute::<*mut c_void, _>(processes),
+            uuid: core::mem::transmute::<*mut c_void, UuidFn>(need(c"nvmlDeviceGetUUID")?),
+            memory: core::mem::transmute::<*mut c_void, MemoryFn>(need(
+                c"nvmlDeviceGetMemoryInfo",
+            )?),
+            processes: core::mem::transmute::<*mut c_void, ProcessesFn>(processes),
         })
     }
 }

@@ -55,7 +55,7 @@ pub enum Job {
 /// What a job produced.
 pub enum Done {
     /// Stats.
-    Stats(PythonSection, Option<TorchSection>),
+    Stats(Box<(PythonSection, Option<TorchSection>)>),
     /// gc.
     Gc(GcResult),
     /// empty_cache.
@@ -411,7 +411,7 @@ fn execute(py: &Py, job: Job) -> Outcome {
         Job::Stats => {
             let section = super::gc::section(py).map_err(err)?;
             let torch = super::torch::section(py).map_err(err)?;
-            Ok(Done::Stats(section, torch))
+            Ok(Done::Stats(Box::new((section, torch))))
         }
         Job::Gc => super::gc::collect(py).map(Done::Gc).map_err(err),
         Job::EmptyCache => super::cuda::empty_cache(py)

@@ -49,13 +49,12 @@ pub fn stats(
     timeout: Duration,
 ) -> Result<(PythonSection, Option<TorchSection>), PythonUnavailable> {
     match job::run(Job::Stats, timeout)? {
-        Done::Stats(p, t) => Ok((p, t)),
+        Done::Stats(s) => Ok(*s),
         _ => Err(unexpected()),
     }
 }
 
-/// A full `gc.collect()` on the main thread. `elapsed_ms` includes the wait
-/// for the main thread.
+/// A full `gc.collect()`. `elapsed_ms` includes the wait for the GIL.
 pub fn gc(timeout: Duration) -> Result<GcResult, PythonUnavailable> {
     let start = Instant::now();
     match job::run(Job::Gc, timeout)? {
@@ -68,7 +67,7 @@ pub fn gc(timeout: Duration) -> Result<GcResult, PythonUnavailable> {
 }
 
 /// `torch.cuda.empty_cache()` on every device that already has a context.
-/// `elapsed_ms` includes the wait for the main thread.
+/// `elapsed_ms` includes the wait for the GIL.
 pub fn empty_cache(timeout: Duration) -> Result<EmptyCacheResult, PythonUnavailable> {
     let start = Instant::now();
     match job::run(Job::EmptyCache, timeout)? {
