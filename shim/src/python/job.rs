@@ -34,7 +34,9 @@ use crate::sys;
 use core::cell::UnsafeCell;
 use core::ffi::c_void;
 use core::sync::atomic::{AtomicI32, AtomicU32, Ordering::SeqCst};
-use memshim_proto::{EmptyCacheResult, GcResult, PythonSection, PythonUnavailable, TorchSection};
+use memshim_proto::{
+    EmptyCacheResult, GcResult, PythonSection, PythonUnavailable, ReleaseStep, TorchSection,
+};
 use std::time::{Duration, Instant};
 
 /// The fixed jobs. Nothing else can run: the socket never sends code.
@@ -46,16 +48,20 @@ pub enum Job {
     Gc,
     /// `torch.cuda.empty_cache()` on devices with a context.
     EmptyCache,
+    /// The CUDA steps of `release` (`cuda.rs`).
+    CudaRelease,
 }
 
 /// What a job produced.
 pub enum Done {
     /// Stats.
-    Stats(PythonSection, Option<TorchSection>),
+    Stats(Box<(PythonSection, Option<TorchSection>)>),
     /// gc.
     Gc(GcResult),
     /// empty_cache.
     EmptyCache(EmptyCacheResult),
+    /// The CUDA steps of release.
+    CudaRelease(Vec<ReleaseStep>),
 }
 
 /// A job's outcome.
@@ -405,11 +411,14 @@ fn execute(py: &Py, job: Job) -> Outcome {
         Job::Stats => {
             let section = super::gc::section(py).map_err(err)?;
             let torch = super::torch::section(py).map_err(err)?;
-            Ok(Done::Stats(section, torch))
+            Ok(Done::Stats(Box::new((section, torch))))
         }
         Job::Gc => super::gc::collect(py).map(Done::Gc).map_err(err),
-        Job::EmptyCache => super::torch::empty_cache(py)
+        Job::EmptyCache => super::cuda::empty_cache(py)
             .map(Done::EmptyCache)
+            .map_err(err),
+        Job::CudaRelease => super::cuda::release_steps(py)
+            .map(Done::CudaRelease)
             .map_err(err),
     }
 }

@@ -18,8 +18,10 @@
 //! * `object.rs`: owned references, exceptions fetched and cleared.
 //! * `threads.rs`: the thread count, and no `threading` leftovers.
 //! * `gc.rs`, `pymalloc.rs`: the `python` section and the `gc` action.
-//! * `torch.rs`: the `torch` section and the `empty_cache` action.
+//! * `torch.rs`: the `torch` section.
+//! * `cuda.rs`: the `empty_cache` action and the CUDA steps of `release`.
 
+mod cuda;
 mod ffi;
 mod gate;
 mod gc;
@@ -30,7 +32,9 @@ mod threads;
 mod torch;
 
 use job::{Done, Job};
-use memshim_proto::{EmptyCacheResult, GcResult, PythonSection, PythonUnavailable, TorchSection};
+use memshim_proto::{
+    EmptyCacheResult, GcResult, PythonSection, PythonUnavailable, ReleaseStep, TorchSection,
+};
 use std::time::{Duration, Instant};
 
 fn unexpected() -> PythonUnavailable {
@@ -45,13 +49,12 @@ pub fn stats(
     timeout: Duration,
 ) -> Result<(PythonSection, Option<TorchSection>), PythonUnavailable> {
     match job::run(Job::Stats, timeout)? {
-        Done::Stats(p, t) => Ok((p, t)),
+        Done::Stats(s) => Ok(*s),
         _ => Err(unexpected()),
     }
 }
 
-/// A full `gc.collect()` on the main thread. `elapsed_ms` includes the wait
-/// for the main thread.
+/// A full `gc.collect()`. `elapsed_ms` includes the wait for the GIL.
 pub fn gc(timeout: Duration) -> Result<GcResult, PythonUnavailable> {
     let start = Instant::now();
     match job::run(Job::Gc, timeout)? {
@@ -64,7 +67,7 @@ pub fn gc(timeout: Duration) -> Result<GcResult, PythonUnavailable> {
 }
 
 /// `torch.cuda.empty_cache()` on every device that already has a context.
-/// `elapsed_ms` includes the wait for the main thread.
+/// `elapsed_ms` includes the wait for the GIL.
 pub fn empty_cache(timeout: Duration) -> Result<EmptyCacheResult, PythonUnavailable> {
     let start = Instant::now();
     match job::run(Job::EmptyCache, timeout)? {
@@ -72,6 +75,16 @@ pub fn empty_cache(timeout: Duration) -> Result<EmptyCacheResult, PythonUnavaila
             r.elapsed_ms = start.elapsed().as_secs_f64() * 1000.0;
             Ok(r)
         }
+        _ => Err(unexpected()),
+    }
+}
+
+/// The CUDA steps of `release` (`cuda.rs`): ipc_collect, cuBLAS
+/// workspaces, empty_cache, the pinned host cache; or one `empty_cache`
+/// step with nothing to do when torch or CUDA is not in use.
+pub fn cuda_release(timeout: Duration) -> Result<Vec<ReleaseStep>, PythonUnavailable> {
+    match job::run(Job::CudaRelease, timeout)? {
+        Done::CudaRelease(steps) => Ok(steps),
         _ => Err(unexpected()),
     }
 }
