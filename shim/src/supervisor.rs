@@ -114,20 +114,19 @@ fn drain_wake_pipe() {
 /// Creates the shim's thread with every signal blocked and a small stack.
 /// Returns its handle.
 pub(crate) fn spawn() -> Option<libc::pthread_t> {
-    spawn_thread(thread_main, core::ptr::null_mut(), Some(STACK_SIZE), false)
+    spawn_thread(thread_main, core::ptr::null_mut(), Some(STACK_SIZE))
 }
 
 /// Creates a thread of the shim's own (not the application's: it does not
 /// go through our exported `pthread_create`) with every signal blocked, so
 /// that the application's handlers never run on it and signals meant for
 /// the program are never delivered to it. `stack`: its size, or the
-/// system's default (what a thread of the program would get). A detached
-/// thread returns `Some(0)`.
+/// system's default (what a thread of the program would get). The thread is
+/// joinable; its handle is returned.
 pub(crate) fn spawn_thread(
     entry: extern "C" fn(*mut c_void) -> *mut c_void,
     arg: *mut c_void,
     stack: Option<usize>,
-    detached: bool,
 ) -> Option<libc::pthread_t> {
     let create = lifecycle::real_pthread_create()?;
     // SAFETY: standard pthread attribute and signal-mask calls on locals.
@@ -139,9 +138,6 @@ pub(crate) fn spawn_thread(
         if let Some(size) = stack {
             libc::pthread_attr_setstacksize(&mut attr, size);
         }
-        if detached {
-            libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
-        }
         let mut all: libc::sigset_t = core::mem::zeroed();
         let mut old: libc::sigset_t = core::mem::zeroed();
         libc::sigfillset(&mut all);
@@ -150,7 +146,7 @@ pub(crate) fn spawn_thread(
         let rc = create(&mut t, &attr, entry, arg);
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, core::ptr::null_mut());
         libc::pthread_attr_destroy(&mut attr);
-        (rc == 0).then_some(if detached { 0 } else { t })
+        (rc == 0).then_some(t)
     }
 }
 

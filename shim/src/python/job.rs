@@ -23,6 +23,8 @@
 //! At most one job thread exists at a time (`WORKER`). It takes every
 //! request posted while it lives, so a job thread held up by a C extension
 //! that keeps the GIL does not multiply: later requests answer "busy" too.
+//! It is joined before the answer goes out (`reap_worker`), so a request
+//! leaves no thread behind (one still waiting for the GIL is joined later).
 //!
 //! Fork: [`after_fork_child`] resets everything (the job thread is not in
 //! the child).
@@ -33,7 +35,7 @@ use super::object::Py;
 use crate::sys;
 use core::cell::UnsafeCell;
 use core::ffi::c_void;
-use core::sync::atomic::{AtomicI32, AtomicU32, Ordering::SeqCst};
+use core::sync::atomic::{AtomicI32, AtomicU32, AtomicUsize, Ordering::SeqCst};
 use memshim_proto::{
     EmptyCacheResult, GcResult, PythonSection, PythonUnavailable, ReleaseStep, TorchSection,
 };
@@ -136,6 +138,7 @@ fn futex_wake() {
 /// (atomics only; the slot's contents are dropped by the next request).
 pub fn after_fork_child() {
     WORKER.store(0, SeqCst);
+    HANDLE.store(0, SeqCst);
     PHASE.store(IDLE, SeqCst);
     gate::after_fork_child();
 }
@@ -150,8 +153,40 @@ fn busy(start: Instant) -> PythonUnavailable {
 pub const SUPPORTED: core::ops::RangeInclusive<(u32, u32)> = (3, 8)..=(3, 13);
 
 /// Runs `job` in the interpreter, waiting at most about `timeout` for the
-/// GIL. Shim's thread only.
+/// GIL. Shim's thread only. When it returns, the job thread has exited
+/// unless it is still waiting for the GIL or still running the job: a
+/// request leaves no thread behind.
 pub fn run(job: Job, timeout: Duration) -> Outcome {
+    let r = post_and_wait(job, timeout);
+    reap_worker();
+    r
+}
+
+/// The job thread (joinable), 0 if none is left to join. Touched by the
+/// shim's thread only (and reset in a fork child).
+static HANDLE: AtomicUsize = AtomicUsize::new(0);
+
+/// Joins the job thread if it has left its loop (it then exits within
+/// microseconds); one still waiting for the GIL is left to a later call.
+/// Only the shim's thread posts requests, so a job thread that has given
+/// up its claim (`WORKER` 0) outside `run` never takes it again.
+fn reap_worker() {
+    if WORKER.load(SeqCst) == 0 {
+        join_worker();
+    }
+}
+
+/// Joins the last job thread, which must have given up its claim.
+fn join_worker() {
+    let h = HANDLE.swap(0, SeqCst);
+    if h != 0 {
+        // SAFETY: a joinable thread we created, joined once (the handle was
+        // taken above), and past the point where it could take a request.
+        unsafe { libc::pthread_join(h as libc::pthread_t, core::ptr::null_mut()) };
+    }
+}
+
+fn post_and_wait(job: Job, timeout: Duration) -> Outcome {
     let start = Instant::now();
     let api = ffi::api().ok_or(PythonUnavailable::NoPython)?;
     api.usable()?;
@@ -269,10 +304,14 @@ fn spawn_worker() -> Result<(), PythonUnavailable> {
         return Err(PythonUnavailable::Finalizing);
     }
     let arg = key as usize as *mut c_void;
-    if crate::supervisor::spawn_thread(worker_main, arg, None, true).is_none() {
+    // A previous job thread has given up its claim (we hold it now): it is
+    // exiting or gone.
+    join_worker();
+    let Some(handle) = crate::supervisor::spawn_thread(worker_main, arg, None) else {
         gate::leave();
         return Err(failed("pthread_create failed"));
-    }
+    };
+    HANDLE.store(handle as usize, SeqCst);
     Ok(())
 }
 
