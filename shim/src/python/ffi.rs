@@ -103,6 +103,10 @@ api! {
     /// `PyObject *PyDict_GetItemString(PyObject *, const char *)`: borrowed,
     /// no exception on a missing key.
     dict_get_item_string: "PyDict_GetItemString" => fn(*mut PyObject, *const c_char) -> *mut PyObject;
+    /// `PyObject *PyImport_ImportModuleLevel(const char *, globals, locals,
+    /// fromlist, level)`: new; imports through `sys.meta_path` (not a
+    /// replaced `builtins.__import__`). Used for `atexit` only (`gate.rs`).
+    import_module_level: "PyImport_ImportModuleLevel" => fn(*const c_char, *mut PyObject, *mut PyObject, *mut PyObject, c_int) -> *mut PyObject;
     /// `PyObject *PySys_GetObject(const char *)`: borrowed `sys.<name>`.
     sys_get_object: "PySys_GetObject" => fn(*const c_char) -> *mut PyObject;
     /// `PyObject *PyObject_GetAttrString(PyObject *, const char *)`: new.

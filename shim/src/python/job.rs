@@ -332,9 +332,9 @@ extern "C" fn worker_main(arg: *mut c_void) -> *mut c_void {
         gate::leave();
         return core::ptr::null_mut();
     }
-    // Memory a job frees (gc) goes straight back to the arenas, where a
-    // purge reaches it, instead of into this thread's cache.
-    let _ = crate::jemalloc::disable_own_tcache();
+    // What a job frees ends up in this thread's cache only until the job
+    // flushes it (`gc::collect`) or the thread exits; meanwhile the cache
+    // makes the thread-state allocation below quick (`new_thread_state`).
     let pid = sys::getpid();
     // Leaving: give up the claim, then look once more, so a request posted
     // meanwhile (whose requester saw us alive and started no thread) is not
@@ -424,14 +424,24 @@ fn take_one() -> bool {
 /// (`PyGILState_Ensure` would create the state the same way, but
 /// unfenced.) `None`: the interpreter is shutting down.
 fn new_thread_state(api: &ffi::Api) -> Option<*mut c_void> {
+    prewarm_cache();
     loop {
+        let t0 = sys::monotonic_ns();
         if gate::closed() || api.usable().is_err() {
             return None;
         }
         if let Some(_fence) = crate::fork_fence::enter() {
+            // The check above and the creation below must be close in time:
+            // a thread descheduled in between could find the interpreter
+            // torn down (`PyThreadState_New` on a finalized runtime
+            // crashes; docs/python.md, "Shutdown"). If we were held up,
+            // look again.
+            if sys::monotonic_ns().saturating_sub(t0) > RECHECK_NS {
+                continue;
+            }
             // SAFETY: the runtime is initialised and not finalizing
-            // (checked just above; the exit gate covers the rest); the main
-            // interpreter lives as long as the runtime.
+            // (checked just above, moments ago; the exit gate covers the
+            // rest); the main interpreter lives as long as the runtime.
             let t = unsafe { (api.thread_state_new)((api.interp_main)()) };
             return (!t.is_null()).then_some(t);
         }
@@ -441,6 +451,21 @@ fn new_thread_state(api: &ffi::Api) -> Option<*mut c_void> {
         };
         // SAFETY: sleeping on a local timespec.
         unsafe { libc::nanosleep(&ts, core::ptr::null_mut()) };
+    }
+}
+
+/// Longest gap between the interpreter check and the thread-state creation.
+const RECHECK_NS: u64 = 100_000;
+
+/// Puts one block of each size a thread state may take (3.8-3.13: a few
+/// hundred bytes to a few KiB) into this thread's allocator cache, so that
+/// `PyThreadState_New`'s allocation is served from it at once, without the
+/// arena locks that a main thread tearing down its interpreter keeps busy:
+/// the time between our check and the creation stays short.
+fn prewarm_cache() {
+    for size in [256usize, 512, 1024, 2048, 4096, 8192] {
+        // SAFETY: a plain allocation freed at once.
+        unsafe { libc::free(libc::calloc(1, size)) };
     }
 }
 
