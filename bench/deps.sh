@@ -2,6 +2,8 @@
 # Installs what `make bench` compares against and measures with.
 # Idempotent: packages already present are not fetched again.
 #   Debian: libjemalloc2 libtcmalloc-minimal4 libmimalloc2.0 (comparison allocators), gcc, hyperfine (optional)
+#   anchors: the newest allocators on crates.io (mimalloc v3 and v2, jemalloc 5.3.1), built from the
+#           crates' bundled sources into bench/out/anchors/ (bench/benchlib/anchors.py; needs cargo, cc, make)
 #   pip:    numpy (scenario 1 fallback workload) for the python3 the harness uses,
 #           pyperformance in its own venv under bench/out/pyperf-venv (scenario 5),
 #           and the benchmarks' venv it creates, so that `make bench` runs offline afterwards.
@@ -22,6 +24,8 @@ else
 fi
 
 PY=$(python3 -c 'import sys; print(sys.executable)')
+"$PY" bench/benchlib/anchors.py || echo "bench-deps: some registry anchors are missing (see above); the runs report them as missing"
+
 if ! "$PY" -c 'import numpy' 2>/dev/null; then
     "$PY" -m pip install --quiet numpy
 fi

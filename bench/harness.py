@@ -25,7 +25,7 @@ from benchlib.context import Context, table  # noqa: E402
 from benchlib.machine import facts  # noqa: E402
 from benchlib.params import FULL, SMOKE  # noqa: E402
 from benchlib.runner import real_python  # noqa: E402
-from benchlib.targets import evaluate, tradeoff  # noqa: E402
+from benchlib.targets import ANCHOR_NAMES, evaluate, standings, tradeoff  # noqa: E402
 
 SCENARIOS = [
     ("s1", "1. Model load and unload cycles", s1_model.run),
@@ -152,9 +152,12 @@ DEFAULTS_NOTE = (
     "**oversize_threshold 0** (no dedicated huge arena): jemalloc's 8 MiB default purges large extents "
     "eagerly and loses the large-buffer case to glibc. **tcache_max** stays jemalloc's (32 KiB): 4 KiB "
     "roughly halves what parked threads keep in scenario 2 but costs small- and medium-size throughput; "
-    "larger values cannot be set in this jemalloc build (opt.tcache_max is capped at 32 KiB). Arena count (from "
-    "the cgroup CPU quota) was not varied. These readings were taken on a shared 2-core VM; when a row "
-    "of this run contradicts them, the table wins.")
+    "larger values cannot be set in jemalloc 5.3.1 with 4 KiB pages (it caps tcache_max at 8 pages, "
+    "TCACHE_LG_MAXCLASS_LIMIT = LG_USIZE_GROW_SLOW_THRESHOLD, and clips larger values silently; Debian's "
+    "5.3.0 allows 8 MiB). **Arena count**: ms-narenas4x is jemalloc's 4 arenas per CPU; fewer arenas than "
+    "running threads let one thread reuse what another freed before it decays (peak RSS in scenarios 2 "
+    "and 3). These readings were taken on a shared 2-core VM; when a row of this run contradicts them, the "
+    "table wins.")
 
 
 def write_report(ctx, a, machine, missing, results, durations, total, errors):
@@ -200,6 +203,14 @@ def write_report(ctx, a, machine, missing, results, durations, total, errors):
               "threaded, scenario 2 idle) against large-buffer and medium-size throughput (scenario 4). "
               "Throughput columns are ratios to glibc in the same run.", "",
               tradeoff(results, ctx.variants), "", DEFAULTS_NOTE, ""]
+    present = [n for n in ANCHOR_NAMES if any(c.name == n for c in ctx.configs)]
+    if present and any(s in results for s in ("s1", "s2", "s3", "s4", "s6")):
+        o += ["## Where memshim stands against each comparison allocator", "",
+              "memshim with its defaults divided by each allocator in this run: memory columns < 1.00× mean "
+              "memshim holds less, speed columns > 1.00× mean memshim is faster; start-up is memshim's "
+              "µs/exec minus the other's. jemalloc531, mimalloc3 and mimalloc2 are the newest releases on "
+              "crates.io (bench/anchors, built by `make bench-deps`).", "",
+              standings(results, present), ""]
     if any(s in results for s in ("s1", "s2", "s3", "s4", "s5", "s6")):
         o += ["## Closing note: targets", "",
               "memshim with its defaults against the issue's targets, in this run. \"floor\" = the lowest "

@@ -7,7 +7,8 @@ from .configs import ROOT
 
 SRC = os.path.join(ROOT, "bench", "workloads")
 OUT = os.path.join(ROOT, "bench", "out")
-PROGRAMS = ("serve", "churn", "tput", "dirty")
+# churnops, idlecache, forkloop: measurement tools of bench/FINDINGS-issue15.md, not harness scenarios.
+PROGRAMS = ("serve", "churn", "tput", "dirty", "churnops", "idlecache", "forkloop")
 
 
 def build_all():

@@ -3,6 +3,8 @@
 import os
 from dataclasses import dataclass, field
 
+from .anchors import ANCHORS, path as anchor_path
+
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # BENCH_SHIM=/path/libmemshim.so measures another build (default: this checkout's release build).
@@ -47,6 +49,7 @@ def competitors():
         Config("tcmalloc", "Debian libtcmalloc_minimal.so.4 (gperftools 2.10)",
                preload=f"{LIBDIR}/libtcmalloc_minimal.so.4"),
         Config("mimalloc", "Debian libmimalloc.so.2 (2.0.9)", preload=f"{LIBDIR}/libmimalloc.so.2"),
+    ] + [Config(name, label, preload=anchor_path(name)) for name, (_, label) in ANCHORS.items()] + [
         Config("memshim", "memshim, defaults", preload=SHIM),
     ]
 
@@ -65,8 +68,11 @@ def variants():
                {"MEMSHIM_MALLOC_CONF": "oversize_threshold:8388608"}, True),
         Config("ms-tcache4k", "memshim, tcache_max 4096 (smaller thread caches)", SHIM,
                {"MEMSHIM_MALLOC_CONF": "tcache_max:4096"}, True),
-        # No larger tcache_max variant: this jemalloc build (tikv-jemalloc-sys, 5.3.1) caps
-        # opt.tcache_max at 32 KiB, so tcache_max:65536 reads back as 32768 and measures nothing.
+        # No larger tcache_max variant: jemalloc 5.3.1 caps opt.tcache_max at 8 of its pages
+        # (TCACHE_LG_MAXCLASS_LIMIT = LG_USIZE_GROW_SLOW_THRESHOLD = 15 with 4 KiB pages) and clips
+        # larger values silently, so tcache_max:65536 reads back as 32768 and measures nothing.
+        Config("ms-narenas4x", "memshim, 4 arenas per CPU (jemalloc's default arena count)", SHIM,
+               {"MEMSHIM_NARENAS": str(4 * len(os.sched_getaffinity(0)))}, True),
     ]
 
 

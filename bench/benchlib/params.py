@@ -1,10 +1,15 @@
 """Scenario parameters of the full run and of the smoke run."""
 
-ALL_VARIANTS = ["ms-decay0", "ms-decay5s", "ms-decay10s", "ms-nodecay", "ms-oversize8m", "ms-tcache4k"]
-PY_CONFIGS = ["glibc", "jemalloc", "tcmalloc", "mimalloc", "memshim"]
+ALL_VARIANTS = ["ms-decay0", "ms-decay5s", "ms-decay10s", "ms-nodecay", "ms-oversize8m", "ms-tcache4k",
+                "ms-narenas4x"]
+# The registry anchors (mimalloc3, jemalloc531) join the Python and start-up scenarios; mimalloc2 only
+# scenarios 1-4, to keep the full run's time in check.
+PY_CONFIGS = ["glibc", "jemalloc", "tcmalloc", "mimalloc", "mimalloc3", "jemalloc531", "memshim"]
 
 FULL = {
-    "reps": {"s1": 1, "s2": 2, "s3": 1, "s4": 3, "s5": 1},
+    # s3: 3 repetitions (side by side, 80 s each): its peak RSS hinges on a few big-buffer reuses and
+    # moved by +-15 % between single runs on the 2-core VM (bench/FINDINGS-issue15.md).
+    "reps": {"s1": 1, "s2": 2, "s3": 3, "s4": 3, "s5": 1},
     "s1": {"kind": "auto", "modes": ["thread", "main"], "cycles": 5, "idle": 2.0, "final_idle": 3.0, "scale": 1.0,
            "variants": [], "main_configs": ["glibc", "glibc-trim128k", "glibc-malloc_trim", "jemalloc", "memshim"]},
     "s2": {"threads": 8, "ops": 300000, "slots": 2000, "idle_checkpoints": [1, 6, 30], "variants": ALL_VARIANTS},

@@ -2,7 +2,9 @@
 
 Own timing rather than hyperfine so that configurations interleave at the
 finest grain (A B A B ... per exec), which cancels the drift of a shared
-machine: os.posix_spawn + waitpid, wall clock per exec."""
+machine: os.posix_spawn + wait4, wall clock per exec. wait4 also gives the
+child's minor page faults, a figure a noisy machine cannot move (for the bash
+loop it is the loop's total / the loop's length, bash's own faults included)."""
 
 import os
 import time
@@ -12,13 +14,14 @@ from .stats import fmt, median, percentile
 
 
 def spawn_wait(argv, env):
+    """(wall seconds, minor page faults of the child and its waited-for children)."""
     t = time.perf_counter()
     pid = os.posix_spawn(argv[0], argv, env)
-    _, status = os.waitpid(pid, 0)
+    _, status, ru = os.wait4(pid, 0)
     d = time.perf_counter() - t
     if status != 0:
         raise RuntimeError(f"{argv} exited with status {status}")
-    return d
+    return d, ru.ru_minflt
 
 
 def run(ctx):
@@ -36,18 +39,25 @@ def run(ctx):
     for label, argv, n, per in cases:
         ctx.log(f"s6 {label}: {n} × {len(configs)}")
         times = {c.name: [] for c in configs}
+        faults = {c.name: [] for c in configs}
         for _ in range(n):
             for c in configs:
-                times[c.name].append(spawn_wait(argv, envs[c.name]) / per * 1000)
+                d, flt = spawn_wait(argv, envs[c.name])
+                times[c.name].append(d / per * 1000)
+                faults[c.name].append(flt / per)
         base = median(times.get("glibc", []))
+        base_f = median(faults.get("glibc", []))
         for c in configs:
-            m = median(times[c.name])
+            m, f = median(times[c.name]), median(faults[c.name])
             res["per_exec_ms"][(label, c.name)] = m
             rows.append([label, c.name, fmt(m), fmt(percentile(times[c.name], 90)),
-                         "–" if base is None else f"{(m - base) * 1000:+.0f} µs"])
+                         "–" if base is None else f"{(m - base) * 1000:+.0f} µs", fmt(f),
+                         "–" if base_f is None else f"{f - base_f:+.0f}"])
     res["cases"] = [c[0] for c in cases]
     res["md"] = (f"Wall time per exec in ms (median and p90 of {p['n_true']} / {p['n_python']} / {p['n_loop']} "
                  f"interleaved runs; for the bash loop, the loop's time / {p['loop']}). `python3` is the real "
-                 f"binary `{ctx.python}`, not pyenv's shim script.\n\n" +
-                 table(["command", "config", "median ms/exec", "p90 ms/exec", "vs glibc"], rows))
+                 f"binary `{ctx.python}`, not pyenv's shim script. Page faults: minor faults per exec (median), "
+                 f"from wait4.\n\n" +
+                 table(["command", "config", "median ms/exec", "p90 ms/exec", "vs glibc", "page faults",
+                        "faults vs glibc"], rows))
     return res

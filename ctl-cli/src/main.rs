@@ -13,6 +13,7 @@ mod client;
 mod cmd;
 mod discover;
 mod exit;
+mod gpu;
 mod render;
 mod shm;
 

@@ -60,16 +60,41 @@ pub struct EmptyCacheResult {
     pub skipped: Option<String>,
 }
 
-/// A step of `release`.
+/// A step of `release`, in the order they run.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum ReleaseStepKind {
     /// `gc.collect()`; `before`/`after` are RSS.
     Gc,
-    /// `torch.cuda.empty_cache()`; `before`/`after` are CUDA reserved bytes.
+    /// `torch.cuda.ipc_collect()`: memory of CUDA tensors shared with other
+    /// processes that they have let go, back to the caching allocator; CUDA
+    /// allocated bytes.
+    IpcCollect,
+    /// cuBLAS workspaces freed back to the caching allocator
+    /// (`torch._C._cuda_clearCublasWorkspaces`, where the installed torch
+    /// has it); CUDA allocated bytes.
+    CublasWorkspaces,
+    /// `torch.cuda.empty_cache()`; CUDA reserved bytes.
     EmptyCache,
+    /// The pinned host-memory cache (`torch.accelerator.empty_host_cache`
+    /// or `torch._C._host_emptyCache`); cached pinned bytes.
+    HostCache,
     /// The allocator purge; `before`/`after` are RSS.
     Purge,
+    /// A step this build does not know (sent by a newer server).
+    #[serde(other)]
+    Unknown,
+}
+
+/// One device's figure before and after a CUDA step of `release`.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceChange {
+    /// CUDA device index (as torch numbers it).
+    pub index: u32,
+    /// Bytes before the step.
+    pub before: u64,
+    /// Bytes after the step.
+    pub after: u64,
 }
 
 /// How a step of `release` went.
@@ -114,15 +139,52 @@ pub struct ReleaseStep {
     /// The bridge's reason, where CPython could not be used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub python: Option<crate::PythonUnavailable>,
+    /// Per device, for the CUDA steps (`before`/`after` are their sums).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<DeviceChange>,
 }
 
 impl ReleaseStep {
+    /// A step that ran (`done`) with no figures yet.
+    pub fn new(step: ReleaseStepKind, measure: &str) -> ReleaseStep {
+        ReleaseStep {
+            step,
+            measure: measure.to_owned(),
+            before: 0,
+            after: 0,
+            elapsed_ms: 0.0,
+            outcome: StepOutcome::Done,
+            skipped: None,
+            error: None,
+            python: None,
+            devices: Vec::new(),
+        }
+    }
+
+    /// The step had nothing to do, and why.
+    pub fn nothing_to_do(mut self, why: impl Into<String>) -> ReleaseStep {
+        self.outcome = StepOutcome::NothingToDo;
+        self.skipped = Some(why.into());
+        self
+    }
+
+    /// The step could not run or failed, and why.
+    pub fn failed(mut self, why: impl Into<String>) -> ReleaseStep {
+        self.outcome = StepOutcome::Failed;
+        self.error = Some(why.into());
+        self
+    }
+
     /// The step's name as the CLI shows it.
     pub fn name(&self) -> &'static str {
         match self.step {
             ReleaseStepKind::Gc => "gc",
+            ReleaseStepKind::IpcCollect => "ipc-collect",
+            ReleaseStepKind::CublasWorkspaces => "cublas-workspaces",
             ReleaseStepKind::EmptyCache => "empty-cache",
+            ReleaseStepKind::HostCache => "host-cache",
             ReleaseStepKind::Purge => "purge",
+            ReleaseStepKind::Unknown => "unknown",
         }
     }
 }

@@ -99,6 +99,7 @@ fn replies_encode_exactly() {
                     "CPython was busy: the GIL could not be had within 1000 ms; try again".into(),
                 ),
                 python: Some(PythonUnavailable::Busy { waited_ms: 1000 }),
+                devices: vec![],
             },
             ReleaseStep {
                 step: ReleaseStepKind::EmptyCache,
@@ -110,12 +111,17 @@ fn replies_encode_exactly() {
                 skipped: Some("torch is not imported".into()),
                 error: None,
                 python: None,
+                devices: vec![DeviceChange {
+                    index: 0,
+                    before: 0,
+                    after: 0,
+                }],
             },
         ],
     }));
     assert_eq!(
         line(&release),
-        r#"{"ok":{"kind":"release","rss_before":10,"rss_after":4,"released":6,"elapsed_ms":3.0,"steps":[{"step":"gc","measure":"rss","before":10,"after":10,"elapsed_ms":1000.0,"outcome":"failed","skipped":null,"error":"CPython was busy: the GIL could not be had within 1000 ms; try again","python":{"reason":"busy","waited_ms":1000}},{"step":"empty_cache","measure":"cuda_reserved","before":0,"after":0,"elapsed_ms":0.0,"outcome":"nothing_to_do","skipped":"torch is not imported"}]}}"#
+        r#"{"ok":{"kind":"release","rss_before":10,"rss_after":4,"released":6,"elapsed_ms":3.0,"steps":[{"step":"gc","measure":"rss","before":10,"after":10,"elapsed_ms":1000.0,"outcome":"failed","skipped":null,"error":"CPython was busy: the GIL could not be had within 1000 ms; try again","python":{"reason":"busy","waited_ms":1000}},{"step":"empty_cache","measure":"cuda_reserved","before":0,"after":0,"elapsed_ms":0.0,"outcome":"nothing_to_do","skipped":"torch is not imported","devices":[{"index":0,"before":0,"after":0}]}]}}"#
     );
     // A step from a 0.1 server (no `outcome`) reads as done.
     let old =
@@ -259,7 +265,36 @@ fn stats_field_names_are_stable() {
             "inactive_split",
             "peak_allocated",
             "num_alloc_retries",
-            "num_ooms"
+            "num_ooms",
+            "fragmentation"
         ])
     );
+    // The optional CUDA figures, once CUDA is initialised.
+    let t = TorchSection {
+        allocator_backend: Some("native".into()),
+        alloc_conf: Some("expandable_segments:True".into()),
+        host_pinned: Some(HostPinned::default()),
+        devices: vec![TorchDevice {
+            uuid: Some("GPU-0".into()),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let v = serde_json::to_value(&t).unwrap();
+    assert_eq!(
+        keys(&v),
+        want(&[
+            "version",
+            "cuda_initialized",
+            "devices",
+            "allocator_backend",
+            "alloc_conf",
+            "host_pinned"
+        ])
+    );
+    assert_eq!(
+        keys(&v["host_pinned"]),
+        want(&["allocated", "active", "cached"])
+    );
+    assert!(v["devices"][0]["uuid"].is_string());
 }

@@ -34,7 +34,7 @@ pub struct PythonSection {
 }
 
 /// PyTorch, as `stats` reports it (only if `torch` is already imported).
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
 pub struct TorchSection {
     /// `torch.__version__`.
     pub version: String,
@@ -43,11 +43,38 @@ pub struct TorchSection {
     /// One entry per device that has a context (empty unless CUDA is
     /// initialized).
     pub devices: Vec<TorchDevice>,
+    /// The caching allocator's backend, `native` or `cudaMallocAsync`
+    /// (`torch.cuda.get_allocator_backend()`); only once CUDA is initialised.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocator_backend: Option<String>,
+    /// The allocator settings in effect: what torch reports it parsed
+    /// (`torch._C._accelerator_getAllocatorSettings()`, once CUDA is
+    /// initialised), else the `PYTORCH_CUDA_ALLOC_CONF` /
+    /// `PYTORCH_ALLOC_CONF` of the process's `os.environ`. `None`: neither
+    /// is set (the defaults apply).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alloc_conf: Option<String>,
+    /// The pinned (page-locked) host memory cache
+    /// (`torch.cuda.host_memory_stats()`); only once CUDA is initialised.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_pinned: Option<HostPinned>,
+}
+
+/// PyTorch's pinned host-memory caching allocator, bytes.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HostPinned {
+    /// `allocated_bytes.current`: pinned blocks the allocator owns, in use
+    /// or cached.
+    pub allocated: u64,
+    /// `active_bytes.current`: blocks handed out and not yet reusable.
+    pub active: u64,
+    /// `allocated - active`: cached blocks that `release` gives back.
+    pub cached: u64,
 }
 
 /// The CUDA caching allocator of one device
 /// (`torch.cuda.memory_stats(index)`, bytes and counts).
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
 pub struct TorchDevice {
     /// Device index.
     pub index: u32,
@@ -65,6 +92,27 @@ pub struct TorchDevice {
     pub num_alloc_retries: u64,
     /// `num_ooms`: out-of-memory errors raised.
     pub num_ooms: u64,
+    /// `inactive_split / reserved` (0 with nothing reserved): the share of
+    /// the reserved memory that sits in free fragments of split blocks,
+    /// which only `empty_cache` (or a different allocation pattern) gives
+    /// back. High values with retries mean fragmentation (docs/stats.md).
+    #[serde(default)]
+    pub fragmentation: f64,
+    /// The device's UUID as CUDA reports it (`GPU-...`), to match NVML's
+    /// per-process figures; `None` if torch does not offer it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+}
+
+impl TorchDevice {
+    /// `inactive_split / reserved`, 0 when nothing is reserved.
+    pub fn fragmentation_of(inactive_split: u64, reserved: u64) -> f64 {
+        if reserved == 0 {
+            0.0
+        } else {
+            inactive_split as f64 / reserved as f64
+        }
+    }
 }
 
 /// Why CPython could not be used for a request.

@@ -59,6 +59,9 @@ pub enum Endpoint {
     Answered {
         /// `config.interposed`.
         interposed: bool,
+        /// What its CUDA caching allocator's figures say (see
+        /// [`cuda_notes`]).
+        cuda: Vec<String>,
     },
 }
 
@@ -235,15 +238,18 @@ pub fn diagnose(pid: i32, endpoint: impl FnOnce(i32) -> Endpoint) -> Result<Diag
         }
         let control = env(&p, "MEMSHIM_CONTROL").unwrap_or("auto");
         match endpoint(pid) {
-            Endpoint::Answered { interposed: false } => add(
+            Endpoint::Answered { interposed: false, .. } => add(
                 Level::Problem,
                 "not_interposed",
                 "the shim reports interposed=false: another malloc is in use (its own allocator, a sanitizer, \
                  or the shim was dlopen'ed); stats and purge do not reflect the process's heap"
                     .into(),
             ),
-            Endpoint::Answered { interposed: true } if san.is_none() && !valgrind && !own_malloc => {
-                add(Level::Ok, "shim_active", format!("shim loaded from {lib} and answering on its control socket"))
+            Endpoint::Answered { interposed: true, cuda } if san.is_none() && !valgrind && !own_malloc => {
+                add(Level::Ok, "shim_active", format!("shim loaded from {lib} and answering on its control socket"));
+                for note in cuda {
+                    add(Level::Note, "cuda_fragmentation", note);
+                }
             }
             Endpoint::Answered { .. } => {}
             Endpoint::Absent if control == "off" => add(
@@ -439,6 +445,47 @@ pub fn host_lines(h: &host::HostFacts) -> Vec<String> {
     v
 }
 
+/// A share of reserved VRAM in free fragments of split blocks above which
+/// `doctor` explains fragmentation.
+const FRAGMENTATION_NOTE: f64 = 0.25;
+
+/// Fragmentation of the CUDA caching allocator, explained: a high inactive
+/// split share, or allocation retries (each one a cudaMalloc that failed
+/// and made torch free its cache and try again).
+pub fn cuda_notes(t: &memshim_proto::TorchSection) -> Vec<String> {
+    let mut out = vec![];
+    for d in &t.devices {
+        let mut why = vec![];
+        if d.fragmentation >= FRAGMENTATION_NOTE && d.inactive_split >= 64 << 20 {
+            why.push(format!(
+                "{:.0}% of its {} reserved sits in free fragments of split blocks ({}): memory torch holds                  but cannot hand out for larger tensors",
+                d.fragmentation * 100.0,
+                crate::render::bytes(d.reserved),
+                crate::render::bytes(d.inactive_split)
+            ));
+        }
+        if d.num_alloc_retries > 0 {
+            why.push(format!(
+                "{} allocation retries: cudaMalloc failed and torch had to free its cache and retry (slow,                  and the step before an out-of-memory error{})",
+                d.num_alloc_retries,
+                if d.num_ooms > 0 {
+                    format!("; {} already happened", d.num_ooms)
+                } else {
+                    String::new()
+                }
+            ));
+        }
+        if !why.is_empty() {
+            out.push(format!(
+                "cuda:{} is fragmented: {}. `memshim-ctl release` returns the free fragments now; for good,                  set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (segments grow instead of splitting), or                  max_split_size_mb to keep large blocks whole (docs/stats.md, \"fragmentation\")",
+                d.index,
+                why.join("; ")
+            ));
+        }
+    }
+    out
+}
+
 /// Asks the control endpoint of `pid` for `stats`, if it has a socket.
 pub fn ask_endpoint(pid: i32) -> Endpoint {
     let Ok(p) = discover::read_proc(pid) else {
@@ -454,6 +501,7 @@ pub fn ask_endpoint(pid: i32) -> Endpoint {
     match Client::open_proc(p).and_then(|mut c| c.request(&req)) {
         Ok(memshim_proto::Reply::Stats(s)) => Endpoint::Answered {
             interposed: s.config.interposed,
+            cuda: s.torch.as_ref().map(cuda_notes).unwrap_or_default(),
         },
         Ok(_) => Endpoint::Unreachable("answered stats with another kind of reply".into()),
         Err(f) => Endpoint::Unreachable(f.message),
@@ -510,4 +558,55 @@ pub fn run(a: DoctorArgs) -> Result<Exit, Failure> {
     } else {
         Exit::Ok
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cuda_notes;
+    use memshim_proto::{TorchDevice, TorchSection};
+
+    fn section(d: TorchDevice) -> TorchSection {
+        TorchSection {
+            cuda_initialized: true,
+            devices: vec![d],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn fragmentation_is_explained_only_when_it_is_there() {
+        let healthy = TorchDevice {
+            reserved: 4 << 30,
+            inactive_split: 100 << 20,
+            fragmentation: TorchDevice::fragmentation_of(100 << 20, 4 << 30),
+            ..Default::default()
+        };
+        assert!(cuda_notes(&section(healthy)).is_empty());
+        let split = TorchDevice {
+            index: 1,
+            reserved: 4 << 30,
+            inactive_split: 2 << 30,
+            fragmentation: 0.5,
+            ..Default::default()
+        };
+        let n = cuda_notes(&section(split));
+        assert_eq!(n.len(), 1);
+        assert!(
+            n[0].starts_with("cuda:1 is fragmented: 50% of its 4.00 GiB"),
+            "{}",
+            n[0]
+        );
+        assert!(n[0].contains("expandable_segments:True"), "{}", n[0]);
+        let retries = TorchDevice {
+            num_alloc_retries: 3,
+            num_ooms: 1,
+            ..Default::default()
+        };
+        let n = cuda_notes(&section(retries));
+        assert!(
+            n[0].contains("3 allocation retries") && n[0].contains("1 already happened"),
+            "{}",
+            n[0]
+        );
+    }
 }

@@ -311,6 +311,32 @@ const FAMILIES: &[(&str, &str, &str, Get)] = &[
         },
     ),
     (
+        "memshim_torch_cuda_fragmentation_ratio",
+        "gauge",
+        "Share of a device's reserved CUDA memory in free fragments of split blocks.",
+        |s| {
+            s.torch
+                .iter()
+                .flat_map(|t| &t.devices)
+                .map(|d| (vec![("device", d.index.to_string())], d.fragmentation))
+                .collect()
+        },
+    ),
+    (
+        "memshim_torch_pinned_host_bytes",
+        "gauge",
+        "PyTorch's pinned (page-locked) host memory cache by kind, in bytes.",
+        |s| {
+            let mut v = vec![];
+            for h in s.torch.iter().filter_map(|t| t.host_pinned) {
+                for (k, b) in [("allocated", h.allocated), ("cached", h.cached)] {
+                    v.push((vec![("kind", k.to_string())], b as f64));
+                }
+            }
+            v
+        },
+    ),
+    (
         "memshim_torch_cuda_alloc_retries_total",
         "counter",
         "PyTorch cache flushes forced by a failed cudaMalloc.",

@@ -95,41 +95,51 @@ pub fn human(outcomes: &[Outcome<ReleaseResult>]) -> String {
             bytes(r.released),
             ms(r.elapsed_ms)
         );
-        let rows: Vec<Vec<String>> = r
-            .steps
-            .iter()
-            .map(|s| {
-                let name = s.name().to_owned();
-                let not_run = |what: String| {
-                    vec![
-                        name.clone(),
-                        s.measure.clone(),
-                        "-".into(),
-                        "-".into(),
-                        "-".into(),
-                        what,
-                    ]
-                };
-                match s.outcome {
-                    StepOutcome::Failed => not_run(format!(
-                        "FAILED: {}",
-                        s.error.as_deref().unwrap_or("no reason given")
-                    )),
-                    StepOutcome::NothingToDo => not_run(format!(
-                        "nothing to do: {}",
-                        s.skipped.as_deref().unwrap_or("-")
-                    )),
-                    StepOutcome::Done => vec![
-                        name.clone(),
-                        s.measure.clone(),
-                        bytes(s.before),
-                        bytes(s.after),
-                        delta(s.before, s.after),
-                        ms(s.elapsed_ms),
-                    ],
+        let mut rows: Vec<Vec<String>> = Vec::new();
+        for s in &r.steps {
+            let name = s.name().to_owned();
+            let not_run = |what: String| {
+                vec![
+                    name.clone(),
+                    s.measure.clone(),
+                    "-".into(),
+                    "-".into(),
+                    "-".into(),
+                    what,
+                ]
+            };
+            rows.push(match s.outcome {
+                StepOutcome::Failed => not_run(format!(
+                    "FAILED: {}",
+                    s.error.as_deref().unwrap_or("no reason given")
+                )),
+                StepOutcome::NothingToDo => not_run(format!(
+                    "nothing to do: {}",
+                    s.skipped.as_deref().unwrap_or("-")
+                )),
+                StepOutcome::Done => vec![
+                    name.clone(),
+                    s.measure.clone(),
+                    bytes(s.before),
+                    bytes(s.after),
+                    delta(s.before, s.after),
+                    ms(s.elapsed_ms),
+                ],
+            });
+            // A CUDA step on more than one device: one row per device.
+            if s.devices.len() > 1 {
+                for d in &s.devices {
+                    rows.push(vec![
+                        format!("  cuda:{}", d.index),
+                        String::new(),
+                        bytes(d.before),
+                        bytes(d.after),
+                        delta(d.before, d.after),
+                        String::new(),
+                    ]);
                 }
-            })
-            .collect();
+            }
+        }
         for line in table(
             &["STEP", "MEASURE", "BEFORE", "AFTER", "CHANGE", "TIME"],
             &rows,
@@ -148,20 +158,11 @@ mod tests {
     use memshim_proto::{ReleaseStep, ReleaseStepKind};
 
     fn step(step: ReleaseStepKind, before: u64, after: u64, skipped: Option<&str>) -> ReleaseStep {
-        ReleaseStep {
-            step,
-            measure: "rss".into(),
-            before,
-            after,
-            elapsed_ms: 1.0,
-            outcome: if skipped.is_some() {
-                StepOutcome::NothingToDo
-            } else {
-                StepOutcome::Done
-            },
-            skipped: skipped.map(str::to_owned),
-            error: None,
-            python: None,
+        let mut s = ReleaseStep::new(step, "rss");
+        (s.before, s.after, s.elapsed_ms) = (before, after, 1.0);
+        match skipped {
+            Some(why) => s.nothing_to_do(why),
+            None => s,
         }
     }
 
@@ -229,5 +230,33 @@ mod tests {
         assert_eq!(overall(Exit::Ok, 1, &o, true), Exit::PythonStep);
         let o = vec![one(5, bad), one(6, ok)];
         assert_eq!(overall(Exit::Ok, 2, &o, true), Exit::Failed);
+    }
+
+    #[test]
+    fn a_cuda_step_on_two_devices_shows_each() {
+        let mut ec = step(ReleaseStepKind::EmptyCache, 3 << 30, 1 << 30, None);
+        ec.devices = vec![
+            memshim_proto::DeviceChange {
+                index: 0,
+                before: 2 << 30,
+                after: 1 << 30,
+            },
+            memshim_proto::DeviceChange {
+                index: 1,
+                before: 1 << 30,
+                after: 0,
+            },
+        ];
+        let o = vec![Outcome {
+            pid: 5,
+            command: None,
+            result: Ok(ReleaseResult {
+                steps: vec![ec],
+                ..Default::default()
+            }),
+        }];
+        let h = human(&o);
+        assert!(h.contains("cuda:0") && h.contains("cuda:1"), "{h}");
+        assert!(h.contains("-1.00 GiB"), "{h}");
     }
 }

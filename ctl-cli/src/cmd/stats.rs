@@ -4,6 +4,7 @@
 use crate::cli::pid_parser;
 use crate::client::Client;
 use crate::exit::{Exit, Failure};
+use crate::gpu;
 use crate::render::{bytes, kv, ms, opt_bytes, table};
 use clap::Args;
 use memshim_proto::{Reply, Request, StatsReport};
@@ -33,16 +34,74 @@ pub fn fetch(c: &mut Client, arenas: bool, pss: bool) -> Result<StatsReport, Fai
     }
 }
 
-/// Runs `stats`.
+/// Runs `stats`. Where torch has CUDA devices, the driver's view of them
+/// (NVML) is added: `gpu` in the JSON document, a table in the human form.
 pub fn run(a: StatsArgs) -> Result<Exit, Failure> {
     let mut c = Client::open(a.pid)?;
     let s = fetch(&mut c, a.arenas, a.pss)?;
+    let (vram, why) = s
+        .torch
+        .as_ref()
+        .map_or((Vec::new(), None), |t| gpu::vram(a.pid, t));
     if a.json {
-        println!("{}", serde_json::to_string(&s).unwrap_or_default());
+        let mut doc = serde_json::to_value(&s).unwrap_or_default();
+        if !vram.is_empty()
+            && let Some(o) = doc.as_object_mut()
+        {
+            o.insert("gpu".into(), serde_json::json!(vram));
+            o.insert("gpu_unavailable".into(), serde_json::json!(why));
+        }
+        println!("{doc}");
     } else {
         print!("{}", human(&s, a.pid, &c.proc.command));
+        print!("{}", human_vram(&vram, why.as_deref()));
     }
     Ok(Exit::Ok)
+}
+
+/// The driver's view beside torch's, per device.
+pub fn human_vram(vram: &[gpu::DeviceVram], why: Option<&str>) -> String {
+    if vram.is_empty() {
+        return String::new();
+    }
+    let opt = |b: Option<u64>| b.map_or("-".to_owned(), bytes);
+    let rows: Vec<Vec<String>> = vram
+        .iter()
+        .map(|d| {
+            vec![
+                format!("cuda:{}", d.index),
+                opt(d.driver_used),
+                bytes(d.torch_reserved),
+                opt(d.context_and_other),
+                opt(d.total),
+            ]
+        })
+        .collect();
+    let mut out = String::from(
+        "
+GPU memory as the driver sees it (NVML)
+",
+    );
+    out += &indent(&table(
+        &[
+            "DEVICE",
+            "PROCESS_USES",
+            "TORCH_RESERVED",
+            "CONTEXT+OTHER",
+            "DEVICE_TOTAL",
+        ],
+        &rows,
+    ));
+    out += "  CONTEXT+OTHER: the CUDA context (a fixed cost per device) and memory
+              libraries allocate outside torch; only the process's exit returns it.
+";
+    if let Some(w) = why {
+        out += &format!(
+            "  (no driver figures: {w})
+"
+        );
+    }
+    out
 }
 
 /// The human form of a stats report.
@@ -231,6 +290,23 @@ pub fn human(s: &StatsReport, pid: i32, command: &str) -> String {
                 "not initialized"
             }
         );
+        let mut facts: Vec<(&str, String, &str)> = Vec::new();
+        if let Some(b) = &t.allocator_backend {
+            facts.push(("allocator", b.clone(), "torch.cuda.get_allocator_backend()"));
+        }
+        if let Some(c) = &t.alloc_conf {
+            facts.push(("alloc_conf", c.clone(), "allocator settings in effect"));
+        }
+        if let Some(h) = &t.host_pinned {
+            facts.push((
+                "pinned_host",
+                format!("{} ({} cached)", bytes(h.allocated), bytes(h.cached)),
+                "page-locked host memory; release empties the cache",
+            ));
+        }
+        if !facts.is_empty() {
+            out += &kv(&facts);
+        }
         if !t.devices.is_empty() {
             let rows: Vec<Vec<String>> = t
                 .devices
@@ -242,6 +318,7 @@ pub fn human(s: &StatsReport, pid: i32, command: &str) -> String {
                         bytes(d.reserved),
                         bytes(d.active),
                         bytes(d.inactive_split),
+                        format!("{:.0}%", d.fragmentation * 100.0),
                         bytes(d.peak_allocated),
                         d.num_alloc_retries.to_string(),
                         d.num_ooms.to_string(),
@@ -255,6 +332,7 @@ pub fn human(s: &StatsReport, pid: i32, command: &str) -> String {
                     "RESERVED",
                     "ACTIVE",
                     "INACTIVE_SPLIT",
+                    "FRAG",
                     "PEAK",
                     "RETRIES",
                     "OOMS",
@@ -302,8 +380,17 @@ mod tests {
             devices: vec![TorchDevice {
                 index: 0,
                 reserved: 2 << 30,
+                inactive_split: 1 << 30,
+                fragmentation: 0.5,
                 ..Default::default()
             }],
+            alloc_conf: Some("expandable_segments:True".into()),
+            host_pinned: Some(HostPinned {
+                allocated: 64 << 20,
+                active: 0,
+                cached: 64 << 20,
+            }),
+            ..Default::default()
         });
         s.config.dirty_decay_ms = -1;
         let h = human(&s, 42, "python3 serve.py");
@@ -318,6 +405,9 @@ mod tests {
             "python 3.11.9",
             "torch 2.5.1 (CUDA initialized)",
             "  cuda:0",
+            "50%",
+            "expandable_segments:True  allocator settings in effect",
+            "64.0 MiB (64.0 MiB cached)",
         ] {
             assert!(h.contains(want), "missing {want:?} in\n{h}");
         }

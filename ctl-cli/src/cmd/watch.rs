@@ -1,5 +1,6 @@
 //! `memshim-ctl watch <PID> [--interval S] [--count N]`: RSS, resident and
-//! purgeable memory over time. On a terminal the view is redrawn in place
+//! purgeable memory over time, and for a PyTorch process with CUDA, each
+//! device's reserved VRAM and what the driver says the process uses. On a terminal the view is redrawn in place
 //! with sparklines; otherwise (a pipe, a log) one line per sample.
 
 use crate::cli::pid_parser;
@@ -39,7 +40,7 @@ fn parse_interval(s: &str) -> Result<f64, String> {
 }
 
 /// One sample.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Sample {
     /// RSS.
     pub rss: u64,
@@ -47,6 +48,9 @@ pub struct Sample {
     pub resident: u64,
     /// dirty + muzzy.
     pub purgeable: u64,
+    /// Per CUDA device: (index, torch reserved, driver's figure for the
+    /// process if NVML has one).
+    pub vram: Vec<(u32, u64, Option<u64>)>,
 }
 
 /// Runs `watch`.
@@ -75,10 +79,19 @@ pub fn run(a: WatchArgs) -> Result<Exit, Failure> {
                 )?
             }
         };
+        let vram = s
+            .torch
+            .as_ref()
+            .map(|t| crate::gpu::vram(a.pid, t).0)
+            .unwrap_or_default();
         let sample = Sample {
             rss: s.process.rss,
             resident: s.allocator.resident,
             purgeable: s.allocator.purgeable,
+            vram: vram
+                .iter()
+                .map(|d| (d.index, d.torch_reserved, d.driver_used))
+                .collect(),
         };
         history.push(sample);
         if history.len() > HISTORY {
@@ -115,46 +128,87 @@ pub fn run(a: WatchArgs) -> Result<Exit, Failure> {
 /// One line per sample (not a terminal): time, figures, change since the
 /// previous sample.
 pub fn line(t: f64, history: &[Sample]) -> String {
-    let cur = history.last().copied().unwrap_or_default();
-    let prev = history.len().checked_sub(2).map_or(cur, |i| history[i]);
-    format!(
-        "t={t:.1}s rss={} ({}) resident={} ({}) purgeable={} ({})\n",
+    let cur = history.last().cloned().unwrap_or_default();
+    let prev = history
+        .len()
+        .checked_sub(2)
+        .map_or(cur.clone(), |i| history[i].clone());
+    let mut s = format!(
+        "t={t:.1}s rss={} ({}) resident={} ({}) purgeable={} ({})",
         bytes(cur.rss),
         delta(prev.rss, cur.rss),
         bytes(cur.resident),
         delta(prev.resident, cur.resident),
         bytes(cur.purgeable),
         delta(prev.purgeable, cur.purgeable)
-    )
+    );
+    for &(i, reserved, driver) in &cur.vram {
+        s += &format!(" cuda:{i} reserved={}", bytes(reserved));
+        if let Some(d) = driver {
+            s += &format!(" driver={}", bytes(d));
+        }
+    }
+    s.push('\n');
+    s
+}
+
+/// The series of the screen: name, and each sample's value (`None` where a
+/// sample lacks it).
+fn series(history: &[Sample]) -> Vec<(String, Vec<Option<u64>>)> {
+    let mut out: Vec<(String, Vec<Option<u64>>)> = vec![
+        ("rss".into(), history.iter().map(|x| Some(x.rss)).collect()),
+        (
+            "resident".into(),
+            history.iter().map(|x| Some(x.resident)).collect(),
+        ),
+        (
+            "purgeable".into(),
+            history.iter().map(|x| Some(x.purgeable)).collect(),
+        ),
+    ];
+    let devices: Vec<u32> = history
+        .last()
+        .map(|x| x.vram.iter().map(|d| d.0).collect())
+        .unwrap_or_default();
+    for dev in devices {
+        let of = |x: &Sample| x.vram.iter().find(|d| d.0 == dev).copied();
+        out.push((
+            format!("cuda:{dev} reserved"),
+            history.iter().map(|x| of(x).map(|d| d.1)).collect(),
+        ));
+        if history.last().and_then(of).is_some_and(|d| d.2.is_some()) {
+            out.push((
+                format!("cuda:{dev} driver"),
+                history.iter().map(|x| of(x).and_then(|d| d.2)).collect(),
+            ));
+        }
+    }
+    out
 }
 
 /// The full-screen view: per figure, the value, its change since the last
 /// sample and since the first shown, and a sparkline.
 pub fn screen(pid: i32, command: &str, history: &[Sample], interval: f64) -> String {
-    let cur = history.last().copied().unwrap_or_default();
-    let prev = history.len().checked_sub(2).map_or(cur, |i| history[i]);
-    let first = history.first().copied().unwrap_or_default();
     let mut s = format!(
         "memshim-ctl watch: pid {pid} ({command}), every {interval}s, last {} samples (Ctrl-C to stop)\n\n",
         history.len()
     );
     s += &format!(
-        "{:<10} {:>11} {:>12} {:>12}  trend\n",
+        "{:<16} {:>11} {:>12} {:>12}  trend\n",
         "", "now", "last", "window"
     );
-    for (name, get) in [
-        ("rss", (|x: &Sample| x.rss) as fn(&Sample) -> u64),
-        ("resident", |x: &Sample| x.resident),
-        ("purgeable", |x: &Sample| x.purgeable),
-    ] {
-        let values: Vec<u64> = history.iter().map(get).collect();
+    for (name, values) in series(history) {
+        let known: Vec<u64> = values.iter().flatten().copied().collect();
+        let now = known.last().copied().unwrap_or(0);
+        let prev = known.len().checked_sub(2).map_or(now, |i| known[i]);
+        let first = known.first().copied().unwrap_or(0);
         s += &format!(
-            "{:<10} {:>11} {:>12} {:>12}  {}\n",
+            "{:<16} {:>11} {:>12} {:>12}  {}\n",
             name,
-            bytes(get(&cur)),
-            delta(get(&prev), get(&cur)),
-            delta(get(&first), get(&cur)),
-            sparkline(&values)
+            bytes(now),
+            delta(prev, now),
+            delta(first, now),
+            sparkline(&known)
         );
     }
     s
@@ -171,11 +225,13 @@ mod tests {
                 rss: 100 << 20,
                 resident: 80 << 20,
                 purgeable: 0,
+                vram: vec![],
             },
             Sample {
                 rss: 60 << 20,
                 resident: 40 << 20,
                 purgeable: 1 << 20,
+                vram: vec![],
             },
         ];
         assert_eq!(
@@ -186,6 +242,31 @@ mod tests {
         assert!(
             sc.contains("rss") && sc.contains("▁") && sc.contains("█"),
             "{sc}"
+        );
+    }
+
+    #[test]
+    fn cuda_devices_get_their_own_rows() {
+        let h = [
+            Sample {
+                vram: vec![(0, 4 << 30, Some(5 << 30))],
+                ..Default::default()
+            },
+            Sample {
+                vram: vec![(0, 1 << 30, Some(2 << 30))],
+                ..Default::default()
+            },
+        ];
+        let sc = screen(1, "x", &h, 1.0);
+        assert!(
+            sc.contains("cuda:0 reserved") && sc.contains("cuda:0 driver"),
+            "{sc}"
+        );
+        assert!(sc.contains("-3.00 GiB"), "{sc}");
+        assert!(
+            line(1.0, &h).ends_with("cuda:0 reserved=1.00 GiB driver=2.00 GiB\n"),
+            "{}",
+            line(1.0, &h)
         );
     }
 

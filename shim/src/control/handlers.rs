@@ -233,81 +233,60 @@ fn nothing_to_do(why: &PythonUnavailable) -> bool {
     )
 }
 
-/// A Python step of `release` from the bridge's answer.
-fn python_step(
+/// A step of `release` that could not use the interpreter at all: nothing
+/// to do where there is no interpreter, failed otherwise.
+fn unavailable_step(
     step: ReleaseStepKind,
     measure: &str,
     t: Instant,
-    r: Result<(u64, u64, Option<String>), PythonUnavailable>,
+    why: PythonUnavailable,
 ) -> ReleaseStep {
-    let mut s = ReleaseStep {
-        step,
-        measure: measure.into(),
-        before: 0,
-        after: 0,
-        elapsed_ms: 0.0,
-        outcome: StepOutcome::Done,
-        skipped: None,
-        error: None,
-        python: None,
+    let mut s = ReleaseStep::new(step, measure);
+    s = if nothing_to_do(&why) {
+        s.nothing_to_do(why.to_string())
+    } else {
+        s.failed(why.to_string())
     };
-    match r {
-        Ok((before, after, skipped)) => {
-            (s.before, s.after) = (before, after);
-            if skipped.is_some() {
-                s.outcome = StepOutcome::NothingToDo;
-                s.skipped = skipped;
-            }
-        }
-        Err(why) if nothing_to_do(&why) => {
-            s.outcome = StepOutcome::NothingToDo;
-            s.skipped = Some(why.to_string());
-            s.python = Some(why);
-        }
-        Err(why) => {
-            s.outcome = StepOutcome::Failed;
-            s.error = Some(why.to_string());
-            s.python = Some(why);
-        }
-    }
+    s.python = Some(why);
     s.elapsed_ms = ms(t);
     s
 }
 
-/// `release`: gc, empty_cache, purge, one figure per step. Each step says
-/// whether it ran, had nothing to do, or could not run or failed (then
+/// `release`: gc, then the CUDA steps (ipc_collect, cuBLAS workspaces,
+/// empty_cache, the pinned host cache; one empty_cache step when CUDA is
+/// not in use), then the purge, one figure per step. Each step says whether
+/// it ran, had nothing to do, or could not run or failed (then
 /// `memshim-ctl` exits non-zero); the purge always runs.
 pub fn release() -> Result<ReleaseResult, ErrorReply> {
     let t0 = Instant::now();
     let rss_before = os::proc::rss_bytes();
-    let mut steps = Vec::with_capacity(3);
+    let mut steps = Vec::with_capacity(6);
 
     let t = Instant::now();
-    let gc = crate::python::gc(PY_ACTION_TIMEOUT).map(|r| (r.rss_before, r.rss_after, None));
-    steps.push(python_step(ReleaseStepKind::Gc, "rss", t, gc));
+    steps.push(match crate::python::gc(PY_ACTION_TIMEOUT) {
+        Ok(r) => {
+            let mut s = ReleaseStep::new(ReleaseStepKind::Gc, "rss");
+            (s.before, s.after, s.elapsed_ms) = (r.rss_before, r.rss_after, ms(t));
+            s
+        }
+        Err(why) => unavailable_step(ReleaseStepKind::Gc, "rss", t, why),
+    });
 
     let t = Instant::now();
-    let ec = crate::python::empty_cache(PY_ACTION_TIMEOUT)
-        .map(|r| (r.reserved_before, r.reserved_after, r.skipped));
-    steps.push(python_step(
-        ReleaseStepKind::EmptyCache,
-        "cuda_reserved",
-        t,
-        ec,
-    ));
+    match crate::python::cuda_release(PY_ACTION_TIMEOUT) {
+        Ok(cuda) => steps.extend(cuda),
+        Err(why) => steps.push(unavailable_step(
+            ReleaseStepKind::EmptyCache,
+            "cuda_reserved",
+            t,
+            why,
+        )),
+    }
 
     let p = purge()?;
-    steps.push(ReleaseStep {
-        step: ReleaseStepKind::Purge,
-        measure: "rss".into(),
-        before: p.rss_before,
-        after: p.rss_after,
-        elapsed_ms: p.elapsed_ms,
-        outcome: StepOutcome::Done,
-        skipped: None,
-        error: None,
-        python: None,
-    });
+    let mut s = ReleaseStep::new(ReleaseStepKind::Purge, "rss");
+    (s.before, s.after, s.elapsed_ms) = (p.rss_before, p.rss_after, p.elapsed_ms);
+    steps.push(s);
     let rss_after = os::proc::rss_bytes();
     Ok(ReleaseResult {
         rss_before,

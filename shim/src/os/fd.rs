@@ -21,14 +21,14 @@
 //! remains in which another application thread would have to close the
 //! shim's descriptor and put its own on the same number;
 //! docs/reliability.md ("Descriptors") says what each use does about it.
-//! Creations there also take the fork fence below, and are moved to
+//! Creations there also take the fork fence (`fence.rs`), and are moved to
 //! numbers >= 512, away from the low numbers programs pick by hand.
 //!
 //! The records are statics (atomics only) so the fork child handler can
 //! reach them.
 
 use super::{KeepErrno, errno};
-use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering::*};
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering::*};
 
 /// The shim's thread uses a descriptor table of its own.
 static PRIVATE: AtomicBool = AtomicBool::new(false);
@@ -338,7 +338,7 @@ fn move_high(fd: i32, id: (u64, u64)) -> Option<i32> {
 
 /// A new pipe (nonblocking, close-on-exec): (read end, write end).
 pub fn pipe() -> Option<(Owned, Owned)> {
-    let _fence = fence::enter()?;
+    let _fence = creation_section()?;
     let mut fds = [-1i32; 2];
     // SAFETY: `fds` is a valid array of two ints.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
@@ -358,7 +358,7 @@ pub fn pipe() -> Option<(Owned, Owned)> {
 
 /// A new nonblocking, close-on-exec Unix stream socket, not bound yet.
 pub fn unix_socket() -> Option<Owned> {
-    let _fence = fence::enter()?;
+    let _fence = creation_section()?;
     // SAFETY: plain socket creation.
     let fd = unsafe {
         libc::socket(
@@ -377,7 +377,7 @@ pub fn unix_socket() -> Option<Owned> {
 /// `Err(errno)`: nothing waiting (`EAGAIN`), out of descriptors (`EMFILE`,
 /// `ENFILE`), or `EBADF` if the listener is not ours any more.
 pub fn accept(listener: &Owned) -> Result<Owned, i32> {
-    let Some(_fence) = fence::enter() else {
+    let Some(_fence) = creation_section() else {
         return Err(libc::EAGAIN);
     };
     let lfd = listener.fd().ok_or(libc::EBADF)?;
@@ -400,7 +400,7 @@ pub fn accept(listener: &Owned) -> Result<Owned, i32> {
 /// Opens the directory `path` without following a symbolic link in its
 /// last component. `Err(errno)`: `ELOOP` for a link, `ENOTDIR`, ...
 pub fn open_dir(path: &core::ffi::CStr) -> Result<Owned, i32> {
-    let _fence = fence::enter().ok_or(libc::EAGAIN)?;
+    let _fence = creation_section().ok_or(libc::EAGAIN)?;
     let _e = KeepErrno::new();
     // SAFETY: `path` is NUL-terminated; flags are constants.
     let fd = unsafe {
@@ -431,12 +431,12 @@ fn open_dir_adopt(fd: i32) -> Option<Owned> {
 /// Fork prepare handler (after the shim's thread was asked to stop).
 /// Async-signal-safe.
 pub fn before_fork() {
-    fence::before_fork();
+    super::fence::before_fork();
 }
 
 /// Fork parent handler. Async-signal-safe.
 pub fn after_fork_parent() {
-    fence::after_fork_parent();
+    super::fence::after_fork_parent();
 }
 
 /// Fork child handler: the shim's thread is not in the child. In the
@@ -445,7 +445,7 @@ pub fn after_fork_parent() {
 /// to close, and the recorded numbers mean the application's descriptors
 /// here. Async-signal-safe (fstat, close).
 pub fn after_fork_child() {
-    fence::after_fork_child();
+    super::fence::after_fork_child();
     let was_private = PRIVATE.swap(false, AcqRel);
     for s in &TABLE {
         let fd = s.fd.swap(-1, AcqRel);
@@ -461,69 +461,12 @@ pub fn after_fork_child() {
     }
 }
 
-/// Keeps `fork()` from copying a descriptor the shim's thread has created
-/// but not yet recorded (application's table only; a private table is never
-/// copied).
-///
-/// The fork child handler closes what is recorded; between `socket()` /
-/// `accept4()` / `pipe2()` and the record there is a window, and a fork by
-/// another thread inside it would leave the child holding the parent's
-/// listener or a connection for life. A two-flag handshake closes it: the
-/// shim's thread announces a creation in `CREATING` and backs off if a fork
-/// is under way; the fork prepare handler announces the fork in `FORKING`
-/// and waits (bounded) until no creation is in progress. Sequentially
-/// consistent atomics: at least one side sees the other.
-mod fence {
-    use super::*;
-    use std::time::Duration;
-
-    static FORKING: AtomicU32 = AtomicU32::new(0);
-    static CREATING: AtomicU32 = AtomicU32::new(0);
-
-    /// Longest a fork waits for a creation in progress (a few syscalls).
-    const WAIT: Duration = Duration::from_millis(100);
-
-    /// A creation section: while it lives, no fork copies the process.
-    pub struct Section(bool);
-
-    impl Drop for Section {
-        fn drop(&mut self) {
-            if self.0 {
-                CREATING.fetch_sub(1, SeqCst);
-            }
-        }
+/// A creation section of the fork fence (`fence.rs`) for a new descriptor
+/// in the application's table; a private table is never copied by a fork,
+/// so there it is granted without one. `None` while a fork is under way.
+fn creation_section() -> Option<Option<super::fence::Section>> {
+    if private() {
+        return Some(None);
     }
-
-    /// Enters a creation section, or `None` while a fork is under way
-    /// (the caller tries again later). Always granted in a private table.
-    pub fn enter() -> Option<Section> {
-        if private() {
-            return Some(Section(false));
-        }
-        CREATING.fetch_add(1, SeqCst);
-        if FORKING.load(SeqCst) != 0 {
-            CREATING.fetch_sub(1, SeqCst);
-            return None;
-        }
-        Some(Section(true))
-    }
-
-    pub fn before_fork() {
-        FORKING.fetch_add(1, SeqCst);
-        let step = Duration::from_micros(50);
-        let mut waited = Duration::ZERO;
-        while CREATING.load(SeqCst) != 0 && waited < WAIT {
-            crate::os::time::sleep(step);
-            waited += step;
-        }
-    }
-
-    pub fn after_fork_parent() {
-        FORKING.fetch_sub(1, SeqCst);
-    }
-
-    pub fn after_fork_child() {
-        FORKING.store(0, SeqCst);
-        CREATING.store(0, SeqCst);
-    }
+    super::fence::enter().map(Some)
 }

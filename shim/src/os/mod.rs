@@ -5,6 +5,7 @@
 //! |---|---|
 //! | [`raw`] | system calls without libc, for the configuration read inside jemalloc's initialisation |
 //! | [`fd`] | the shim's descriptors: the table they live in, their identity, fork |
+//! | [`fence`] | the fork fence: short sections a fork must not split |
 //! | [`sock`] | the control socket, its directory, connections |
 //! | [`proc`] | reading `/proc/self` |
 //! | [`cgroup`] | the process's memory cgroup |
@@ -25,6 +26,7 @@ pub mod cgroup;
 pub mod dl;
 pub mod env;
 pub mod fd;
+pub mod fence;
 pub mod memstream;
 pub mod proc;
 pub mod raw;

@@ -7,7 +7,7 @@
 //! `empty_cache`) that closes, opens and passes descriptors by number, and
 //! those numbers are the application's. So the shim's thread creates this
 //! small idle thread *before* it leaves the application's table, and asks
-//! it for each job thread ([`spawn_detached`]); it is the shim's only other
+//! it for each job thread ([`spawn_joinable`]; the shim's thread joins it); it is the shim's only other
 //! long-lived thread, exists only while the shim's thread runs with a
 //! private table in a process that hosts CPython, and is stopped with it.
 //!
@@ -15,7 +15,7 @@
 //! embedder that `dlopen`s libpython) has no spawner. While none runs, the
 //! exported `dlopen` passes every library name to the thread layer, which
 //! starts one when the name is CPython's (on the application's thread,
-//! which is in its table). Otherwise [`spawn_detached`] says there is no
+//! which is in its table). Otherwise [`spawn_joinable`] says there is no
 //! spawner, and the application's next `pthread_create` starts one
 //! ([`wanted`]).
 
@@ -56,6 +56,8 @@ static ORDER: AtomicU32 = AtomicU32::new(IDLE);
 static ANSWER: AtomicU32 = AtomicU32::new(0);
 static ENTRY: AtomicUsize = AtomicUsize::new(0);
 static ARG: AtomicUsize = AtomicUsize::new(0);
+/// The started thread's handle (valid once ANSWER is 1).
+static STARTED: AtomicUsize = AtomicUsize::new(0);
 
 /// Stack of the spawner: it only calls `pthread_create`.
 const STACK: usize = 64 * 1024;
@@ -143,18 +145,17 @@ pub enum SpawnError {
     Failed,
 }
 
-/// Starts a detached thread, with every signal blocked, that shares the
+/// Starts a joinable thread, with every signal blocked, that shares the
 /// application's descriptor table: directly where the shim's thread shares
-/// it, through the spawner where it has a table of its own. Shim's thread
-/// only (one request at a time).
-pub fn spawn_detached(
+/// it, through the spawner where it has a table of its own. Returns its
+/// handle; the caller joins it ([`super::thread::join`]: any thread of the
+/// process may). Shim's thread only (one request at a time).
+pub fn spawn_joinable(
     entry: extern "C" fn(*mut c_void) -> *mut c_void,
     arg: usize,
-) -> Result<(), SpawnError> {
+) -> Result<libc::pthread_t, SpawnError> {
     if !super::fd::private() {
-        return thread::spawn(entry, arg, Stack::Default, true)
-            .map(|_| ())
-            .ok_or(SpawnError::Failed);
+        return thread::spawn(entry, arg, Stack::Default, false).ok_or(SpawnError::Failed);
     }
     if LIFE.load(Acquire) != ON {
         WANTED.store(true, Release);
@@ -169,7 +170,7 @@ pub fn spawn_detached(
     loop {
         match ANSWER.load(SeqCst) {
             0 => time::futex_wait(&ANSWER, 0, None),
-            1 => return Ok(()),
+            1 => return Ok(STARTED.load(SeqCst) as libc::pthread_t),
             _ => return Err(SpawnError::Failed),
         }
     }
@@ -194,11 +195,13 @@ extern "C" fn main(_: *mut c_void) -> *mut c_void {
             REQUEST => {
                 let entry = ENTRY.load(SeqCst);
                 // SAFETY: ENTRY holds the `extern "C" fn` that
-                // `spawn_detached` stored before posting the request.
+                // `spawn_joinable` stored before posting the request.
                 let entry = unsafe {
                     core::mem::transmute::<usize, extern "C" fn(*mut c_void) -> *mut c_void>(entry)
                 };
-                let ok = thread::spawn(entry, ARG.load(SeqCst), Stack::Default, true).is_some();
+                let started = thread::spawn(entry, ARG.load(SeqCst), Stack::Default, false);
+                STARTED.store(started.unwrap_or(0) as usize, SeqCst);
+                let ok = started.is_some();
                 // Idle before answering: the requester may post the next
                 // request as soon as it sees the answer.
                 ORDER.store(IDLE, SeqCst);

@@ -5,13 +5,18 @@ use std::time::Duration;
 
 /// Monotonic clock in milliseconds. Allocation-free, async-signal-safe.
 pub fn monotonic_ms() -> u64 {
+    monotonic_ns() / 1_000_000
+}
+
+/// Monotonic clock in nanoseconds. Allocation-free, async-signal-safe.
+pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: `ts` is a valid out-pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn timespec(d: Duration) -> libc::timespec {

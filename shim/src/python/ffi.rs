@@ -103,6 +103,10 @@ api! {
     /// `PyObject *PyDict_GetItemString(PyObject *, const char *)`: borrowed,
     /// no exception on a missing key.
     dict_get_item_string: "PyDict_GetItemString" => fn(*mut PyObject, *const c_char) -> *mut PyObject;
+    /// `PyObject *PyImport_ImportModuleLevel(const char *, globals, locals,
+    /// fromlist, level)`: new; imports through `sys.meta_path` (not a
+    /// replaced `builtins.__import__`). Used for `atexit` only (`gate.rs`).
+    import_module_level: "PyImport_ImportModuleLevel" => fn(*const c_char, *mut PyObject, *mut PyObject, *mut PyObject, c_int) -> *mut PyObject;
     /// `PyObject *PySys_GetObject(const char *)`: borrowed `sys.<name>`.
     sys_get_object: "PySys_GetObject" => fn(*const c_char) -> *mut PyObject;
     /// `PyObject *PyObject_GetAttrString(PyObject *, const char *)`: new.
@@ -151,14 +155,14 @@ api! {
     save_thread: "PyEval_SaveThread" => fn() -> *mut c_void;
     /// `void PyEval_RestoreThread(PyThreadState *)`: takes it back.
     restore_thread: "PyEval_RestoreThread" => fn(*mut c_void) -> ();
-    /// `PyGILState_STATE PyGILState_Ensure(void)`: blocks until this thread
-    /// holds the GIL (attached, in a free-threaded build), creating a thread
-    /// state for it. During finalization it ends the thread with
-    /// `pthread_exit` instead (3.8-3.13; see `job.rs`).
-    gil_ensure: "PyGILState_Ensure" => fn() -> c_int;
-    /// `void PyGILState_Release(PyGILState_STATE)`: drops the GIL and the
-    /// thread state `PyGILState_Ensure` created.
-    gil_release: "PyGILState_Release" => fn(c_int) -> ();
+    /// `PyThreadState *PyThreadState_New(PyInterpreterState *)`: callable
+    /// without the GIL; takes the runtime's thread-list lock briefly.
+    thread_state_new: "PyThreadState_New" => fn(*mut c_void) -> *mut c_void;
+    /// `void PyThreadState_Clear(PyThreadState *)`: GIL held.
+    thread_state_clear: "PyThreadState_Clear" => fn(*mut c_void) -> ();
+    /// `void PyThreadState_DeleteCurrent(void)`: deletes the current thread
+    /// state and releases the GIL.
+    thread_state_delete_current: "PyThreadState_DeleteCurrent" => fn() -> ();
     /// `unsigned long PyThread_get_thread_ident(void)`: the key of
     /// `threading._active` for the calling thread.
     thread_ident: "PyThread_get_thread_ident" => fn() -> core::ffi::c_ulong;

@@ -3,7 +3,7 @@
 //! for one beyond a job that is already running.
 //!
 //! The job thread (`job.rs`) is the only thread of ours that enters
-//! CPython, with `PyGILState_Ensure`. That call is safe while the runtime
+//! CPython, taking the GIL with a thread state of its own. That is safe while the runtime
 //! is initialised, and it ends the thread with `pthread_exit` once the
 //! runtime is finalizing (3.8-3.13); what it must never do is *begin* after
 //! the interpreter's thread-state machinery has been torn down (late in
@@ -30,9 +30,10 @@
 //!    CPython within one switch interval, which the wait sees.
 //!
 //! A 3.8-3.11 program that imports neither `atexit` nor `threading` offers
-//! neither; there the job thread relies on the `Py_IsFinalizing()` check
-//! just before `PyGILState_Ensure` (docs/python.md, "Shutdown", names the
-//! window that leaves).
+//! neither: there the first job imports `atexit` (a builtin) and registers
+//! with it. Until the first job has registered a hook, a job thread relies
+//! on its `Py_IsFinalizing()` check just before it creates its thread state
+//! (docs/python.md, "Shutdown", names the window that leaves).
 
 use super::ffi::{self, METH_NOARGS, PyMethodDef, PyObject};
 use super::object::Py;
@@ -129,7 +130,14 @@ static HOOK_DEF: PyMethodDef = PyMethodDef {
 };
 
 /// Job thread, GIL held: registers the best hook the process offers, if
-/// not done yet. Never imports; failures are cleared and retried next job.
+/// not done yet. Failures are cleared and retried next job.
+///
+/// The only module it may import is `atexit`, a builtin: a 3.8-3.11
+/// program that imported neither `atexit` nor `threading` offers no hook
+/// that runs before its interpreter is torn down, and without one a job
+/// thread that asks for the interpreter as it exits could find it freed
+/// (docs/python.md, "Shutdown"). After the import, `'atexit'` is in
+/// `sys.modules`; nothing else of the program changes.
 pub fn ensure_hook(py: &Py) {
     if HOOK.load(SeqCst) == EARLY_HOOK {
         return;
@@ -144,6 +152,25 @@ pub fn ensure_hook(py: &Py) {
         .or_else(|| {
             py.imported(c"threading")
                 .and_then(|m| py.attr(&m, c"_register_atexit").ok())
+        })
+        .or_else(|| {
+            if api.at_exit.is_some() {
+                return None; // 3.12+: the late hook below protects as well
+            }
+            // SAFETY: GIL held; a plain import of a builtin module, which
+            // returns a new reference or NULL with an exception (cleared
+            // by `adopt`).
+            let m = unsafe {
+                py.adopt((api.import_module_level)(
+                    c"atexit".as_ptr(),
+                    core::ptr::null_mut(),
+                    core::ptr::null_mut(),
+                    core::ptr::null_mut(),
+                    0,
+                ))
+            }
+            .ok()?;
+            py.attr(&m, c"register").ok()
         });
     if let Some(register) = registrar {
         // SAFETY: GIL held; HOOK_DEF is static, so the function object may

@@ -1,6 +1,6 @@
 //! Running a fixed job inside the interpreter, whatever its main thread is
 //! doing: on a short-lived thread of the shim's, `memshim-py`, that takes
-//! the GIL with `PyGILState_Ensure`. docs/python.md explains the design and
+//! the GIL with a thread state of its own, as `PyGILState_Ensure` would. docs/python.md explains the design and
 //! why it is safe.
 //!
 //! One request at a time, in static storage (a job thread that outlives its
@@ -23,6 +23,8 @@
 //! At most one job thread exists at a time (`WORKER`). It takes every
 //! request posted while it lives, so a job thread held up by a C extension
 //! that keeps the GIL does not multiply: later requests answer "busy" too.
+//! It is joined before the answer goes out (`reap_worker`), so a request
+//! leaves no thread behind (one still waiting for the GIL is joined later).
 //!
 //! Fork: [`after_fork_child`] resets everything (the job thread is not in
 //! the child).
@@ -33,8 +35,10 @@ use super::object::Py;
 use crate::os::{self, spawner, thread::Key, time};
 use core::cell::UnsafeCell;
 use core::ffi::c_void;
-use core::sync::atomic::{AtomicI32, AtomicU32, Ordering::SeqCst};
-use memshim_proto::{EmptyCacheResult, GcResult, PythonSection, PythonUnavailable, TorchSection};
+use core::sync::atomic::{AtomicI32, AtomicU32, AtomicUsize, Ordering::SeqCst};
+use memshim_proto::{
+    EmptyCacheResult, GcResult, PythonSection, PythonUnavailable, ReleaseStep, TorchSection,
+};
 use std::time::{Duration, Instant};
 
 /// The fixed jobs. Nothing else can run: the socket never sends code.
@@ -46,16 +50,20 @@ pub enum Job {
     Gc,
     /// `torch.cuda.empty_cache()` on devices with a context.
     EmptyCache,
+    /// The CUDA steps of `release` (`cuda.rs`).
+    CudaRelease,
 }
 
 /// What a job produced.
 pub enum Done {
     /// Stats.
-    Stats(PythonSection, Option<TorchSection>),
+    Stats(Box<(PythonSection, Option<TorchSection>)>),
     /// gc.
     Gc(GcResult),
     /// empty_cache.
     EmptyCache(EmptyCacheResult),
+    /// The CUDA steps of release.
+    CudaRelease(Vec<ReleaseStep>),
 }
 
 /// A job's outcome.
@@ -103,6 +111,7 @@ fn futex_wake() {
 /// (atomics only; the slot's contents are dropped by the next request).
 pub fn after_fork_child() {
     WORKER.store(0, SeqCst);
+    HANDLE.store(0, SeqCst);
     PHASE.store(IDLE, SeqCst);
     gate::after_fork_child();
 }
@@ -117,8 +126,40 @@ fn busy(start: Instant) -> PythonUnavailable {
 pub const SUPPORTED: core::ops::RangeInclusive<(u32, u32)> = (3, 8)..=(3, 13);
 
 /// Runs `job` in the interpreter, waiting at most about `timeout` for the
-/// GIL. Shim's thread only.
+/// GIL. Shim's thread only. When it returns, the job thread has exited
+/// unless it is still waiting for the GIL or still running the job: a
+/// request leaves no thread behind.
 pub fn run(job: Job, timeout: Duration) -> Outcome {
+    let r = post_and_wait(job, timeout);
+    reap_worker();
+    r
+}
+
+/// The job thread (joinable), 0 if none is left to join. Touched by the
+/// shim's thread only (and reset in a fork child).
+static HANDLE: AtomicUsize = AtomicUsize::new(0);
+
+/// Joins the job thread if it has left its loop (it then exits within
+/// microseconds); one still waiting for the GIL is left to a later call.
+/// Only the shim's thread posts requests, so a job thread that has given
+/// up its claim (`WORKER` 0) outside `run` never takes it again.
+fn reap_worker() {
+    if WORKER.load(SeqCst) == 0 {
+        join_worker();
+    }
+}
+
+/// Joins the last job thread, which must have given up its claim.
+fn join_worker() {
+    let h = HANDLE.swap(0, SeqCst);
+    if h != 0 {
+        // A joinable thread we created, joined once (the handle was taken
+        // above), and past the point where it could take a request.
+        os::thread::join(h as libc::pthread_t);
+    }
+}
+
+fn post_and_wait(job: Job, timeout: Duration) -> Outcome {
     let start = Instant::now();
     let api = ffi::api().ok_or(PythonUnavailable::NoPython)?;
     api.usable()?;
@@ -200,7 +241,7 @@ pub fn run(job: Job, timeout: Duration) -> Outcome {
 // --- the job thread --------------------------------------------------------
 
 /// Key whose destructor notices the job thread's end, however it ends: a
-/// return, or `pthread_exit` from inside `PyGILState_Ensure` during
+/// return, or `pthread_exit` from inside `PyEval_RestoreThread` during
 /// finalization. 0 until created; stored as key + 1.
 static EXIT_KEY: AtomicU32 = AtomicU32::new(0);
 
@@ -233,8 +274,14 @@ fn spawn_worker() -> Result<(), PythonUnavailable> {
     if !gate::enter() {
         return Err(PythonUnavailable::Finalizing);
     }
-    match spawner::spawn_detached(worker_main, key.as_raw() as usize) {
-        Ok(()) => Ok(()),
+    // A previous job thread has given up its claim (we hold it now): it is
+    // exiting or gone.
+    join_worker();
+    match spawner::spawn_joinable(worker_main, key.as_raw() as usize) {
+        Ok(handle) => {
+            HANDLE.store(handle as usize, SeqCst);
+            Ok(())
+        }
         Err(e) => {
             gate::leave();
             Err(match e {
@@ -261,9 +308,9 @@ extern "C" fn worker_main(arg: *mut c_void) -> *mut c_void {
         gate::leave();
         return core::ptr::null_mut();
     }
-    // Memory a job frees (gc) goes straight back to the arenas, where a
-    // purge reaches it, instead of into this thread's cache.
-    let _ = crate::jemalloc::disable_own_tcache();
+    // What a job frees ends up in this thread's cache only until the job
+    // flushes it (`gc::collect`) or the thread exits; meanwhile the cache
+    // makes the thread-state allocation below quick (`new_thread_state`).
     let pid = os::getpid();
     // Leaving: give up the claim, then look once more, so a request posted
     // meanwhile (whose requester saw us alive and started no thread) is not
@@ -296,11 +343,14 @@ fn take_one() -> bool {
     if PHASE.load(SeqCst) != POSTED {
         return true;
     }
-    // SAFETY: the runtime is initialised and not finalizing (checked just
-    // above); if it starts finalizing while we wait, CPython ends this
-    // thread with pthread_exit and the key's destructor accounts for it.
-    // The state is released below, on this thread.
-    let gil = unsafe { (api.gil_ensure)() };
+    let Some(tstate) = new_thread_state(api) else {
+        return !gate::closed();
+    };
+    // SAFETY: `tstate` is this thread's new thread state; taking the GIL
+    // with it may block. If the runtime starts finalizing meanwhile,
+    // CPython ends this thread with pthread_exit and the key's destructor
+    // accounts for it.
+    unsafe { (api.restore_thread)(tstate) };
     if !gate::closed()
         && PHASE
             .compare_exchange(POSTED, RUNNING, SeqCst, SeqCst)
@@ -308,7 +358,8 @@ fn take_one() -> bool {
     {
         // SAFETY: RUNNING: the slot is ours until we publish DONE.
         let job = unsafe { (*SLOT.job.get()).take() };
-        // SAFETY: this thread holds the GIL (is attached) until gil_release.
+        // SAFETY: this thread holds the GIL (is attached) until its thread
+        // state is deleted below, after `py` is gone.
         let py = unsafe { Py::assume_attached(api) };
         let outcome = match job {
             Some(job) => {
@@ -326,9 +377,66 @@ fn take_one() -> bool {
         PHASE.store(DONE, SeqCst);
         futex_wake();
     }
-    // SAFETY: releases what gil_ensure took, on the same thread.
-    unsafe { (api.gil_release)(gil) };
+    // SAFETY: this thread holds the GIL with `tstate`: clear it, then
+    // delete it and release the GIL in one call, so the runtime's
+    // thread-list lock is only taken while we hold the GIL (no fork can
+    // copy it held: os.fork holds the GIL).
+    unsafe {
+        (api.thread_state_clear)(tstate);
+        (api.thread_state_delete_current)();
+    }
     !gate::closed()
+}
+
+/// A thread state for this thread, created inside the fork fence.
+///
+/// `PyThreadState_New` takes the runtime's thread-list lock without the
+/// GIL. A fork by another thread while we held it would leave the lock held
+/// in the child, whose `PyOS_AfterFork_Child` then waits for it forever
+/// (seen: a multiprocessing child hung under request fire, 3.11). So the
+/// creation runs inside the fork fence (`os/fence.rs`), which the fork
+/// prepare handler waits for; while a fork is under way we wait for it.
+/// (`PyGILState_Ensure` would create the state the same way, but
+/// unfenced.) `None`: the interpreter is shutting down.
+fn new_thread_state(api: &ffi::Api) -> Option<*mut c_void> {
+    prewarm_cache();
+    loop {
+        let t0 = time::monotonic_ns();
+        if gate::closed() || api.usable().is_err() {
+            return None;
+        }
+        if let Some(_fence) = os::fence::enter() {
+            // The check above and the creation below must be close in time:
+            // a thread descheduled in between could find the interpreter
+            // torn down (`PyThreadState_New` on a finalized runtime
+            // crashes; docs/python.md, "Shutdown"). If we were held up,
+            // look again.
+            if time::monotonic_ns().saturating_sub(t0) > RECHECK_NS {
+                continue;
+            }
+            // SAFETY: the runtime is initialised and not finalizing
+            // (checked just above, moments ago; the exit gate covers the
+            // rest); the main interpreter lives as long as the runtime.
+            let t = unsafe { (api.thread_state_new)((api.interp_main)()) };
+            return (!t.is_null()).then_some(t);
+        }
+        time::sleep(Duration::from_micros(200));
+    }
+}
+
+/// Longest gap between the interpreter check and the thread-state creation.
+const RECHECK_NS: u64 = 100_000;
+
+/// Puts one block of each size a thread state may take (3.8-3.13: a few
+/// hundred bytes to a few KiB) into this thread's allocator cache, so that
+/// `PyThreadState_New`'s allocation is served from it at once, without the
+/// arena locks that a main thread tearing down its interpreter keeps busy:
+/// the time between our check and the creation stays short.
+fn prewarm_cache() {
+    for size in [256usize, 512, 1024, 2048, 4096, 8192] {
+        // SAFETY: a plain allocation freed at once.
+        unsafe { libc::free(libc::calloc(1, size)) };
+    }
 }
 
 fn execute(py: &Py, job: Job) -> Outcome {
@@ -337,11 +445,14 @@ fn execute(py: &Py, job: Job) -> Outcome {
         Job::Stats => {
             let section = super::gc::section(py).map_err(err)?;
             let torch = super::torch::section(py).map_err(err)?;
-            Ok(Done::Stats(section, torch))
+            Ok(Done::Stats(Box::new((section, torch))))
         }
         Job::Gc => super::gc::collect(py).map(Done::Gc).map_err(err),
-        Job::EmptyCache => super::torch::empty_cache(py)
+        Job::EmptyCache => super::cuda::empty_cache(py)
             .map(Done::EmptyCache)
+            .map_err(err),
+        Job::CudaRelease => super::cuda::release_steps(py)
+            .map(Done::CudaRelease)
             .map_err(err),
     }
 }

@@ -19,8 +19,10 @@
 //! * `object.rs`: owned references, exceptions fetched and cleared.
 //! * `threads.rs`: the thread count, and no `threading` leftovers.
 //! * `gc.rs`, `pymalloc.rs`: the `python` section and the `gc` action.
-//! * `torch.rs`: the `torch` section and the `empty_cache` action.
+//! * `torch.rs`: the `torch` section.
+//! * `cuda.rs`: the `empty_cache` action and the CUDA steps of `release`.
 
+mod cuda;
 mod ffi;
 mod gate;
 mod gc;
@@ -31,7 +33,9 @@ mod threads;
 mod torch;
 
 use job::{Done, Job};
-use memshim_proto::{EmptyCacheResult, GcResult, PythonSection, PythonUnavailable, TorchSection};
+use memshim_proto::{
+    EmptyCacheResult, GcResult, PythonSection, PythonUnavailable, ReleaseStep, TorchSection,
+};
 use std::time::{Duration, Instant};
 
 fn unexpected() -> PythonUnavailable {
@@ -46,7 +50,7 @@ pub fn stats(
     timeout: Duration,
 ) -> Result<(PythonSection, Option<TorchSection>), PythonUnavailable> {
     match job::run(Job::Stats, timeout)? {
-        Done::Stats(p, t) => Ok((p, t)),
+        Done::Stats(s) => Ok(*s),
         _ => Err(unexpected()),
     }
 }
@@ -87,6 +91,16 @@ pub fn empty_cache(timeout: Duration) -> Result<EmptyCacheResult, PythonUnavaila
 /// full API is resolved at the first request).
 pub fn present() -> bool {
     ffi::present()
+}
+
+/// The CUDA steps of `release` (`cuda.rs`): ipc_collect, cuBLAS
+/// workspaces, empty_cache, the pinned host cache; or one `empty_cache`
+/// step with nothing to do when torch or CUDA is not in use.
+pub fn cuda_release(timeout: Duration) -> Result<Vec<ReleaseStep>, PythonUnavailable> {
+    match job::run(Job::CudaRelease, timeout)? {
+        Done::CudaRelease(steps) => Ok(steps),
+        _ => Err(unexpected()),
+    }
 }
 
 /// Fork child handler: the job thread and any request in flight stay in

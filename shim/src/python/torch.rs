@@ -1,5 +1,5 @@
-//! The `torch` section of `stats`, and the `empty_cache` action. Job
-//! thread, GIL held (called from `job.rs`).
+//! The `torch` section of `stats`, and what the CUDA actions (`cuda.rs`)
+//! read. Job thread, GIL held (called from `job.rs`).
 //!
 //! Rules (each keeps the bridge from changing what the program's own CUDA
 //! use would be):
@@ -20,8 +20,7 @@
 //!   exception is caught likewise.
 
 use super::object::{Obj, Py, PyResult};
-use memshim_proto::{EmptyCacheResult, TorchDevice, TorchSection};
-use std::time::Instant;
+use memshim_proto::{HostPinned, TorchDevice, TorchSection};
 
 /// The `torch` section, `None` if the program has not imported torch.
 pub fn section(py: &Py) -> PyResult<Option<TorchSection>> {
@@ -35,16 +34,80 @@ pub fn section(py: &Py) -> PyResult<Option<TorchSection>> {
         version,
         ..Default::default()
     };
+    s.alloc_conf = alloc_conf(py)?;
     let Some(cuda) = initialized_cuda(py)? else {
         return Ok(Some(s));
     };
     s.cuda_initialized = true;
     s.devices = devices(py, &cuda)?;
+    for d in &mut s.devices {
+        d.uuid = uuid(py, &cuda, i64::from(d.index));
+    }
+    s.allocator_backend = py
+        .call_method(&cuda, c"get_allocator_backend", &[])
+        .and_then(|b| py.to_string(&b))
+        .ok();
+    s.host_pinned = host_pinned(py, &cuda);
     Ok(Some(s))
 }
 
+/// The allocator settings in effect: torch's own account once CUDA is
+/// initialised (`torch._C._accelerator_getAllocatorSettings()`, where it
+/// exists and says something), else `PYTORCH_CUDA_ALLOC_CONF` or
+/// `PYTORCH_ALLOC_CONF` from `os.environ`.
+fn alloc_conf(py: &Py) -> PyResult<Option<String>> {
+    if initialized_cuda(py)?.is_some()
+        && let Some(c) = py.imported(c"torch._C")
+        && let Ok(f) = py.attr(&c, c"_accelerator_getAllocatorSettings")
+        && let Ok(v) = py.call(&f, &[]).and_then(|v| py.to_string(&v))
+        && !v.is_empty()
+    {
+        return Ok(Some(v));
+    }
+    let Some(os) = py.imported(c"os") else {
+        return Ok(None);
+    };
+    let environ = py.attr(&os, c"environ")?;
+    for key in [c"PYTORCH_CUDA_ALLOC_CONF", c"PYTORCH_ALLOC_CONF"] {
+        // A missing key raises KeyError, which `item` clears.
+        if let Ok(v) = py.item(&environ, key) {
+            return Ok(Some(py.to_string(&v)?));
+        }
+    }
+    Ok(None)
+}
+
+/// `str(torch.cuda.get_device_properties(d).uuid)` as `GPU-<uuid>`, the
+/// form NVML uses. `d` has a context, so this creates none.
+fn uuid(py: &Py, cuda: &Obj<'_>, d: i64) -> Option<String> {
+    let props = py
+        .call_method(cuda, c"get_device_properties", &[py.int(d).ok()?.as_ptr()])
+        .ok()?;
+    let u = py.to_string(&py.attr(&props, c"uuid").ok()?).ok()?;
+    Some(if u.starts_with("GPU-") {
+        u
+    } else {
+        format!("GPU-{u}")
+    })
+}
+
+/// The pinned host cache (`torch.cuda.host_memory_stats()`), where this
+/// torch has it.
+pub fn host_pinned(py: &Py, cuda: &Obj<'_>) -> Option<HostPinned> {
+    let m = py.call_method(cuda, c"host_memory_stats", &[]).ok()?;
+    let get =
+        |k: &core::ffi::CStr| -> u64 { py.item(&m, k).and_then(|v| py.to_u64(&v)).unwrap_or(0) };
+    let allocated = get(c"allocated_bytes.current");
+    let active = get(c"active_bytes.current");
+    Some(HostPinned {
+        allocated,
+        active,
+        cached: allocated.saturating_sub(active),
+    })
+}
+
 /// `torch.cuda` if it is imported and initialised.
-fn initialized_cuda(py: &Py) -> PyResult<Option<Obj<'_>>> {
+pub fn initialized_cuda(py: &Py) -> PyResult<Option<Obj<'_>>> {
     let Some(cuda) = py.imported(c"torch.cuda") else {
         return Ok(None);
     };
@@ -65,7 +128,7 @@ fn has_context(py: &Py, d: i64, stats: &TorchDevice) -> PyResult<bool> {
 }
 
 /// Per-device caching-allocator figures for devices that have a context.
-fn devices(py: &Py, cuda: &Obj<'_>) -> PyResult<Vec<TorchDevice>> {
+pub fn devices(py: &Py, cuda: &Obj<'_>) -> PyResult<Vec<TorchDevice>> {
     // device_count() is cached once CUDA is initialised.
     let n = py.to_u64(&py.call_method(cuda, c"device_count", &[])?)?;
     let mut out = vec![];
@@ -85,81 +148,18 @@ fn device_stats(py: &Py, cuda: &Obj<'_>, d: i64) -> PyResult<TorchDevice> {
     let get = |k: &core::ffi::CStr| -> u64 {
         py.item(&m, k).and_then(|v| py.to_u64(&v)).unwrap_or(0) // absent key: 0, error cleared
     };
+    let reserved = get(c"reserved_bytes.all.current");
+    let inactive_split = get(c"inactive_split_bytes.all.current");
     Ok(TorchDevice {
         index: d as u32,
         allocated: get(c"allocated_bytes.all.current"),
-        reserved: get(c"reserved_bytes.all.current"),
+        reserved,
         active: get(c"active_bytes.all.current"),
-        inactive_split: get(c"inactive_split_bytes.all.current"),
+        inactive_split,
         peak_allocated: get(c"allocated_bytes.all.peak"),
         num_alloc_retries: get(c"num_alloc_retries"),
         num_ooms: get(c"num_ooms"),
+        fragmentation: TorchDevice::fragmentation_of(inactive_split, reserved),
+        uuid: None,
     })
-}
-
-/// `torch.cuda.empty_cache()` under `with torch.cuda.device(d)` for each
-/// device `d` that has a context and cached memory.
-pub fn empty_cache(py: &Py) -> PyResult<EmptyCacheResult> {
-    let t0 = Instant::now();
-    let mut r = EmptyCacheResult::default();
-    let skip = |mut r: EmptyCacheResult, why: &str| {
-        r.skipped = Some(why.to_owned());
-        r.elapsed_ms = t0.elapsed().as_secs_f64() * 1000.0;
-        Ok(r)
-    };
-    if py.imported(c"torch").is_none() {
-        return skip(r, "torch is not imported");
-    }
-    let Some(cuda) = initialized_cuda(py)? else {
-        return skip(r, "CUDA is not initialized");
-    };
-    let before = devices(py, &cuda)?;
-    r.devices = before.iter().map(|d| d.index).collect();
-    r.reserved_before = before.iter().map(|d| d.reserved).sum();
-    let mut refused = None;
-    for dev in before.iter().filter(|d| d.reserved > 0) {
-        if let Some(why) = empty_on(py, &cuda, i64::from(dev.index))? {
-            refused = Some(why);
-            break;
-        }
-    }
-    let after = devices(py, &cuda)?;
-    r.reserved_after = r
-        .devices
-        .iter()
-        .map(|i| {
-            after
-                .iter()
-                .find(|d| d.index == *i)
-                .map_or(0, |d| d.reserved)
-        })
-        .sum();
-    if let Some(why) = refused {
-        return skip(r, why);
-    }
-    r.elapsed_ms = t0.elapsed().as_secs_f64() * 1000.0;
-    Ok(r)
-}
-
-/// One device: returns `Some(reason)` if refused.
-fn empty_on(py: &Py, cuda: &Obj<'_>, d: i64) -> PyResult<Option<&'static str>> {
-    let none = py.api().none();
-    if none.is_null() {
-        return Err("CPython's None is not exported".to_owned());
-    }
-    let guard = py.call_method(cuda, c"device", &[py.int(d)?.as_ptr()])?;
-    py.call_method(&guard, c"__enter__", &[])?;
-    let body = (|| -> PyResult<Option<&'static str>> {
-        let capturing =
-            py.to_bool(&py.call_method(cuda, c"is_current_stream_capturing", &[])?)?;
-        if capturing {
-            return Ok(Some("a CUDA graph capture is in progress on this thread"));
-        }
-        py.call_method(cuda, c"empty_cache", &[])?;
-        Ok(None)
-    })();
-    let exit = py.call_method(&guard, c"__exit__", &[none, none, none]);
-    let out = body?;
-    exit?;
-    Ok(out)
 }

@@ -340,8 +340,9 @@ pub fn live_socket(level: Level) {
         .unwrap();
     assert!(v.get("ok").is_some(), "seed {seed}: {v}");
     assert!(alive(pid));
-    // The bridge's job thread of the last `gc` ends on its own, a moment
-    // after the answer.
+    // The bridge's job thread (a Python host) is joined before each answer,
+    // but the kernel counts a thread until it has fully exited: give the
+    // count a moment to settle, then require it unchanged.
     let threads_after = wait_until(Duration::from_secs(10), || {
         let n = threads(pid);
         (n == threads_before).then_some(n)

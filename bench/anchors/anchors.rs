@@ -1,0 +1,1 @@
+//! Empty: this package only pins the sources bench/benchlib/anchors.py builds.

@@ -1,0 +1,67 @@
+//! The fork fence: keeps `fork()` from copying the process while the
+//! shim's code is inside a short section that a fork must not split.
+//!
+//! Two users: a descriptor the shim's thread has created in the
+//! application's table but not yet recorded (`fd.rs`: the fork child handler
+//! closes only what is recorded), and a CPython thread state being created
+//! by the bridge's job thread (`python/job.rs`: `PyThreadState_New` holds
+//! the runtime's thread-list lock without the GIL, and a fork inside it
+//! leaves the lock held in the child).
+//!
+//! A two-flag handshake: a section announces itself in `CREATING` and backs
+//! off if a fork is under way; the fork prepare handler announces the fork
+//! in `FORKING` and waits (bounded) until no section is in progress.
+//! Sequentially consistent atomics: at least one side sees the other.
+//! Atomics only; the handlers are async-signal-safe.
+
+use core::sync::atomic::{AtomicU32, Ordering::SeqCst};
+use std::time::Duration;
+
+static FORKING: AtomicU32 = AtomicU32::new(0);
+static CREATING: AtomicU32 = AtomicU32::new(0);
+
+/// Longest a fork waits for a section in progress (a few syscalls). If one
+/// does not finish in time the fork goes ahead: a stuck fork is worse.
+const WAIT: Duration = Duration::from_millis(100);
+
+/// A section: while it lives, no fork copies the process.
+pub struct Section(());
+
+impl Drop for Section {
+    fn drop(&mut self) {
+        CREATING.fetch_sub(1, SeqCst);
+    }
+}
+
+/// Enters a section, or `None` while a fork is under way (the caller tries
+/// again later).
+pub fn enter() -> Option<Section> {
+    CREATING.fetch_add(1, SeqCst);
+    if FORKING.load(SeqCst) != 0 {
+        CREATING.fetch_sub(1, SeqCst);
+        return None;
+    }
+    Some(Section(()))
+}
+
+/// Fork prepare handler: announce the fork, wait for sections to end.
+pub fn before_fork() {
+    FORKING.fetch_add(1, SeqCst);
+    let step = Duration::from_micros(50);
+    let mut waited = Duration::ZERO;
+    while CREATING.load(SeqCst) != 0 && waited < WAIT {
+        super::time::sleep(step);
+        waited += step;
+    }
+}
+
+/// Fork parent handler.
+pub fn after_fork_parent() {
+    FORKING.fetch_sub(1, SeqCst);
+}
+
+/// Fork child handler: the only thread here is the one that forked.
+pub fn after_fork_child() {
+    FORKING.store(0, SeqCst);
+    CREATING.store(0, SeqCst);
+}
