@@ -24,7 +24,7 @@ pub mod stress;
 pub mod wheel;
 
 use std::ffi::OsStr;
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -239,8 +239,12 @@ impl Cmd {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut child = self.cmd.spawn().expect("spawn");
-        let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
-        Child { child, stdout }
+        let stdout = child.stdout.take().expect("piped stdout");
+        Child {
+            child,
+            stdout,
+            pending: Vec::new(),
+        }
     }
 }
 
@@ -309,7 +313,9 @@ fn run_captured(mut c: Command, input: Option<String>, timeout: Duration) -> Out
 pub struct Child {
     /// The process.
     pub child: std::process::Child,
-    stdout: BufReader<std::process::ChildStdout>,
+    stdout: std::process::ChildStdout,
+    /// Bytes read from stdout and not yet returned as a line.
+    pending: Vec<u8>,
 }
 
 impl Child {
@@ -318,16 +324,28 @@ impl Child {
         self.child.id() as i32
     }
 
-    /// Reads stdout lines until one contains `needle` (or `timeout`).
-    /// Returns that line.
+    /// Reads stdout lines until one contains `needle`, and returns that
+    /// line. Fails after `timeout` even if the process hangs without
+    /// printing (never blocks past it), or at once if stdout ends.
     pub fn wait_for_line(&mut self, needle: &str, timeout: Duration) -> String {
         let deadline = Instant::now() + timeout;
-        let mut line = String::new();
         loop {
-            line.clear();
-            // Reads block; fixtures print promptly and tests use generous
-            // timeouts. A dead process gives EOF, which fails below.
-            let n = self.stdout.read_line(&mut line).unwrap_or(0);
+            while let Some(end) = self.pending.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.pending.drain(..=end).collect();
+                let line = String::from_utf8_lossy(&line).trim_end().to_owned();
+                if line.contains(needle) {
+                    return line;
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero() && self.readable(left),
+                "process {}: no line containing {needle:?} within {timeout:?} (pending output {:?})",
+                self.pid(),
+                String::from_utf8_lossy(&self.pending)
+            );
+            let mut buf = [0u8; 4096];
+            let n = self.stdout.read(&mut buf).unwrap_or(0);
             if n == 0 {
                 let st = self.child.try_wait();
                 panic!(
@@ -335,13 +353,29 @@ impl Child {
                     self.pid()
                 );
             }
-            if line.contains(needle) {
-                return line.trim_end().to_owned();
+            self.pending.extend_from_slice(&buf[..n]);
+        }
+    }
+
+    /// Waits at most `timeout` until stdout has data (or its end).
+    fn readable(&self, timeout: Duration) -> bool {
+        use std::os::fd::AsRawFd;
+        let mut p = libc::pollfd {
+            fd: self.stdout.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+            // SAFETY: one valid pollfd on the stack.
+            match unsafe { libc::poll(&mut p, 1, ms) } {
+                n if n > 0 => return true,
+                0 => return false,
+                _ if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
+                _ => return false,
             }
-            assert!(
-                Instant::now() < deadline,
-                "no line containing {needle:?} within {timeout:?}"
-            );
         }
     }
 
@@ -349,8 +383,16 @@ impl Child {
     pub fn send(&mut self, line: &str) {
         use std::io::Write;
         let sin = self.child.stdin.as_mut().expect("piped stdin");
-        writeln!(sin, "{line}").unwrap();
-        sin.flush().unwrap();
+        if let Err(e) = writeln!(sin, "{line}").and_then(|()| sin.flush()) {
+            let pid = self.pid();
+            let _ = wait_until(Duration::from_secs(2), || self.child.try_wait().ok().flatten());
+            let status = self.child.try_wait();
+            let mut err = String::new();
+            if let (Ok(Some(_)), Some(se)) = (&status, self.child.stderr.as_mut()) {
+                let _ = se.read_to_string(&mut err);
+            }
+            panic!("sending {line:?} to process {pid}: {e} (status {status:?}, stderr {err:?})");
+        }
     }
 
     /// Closes stdin, waits for exit (at most `timeout`), returns the rest of
@@ -369,8 +411,9 @@ impl Child {
             );
             std::thread::sleep(Duration::from_millis(10));
         };
-        let mut out = String::new();
-        let _ = self.stdout.read_to_string(&mut out);
+        let mut rest = std::mem::take(&mut self.pending);
+        let _ = self.stdout.read_to_end(&mut rest);
+        let out = String::from_utf8_lossy(&rest).into_owned();
         let mut err = String::new();
         if let Some(mut e) = self.child.stderr.take() {
             let _ = e.read_to_string(&mut err);
