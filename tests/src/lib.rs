@@ -383,9 +383,11 @@ impl Child {
     pub fn send(&mut self, line: &str) {
         use std::io::Write;
         let sin = self.child.stdin.as_mut().expect("piped stdin");
-        if let Err(e) = writeln!(sin, "{line}").and_then(|()| sin.flush()) {
+        // One write: `writeln!` would write the line and its newline
+        // separately, and a fixture that ends on reading the line closes
+        // the pipe before the second write (EPIPE).
+        if let Err(e) = sin.write_all(format!("{line}\n").as_bytes()) {
             let pid = self.pid();
-            let _ = wait_until(Duration::from_secs(2), || self.child.try_wait().ok().flatten());
             let status = self.child.try_wait();
             let mut err = String::new();
             if let (Ok(Some(_)), Some(se)) = (&status, self.child.stderr.as_mut()) {
