@@ -102,6 +102,11 @@ pub struct TorchDevice {
     /// per-process figures; `None` if torch does not offer it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uuid: Option<String>,
+    /// `allocation.all.allocated`: allocations made since the process
+    /// started (a cumulative count; the idle return compares it between
+    /// two looks to see that nothing was allocated).
+    #[serde(default)]
+    pub allocations: u64,
 }
 
 impl TorchDevice {

@@ -34,6 +34,10 @@ pub struct StatsReport {
     /// absent from shims that predate the field.
     #[serde(default)]
     pub purges: Option<PurgeCounters>,
+    /// The idle VRAM return (`MEMSHIM_CUDA_IDLE_MS`): its settings and what
+    /// it has done; absent when it is off and from older shims.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_idle: Option<CudaIdleCounters>,
     /// Time the server spent building this report, in ms.
     pub elapsed_ms: f64,
 }
@@ -45,6 +49,26 @@ pub struct PurgeCounters {
     pub count: u64,
     /// Sum of `released` (RSS before minus after) over those requests, in bytes.
     pub released_bytes: u64,
+}
+
+/// The idle VRAM return of one process (docs/python.md, "Idle VRAM
+/// return"); counters since the process started (or forked).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CudaIdleCounters {
+    /// `MEMSHIM_CUDA_IDLE_MS`: how long the process must be idle.
+    pub idle_ms: u64,
+    /// `MEMSHIM_CUDA_IDLE_MIN_MB` in bytes: the least unused cache worth
+    /// returning.
+    pub min_bytes: u64,
+    /// Looks into the interpreter (each takes the GIL once).
+    pub checks: u64,
+    /// Times the caches were emptied.
+    pub returns: u64,
+    /// VRAM the caching allocator gave back to the driver, in bytes (sum
+    /// of reserved before minus after).
+    pub vram_returned: u64,
+    /// Pinned host memory the host cache gave back, in bytes.
+    pub pinned_returned: u64,
 }
 
 /// Process-wide jemalloc figures from one `epoch` snapshot, in bytes.

@@ -148,6 +148,10 @@ pub enum FdTable {
 /// to `MADV_DONTNEED` (so RSS and the cgroup counter really drop).
 const DIRTY_DECAY_MS_DEFAULT: i64 = 1000;
 const MUZZY_DECAY_MS_DEFAULT: i64 = 0;
+/// The least unused CUDA cache the idle return acts on: below a quarter of
+/// a GiB, emptying the cache saves less than the CUDA context itself costs
+/// (about 250-500 MiB per device) and the next burst pays to refill it.
+const CUDA_IDLE_MIN_MB_DEFAULT: i64 = 256;
 
 static DIRTY_DECAY_MS: Int = Int::new(DIRTY_DECAY_MS_DEFAULT);
 static MUZZY_DECAY_MS: Int = Int::new(MUZZY_DECAY_MS_DEFAULT);
@@ -156,6 +160,8 @@ static CONTROL: Int = Int::new(Control::Auto as i64);
 static CLEAR_DEEPBIND: Int = Int::new(1);
 static VERBOSE: Int = Int::new(0);
 static FD_TABLE: Int = Int::new(0); // 0 = auto, 1 = shared
+static CUDA_IDLE_MS: Int = Int::new(0); // off
+static CUDA_IDLE_MIN_MB: Int = Int::new(CUDA_IDLE_MIN_MB_DEFAULT);
 static SOCKET_DIR: Text = Text::new();
 static MALLOC_CONF: Text = Text::new();
 
@@ -228,6 +234,20 @@ pub const TABLE: &[Setting] = &[
         value: Value::Int(&FD_TABLE, parse_fd_table),
     },
     Setting {
+        name: "MEMSHIM_CUDA_IDLE_MS",
+        default: "0",
+        doc: "return PyTorch's unused cached VRAM and pinned host memory after the process has been idle this long (ms); 0 = off (not yet verified on a GPU)",
+        expect: "milliseconds from 1000 to 86400000, or 0 for off",
+        value: Value::Int(&CUDA_IDLE_MS, parse_cuda_idle_ms),
+    },
+    Setting {
+        name: "MEMSHIM_CUDA_IDLE_MIN_MB",
+        default: "256",
+        doc: "the idle return acts only when at least this many MiB of VRAM and pinned host memory sit unused in PyTorch's caches",
+        expect: "MiB from 1 to 1048576",
+        value: Value::Int(&CUDA_IDLE_MIN_MB, parse_cuda_idle_min_mb),
+    },
+    Setting {
         name: "MEMSHIM_LIB",
         default: "(next to memshim-ctl)",
         doc: "memshim-ctl only: path of libmemshim.so for `memshim-ctl run`",
@@ -267,6 +287,17 @@ pub fn parse_decay(v: &[u8]) -> Option<i64> {
 /// Largest arena count: jemalloc 5.3 reduces anything above 4094 (its arena
 /// limit, MALLOCX_ARENA_LIMIT 4095, less one) with a warning of its own.
 const MAX_NARENAS: u64 = 4094;
+
+/// `0` (off) or 1 s to a day: a shorter idle time would empty the cache
+/// between the requests of a server that is merely between bursts.
+pub fn parse_cuda_idle_ms(v: &[u8]) -> Option<i64> {
+    os::parse_i64(v).filter(|&n| n == 0 || (1000..=86_400_000).contains(&n))
+}
+
+/// 1 MiB to 1 TiB.
+pub fn parse_cuda_idle_min_mb(v: &[u8]) -> Option<i64> {
+    os::parse_i64(v).filter(|&n| (1..=1 << 20).contains(&n))
+}
 
 /// `auto` (0) or 1..=4094.
 pub fn parse_narenas(v: &[u8]) -> Option<i64> {
@@ -499,6 +530,16 @@ pub fn jemalloc_conf_ptr() -> *const c_char {
 pub fn dirty_decay_ms() -> i64 {
     DIRTY_DECAY_MS.get()
 }
+/// `MEMSHIM_CUDA_IDLE_MS` (0: off).
+pub fn cuda_idle_ms() -> u64 {
+    CUDA_IDLE_MS.get().max(0) as u64
+}
+
+/// `MEMSHIM_CUDA_IDLE_MIN_MB`, in bytes.
+pub fn cuda_idle_min_bytes() -> u64 {
+    (CUDA_IDLE_MIN_MB.get().max(1) as u64) << 20
+}
+
 /// `MEMSHIM_CONTROL`.
 pub fn control() -> Control {
     match CONTROL.get() {
@@ -579,6 +620,18 @@ mod tests {
         for b in bad {
             assert_eq!(parse(b), None, "{b:?}");
         }
+    }
+
+    #[test]
+    fn cuda_idle_values() {
+        assert_eq!(parse_cuda_idle_ms(b"0"), Some(0));
+        assert_eq!(parse_cuda_idle_ms(b"30000"), Some(30000));
+        rejects(
+            parse_cuda_idle_ms,
+            &[b"-1", b"999", b"86400001", b"1s", b""],
+        );
+        assert_eq!(parse_cuda_idle_min_mb(b"256"), Some(256));
+        rejects(parse_cuda_idle_min_mb, &[b"0", b"-5", b"1048577", b"x"]);
     }
 
     #[test]

@@ -201,6 +201,36 @@ const FAMILIES: &[(&str, &str, &str, Get)] = &[
         },
     ),
     (
+        "memshim_cuda_idle_returns_total",
+        "counter",
+        "Times the idle VRAM return emptied PyTorch's caches (MEMSHIM_CUDA_IDLE_MS; absent when off).",
+        |s| {
+            s.cuda_idle
+                .iter()
+                .map(|c| (vec![], c.returns as f64))
+                .collect()
+        },
+    ),
+    (
+        "memshim_cuda_idle_returned_bytes_total",
+        "counter",
+        "Bytes the idle VRAM return gave back, by memory kind (vram, pinned_host).",
+        |s| {
+            s.cuda_idle
+                .iter()
+                .flat_map(|c| {
+                    [
+                        (vec![("kind", "vram".into())], c.vram_returned as f64),
+                        (
+                            vec![("kind", "pinned_host".into())],
+                            c.pinned_returned as f64,
+                        ),
+                    ]
+                })
+                .collect()
+        },
+    ),
+    (
         "memshim_decay_seconds",
         "gauge",
         "Current decay time by page state, in seconds; -1 means never.",

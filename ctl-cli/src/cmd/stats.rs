@@ -341,6 +341,35 @@ pub fn human(s: &StatsReport, pid: i32, command: &str) -> String {
             ));
         }
     }
+    if let Some(c) = &s.cuda_idle {
+        out += &format!(
+            "\nidle VRAM return after {} ms idle, at least {} unused\n",
+            c.idle_ms,
+            bytes(c.min_bytes)
+        );
+        out += &kv(&[
+            (
+                "looks",
+                c.checks.to_string(),
+                "times it looked into the interpreter",
+            ),
+            (
+                "returns",
+                c.returns.to_string(),
+                "times the caches were emptied",
+            ),
+            (
+                "vram_returned",
+                bytes(c.vram_returned),
+                "VRAM given back to the driver",
+            ),
+            (
+                "pinned_returned",
+                bytes(c.pinned_returned),
+                "pinned host memory given back",
+            ),
+        ]);
+    }
     out
 }
 

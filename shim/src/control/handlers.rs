@@ -142,6 +142,7 @@ pub fn stats(arenas: bool, pss: bool, ctx: &Ctx<'_>) -> Result<StatsReport, Erro
             count: PURGES.load(Relaxed),
             released_bytes: PURGED_BYTES.load(Relaxed),
         }),
+        cuda_idle: ctx.facts.cuda_idle,
         elapsed_ms: ms(t0),
     })
 }

@@ -77,6 +77,8 @@ pub struct Facts {
     pub thread_starts: u64,
     /// The shim's descriptors live in a table of their own.
     pub private_fds: bool,
+    /// The idle VRAM return's counters (`None`: off).
+    pub cuda_idle: Option<memshim_proto::CudaIdleCounters>,
 }
 
 /// What a request is answered with: the thread's facts and the endpoint's

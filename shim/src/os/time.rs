@@ -1,7 +1,20 @@
-//! The monotonic clock, sleeping, and futexes.
+//! Clocks (monotonic, CPU time), sleeping, and futexes.
 
 use core::sync::atomic::AtomicU32;
 use std::time::Duration;
+
+/// A clock's reading in nanoseconds. Allocation-free, async-signal-safe.
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as u64)
+}
 
 /// Monotonic clock in milliseconds. Allocation-free, async-signal-safe.
 pub fn monotonic_ms() -> u64 {
@@ -10,13 +23,18 @@ pub fn monotonic_ms() -> u64 {
 
 /// Monotonic clock in nanoseconds. Allocation-free, async-signal-safe.
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// CPU time the whole process has used (every thread, user and system),
+/// in nanoseconds. Allocation-free.
+pub fn process_cpu_ns() -> u64 {
+    clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID)
+}
+
+/// CPU time the calling thread has used, in nanoseconds. Allocation-free.
+pub fn thread_cpu_ns() -> u64 {
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
 }
 
 fn timespec(d: Duration) -> libc::timespec {

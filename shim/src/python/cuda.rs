@@ -21,6 +21,11 @@
 //!
 //! A step whose call this torch lacks has nothing to do; a step that raises
 //! failed; the others still run.
+//!
+//! [`idle_check`] is the interpreter's half of the idle VRAM return
+//! (`thread/cuda_idle.rs` decides when to ask): it reads the allocation
+//! counters and, when nothing was allocated since the last look and enough
+//! sits unused, empties the caches (3. and 4. above).
 
 use super::object::{Obj, Py, PyResult};
 use super::torch::{devices, host_pinned, initialized_cuda};
@@ -232,4 +237,73 @@ fn host_cache_step(py: &Py, cuda: &Obj<'_>) -> ReleaseStep {
     };
     step.elapsed_ms = t.elapsed().as_secs_f64() * 1000.0;
     step
+}
+
+/// What one look of the idle return found (and did).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IdleCheck {
+    /// torch is imported and CUDA initialised: there is something to watch.
+    pub cuda: bool,
+    /// `allocation.all.allocated` summed over the devices with a context.
+    pub allocations: u64,
+    /// Reserved minus allocated VRAM, plus the cached pinned host memory.
+    pub unused: u64,
+    /// The caches were emptied.
+    pub acted: bool,
+    /// VRAM given back (reserved before minus after).
+    pub vram_returned: u64,
+    /// Pinned host memory given back.
+    pub pinned_returned: u64,
+}
+
+/// Looks at the caching allocators; empties them only if `expect` is the
+/// allocation count seen now (nothing was allocated since the last look)
+/// and at least `min_unused` bytes sit unused. Never initialises CUDA and
+/// names only devices with a context (`devices`).
+pub fn idle_check(py: &Py, expect: Option<u64>, min_unused: u64) -> PyResult<IdleCheck> {
+    let mut r = IdleCheck::default();
+    if py.imported(c"torch").is_none() {
+        return Ok(r);
+    }
+    let Some(cuda) = initialized_cuda(py)? else {
+        return Ok(r);
+    };
+    r.cuda = true;
+    let before = devices(py, &cuda)?;
+    let pinned_before = host_pinned(py, &cuda).map_or(0, |h| h.cached);
+    r.allocations = before
+        .iter()
+        .map(|d| d.allocations)
+        .fold(0, u64::wrapping_add);
+    r.unused = before
+        .iter()
+        .map(|d| d.reserved.saturating_sub(d.allocated))
+        .fold(pinned_before, u64::saturating_add);
+    if expect != Some(r.allocations) || r.unused < min_unused {
+        return Ok(r);
+    }
+    for d in before.iter().filter(|d| d.reserved > d.allocated) {
+        if empty_on(py, &cuda, i64::from(d.index))?.is_some() {
+            // A graph capture is under way: the process is not idle.
+            return Ok(r);
+        }
+    }
+    if pinned_before > 0 {
+        let _ = host_cache_step(py, &cuda);
+    }
+    r.acted = true;
+    let after = devices(py, &cuda)?;
+    r.vram_returned = before
+        .iter()
+        .map(|b| {
+            let a = after
+                .iter()
+                .find(|a| a.index == b.index)
+                .map_or(0, |a| a.reserved);
+            b.reserved.saturating_sub(a)
+        })
+        .fold(0, u64::saturating_add);
+    let pinned_after = host_pinned(py, &cuda).map_or(0, |h| h.cached);
+    r.pinned_returned = pinned_before.saturating_sub(pinned_after);
+    Ok(r)
 }

@@ -52,6 +52,14 @@ pub enum Job {
     EmptyCache,
     /// The CUDA steps of `release` (`cuda.rs`).
     CudaRelease,
+    /// One look of the idle VRAM return (`cuda::idle_check`): act only if
+    /// the allocation count is `expect` and `min_unused` bytes are unused.
+    CudaIdle {
+        /// The allocation count of the previous look.
+        expect: Option<u64>,
+        /// The least unused cache worth returning.
+        min_unused: u64,
+    },
 }
 
 /// What a job produced.
@@ -64,6 +72,8 @@ pub enum Done {
     EmptyCache(EmptyCacheResult),
     /// The CUDA steps of release.
     CudaRelease(Vec<ReleaseStep>),
+    /// The idle return's look.
+    CudaIdle(super::cuda::IdleCheck),
 }
 
 /// A job's outcome.
@@ -453,6 +463,9 @@ fn execute(py: &Py, job: Job) -> Outcome {
             .map_err(err),
         Job::CudaRelease => super::cuda::release_steps(py)
             .map(Done::CudaRelease)
+            .map_err(err),
+        Job::CudaIdle { expect, min_unused } => super::cuda::idle_check(py, expect, min_unused)
+            .map(Done::CudaIdle)
             .map_err(err),
     }
 }

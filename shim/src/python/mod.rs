@@ -23,6 +23,7 @@
 //! * `cuda.rs`: the `empty_cache` action and the CUDA steps of `release`.
 
 mod cuda;
+pub use cuda::IdleCheck;
 mod ffi;
 mod gate;
 mod gc;
@@ -99,6 +100,19 @@ pub fn present() -> bool {
 pub fn cuda_release(timeout: Duration) -> Result<Vec<ReleaseStep>, PythonUnavailable> {
     match job::run(Job::CudaRelease, timeout)? {
         Done::CudaRelease(steps) => Ok(steps),
+        _ => Err(unexpected()),
+    }
+}
+
+/// One look of the idle VRAM return (`cuda::idle_check`), waiting at most
+/// `timeout` for the GIL.
+pub fn cuda_idle_check(
+    expect: Option<u64>,
+    min_unused: u64,
+    timeout: Duration,
+) -> Result<IdleCheck, PythonUnavailable> {
+    match job::run(Job::CudaIdle { expect, min_unused }, timeout)? {
+        Done::CudaIdle(r) => Ok(r),
         _ => Err(unexpected()),
     }
 }

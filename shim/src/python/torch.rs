@@ -161,5 +161,6 @@ fn device_stats(py: &Py, cuda: &Obj<'_>, d: i64) -> PyResult<TorchDevice> {
         num_ooms: get(c"num_ooms"),
         fragmentation: TorchDevice::fragmentation_of(inactive_split, reserved),
         uuid: None,
+        allocations: get(c"allocation.all.allocated"),
     })
 }

@@ -67,6 +67,7 @@ pub(super) extern "C" fn child() {
     STATE.after_fork_child(os::getpid(), os::time::monotonic_ms());
     crate::control::after_fork_child();
     crate::python::after_fork_child();
+    super::cuda_idle::after_fork_child();
 }
 
 /// If the process is alone but for the shim's threads (`MEMSHIM_CONTROL=auto`),

@@ -10,6 +10,8 @@
 //!   jemalloc alone only decays on allocator activity;
 //! * serves the control socket (`control/`): its listener and client
 //!   connections are polled here;
+//! * with `MEMSHIM_CUDA_IDLE_MS`, watches for an idle process whose CUDA
+//!   caches can go back (`cuda_idle.rs`);
 //! * stops when the process has been alone (main thread + the shim's) for
 //!   the decay time plus a grace second, or at once when a fork or
 //!   namespace handler asks;
@@ -118,6 +120,7 @@ extern "C" fn main(_: *mut c_void) -> *mut c_void {
     STATE.set_phase(Phase::Running);
     own.endpoint = control::Endpoint::open();
     let mut last_decay = os::time::monotonic_ms();
+    let mut cuda_idle = super::cuda_idle::Watcher::new(last_decay);
     let mut alone_since: Option<u64> = None;
     loop {
         let dirty = jemalloc::decay_ms()
@@ -167,6 +170,7 @@ extern "C" fn main(_: *mut c_void) -> *mut c_void {
             let _ = jemalloc::decay_all();
             last_decay = now;
         }
+        cuda_idle.tick(now);
         let threads = os::proc::thread_count();
         let alone = threads.is_some_and(|n| n <= 1 + our_threads());
         if alone && os::proc::leader_exited() && try_stop(&mut own) {
