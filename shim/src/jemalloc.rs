@@ -104,6 +104,17 @@ pub fn version() -> &'static str {
     }
 }
 
+/// Initialises jemalloc if nothing has allocated yet, without touching its
+/// control interface: any `mallctl` call runs `ctl_init`, which allocates and
+/// zeroes jemalloc's statistics tables (about 150 KiB, ~37 page faults and
+/// ~180 k instructions in every process; bench/FINDINGS-issue15.md).
+/// `nallocx` only runs `malloc_init`.
+pub fn ensure_init() {
+    // SAFETY: nallocx has no preconditions; it initialises jemalloc and
+    // computes a size class, allocating nothing.
+    let _ = unsafe { sys::nallocx(1, 0) };
+}
+
 /// `arena.4096.purge`: returns every unused dirty and muzzy page of every
 /// arena to the OS now. Pages held in thread caches are not reached.
 pub fn purge_all() -> Result<(), Error> {

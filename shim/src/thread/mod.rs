@@ -86,7 +86,8 @@ pub fn on_load() {
     // this forces it otherwise, so its fork handlers are registered before
     // ours: glibc runs prepare handlers in reverse order, so ours runs first
     // (while jemalloc is unlocked) and our child handler runs last.
-    let _ = crate::jemalloc::version();
+    // Not through mallctl: its first call builds the statistics tables.
+    crate::jemalloc::ensure_init();
     options::load();
     options::warn_unknown();
     let interposed = detect_interposition();
