@@ -10,9 +10,41 @@
 //!   the atfork handlers and the exported symbols must stay mapped.
 //! * `-z now`: resolve everything at load time, so no lazy PLT resolution
 //!   (which can allocate) ever runs inside `malloc`.
+//! * `MEMSHIM_JE_TCACHE_MAX_LIMIT`: the largest `tcache_max` this build's
+//!   jemalloc accepts (5.3.1 clips larger values silently; see
+//!   `options::tcache_clipped`).
 fn main() {
+    tcache_limit();
     println!("cargo:rustc-cdylib-link-arg=-Wl,--wrap=secure_getenv");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,now");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libmemshim.so");
+}
+
+/// jemalloc 5.3.1 caps `tcache_max` at `TCACHE_MAXCLASS_LIMIT` =
+/// 2^(SC_LG_NGROUP + LG_PAGE + 1) = 8 pages (its `USIZE_GROW_SLOW_THRESHOLD`)
+/// and clips larger requests without a word. LG_PAGE is what
+/// tikv-jemalloc-sys configures: `JEMALLOC_SYS_WITH_LG_PAGE` (target-prefixed
+/// or not) if set, else 16 on aarch64 Linux and 12 elsewhere.
+fn tcache_limit() {
+    let target = std::env::var("TARGET").unwrap_or_default();
+    let prefixed = format!(
+        "{}_JEMALLOC_SYS_WITH_LG_PAGE",
+        target.to_uppercase().replace('-', "_")
+    );
+    println!("cargo:rerun-if-env-changed={prefixed}");
+    println!("cargo:rerun-if-env-changed=JEMALLOC_SYS_WITH_LG_PAGE");
+    let lg_page = std::env::var(&prefixed)
+        .or_else(|_| std::env::var("JEMALLOC_SYS_WITH_LG_PAGE"))
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .unwrap_or(
+            if target.starts_with("aarch64") && target.contains("linux") {
+                16
+            } else {
+                12
+            },
+        );
+    let limit = 1u64 << (2 + lg_page + 1).min(40);
+    println!("cargo:rustc-env=MEMSHIM_JE_TCACHE_MAX_LIMIT={limit}");
 }

@@ -468,8 +468,44 @@ fn compose_conf() {
         sep(&mut s);
         s.push(MALLOC_CONF.get());
     }
+    if let Some(pair) = tcache_clipped(s.as_bytes()) {
+        log::warning(format_args!(
+            "{} asks for more than this build's jemalloc caches per thread; it uses tcache_max:{TCACHE_MAX_LIMIT} (jemalloc 5.3.1 caps it at 8 of its pages)",
+            show(pair),
+        ));
+    }
     // SAFETY: single-threaded, before LOADED is published.
     unsafe { JEMALLOC_CONF.set(s.as_bytes()) };
+}
+
+/// Largest `tcache_max` this build's jemalloc accepts (from `build.rs`).
+const TCACHE_MAX_LIMIT: u64 = match u64::from_str_radix(env!("MEMSHIM_JE_TCACHE_MAX_LIMIT"), 10) {
+    Ok(v) => v,
+    Err(_) => 32768,
+};
+
+/// jemalloc 5.3.1 clips `tcache_max` (and `lg_tcache_max`) to
+/// [`TCACHE_MAX_LIMIT`] without a message, so `tcache_max:65536` silently
+/// reads back as 32768 (bench/FINDINGS-issue15.md, (b)). Returns the pair
+/// that asks for more, if the last such setting in the composed string (the
+/// one jemalloc applies) does.
+fn tcache_clipped(conf: &[u8]) -> Option<&[u8]> {
+    let mut asked: Option<(&[u8], u64)> = None;
+    for pair in conf.split(|&b| b == b',') {
+        let Some(k) = pair.iter().position(|&b| b == b':') else {
+            continue;
+        };
+        let (key, val) = (&pair[..k], &pair[k + 1..]);
+        match key {
+            b"tcache_max" => asked = os::parse_u64(val).map(|v| (pair, v)),
+            b"lg_tcache_max" => {
+                asked = os::parse_u64(val)
+                    .map(|m| (pair, 1u64.checked_shl(m as u32).unwrap_or(u64::MAX)))
+            }
+            _ => {}
+        }
+    }
+    asked.filter(|&(_, v)| v > TCACHE_MAX_LIMIT).map(|(p, _)| p)
 }
 
 /// CPUs the process may really use: the affinity mask, and a cgroup CPU
@@ -620,6 +656,28 @@ mod tests {
         for b in bad {
             assert_eq!(parse(b), None, "{b:?}");
         }
+    }
+
+    #[test]
+    fn tcache_max_above_the_limit_is_named() {
+        assert_eq!(
+            TCACHE_MAX_LIMIT,
+            if cfg!(target_arch = "aarch64") {
+                1 << 19
+            } else {
+                1 << 15
+            }
+        );
+        let big = format!("tcache_max:{}", TCACHE_MAX_LIMIT * 2);
+        let conf = format!("dirty_decay_ms:1000,{big},narenas:4");
+        assert_eq!(tcache_clipped(conf.as_bytes()), Some(big.as_bytes()));
+        let ok = format!("{big},tcache_max:{TCACHE_MAX_LIMIT}");
+        assert_eq!(tcache_clipped(ok.as_bytes()), None, "the last setting wins");
+        assert_eq!(
+            tcache_clipped(b"lg_tcache_max:30"),
+            Some(&b"lg_tcache_max:30"[..])
+        );
+        assert_eq!(tcache_clipped(b"lg_tcache_max:12,tcache_max:x"), None);
     }
 
     #[test]
