@@ -13,13 +13,15 @@
 //! * `state.rs`: the one owner of the thread's state;
 //! * `run.rs`: the thread itself (its descriptor table, its loop, stopping);
 //! * `fork.rs`: the fork handlers, and stopping for a fork or a namespace;
-//! * `wake.rs`: how a handler wakes the thread.
+//! * `wake.rs`: how a handler wakes the thread;
+//! * `pressure.rs`: the memory cgroup's pressure, watched by the thread.
 //!
 //! Code here that runs on the application's threads (our `pthread_create`,
 //! `unshare`, `setns`, the fork handlers) keeps `errno` and never acts on a
 //! pending cancellation of that thread.
 
 mod fork;
+mod pressure;
 mod run;
 mod state;
 mod wake;
@@ -168,5 +170,6 @@ fn facts() -> Facts {
         uptime_ms: os::time::monotonic_ms().saturating_sub(STATE.start_ms()),
         thread_starts: STATE.starts(),
         private_fds: os::fd::private(),
+        pressure: pressure::facts(),
     }
 }
