@@ -45,6 +45,18 @@ fn bad_values() -> Vec<(&'static str, &'static str, Vec<String>)> {
             ["", "maybe", "2", "auto-ish"].map(String::from).to_vec(),
         ),
         (
+            "MEMSHIM_PRESSURE",
+            "on",
+            ["", "sometimes", "2", "gc,on"].map(String::from).to_vec(),
+        ),
+        (
+            "MEMSHIM_PRESSURE_THRESHOLD",
+            "90",
+            ["", "5", "100", "0.9", "ninety", "-90"]
+                .map(String::from)
+                .to_vec(),
+        ),
+        (
             "MEMSHIM_CLEAR_DEEPBIND",
             "1",
             ["", "2", "maybe"].map(String::from).to_vec(),

@@ -201,6 +201,40 @@ const FAMILIES: &[(&str, &str, &str, Get)] = &[
         },
     ),
     (
+        "memshim_pressure_purges_total",
+        "counter",
+        "Purges the process ran because its memory cgroup was under pressure (MEMSHIM_PRESSURE).",
+        |s| s.pressure.iter().map(|p| (vec![], p.purges as f64)).collect(),
+    ),
+    (
+        "memshim_pressure_bytes_returned_total",
+        "counter",
+        "Resident bytes returned by those pressure purges, summed.",
+        |s| {
+            s.pressure
+                .iter()
+                .map(|p| (vec![], p.bytes_returned as f64))
+                .collect()
+        },
+    ),
+    (
+        "memshim_pressure_events_total",
+        "counter",
+        "Memory pressure signals the process saw (cgroup notifications, threshold crossings).",
+        |s| s.pressure.iter().map(|p| (vec![], p.events as f64)).collect(),
+    ),
+    (
+        "memshim_pressure_active",
+        "gauge",
+        "1 while the process is under memory pressure (decay is short), else 0.",
+        |s| {
+            s.pressure
+                .iter()
+                .map(|p| (vec![], if p.active { 1.0 } else { 0.0 }))
+                .collect()
+        },
+    ),
+    (
         "memshim_decay_seconds",
         "gauge",
         "Current decay time by page state, in seconds; -1 means never.",
