@@ -295,10 +295,15 @@ pub fn drain_eventfd(efd: &Owned) -> u64 {
 /// windows that are multiples of 2 s, so a 1 s window that is refused is
 /// retried at 2 s (with twice the stall).
 pub fn psi_trigger(dir: &str, stall_us: u64, window_us: u64) -> Option<Owned> {
+    psi_trigger_at(&format!("{dir}/memory.pressure"), stall_us, window_us)
+}
+
+/// [`psi_trigger`] on a PSI file (a cgroup's `memory.pressure`, or the
+/// system's `/proc/pressure/memory`, which takes the same triggers).
+fn psi_trigger_at(path: &str, stall_us: u64, window_us: u64) -> Option<Owned> {
+    let path = std::ffi::CString::new(path).ok()?;
     for (stall, window) in [(stall_us, window_us), (stall_us * 2, window_us.max(1_000_000) * 2)] {
-        let Some(f) = open_in(dir, "memory.pressure", libc::O_RDWR | libc::O_NONBLOCK) else {
-            return None;
-        };
+        let f = fd::open_file(&path, libc::O_RDWR | libc::O_NONBLOCK).ok()?;
         // The kernel overwrites the last byte written with a NUL.
         let spec = format!("some {stall} {window}\0");
         if f.fd().is_some_and(|fd| super::raw::write(fd, spec.as_bytes()).is_ok()) {
@@ -339,6 +344,28 @@ mod tests {
         // `oom_kill` must not be read as `oom`, nor `low` as anything.
         assert_eq!(parse_events(b"oom_kill 9\nlow 3\n"), Events::default());
         assert_eq!(parse_events(b""), Events::default());
+    }
+
+    /// The trigger written is one the kernel takes: `/proc/pressure/memory`
+    /// parses triggers with the same code as a v2 cgroup's
+    /// `memory.pressure` (skipped where PSI is off or not ours to write).
+    #[test]
+    fn psi_trigger_is_accepted_by_the_kernel() {
+        if !std::path::Path::new("/proc/pressure/memory").exists() {
+            eprintln!("SKIP: no /proc/pressure/memory");
+            return;
+        }
+        match psi_trigger_at("/proc/pressure/memory", 100_000, 1_000_000) {
+            Some(f) => assert!(f.fd().is_some()),
+            None => {
+                let e = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open("/proc/pressure/memory")
+                    .err();
+                assert!(e.is_some(), "the kernel refused a valid trigger");
+                eprintln!("SKIP: /proc/pressure/memory not writable: {e:?}");
+            }
+        }
     }
 
     #[test]
