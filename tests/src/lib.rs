@@ -385,7 +385,9 @@ impl Child {
         let sin = self.child.stdin.as_mut().expect("piped stdin");
         if let Err(e) = writeln!(sin, "{line}").and_then(|()| sin.flush()) {
             let pid = self.pid();
-            let _ = wait_until(Duration::from_secs(2), || self.child.try_wait().ok().flatten());
+            let _ = wait_until(Duration::from_secs(2), || {
+                self.child.try_wait().ok().flatten()
+            });
             let status = self.child.try_wait();
             let mut err = String::new();
             if let (Ok(Some(_)), Some(se)) = (&status, self.child.stderr.as_mut()) {
