@@ -676,7 +676,10 @@ mod tests {
         assert_eq!(parse_percent(b"90"), Some(90));
         assert_eq!(parse_percent(b"75%"), Some(75));
         assert_eq!(parse_percent(b"10"), Some(10));
-        rejects(parse_percent, &[b"", b"9", b"100", b"0.9", b"-5", b"90 %", b"%"]);
+        rejects(
+            parse_percent,
+            &[b"", b"9", b"100", b"0.9", b"-5", b"90 %", b"%"],
+        );
     }
 
     #[test]

@@ -204,7 +204,12 @@ const FAMILIES: &[(&str, &str, &str, Get)] = &[
         "memshim_pressure_purges_total",
         "counter",
         "Purges the process ran because its memory cgroup was under pressure (MEMSHIM_PRESSURE).",
-        |s| s.pressure.iter().map(|p| (vec![], p.purges as f64)).collect(),
+        |s| {
+            s.pressure
+                .iter()
+                .map(|p| (vec![], p.purges as f64))
+                .collect()
+        },
     ),
     (
         "memshim_pressure_bytes_returned_total",
@@ -221,7 +226,12 @@ const FAMILIES: &[(&str, &str, &str, Get)] = &[
         "memshim_pressure_events_total",
         "counter",
         "Memory pressure signals the process saw (cgroup notifications, threshold crossings).",
-        |s| s.pressure.iter().map(|p| (vec![], p.events as f64)).collect(),
+        |s| {
+            s.pressure
+                .iter()
+                .map(|p| (vec![], p.events as f64))
+                .collect()
+        },
     ),
     (
         "memshim_pressure_active",

@@ -374,8 +374,16 @@ fn pressure(p: &PressureStats) -> String {
             yes(p.active),
             "decay is short while pressure lasts".to_owned(),
         ),
-        ("events", p.events.to_string(), "pressure signals".to_owned()),
-        ("purges", p.purges.to_string(), "purges on pressure".to_owned()),
+        (
+            "events",
+            p.events.to_string(),
+            "pressure signals".to_owned(),
+        ),
+        (
+            "purges",
+            p.purges.to_string(),
+            "purges on pressure".to_owned(),
+        ),
         (
             "returned",
             bytes(p.bytes_returned),
@@ -383,7 +391,11 @@ fn pressure(p: &PressureStats) -> String {
         ),
     ]);
     if p.mode == "gc" {
-        rows.push(("gc_runs", p.gc_runs.to_string(), "Python gc on pressure".to_owned()));
+        rows.push((
+            "gc_runs",
+            p.gc_runs.to_string(),
+            "Python gc on pressure".to_owned(),
+        ));
     }
     if let Some(ms) = p.last_purge_ms {
         rows.push((
@@ -392,8 +404,10 @@ fn pressure(p: &PressureStats) -> String {
             "from the signal to the end of the purge".to_owned(),
         ));
     }
-    let rows: Vec<(&str, String, &str)> =
-        rows.iter().map(|(k, v, d)| (*k, v.clone(), d.as_str())).collect();
+    let rows: Vec<(&str, String, &str)> = rows
+        .iter()
+        .map(|(k, v, d)| (*k, v.clone(), d.as_str()))
+        .collect();
     out += &kv(&rows);
     out
 }

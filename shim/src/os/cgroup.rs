@@ -302,11 +302,16 @@ pub fn psi_trigger(dir: &str, stall_us: u64, window_us: u64) -> Option<Owned> {
 /// system's `/proc/pressure/memory`, which takes the same triggers).
 fn psi_trigger_at(path: &str, stall_us: u64, window_us: u64) -> Option<Owned> {
     let path = std::ffi::CString::new(path).ok()?;
-    for (stall, window) in [(stall_us, window_us), (stall_us * 2, window_us.max(1_000_000) * 2)] {
+    for (stall, window) in [
+        (stall_us, window_us),
+        (stall_us * 2, window_us.max(1_000_000) * 2),
+    ] {
         let f = fd::open_file(&path, libc::O_RDWR | libc::O_NONBLOCK).ok()?;
         // The kernel overwrites the last byte written with a NUL.
         let spec = format!("some {stall} {window}\0");
-        if f.fd().is_some_and(|fd| super::raw::write(fd, spec.as_bytes()).is_ok()) {
+        if f.fd()
+            .is_some_and(|fd| super::raw::write(fd, spec.as_bytes()).is_ok())
+        {
             return Some(f);
         }
     }

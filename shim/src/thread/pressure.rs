@@ -153,10 +153,18 @@ impl Cg {
         let v1 = self.lim.version == 1;
         let mut w = 0;
         if self.first.is_some() {
-            w |= if v1 { Watch::UsageThreshold } else { Watch::Psi } as u8;
+            w |= if v1 {
+                Watch::UsageThreshold
+            } else {
+                Watch::Psi
+            } as u8;
         }
         if self.second.is_some() {
-            w |= if v1 { Watch::PressureLevel } else { Watch::Events } as u8;
+            w |= if v1 {
+                Watch::PressureLevel
+            } else {
+                Watch::Events
+            } as u8;
         }
         if self.usage.is_some() {
             w |= Watch::Check as u8;
@@ -270,11 +278,17 @@ impl Watcher {
                     signal = true;
                 }
             } else if second {
-                // kernfs reports a modification as POLLERR | POLLPRI.
-                let now = cg.read_events().unwrap_or(cg.last_events);
-                let old = cg.last_events;
-                cg.last_events = now;
-                signal |= now.high > old.high || now.max > old.max || now.oom > old.oom;
+                // kernfs reports a modification as POLLERR | POLLPRI, and a
+                // removed cgroup's file as always ready: one that cannot be
+                // read any more is dropped (it would wake us forever).
+                match cg.read_events() {
+                    Some(now) => {
+                        let old = cg.last_events;
+                        cg.last_events = now;
+                        signal |= now.high > old.high || now.max > old.max || now.oom > old.oom;
+                    }
+                    None => cg.second = None,
+                }
             }
         }
         WATCHING.store(cg.watching(), Relaxed);
@@ -300,10 +314,7 @@ impl Watcher {
         if self.cg.is_some() && now >= self.next_check {
             self.check(now, os::time::monotonic_ns());
         }
-        if ACTIVE.load(Relaxed)
-            && !self.over
-            && now.saturating_sub(self.last_signal) >= HOLD_MS
-        {
+        if ACTIVE.load(Relaxed) && !self.over && now.saturating_sub(self.last_signal) >= HOLD_MS {
             restore_decay();
             ACTIVE.store(false, Relaxed);
         }
