@@ -15,8 +15,9 @@
 //! * **both**: a check of usage against the threshold
 //!   (`MEMSHIM_PRESSURE_THRESHOLD` percent of the limit; v2: of
 //!   `memory.high` where it is set), every second where a threshold
-//!   notification exists and every 100 ms where none does or usage is
-//!   already above it. Usage counts as pressure only if the working set
+//!   notification exists, every 100 ms where none does (20 ms within a
+//!   tenth of the limit below the threshold) or usage is already above it.
+//!   Usage counts as pressure only if the working set
 //!   (usage minus inactive page cache, which reclaim takes without our
 //!   help) is above the threshold too.
 //!
@@ -52,6 +53,10 @@ const SUSTAINED_REPURGE_MS: u64 = 5_000;
 const CHECK_WITH_EVENTS_MS: u64 = 1_000;
 /// Check interval without one, or with usage already above the threshold.
 const CHECK_POLLING_MS: u64 = 100;
+/// Check interval without one while usage is within a tenth of the limit
+/// below the threshold: a loader adding 8 MiB every 20 ms crosses that
+/// distance of a 320 MiB limit in about 80 ms.
+const CHECK_NEAR_MS: u64 = 20;
 /// How often the cgroup and its limit are looked up again (a container
 /// resized in place, a process moved to another cgroup).
 const RESCAN_MS: u64 = 30_000;
@@ -354,12 +359,7 @@ impl Watcher {
         };
         self.usage_high = usage >= cg.threshold;
         let notified = cg.lim.version == 1 && cg.first.is_some();
-        self.next_check = now
-            + if notified && !self.usage_high {
-                CHECK_WITH_EVENTS_MS
-            } else {
-                CHECK_POLLING_MS
-            };
+        self.next_check = now + check_interval(notified, usage, cg.threshold, cg.lim.limit);
         let was = self.over;
         self.over = over;
         if over && !was {
@@ -409,6 +409,20 @@ impl Watcher {
         PURGES.fetch_add(1, Relaxed);
         BYTES.fetch_add(before.saturating_sub(after), Relaxed);
         self.last_purge = os::time::monotonic_ms();
+    }
+}
+
+/// Milliseconds until the next check: long where a threshold notification
+/// will come, short without one as usage nears the threshold.
+fn check_interval(notified: bool, usage: u64, threshold: u64, limit: u64) -> u64 {
+    if usage >= threshold {
+        CHECK_POLLING_MS
+    } else if notified {
+        CHECK_WITH_EVENTS_MS
+    } else if threshold - usage <= limit / 10 {
+        CHECK_NEAR_MS
+    } else {
+        CHECK_POLLING_MS
     }
 }
 
@@ -506,6 +520,32 @@ pub fn facts() -> PressureFacts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn checks_come_sooner_near_the_threshold_without_notifications() {
+        let (limit, threshold) = (1000, 900);
+        assert_eq!(
+            check_interval(true, 100, threshold, limit),
+            CHECK_WITH_EVENTS_MS
+        );
+        assert_eq!(
+            check_interval(true, 850, threshold, limit),
+            CHECK_WITH_EVENTS_MS
+        );
+        assert_eq!(
+            check_interval(true, 950, threshold, limit),
+            CHECK_POLLING_MS
+        );
+        assert_eq!(
+            check_interval(false, 100, threshold, limit),
+            CHECK_POLLING_MS
+        );
+        assert_eq!(check_interval(false, 850, threshold, limit), CHECK_NEAR_MS);
+        assert_eq!(
+            check_interval(false, 900, threshold, limit),
+            CHECK_POLLING_MS
+        );
+    }
 
     #[test]
     fn watch_bits_are_distinct_and_named_in_order() {
