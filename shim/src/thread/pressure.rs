@@ -58,7 +58,8 @@ const CHECK_POLLING_MS: u64 = 100;
 /// distance of a 320 MiB limit in about 80 ms.
 const CHECK_NEAR_MS: u64 = 20;
 /// How often the cgroup and its limit are looked up again (a container
-/// resized in place, a process moved to another cgroup).
+/// resized in place, a process moved to another cgroup); in the
+/// application's descriptor table only at the thread's start.
 const RESCAN_MS: u64 = 30_000;
 /// `gc` mode: the collector runs at most this often.
 const GC_EVERY_MS: u64 = 10_000;
@@ -314,7 +315,14 @@ impl Watcher {
         let now = os::time::monotonic_ms();
         if now >= self.next_rescan {
             self.rescan();
-            self.next_rescan = now + RESCAN_MS;
+            // Looking up the cgroup opens files for a moment outside the
+            // records of os/fd.rs: in the application's table (the
+            // fallback) that is done once, at the thread's start.
+            self.next_rescan = if os::fd::private() {
+                now + RESCAN_MS
+            } else {
+                u64::MAX
+            };
         }
         if self.cg.is_some() && now >= self.next_check {
             self.check(now, os::time::monotonic_ns());
