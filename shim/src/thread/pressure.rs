@@ -208,8 +208,6 @@ pub struct Watcher {
     cg: Option<Cg>,
     next_rescan: u64,
     next_check: u64,
-    /// Usage was at or over the threshold at the last check.
-    usage_high: bool,
     /// The working set was over the threshold at the last check.
     over: bool,
     last_signal: u64,
@@ -229,7 +227,6 @@ impl Watcher {
             cg: None,
             next_rescan: 0,
             next_check: 0,
-            usage_high: false,
             over: false,
             last_signal: 0,
             last_purge: 0,
@@ -365,7 +362,6 @@ impl Watcher {
             self.next_check = now + CHECK_WITH_EVENTS_MS;
             return;
         };
-        self.usage_high = usage >= cg.threshold;
         let notified = cg.lim.version == 1 && cg.first.is_some();
         self.next_check = now + check_interval(notified, usage, cg.threshold, cg.lim.limit);
         let was = self.over;
