@@ -18,7 +18,7 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from benchlib import (s1_model, s2_serve, s3_churn, s4_tput, s5_python, s6_startup,  # noqa: E402
-                      s7_control)
+                      s7_control, s8_pressure)
 from benchlib.build import build_all  # noqa: E402
 from benchlib.configs import ROOT, competitors, variants  # noqa: E402
 from benchlib.context import Context, table  # noqa: E402
@@ -35,6 +35,7 @@ SCENARIOS = [
     ("s5", "5. Python speed", s5_python.run),
     ("s6", "6. Start-up cost", s6_startup.run),
     ("s7", "7. Control plane", s7_control.run),
+    ("s8", "8. Memory pressure in a limited cgroup", s8_pressure.run),
 ]
 
 
@@ -43,7 +44,7 @@ def main():
     g = ap.add_mutually_exclusive_group(required=True)
     g.add_argument("--full", action="store_true")
     g.add_argument("--smoke", action="store_true")
-    ap.add_argument("--only", default="", help="comma-separated scenario ids (s1..s7)")
+    ap.add_argument("--only", default="", help="comma-separated scenario ids (s1..s8)")
     ap.add_argument("--configs", default="", help="comma-separated configuration names")
     ap.add_argument("--out", default="", help="directory for the report (default: repo root / bench/out/smoke)")
     ap.add_argument("--set", action="append", default=[], metavar="S.KEY=VALUE",
@@ -139,6 +140,8 @@ def smoke_checks(r, only):
         need(r["s6"].get("per_exec_ms"), "s6 produced no start-up times")
     if sel("s7"):
         need("md" in r.get("s7", {}), "s7 did not report")
+    if sel("s8"):
+        need("md" in r.get("s8", {}), "s8 did not report")
     return errs
 
 

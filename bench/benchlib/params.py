@@ -20,6 +20,8 @@ FULL = {
            "configs": PY_CONFIGS},
     "s6": {"n_true": 300, "n_python": 40, "n_loop": 3, "loop": 1000, "configs": PY_CONFIGS},
     "s7": {"n_stats": 200, "n_purge": 20, "n_py": 20, "bert": True},
+    # s8: issue 13's cgroup, at 3/4 of its heap so that B fits beside A's live half once A purges.
+    "s8": {"limit_mib": 700, "a_mib": 512, "b_mib": 352, "reps": 3, "idle_seconds": 60},
 }
 
 SMOKE = {
@@ -34,4 +36,6 @@ SMOKE = {
            "configs": PY_CONFIGS},
     "s6": {"n_true": 5, "n_python": 2, "n_loop": 1, "loop": 20, "configs": PY_CONFIGS},
     "s7": {"n_stats": 5, "n_purge": 2, "n_py": 2, "bert": False},
+    # s8 is optional here: it skips itself without root or a writable memory cgroup.
+    "s8": {"limit_mib": 320, "a_mib": 256, "b_mib": 140, "reps": 1, "idle_seconds": 2, "configs": ["memshim"]},
 }

@@ -266,7 +266,8 @@ fn stats_field_names_are_stable() {
             "peak_allocated",
             "num_alloc_retries",
             "num_ooms",
-            "fragmentation"
+            "fragmentation",
+            "allocations"
         ])
     );
     // The optional CUDA figures, once CUDA is initialised.
@@ -297,4 +298,53 @@ fn stats_field_names_are_stable() {
         want(&["allocated", "active", "cached"])
     );
     assert!(v["devices"][0]["uuid"].is_string());
+}
+
+#[test]
+fn pressure_section_names_are_stable_and_optional() {
+    let p = PressureStats {
+        mode: "on".into(),
+        source: "v1".into(),
+        watching: vec!["usage_threshold".into()],
+        limit: Some(700 << 20),
+        threshold: Some(630 << 20),
+        ..Default::default()
+    };
+    let s = StatsReport {
+        pressure: Some(p.clone()),
+        ..Default::default()
+    };
+    let v = serde_json::to_value(&s).unwrap();
+    let mut names: Vec<String> = v["pressure"].as_object().unwrap().keys().cloned().collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "active",
+            "bytes_returned",
+            "events",
+            "gc_runs",
+            "last_purge_ms",
+            "limit",
+            "mode",
+            "purges",
+            "source",
+            "threshold",
+            "watching"
+        ]
+    );
+    // A report from a shim that predates the section decodes with none,
+    // and a report without it is encoded without the key.
+    let mut old = v.clone();
+    old.as_object_mut().unwrap().remove("pressure");
+    let back: StatsReport = serde_json::from_value(old).unwrap();
+    assert_eq!(back.pressure, None);
+    let none = serde_json::to_value(StatsReport::default()).unwrap();
+    assert!(none.get("pressure").is_none());
+    // The four figures of a minimal section are enough to decode it.
+    let min: PressureStats = serde_json::from_str(
+        r#"{"mode":"off","source":"none","active":false,"events":0,"purges":0,"bytes_returned":0}"#,
+    )
+    .unwrap();
+    assert_eq!(min.mode, "off");
 }

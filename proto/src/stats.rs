@@ -38,6 +38,10 @@ pub struct StatsReport {
     /// it has done; absent when it is off and from older shims.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cuda_idle: Option<CudaIdleCounters>,
+    /// The pressure watcher (`MEMSHIM_PRESSURE`); absent from shims that
+    /// predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pressure: Option<PressureStats>,
     /// Time the server spent building this report, in ms.
     pub elapsed_ms: f64,
 }
@@ -69,6 +73,40 @@ pub struct CudaIdleCounters {
     pub vram_returned: u64,
     /// Pinned host memory the host cache gave back, in bytes.
     pub pinned_returned: u64,
+}
+
+/// The pressure watcher: what it watches and what it did since the
+/// process started (or forked). docs/stats.md, "pressure".
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct PressureStats {
+    /// `MEMSHIM_PRESSURE`: `"on"`, `"off"` or `"gc"`.
+    pub mode: String,
+    /// What is watched: `"v1"` or `"v2"` (a memory cgroup with a limit),
+    /// `"none"` (no limit visible, or `off`).
+    pub source: String,
+    /// The notifications in use, e.g. `["usage_threshold","pressure_level","check"]`.
+    #[serde(default)]
+    pub watching: Vec<String>,
+    /// The limit that applies, in bytes.
+    #[serde(default)]
+    pub limit: Option<u64>,
+    /// The working set at which pressure starts, in bytes.
+    #[serde(default)]
+    pub threshold: Option<u64>,
+    /// Pressure now (decay is short until it has been gone for a while).
+    pub active: bool,
+    /// Pressure signals seen (kernel notifications, threshold crossings).
+    pub events: u64,
+    /// Purges run because of pressure.
+    pub purges: u64,
+    /// RSS returned by those purges (before minus after), summed, in bytes.
+    pub bytes_returned: u64,
+    /// Python `gc` runs because of pressure (`gc` mode only).
+    #[serde(default)]
+    pub gc_runs: u64,
+    /// Milliseconds from the last onset's signal to the end of its purge.
+    #[serde(default)]
+    pub last_purge_ms: Option<f64>,
 }
 
 /// Process-wide jemalloc figures from one `epoch` snapshot, in bytes.

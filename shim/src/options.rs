@@ -144,6 +144,19 @@ pub enum FdTable {
     Shared,
 }
 
+/// What the shim's thread does when its memory cgroup is under pressure
+/// (thread/pressure.rs).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u8)]
+pub enum Pressure {
+    /// Watch where a limit exists; purge on pressure.
+    On = 1,
+    /// Do not watch.
+    Off = 0,
+    /// As `On`, and run Python's garbage collector before purging.
+    Gc = 2,
+}
+
 /// The decay defaults: freed pages go back within a second, and straight
 /// to `MADV_DONTNEED` (so RSS and the cgroup counter really drop).
 const DIRTY_DECAY_MS_DEFAULT: i64 = 1000;
@@ -162,6 +175,8 @@ static VERBOSE: Int = Int::new(0);
 static FD_TABLE: Int = Int::new(0); // 0 = auto, 1 = shared
 static CUDA_IDLE_MS: Int = Int::new(0); // off
 static CUDA_IDLE_MIN_MB: Int = Int::new(CUDA_IDLE_MIN_MB_DEFAULT);
+static PRESSURE: Int = Int::new(Pressure::On as i64);
+static PRESSURE_THRESHOLD: Int = Int::new(90);
 static SOCKET_DIR: Text = Text::new();
 static MALLOC_CONF: Text = Text::new();
 
@@ -197,6 +212,20 @@ pub const TABLE: &[Setting] = &[
         doc: "auto: background purging and the control socket start with the process's second thread; on: at start-up; off: never",
         expect: "auto, on or off",
         value: Value::Int(&CONTROL, parse_control),
+    },
+    Setting {
+        name: "MEMSHIM_PRESSURE",
+        default: "on",
+        doc: "on: the shim's thread watches the memory cgroup's limit and pressure and purges at once when memory runs short; gc: also runs Python's gc first; off: no watching",
+        expect: "on, off or gc",
+        value: Value::Int(&PRESSURE, parse_pressure),
+    },
+    Setting {
+        name: "MEMSHIM_PRESSURE_THRESHOLD",
+        default: "90",
+        doc: "percent of the cgroup's limit (v2: memory.high, else memory.max) at which the working set counts as pressure",
+        expect: "a whole percentage from 10 to 99",
+        value: Value::Int(&PRESSURE_THRESHOLD, parse_percent),
     },
     Setting {
         name: "MEMSHIM_SOCKET_DIR",
@@ -315,6 +344,22 @@ pub fn parse_control(v: &[u8]) -> Option<i64> {
         return Some(Control::Auto as i64);
     }
     parse_bool(v).map(|b| if b == 1 { Control::On } else { Control::Off } as i64)
+}
+
+/// `on` (or a true boolean), `off` (or a false one), `gc`.
+pub fn parse_pressure(v: &[u8]) -> Option<i64> {
+    if keyword(v).as_bytes() == b"gc" {
+        return Some(Pressure::Gc as i64);
+    }
+    parse_bool(v).map(|b| if b == 1 { Pressure::On } else { Pressure::Off } as i64)
+}
+
+/// A whole percentage from 10 to 99 (an optional trailing `%`).
+pub fn parse_percent(v: &[u8]) -> Option<i64> {
+    let v = v.strip_suffix(b"%").unwrap_or(v);
+    os::parse_u64(v)
+        .filter(|n| (10..=99).contains(n))
+        .map(|n| n as i64)
 }
 
 /// `auto` or `shared`.
@@ -584,6 +629,18 @@ pub fn control() -> Control {
         _ => Control::Auto,
     }
 }
+/// `MEMSHIM_PRESSURE`.
+pub fn pressure() -> Pressure {
+    match PRESSURE.get() {
+        0 => Pressure::Off,
+        2 => Pressure::Gc,
+        _ => Pressure::On,
+    }
+}
+/// `MEMSHIM_PRESSURE_THRESHOLD`, in percent.
+pub fn pressure_threshold_pct() -> u64 {
+    PRESSURE_THRESHOLD.get().clamp(10, 99) as u64
+}
 /// `MEMSHIM_CLEAR_DEEPBIND`.
 pub fn clear_deepbind() -> bool {
     CLEAR_DEEPBIND.get() != 0
@@ -718,6 +775,22 @@ mod tests {
         assert_eq!(parse_bool(b""), None);
         assert_eq!(parse_bool(b"2"), None);
         assert_eq!(parse_bool(b"a-very-long-value-indeed"), None);
+    }
+
+    #[test]
+    fn pressure_values() {
+        assert_eq!(parse_pressure(b"on"), Some(Pressure::On as i64));
+        assert_eq!(parse_pressure(b"1"), Some(Pressure::On as i64));
+        assert_eq!(parse_pressure(b"OFF"), Some(Pressure::Off as i64));
+        assert_eq!(parse_pressure(b"gc"), Some(Pressure::Gc as i64));
+        rejects(parse_pressure, &[b"", b"sometimes", b"gc,on", b"2"]);
+        assert_eq!(parse_percent(b"90"), Some(90));
+        assert_eq!(parse_percent(b"75%"), Some(75));
+        assert_eq!(parse_percent(b"10"), Some(10));
+        rejects(
+            parse_percent,
+            &[b"", b"9", b"100", b"0.9", b"-5", b"90 %", b"%"],
+        );
     }
 
     #[test]

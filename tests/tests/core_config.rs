@@ -45,6 +45,18 @@ fn bad_values() -> Vec<(&'static str, &'static str, Vec<String>)> {
             ["", "maybe", "2", "auto-ish"].map(String::from).to_vec(),
         ),
         (
+            "MEMSHIM_PRESSURE",
+            "on",
+            ["", "sometimes", "2", "gc,on"].map(String::from).to_vec(),
+        ),
+        (
+            "MEMSHIM_PRESSURE_THRESHOLD",
+            "90",
+            ["", "5", "100", "0.9", "ninety", "-90"]
+                .map(String::from)
+                .to_vec(),
+        ),
+        (
             "MEMSHIM_CLEAR_DEEPBIND",
             "1",
             ["", "2", "maybe"].map(String::from).to_vec(),
@@ -242,6 +254,11 @@ fn valid_values_print_nothing() {
         ("MEMSHIM_CONTROL", "auto"),
         ("MEMSHIM_CONTROL", "on"),
         ("MEMSHIM_CONTROL", "OFF"),
+        ("MEMSHIM_PRESSURE", "on"),
+        ("MEMSHIM_PRESSURE", "GC"),
+        ("MEMSHIM_PRESSURE", "off"),
+        ("MEMSHIM_PRESSURE_THRESHOLD", "75"),
+        ("MEMSHIM_PRESSURE_THRESHOLD", "99%"),
         ("MEMSHIM_CLEAR_DEEPBIND", "0"),
         ("MEMSHIM_CLEAR_DEEPBIND", "yes"),
         ("MEMSHIM_VERBOSE", "0"),

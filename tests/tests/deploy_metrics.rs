@@ -108,6 +108,8 @@ fn metrics_describes_a_shimmed_process_and_passes_promtool() {
         "memshim_resident_bytes",
         "memshim_purges_total",
         "memshim_purge_released_bytes_total",
+        "memshim_pressure_purges_total",
+        "memshim_pressure_bytes_returned_total",
         "memshim_interposed",
     ] {
         assert!(

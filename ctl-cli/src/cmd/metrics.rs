@@ -201,6 +201,50 @@ const FAMILIES: &[(&str, &str, &str, Get)] = &[
         },
     ),
     (
+        "memshim_pressure_purges_total",
+        "counter",
+        "Purges the process ran because its memory cgroup was under pressure (MEMSHIM_PRESSURE).",
+        |s| {
+            s.pressure
+                .iter()
+                .map(|p| (vec![], p.purges as f64))
+                .collect()
+        },
+    ),
+    (
+        "memshim_pressure_bytes_returned_total",
+        "counter",
+        "Resident bytes returned by those pressure purges, summed.",
+        |s| {
+            s.pressure
+                .iter()
+                .map(|p| (vec![], p.bytes_returned as f64))
+                .collect()
+        },
+    ),
+    (
+        "memshim_pressure_events_total",
+        "counter",
+        "Memory pressure signals the process saw (cgroup notifications, threshold crossings).",
+        |s| {
+            s.pressure
+                .iter()
+                .map(|p| (vec![], p.events as f64))
+                .collect()
+        },
+    ),
+    (
+        "memshim_pressure_active",
+        "gauge",
+        "1 while the process is under memory pressure (decay is short), else 0.",
+        |s| {
+            s.pressure
+                .iter()
+                .map(|p| (vec![], if p.active { 1.0 } else { 0.0 }))
+                .collect()
+        },
+    ),
+    (
         "memshim_cuda_idle_returns_total",
         "counter",
         "Times the idle VRAM return emptied PyTorch's caches (MEMSHIM_CUDA_IDLE_MS; absent when off).",

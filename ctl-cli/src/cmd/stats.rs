@@ -7,7 +7,7 @@ use crate::exit::{Exit, Failure};
 use crate::gpu;
 use crate::render::{bytes, kv, ms, opt_bytes, table};
 use clap::Args;
-use memshim_proto::{Reply, Request, StatsReport};
+use memshim_proto::{PressureStats, Reply, Request, StatsReport};
 
 /// Options of `stats`.
 #[derive(Args, Debug)]
@@ -206,6 +206,9 @@ pub fn human(s: &StatsReport, pid: i32, command: &str) -> String {
             ("kernel", opt_bytes(g.kernel), ""),
         ]);
     }
+    if let Some(pr) = &s.pressure {
+        out += &pressure(pr);
+    }
     out += "\nconfig\n";
     let decay = |v: i64| {
         if v < 0 {
@@ -373,6 +376,71 @@ pub fn human(s: &StatsReport, pid: i32, command: &str) -> String {
     out
 }
 
+/// The `pressure` section (MEMSHIM_PRESSURE).
+fn pressure(p: &PressureStats) -> String {
+    let watching = if p.watching.is_empty() {
+        "nothing".to_owned()
+    } else {
+        p.watching.join(", ")
+    };
+    let what = match (p.mode.as_str(), p.source.as_str()) {
+        ("off", _) => "MEMSHIM_PRESSURE=off".to_owned(),
+        (_, "none") => "no memory limit to watch".to_owned(),
+        (_, v) => format!("cgroup {v}: {watching}"),
+    };
+    let mut out = format!("\npressure ({}, {what})\n", p.mode);
+    let mut rows = vec![];
+    if let (Some(l), Some(t)) = (p.limit, p.threshold) {
+        rows.push((
+            "threshold",
+            bytes(t),
+            format!("working set that counts as pressure (limit {})", bytes(l)),
+        ));
+    }
+    rows.extend([
+        (
+            "active",
+            yes(p.active),
+            "decay is short while pressure lasts".to_owned(),
+        ),
+        (
+            "events",
+            p.events.to_string(),
+            "pressure signals".to_owned(),
+        ),
+        (
+            "purges",
+            p.purges.to_string(),
+            "purges on pressure".to_owned(),
+        ),
+        (
+            "returned",
+            bytes(p.bytes_returned),
+            "RSS those purges gave back".to_owned(),
+        ),
+    ]);
+    if p.mode == "gc" {
+        rows.push((
+            "gc_runs",
+            p.gc_runs.to_string(),
+            "Python gc on pressure".to_owned(),
+        ));
+    }
+    if let Some(ms) = p.last_purge_ms {
+        rows.push((
+            "last_purge",
+            format!("{ms:.1} ms"),
+            "from the signal to the end of the purge".to_owned(),
+        ));
+    }
+    let rows: Vec<(&str, String, &str)> = rows
+        .iter()
+        .map(|(k, v, d)| (*k, v.clone(), d.as_str()))
+        .collect();
+    out += &kv(&rows);
+    out
+}
+
 fn indent(t: &str) -> String {
     t.lines().map(|l| format!("  {l}\n")).collect()
 }
@@ -422,6 +490,18 @@ mod tests {
             ..Default::default()
         });
         s.config.dirty_decay_ms = -1;
+        s.pressure = Some(PressureStats {
+            mode: "on".into(),
+            source: "v1".into(),
+            watching: vec!["usage_threshold".into(), "check".into()],
+            limit: Some(700 << 20),
+            threshold: Some(630 << 20),
+            events: 2,
+            purges: 1,
+            bytes_returned: 270 << 20,
+            last_purge_ms: Some(6.25),
+            ..Default::default()
+        });
         let h = human(&s, 42, "python3 serve.py");
         for want in [
             "pid 42: python3 serve.py",
@@ -437,6 +517,10 @@ mod tests {
             "50%",
             "expandable_segments:True  allocator settings in effect",
             "64.0 MiB (64.0 MiB cached)",
+            "pressure (on, cgroup v1: usage_threshold, check)",
+            "threshold   630.0 MiB",
+            "returned    270.0 MiB",
+            "6.2 ms  from the signal",
         ] {
             assert!(h.contains(want), "missing {want:?} in\n{h}");
         }

@@ -143,8 +143,26 @@ pub fn stats(arenas: bool, pss: bool, ctx: &Ctx<'_>) -> Result<StatsReport, Erro
             released_bytes: PURGED_BYTES.load(Relaxed),
         }),
         cuda_idle: ctx.facts.cuda_idle,
+        pressure: Some(pressure(&ctx.facts.pressure)),
         elapsed_ms: ms(t0),
     })
+}
+
+/// The `pressure` section.
+fn pressure(p: &super::PressureFacts) -> PressureStats {
+    PressureStats {
+        mode: p.mode.to_owned(),
+        source: p.source.to_owned(),
+        watching: p.watching.iter().flatten().map(|s| s.to_string()).collect(),
+        limit: p.limit,
+        threshold: p.threshold,
+        active: p.active,
+        events: p.events,
+        purges: p.purges,
+        bytes_returned: p.bytes_returned,
+        gc_runs: p.gc_runs,
+        last_purge_ms: p.last_purge_us.map(|us| us as f64 / 1000.0),
+    }
 }
 
 /// The `process` section. `resident` is jemalloc's figure, for `unmanaged`.

@@ -79,6 +79,36 @@ pub struct Facts {
     pub private_fds: bool,
     /// The idle VRAM return's counters (`None`: off).
     pub cuda_idle: Option<memshim_proto::CudaIdleCounters>,
+    /// The pressure watcher.
+    pub pressure: PressureFacts,
+}
+
+/// What the pressure watcher (thread/pressure.rs) reports, for the
+/// `pressure` section of `stats`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PressureFacts {
+    /// `MEMSHIM_PRESSURE`.
+    pub mode: &'static str,
+    /// `"v1"`, `"v2"` or `"none"`.
+    pub source: &'static str,
+    /// The notifications in use.
+    pub watching: [Option<&'static str>; 5],
+    /// The limit watched, in bytes.
+    pub limit: Option<u64>,
+    /// The threshold, in bytes.
+    pub threshold: Option<u64>,
+    /// Pressure now.
+    pub active: bool,
+    /// Signals seen.
+    pub events: u64,
+    /// Purges run on pressure.
+    pub purges: u64,
+    /// RSS those purges returned.
+    pub bytes_returned: u64,
+    /// `gc` runs on pressure.
+    pub gc_runs: u64,
+    /// Signal to end of purge at the last onset, in microseconds.
+    pub last_purge_us: Option<u64>,
 }
 
 /// What a request is answered with: the thread's facts and the endpoint's

@@ -1,6 +1,11 @@
 //! The process's memory cgroup, for the `cgroup` section of `stats`: where
 //! it is (`/proc/self/cgroup`, v2 or v1's `memory` controller) and what it
-//! holds. Shim's thread (it reads files).
+//! holds; and, for the pressure watcher (thread/pressure.rs), the cgroup
+//! whose limit applies, its notifications (v1 `cgroup.event_control`, v2
+//! PSI triggers and `memory.events`) and the kernel's file formats.
+//! Shim's thread (it reads files).
+
+use super::fd::{self, Owned};
 
 /// What the memory cgroup holds, in bytes (docs/stats.md, "cgroup").
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -64,35 +69,44 @@ fn locate(mount: &str, path: &str, probe: &str) -> Option<(String, String)> {
         .then(|| (mount.to_owned(), "/".to_owned()))
 }
 
-/// The process's memory cgroup (v2 preferred, v1 `memory` controller
-/// otherwise), `None` without one.
-pub fn memory() -> Option<Memory> {
+/// The directory of the process's memory cgroup: (version, directory,
+/// mount point, path inside the hierarchy). v2 preferred.
+fn own_dir() -> Option<(u8, String, &'static str, String)> {
     let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
     let (v2, v1) = parse_cgroup_file(&text);
     if let Some(p) = &v2 {
         for mount in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
             if let Some((dir, path)) = locate(mount, p, "memory.current") {
-                let stat =
-                    std::fs::read_to_string(format!("{dir}/memory.stat")).unwrap_or_default();
-                let kernel = stat_field(&stat, "kernel").or_else(|| {
-                    let parts = ["kernel_stack", "pagetables", "percpu", "sock", "slab"];
-                    let v: Vec<u64> = parts.iter().filter_map(|k| stat_field(&stat, k)).collect();
-                    (!v.is_empty()).then(|| v.iter().sum())
-                });
-                return Some(Memory {
-                    version: 2,
-                    path,
-                    current: read_u64(&format!("{dir}/memory.current"))?,
-                    max: read_u64(&format!("{dir}/memory.max")), // "max" does not parse: no limit
-                    anon: stat_field(&stat, "anon"),
-                    file: stat_field(&stat, "file"),
-                    kernel,
-                });
+                return Some((2, dir, mount, path));
             }
         }
     }
-    let p = v1?;
-    let (dir, path) = locate("/sys/fs/cgroup/memory", &p, "memory.usage_in_bytes")?;
+    const V1: &str = "/sys/fs/cgroup/memory";
+    let (dir, path) = locate(V1, &v1?, "memory.usage_in_bytes")?;
+    Some((1, dir, V1, path))
+}
+
+/// The process's memory cgroup (v2 preferred, v1 `memory` controller
+/// otherwise), `None` without one.
+pub fn memory() -> Option<Memory> {
+    let (version, dir, _, path) = own_dir()?;
+    if version == 2 {
+        let stat = std::fs::read_to_string(format!("{dir}/memory.stat")).unwrap_or_default();
+        let kernel = stat_field(&stat, "kernel").or_else(|| {
+            let parts = ["kernel_stack", "pagetables", "percpu", "sock", "slab"];
+            let v: Vec<u64> = parts.iter().filter_map(|k| stat_field(&stat, k)).collect();
+            (!v.is_empty()).then(|| v.iter().sum())
+        });
+        return Some(Memory {
+            version: 2,
+            path,
+            current: read_u64(&format!("{dir}/memory.current"))?,
+            max: read_u64(&format!("{dir}/memory.max")), // "max" does not parse: no limit
+            anon: stat_field(&stat, "anon"),
+            file: stat_field(&stat, "file"),
+            kernel,
+        });
+    }
     let stat = std::fs::read_to_string(format!("{dir}/memory.stat")).unwrap_or_default();
     // v1 reports "no limit" as a huge page-rounded number.
     let max = read_u64(&format!("{dir}/memory.limit_in_bytes")).filter(|&m| m < 1 << 62);
@@ -107,6 +121,203 @@ pub fn memory() -> Option<Memory> {
     })
 }
 
+// --- the pressure watcher's view (thread/pressure.rs) ------------------------
+
+/// The nearest memory cgroup with a limit: the process's own, or the
+/// closest ancestor visible under the mount point (a pod-level limit above
+/// a container's cgroup).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limited {
+    /// 1 or 2.
+    pub version: u8,
+    /// The process's own cgroup directory (its PSI is read there).
+    pub own: String,
+    /// The directory of the cgroup with the limit.
+    pub dir: String,
+    /// The limit in bytes: v1 `memory.limit_in_bytes`; v2 the lower of
+    /// `memory.high` and `memory.max`.
+    pub limit: u64,
+}
+
+/// A limit file's value: a number below 2^62 (v1 writes "no limit" as a
+/// huge page-rounded number), `None` for `max` (v2) or no limit.
+pub fn parse_limit(text: &[u8]) -> Option<u64> {
+    super::parse_u64(text.trim_ascii()).filter(|&n| n < 1 << 62)
+}
+
+/// The limit of the cgroup at `dir` (see [`Limited::limit`]).
+fn limit_at(version: u8, dir: &str) -> Option<u64> {
+    let read = |name: &str| {
+        std::fs::read(format!("{dir}/{name}"))
+            .ok()
+            .and_then(|t| parse_limit(&t))
+    };
+    match version {
+        1 => read("memory.limit_in_bytes"),
+        _ => match (read("memory.high"), read("memory.max")) {
+            (Some(h), Some(m)) => Some(h.min(m)),
+            (h, m) => h.or(m),
+        },
+    }
+}
+
+/// The cgroup whose limit applies to the process, `None` where no memory
+/// cgroup or no limit is visible.
+pub fn limited() -> Option<Limited> {
+    let (version, own, mount, _) = own_dir()?;
+    let mut dir = own.clone();
+    loop {
+        if let Some(limit) = limit_at(version, &dir) {
+            return Some(Limited {
+                version,
+                own,
+                dir,
+                limit,
+            });
+        }
+        if dir.len() <= mount.len() {
+            return None;
+        }
+        dir.truncate(dir.rfind('/')?);
+    }
+}
+
+/// The value of `key` in a flat-keyed file (`memory.stat`,
+/// `memory.events`: `key value` lines).
+pub fn keyed(text: &[u8], key: &[u8]) -> Option<u64> {
+    text.split(|&b| b == b'\n').find_map(|l| {
+        let sp = l.iter().position(|&b| b == b' ')?;
+        (&l[..sp] == key)
+            .then(|| super::parse_u64(l[sp + 1..].trim_ascii()))
+            .flatten()
+    })
+}
+
+/// The counters of a v2 `memory.events` file that mean pressure.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Events {
+    /// Times usage went over `memory.high` (reclaim, throttling).
+    pub high: u64,
+    /// Times usage was about to go over `memory.max`.
+    pub max: u64,
+    /// Times the OOM killer was invoked.
+    pub oom: u64,
+}
+
+/// Parses v2 `memory.events`.
+pub fn parse_events(text: &[u8]) -> Events {
+    Events {
+        high: keyed(text, b"high").unwrap_or(0),
+        max: keyed(text, b"max").unwrap_or(0),
+        oom: keyed(text, b"oom").unwrap_or(0),
+    }
+}
+
+/// Memory that reclaim can take without the allocator's help: the
+/// inactive page cache (`total_inactive_file` in v1's `memory.stat`,
+/// `inactive_file` in v2's). Usage minus this is the working set
+/// Kubernetes reads.
+pub fn inactive_file(version: u8, stat: &[u8]) -> u64 {
+    let key: &[u8] = if version == 1 {
+        b"total_inactive_file"
+    } else {
+        b"inactive_file"
+    };
+    keyed(stat, key).unwrap_or(0)
+}
+
+/// Opens `dir/name` as the shim's own descriptor.
+pub fn open_in(dir: &str, name: &str, flags: i32) -> Option<Owned> {
+    let path = std::ffi::CString::new(format!("{dir}/{name}")).ok()?;
+    fd::open_file(&path, flags).ok()
+}
+
+/// Reads a cgroup file held open from its start (each read is a fresh
+/// snapshot; for `memory.events` it also re-arms `POLLPRI`). Returns the
+/// number of bytes read.
+pub fn read_at_start(f: &Owned, buf: &mut [u8]) -> Option<usize> {
+    let fd = f.fd()?;
+    let _e = super::KeepErrno::new();
+    let mut len = 0;
+    while len < buf.len() {
+        // SAFETY: the pointer and length describe the unread rest of `buf`.
+        let n = unsafe {
+            libc::pread(
+                fd,
+                buf[len..].as_mut_ptr().cast(),
+                buf.len() - len,
+                len as libc::off_t,
+            )
+        };
+        match n {
+            0 => break,
+            n if n > 0 => len += n as usize,
+            _ if super::errno() == libc::EINTR => continue,
+            _ => return None,
+        }
+    }
+    Some(len)
+}
+
+/// Asks a v1 memory cgroup to signal `efd` (an eventfd of ours) through
+/// `cgroup.event_control`: on crossings of a usage threshold
+/// (`file` = `memory.usage_in_bytes`, `args` = bytes) or on a pressure
+/// level (`memory.pressure_level`, `low`/`medium`/`critical`). The event
+/// lasts as long as the eventfd: closing it unregisters it. Returns
+/// whether the kernel took it.
+pub fn v1_event(dir: &str, efd: &Owned, file: &str, args: &str) -> bool {
+    let (Some(target), Some(ctl)) = (
+        open_in(dir, file, libc::O_RDONLY),
+        open_in(dir, "cgroup.event_control", libc::O_WRONLY),
+    ) else {
+        return false;
+    };
+    let (Some(e), Some(t), Some(c)) = (efd.fd(), target.fd(), ctl.fd()) else {
+        return false;
+    };
+    let line = format!("{e} {t} {args}");
+    super::raw::write(c, line.as_bytes()).is_ok_and(|n| n == line.len())
+}
+
+/// Reads (and so resets) an eventfd's counter: how many notifications
+/// arrived since the last read.
+pub fn drain_eventfd(efd: &Owned) -> u64 {
+    let mut b = [0u8; 8];
+    match efd.fd().map(|fd| super::raw::read(fd, &mut b)) {
+        Some(Ok(8)) => u64::from_ne_bytes(b),
+        _ => 0,
+    }
+}
+
+/// A PSI trigger on the v2 cgroup at `dir` (`memory.pressure`): the
+/// descriptor gets `POLLPRI` when tasks stalled on memory for `stall_us`
+/// within a `window_us` window. Unprivileged processes may only use
+/// windows that are multiples of 2 s, so a 1 s window that is refused is
+/// retried at 2 s (with twice the stall).
+pub fn psi_trigger(dir: &str, stall_us: u64, window_us: u64) -> Option<Owned> {
+    psi_trigger_at(&format!("{dir}/memory.pressure"), stall_us, window_us)
+}
+
+/// [`psi_trigger`] on a PSI file (a cgroup's `memory.pressure`, or the
+/// system's `/proc/pressure/memory`, which takes the same triggers).
+fn psi_trigger_at(path: &str, stall_us: u64, window_us: u64) -> Option<Owned> {
+    let path = std::ffi::CString::new(path).ok()?;
+    for (stall, window) in [
+        (stall_us, window_us),
+        (stall_us * 2, window_us.max(1_000_000) * 2),
+    ] {
+        let f = fd::open_file(&path, libc::O_RDWR | libc::O_NONBLOCK).ok()?;
+        // The kernel overwrites the last byte written with a NUL.
+        let spec = format!("some {stall} {window}\0");
+        if f.fd()
+            .is_some_and(|fd| super::raw::write(fd, spec.as_bytes()).is_ok())
+        {
+            return Some(f);
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,5 +330,65 @@ mod tests {
         let (v2, v1) = parse_cgroup_file("0::/\n");
         assert_eq!((v2.as_deref(), v1), (Some("/"), None));
         assert_eq!(stat_field("anon 5\nfile 7\n", "file"), Some(7));
+    }
+
+    /// `memory.events` of a v2 cgroup (Linux 6.x) whose `memory.high` was
+    /// hit and whose limit was reached once.
+    const EVENTS_V2: &[u8] = b"low 0\nhigh 1423\nmax 7\noom 1\noom_kill 1\noom_group_kill 0\n";
+
+    #[test]
+    fn v2_memory_events_counters() {
+        assert_eq!(
+            parse_events(EVENTS_V2),
+            Events {
+                high: 1423,
+                max: 7,
+                oom: 1
+            }
+        );
+        // `oom_kill` must not be read as `oom`, nor `low` as anything.
+        assert_eq!(parse_events(b"oom_kill 9\nlow 3\n"), Events::default());
+        assert_eq!(parse_events(b""), Events::default());
+    }
+
+    /// The trigger written is one the kernel takes: `/proc/pressure/memory`
+    /// parses triggers with the same code as a v2 cgroup's
+    /// `memory.pressure` (skipped where PSI is off or not ours to write).
+    #[test]
+    fn psi_trigger_is_accepted_by_the_kernel() {
+        if !std::path::Path::new("/proc/pressure/memory").exists() {
+            eprintln!("SKIP: no /proc/pressure/memory");
+            return;
+        }
+        match psi_trigger_at("/proc/pressure/memory", 100_000, 1_000_000) {
+            Some(f) => assert!(f.fd().is_some()),
+            None => {
+                let e = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open("/proc/pressure/memory")
+                    .err();
+                assert!(e.is_some(), "the kernel refused a valid trigger");
+                eprintln!("SKIP: /proc/pressure/memory not writable: {e:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn limits_of_both_versions() {
+        assert_eq!(parse_limit(b"max\n"), None);
+        assert_eq!(parse_limit(b"734003200\n"), Some(734003200));
+        // v1 without a limit: PAGE_COUNTER_MAX rounded to pages.
+        assert_eq!(parse_limit(b"9223372036854771712\n"), None);
+        assert_eq!(parse_limit(b""), None);
+        assert_eq!(parse_limit(b"-1"), None);
+    }
+
+    #[test]
+    fn inactive_file_of_both_versions() {
+        let v1 = b"cache 100\nrss 5\ninactive_file 1\ntotal_cache 300\ntotal_inactive_file 250\n";
+        assert_eq!(inactive_file(1, v1), 250);
+        let v2 = b"anon 5\nfile 300\nactive_file 50\ninactive_file 250\n";
+        assert_eq!(inactive_file(2, v2), 250);
+        assert_eq!(inactive_file(2, b"anon 1\n"), 0);
     }
 }

@@ -122,7 +122,7 @@ fn close_copies(first: u32) {
 // --- owned descriptors ------------------------------------------------------
 
 /// Slots for the shim's descriptors: the listener, its connections, the
-/// wake pipe, and room for watchers to come.
+/// wake pipe, the pressure watcher's (thread/pressure.rs), and room to spare.
 const SLOTS: usize = 32;
 
 struct Slot {
@@ -424,6 +424,57 @@ fn open_dir_adopt(fd: i32) -> Option<Owned> {
         return None;
     }
     record(move_high(fd, (dev, ino))?, Some((dev, ino)))
+}
+
+/// A new eventfd (nonblocking, close-on-exec), for the memory cgroup's
+/// notifications (`cgroup.event_control`). Only in a table of the shim's
+/// own: every eventfd shares one anonymous inode, so in the application's
+/// table its identity could not tell ours from one of the application's
+/// put on the same number. `None` there (the pressure watcher then checks
+/// the cgroup by reading it instead).
+pub fn eventfd() -> Option<Owned> {
+    if !private() {
+        return None;
+    }
+    let _e = KeepErrno::new();
+    // SAFETY: plain eventfd creation.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return None;
+    }
+    record(fd, None)
+}
+
+/// Opens the regular file `path` (close-on-exec, no controlling tty) with
+/// `flags` (`O_RDONLY`, `O_WRONLY` or `O_RDWR`, plus status flags), not
+/// following a symbolic link in its last component. In the application's
+/// table the new descriptor must still be that file (device and inode of
+/// `path`) before it is taken. `Err(errno)`: as `open`, `EBADF` if another
+/// file took the number at once.
+pub fn open_file(path: &core::ffi::CStr, flags: i32) -> Result<Owned, i32> {
+    let _fence = creation_section().ok_or(libc::EAGAIN)?;
+    let _e = KeepErrno::new();
+    let flags = flags | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NOFOLLOW;
+    // SAFETY: `path` is NUL-terminated; the mode is unused without O_CREAT.
+    let fd = unsafe { libc::open(path.as_ptr(), flags & !libc::O_CREAT) };
+    if fd < 0 {
+        return Err(errno());
+    }
+    if private() {
+        return record(fd, None).ok_or(libc::EMFILE);
+    }
+    let (dev, ino, kind) = identity(fd).ok_or(libc::EBADF)?;
+    // SAFETY: `st` is a valid out-pointer.
+    let same = unsafe {
+        let mut st: libc::stat = core::mem::zeroed();
+        libc::stat(path.as_ptr(), &mut st) == 0
+            && (st.st_dev as u64, st.st_ino as u64) == (dev, ino)
+    };
+    if kind != libc::S_IFREG || !same {
+        return Err(libc::EBADF); // not ours: never closed
+    }
+    let high = move_high(fd, (dev, ino)).ok_or(libc::EBADF)?;
+    record(high, Some((dev, ino))).ok_or(libc::EMFILE)
 }
 
 // --- fork -------------------------------------------------------------------

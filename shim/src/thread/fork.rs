@@ -72,6 +72,7 @@ pub(super) extern "C" fn child() {
     os::spawner::after_fork_child();
     STATE.after_fork_child(os::getpid(), os::time::monotonic_ms());
     crate::control::after_fork_child();
+    super::pressure::after_fork_child();
     crate::python::after_fork_child();
     super::cuda_idle::after_fork_child();
 }

@@ -15,6 +15,7 @@
 //! * `fork.rs`: the fork handlers, and stopping for a fork or a namespace;
 //! * `wake.rs`: how a handler wakes the thread;
 //! * `cuda_idle.rs`: the idle VRAM return, one look per tick.
+//! * `pressure.rs`: the memory cgroup's pressure, watched by the thread.
 //!
 //! Code here that runs on the application's threads (our `pthread_create`,
 //! `unshare`, `setns`, the fork handlers) keeps `errno` and never acts on a
@@ -22,6 +23,7 @@
 
 mod cuda_idle;
 mod fork;
+mod pressure;
 mod run;
 mod state;
 mod wake;
@@ -172,5 +174,6 @@ fn facts() -> Facts {
         thread_starts: STATE.starts(),
         private_fds: os::fd::private(),
         cuda_idle: cuda_idle::counters(),
+        pressure: pressure::facts(),
     }
 }

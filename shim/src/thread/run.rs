@@ -12,6 +12,8 @@
 //!   connections are polled here;
 //! * with `MEMSHIM_CUDA_IDLE_MS`, watches for an idle process whose CUDA
 //!   caches can go back (`cuda_idle.rs`);
+//! * watches the memory cgroup's pressure (`pressure.rs`): its
+//!   notifications are polled here, and it checks usage on every turn;
 //! * stops when the process has been alone (main thread + the shim's) for
 //!   the decay time plus a grace second, or at once when a fork or
 //!   namespace handler asks;
@@ -24,6 +26,7 @@
 //! that the allocation path takes; jemalloc's own locks are taken only
 //! inside `mallctl`.
 
+use super::pressure::{self, Watcher};
 use super::state::{Phase, STATE};
 use super::wake::Wake;
 use crate::options::{self, Control, FdTable};
@@ -122,17 +125,19 @@ extern "C" fn main(_: *mut c_void) -> *mut c_void {
     let mut last_decay = os::time::monotonic_ms();
     let mut cuda_idle = super::cuda_idle::Watcher::new(last_decay);
     let mut alone_since: Option<u64> = None;
+    let mut watcher = Watcher::new();
     loop {
         let dirty = jemalloc::decay_ms()
             .map(|d| d.0)
             .unwrap_or(options::dirty_decay_ms());
         let tick = tick_ms(dirty);
-        // fds[0]: the wake pipe; then the endpoint's listener and connections.
+        // fds[0]: the wake pipe; then the endpoint's listener and
+        // connections; then the pressure watcher's.
         let mut fds = [libc::pollfd {
             fd: -1,
             events: 0,
             revents: 0,
-        }; 1 + control::MAX_POLL_FDS];
+        }; 1 + control::MAX_POLL_FDS + pressure::MAX_POLL_FDS];
         if let Some(w) = &own.wake {
             fds[0] = w.pollfd();
         }
@@ -141,7 +146,8 @@ extern "C" fn main(_: *mut c_void) -> *mut c_void {
             .endpoint
             .as_mut()
             .map_or(0, |e| e.poll_fds(&mut fds[1..], now));
-        let n = os::poll(&mut fds[..1 + n_ep], tick);
+        let n_pr = watcher.poll_fds(&mut fds[1 + n_ep..]);
+        let n = os::poll(&mut fds[..1 + n_ep + n_pr], tick.min(watcher.timeout_ms()));
         if let Some(w) = &own.wake {
             if n > 0 && fds[0].revents != 0 {
                 w.drain();
@@ -165,6 +171,10 @@ extern "C" fn main(_: *mut c_void) -> *mut c_void {
             }
             e.on_tick(&facts);
         }
+        if n > 0 {
+            watcher.on_events(&fds[1 + n_ep..1 + n_ep + n_pr]);
+        }
+        watcher.on_tick();
         let now = os::time::monotonic_ms();
         if dirty >= 0 && now.saturating_sub(last_decay) >= tick as u64 {
             let _ = jemalloc::decay_all();
