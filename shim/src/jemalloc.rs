@@ -174,28 +174,12 @@ pub fn set_decay_ms(dirty: Option<i64>, muzzy: Option<i64>) -> Result<(), Error>
     Ok(())
 }
 
-/// Process-wide allocator figures, in bytes, from one `epoch` snapshot.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Stats {
-    /// `stats.allocated`: bytes in live allocations.
-    pub allocated: u64,
-    /// `stats.active`: bytes in active pages (allocated plus fragmentation).
-    pub active: u64,
-    /// `stats.resident`: bytes in physically resident pages jemalloc maps.
-    pub resident: u64,
-    /// `stats.mapped`: bytes in active extents mapped by jemalloc.
-    pub mapped: u64,
-    /// `stats.retained`: virtual memory kept for reuse, not resident.
-    pub retained: u64,
-    /// `stats.metadata`: bytes of jemalloc's own bookkeeping.
-    pub metadata: u64,
-    /// `stats.arenas.4096.pdirty` × page size: unused dirty pages a purge returns.
-    pub dirty: u64,
-    /// `stats.arenas.4096.pmuzzy` × page size: MADV_FREE'd pages still counted in RSS.
-    pub muzzy: u64,
-    /// `stats.arenas.4096.tcache_bytes`: bytes cached by threads; purge cannot reach them.
-    pub tcache: u64,
-}
+/// Process-wide allocator figures, in bytes, from one `epoch` snapshot:
+/// the protocol's type, whose fields docs/stats.md defines (`stats.allocated`,
+/// `stats.active`, `stats.resident`, `stats.mapped`, `stats.retained`,
+/// `stats.metadata`; `stats.arenas.4096.pdirty`/`pmuzzy` × page size;
+/// `stats.arenas.4096.tcache_bytes`).
+pub type Stats = memshim_proto::AllocatorStats;
 
 /// `arenas.page`: jemalloc's page size.
 pub fn page_size() -> u64 {
@@ -224,27 +208,17 @@ pub fn stats() -> Result<Stats, Error> {
         dirty: sz(b"stats.arenas.4096.pdirty\0")? * page,
         muzzy: sz(b"stats.arenas.4096.pmuzzy\0")? * page,
         tcache: sz(b"stats.arenas.4096.tcache_bytes\0").unwrap_or(0),
+        purgeable: 0,
+    })
+    .map(|mut s: Stats| {
+        s.purgeable = s.dirty + s.muzzy;
+        s
     })
 }
 
-/// Per-arena summary for one arena index, `None` if the arena is unused.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ArenaStats {
-    /// Arena index.
-    pub index: u32,
-    /// `stats.arenas.<i>.nthreads`: threads bound to the arena.
-    pub threads: u32,
-    /// `stats.arenas.<i>.pactive` × page: bytes in active pages.
-    pub active: u64,
-    /// `stats.arenas.<i>.pdirty` × page: unused dirty bytes.
-    pub dirty: u64,
-    /// `stats.arenas.<i>.pmuzzy` × page: muzzy bytes.
-    pub muzzy: u64,
-    /// `stats.arenas.<i>.resident`.
-    pub resident: u64,
-    /// `stats.arenas.<i>.tcache_bytes`.
-    pub tcache: u64,
-}
+/// Per-arena summary (the protocol's type): `stats.arenas.<i>.nthreads`,
+/// `pactive`/`pdirty`/`pmuzzy` × page size, `resident`, `tcache_bytes`.
+pub type ArenaStats = memshim_proto::ArenaStats;
 
 /// Per-arena summaries of initialised arenas (after `advance_epoch`).
 pub fn arena_stats(index: u32) -> Option<ArenaStats> {

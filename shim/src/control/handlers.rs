@@ -58,21 +58,6 @@ pub fn hello(client_version: u32, ctx: &Ctx<'_>) -> Result<HelloReply, ErrorRepl
     })
 }
 
-fn allocator(s: &jemalloc::Stats) -> AllocatorStats {
-    AllocatorStats {
-        allocated: s.allocated,
-        active: s.active,
-        resident: s.resident,
-        mapped: s.mapped,
-        retained: s.retained,
-        metadata: s.metadata,
-        dirty: s.dirty,
-        muzzy: s.muzzy,
-        tcache: s.tcache,
-        purgeable: s.dirty + s.muzzy,
-    }
-}
-
 fn config(ctx: &Ctx<'_>) -> ConfigState {
     let (dirty, muzzy) = jemalloc::decay_ms().unwrap_or((options::dirty_decay_ms(), -1));
     ConfigState {
@@ -105,15 +90,6 @@ pub fn stats(arenas: bool, pss: bool, ctx: &Ctx<'_>) -> Result<StatsReport, Erro
     let arenas = arenas.then(|| {
         (0..jemalloc::narenas())
             .filter_map(jemalloc::arena_stats)
-            .map(|a| ArenaStats {
-                index: a.index,
-                threads: a.threads,
-                active: a.active,
-                dirty: a.dirty,
-                muzzy: a.muzzy,
-                resident: a.resident,
-                tcache: a.tcache,
-            })
             .collect()
     });
     let (python, torch, python_unavailable) = match crate::python::stats(PY_STATS_TIMEOUT) {
@@ -122,7 +98,7 @@ pub fn stats(arenas: bool, pss: bool, ctx: &Ctx<'_>) -> Result<StatsReport, Erro
     };
     Ok(StatsReport {
         pid: os::getpid(),
-        allocator: allocator(&s),
+        allocator: s,
         arenas,
         process: process(s.resident, pss),
         cgroup: os::cgroup::memory().map(|m| CgroupStats {
