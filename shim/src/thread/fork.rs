@@ -38,22 +38,16 @@ use crate::os::thread::NoCancel;
 use crate::os::{self, KeepErrno};
 use std::time::Duration;
 
-/// Longest wait, before a fork, for a starting thread to reach its loop
-/// and then for it to stop: a fork must not wait long (the thread may be
-/// waiting for a lock the forking thread holds).
-pub(super) const FORK_WAIT_MS: u64 = 200;
-/// The same before `unshare`/`setns` into a user or mount namespace, which
-/// fail with EINVAL while the thread is there: worth waiting longer for
-/// (a loaded machine can take more than 200 ms to schedule the thread), and
-/// every wait of the shim's thread is itself bounded (at most 5 s for a
-/// Python job).
-pub(super) const NAMESPACE_WAIT_MS: u64 = 2000;
+/// Longest wait for a starting thread to reach its loop.
+const START_WAIT_MS: u64 = 200;
+/// Longest wait for the thread to stop before a fork goes ahead.
+const STOP_WAIT_MS: u64 = 200;
 
 /// Fork prepare handler.
 pub(super) extern "C" fn prepare() {
     let _e = KeepErrno::new();
     let _nc = NoCancel::new();
-    stop_if_alone_but_for_us(FORK_WAIT_MS);
+    stop_if_alone_but_for_us();
     // After the stop above: a thread that is stopping must still be able to
     // close its descriptors.
     os::fd::before_fork();
@@ -78,9 +72,8 @@ pub(super) extern "C" fn child() {
 }
 
 /// If the process is alone but for the shim's threads (`MEMSHIM_CONTROL=auto`),
-/// stops them and waits (at most about `limit_ms` for the thread to start,
-/// and as long again for it to stop) until they are gone.
-pub(super) fn stop_if_alone_but_for_us(limit_ms: u64) {
+/// stops them and waits (bounded) until they are gone.
+pub(super) fn stop_if_alone_but_for_us() {
     if options::control() != Control::Auto
         || !matches!(STATE.phase(), Phase::Running | Phase::Starting)
     {
@@ -91,14 +84,14 @@ pub(super) fn stop_if_alone_but_for_us(limit_ms: u64) {
     if os::proc::thread_count() != Some(1 + run::our_threads()) {
         return;
     }
-    wait_while_starting(limit_ms);
+    wait_while_starting();
     if STATE.phase() == Phase::Running {
-        stop_now(limit_ms);
+        stop_now();
     }
 }
 
-fn wait_while_starting(limit_ms: u64) {
-    let deadline = os::time::monotonic_ms() + limit_ms;
+fn wait_while_starting() {
+    let deadline = os::time::monotonic_ms() + START_WAIT_MS;
     while STATE.phase() == Phase::Starting && os::time::monotonic_ms() < deadline {
         os::time::sleep(Duration::from_micros(100));
     }
@@ -106,11 +99,11 @@ fn wait_while_starting(limit_ms: u64) {
 
 /// Asks the thread to stop, wakes it, waits until it has exited and been
 /// joined (so the kernel no longer counts it), or gives up after
-/// `limit_ms`.
-fn stop_now(limit_ms: u64) {
+/// [`STOP_WAIT_MS`].
+fn stop_now() {
     STATE.ask_stop(true);
     wake::wake();
-    let deadline = os::time::monotonic_ms() + limit_ms;
+    let deadline = os::time::monotonic_ms() + STOP_WAIT_MS;
     while STATE.phase() != Phase::Idle {
         if os::time::monotonic_ms() >= deadline {
             // Busy (for example waiting for a lock the forking thread holds):
