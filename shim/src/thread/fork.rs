@@ -81,7 +81,9 @@ pub(super) fn stop_if_alone_but_for_us() {
     }
     let _e = KeepErrno::new();
     let _nc = NoCancel::new();
-    if os::proc::thread_count() != Some(1 + run::our_threads()) {
+    // At most: the spawner counts from the moment the shim's thread starts
+    // creating it (os/spawner.rs), a moment before the kernel lists it.
+    if !os::proc::thread_count().is_some_and(|n| n <= 1 + run::our_threads()) {
         return;
     }
     wait_while_starting();
