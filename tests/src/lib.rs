@@ -244,6 +244,7 @@ impl Cmd {
             child,
             stdout,
             pending: Vec::new(),
+            label: String::new(),
         }
     }
 }
@@ -316,9 +317,17 @@ pub struct Child {
     stdout: std::process::ChildStdout,
     /// Bytes read from stdout and not yet returned as a line.
     pending: Vec<u8>,
+    /// What the process is, for failure messages (see `labelled`).
+    label: String,
 }
 
 impl Child {
+    /// Names the process in this helper's failure messages ("CPython
+    /// 3.12, main thread in sleep").
+    pub fn labelled(&mut self, label: &str) {
+        self.label = format!(" ({label})");
+    }
+
     /// Its pid.
     pub fn pid(&self) -> i32 {
         self.child.id() as i32
@@ -340,21 +349,57 @@ impl Child {
             let left = deadline.saturating_duration_since(Instant::now());
             assert!(
                 !left.is_zero() && self.readable(left),
-                "process {}: no line containing {needle:?} within {timeout:?} (pending output {:?})",
+                "process {}{}: no line containing {needle:?} within {timeout:?} (pending output {:?})",
                 self.pid(),
+                self.label,
                 String::from_utf8_lossy(&self.pending)
             );
             let mut buf = [0u8; 4096];
             let n = self.stdout.read(&mut buf).unwrap_or(0);
             if n == 0 {
-                let st = self.child.try_wait();
+                let how = self.how_it_ended();
                 panic!(
-                    "process {} ended before printing {needle:?} (status {st:?})",
-                    self.pid()
+                    "process {}{} ended before printing {needle:?}: {}",
+                    self.pid(),
+                    self.label,
+                    how
                 );
             }
             self.pending.extend_from_slice(&buf[..n]);
         }
+    }
+
+    /// After stdout ended: how the process ended (waiting up to 10 s for
+    /// it to be reaped), with its stderr, for a failure message.
+    fn how_it_ended(&mut self) -> String {
+        use std::os::unix::process::ExitStatusExt;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            match self.child.try_wait() {
+                Ok(Some(s)) => break Some(s),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                _ => break None,
+            }
+        };
+        let mut err = String::new();
+        if status.is_some()
+            && let Some(mut e) = self.child.stderr.take()
+        {
+            let _ = e.read_to_string(&mut err);
+        }
+        let how = match status {
+            Some(s) => match (s.code(), s.signal()) {
+                (Some(c), _) => format!("exit status {c}"),
+                (_, Some(sig)) => {
+                    format!("killed by signal {sig} (core dumped: {})", s.core_dumped())
+                }
+                _ => format!("{s:?}"),
+            },
+            None => "still not reaped after 10 s".to_owned(),
+        };
+        format!("{how}; stderr {err:?}")
     }
 
     /// Waits at most `timeout` until stdout has data (or its end).
@@ -408,8 +453,9 @@ impl Child {
             }
             assert!(
                 Instant::now() < deadline,
-                "process {} did not exit within {timeout:?}",
-                self.pid()
+                "process {}{} did not exit within {timeout:?}",
+                self.pid(),
+                self.label
             );
             std::thread::sleep(Duration::from_millis(10));
         };

@@ -38,10 +38,13 @@ const STATES: [(&str, char); 16] = [
 /// The served-within limit of the issue.
 const LIMIT: Duration = Duration::from_secs(1);
 
-/// State letter of a thread (field 3 of its stat).
-fn thread_state(pid: i32) -> Option<char> {
+/// State letter (field 3 of its stat) and CPU time in clock ticks (utime
+/// + stime, fields 14 and 15) of a process's main thread.
+fn main_thread(pid: i32) -> Option<(char, u64)> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/stat")).ok()?;
-    s[s.rfind(')')? + 2..].chars().next()
+    let f: Vec<&str> = s[s.rfind(')')? + 2..].split(' ').collect();
+    let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some((f.first()?.chars().next()?, ticks))
 }
 
 fn stats() -> Request {
@@ -65,8 +68,16 @@ fn enter(
     let line = child.wait_for_line("entering", Duration::from_secs(30));
     let threads: String = field(&line, "threads");
     let pid = child.pid();
+    // A main thread that sleeps in the kernel ('S') is in its wait, or
+    // finishing the print just before it (waiting for the GIL): the
+    // fixture prints inside the `try` that catches SIGUSR1's exception. One
+    // that runs ('R') is in its loop once it has used 100 ms of CPU more
+    // than it had when it printed the line.
+    let ticks_at_line = main_thread(pid).map_or(0, |(_, t)| t);
     wait_until(Duration::from_secs(10), || {
-        (thread_state(pid) == Some(kernel)).then_some(())
+        main_thread(pid)
+            .filter(|&(s, t)| s == kernel && (kernel == 'S' || t >= ticks_at_line + 10))
+            .map(|_| ())
     })
     .unwrap_or_else(|| panic!("{state}: the main thread never reached state {kernel}"));
     (child, sock, threads)
@@ -77,6 +88,7 @@ fn serve_in_state(v: &str, exe: &Path, state: &str, kernel: char) -> Vec<u128> {
     let dir = socket_dir(&format!("reach-{v}-{state}"));
     let (mut child, sock, threads) = enter(exe, state, &dir, kernel);
     let what = format!("CPython {v}, main thread in {state}");
+    child.labelled(&what);
     let mut times = vec![];
     let mut timed = |req: &Request| {
         let t = Instant::now();
