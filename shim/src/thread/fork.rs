@@ -83,7 +83,7 @@ pub(super) fn stop_if_alone_but_for_us() {
     let _nc = NoCancel::new();
     // At most: the spawner counts from the moment the shim's thread starts
     // creating it (os/spawner.rs), a moment before the kernel lists it.
-    if !os::proc::thread_count().is_some_and(|n| n <= 1 + run::our_threads()) {
+    if os::proc::thread_count().is_none_or(|n| n > 1 + run::our_threads()) {
         return;
     }
     wait_while_starting();
