@@ -241,6 +241,12 @@ sys.stdin.readline()
     // Alone for the decay time plus a second: the thread stops, the socket goes.
     wait_until(Duration::from_secs(10), || (!sock.exists()).then_some(()))
         .expect("socket removed when the thread stopped");
+    // The thread removes the socket, then exits: until the kernel stops
+    // listing it, the CLI sees two threads and calls the endpoint starting.
+    wait_until(Duration::from_secs(10), || {
+        (threads(pid) == 1).then_some(())
+    })
+    .expect("the shim's thread exited after removing its socket");
     let o = ctl_run(&["stats", &pid.to_string()]);
     assert_eq!(o.code, 4, "{o:?}");
     assert!(o.stderr.contains("single-threaded"), "{o:?}");
