@@ -35,7 +35,7 @@ use super::object::Py;
 use crate::os::{self, spawner, thread::Key, time};
 use core::cell::UnsafeCell;
 use core::ffi::c_void;
-use core::sync::atomic::{AtomicI32, AtomicU32, AtomicUsize, Ordering::SeqCst};
+use core::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use memshim_proto::{
     EmptyCacheResult, GcResult, PythonSection, PythonUnavailable, ReleaseStep, TorchSection,
 };
@@ -89,6 +89,15 @@ const DONE: u32 = 3;
 const RUN_LIMIT: Duration = Duration::from_secs(10);
 
 static PHASE: AtomicU32 = AtomicU32::new(IDLE);
+/// Monotonic ns at which a job was posted that its requester then withdrew
+/// while the job thread still waited for the GIL; 0 once the job thread
+/// holds the GIL or has left. While it is set, something else has held the
+/// GIL since then, and a new request answers "busy" at once instead of
+/// waiting its whole time again: the shim's thread serves one request at
+/// a time, so each such wait would hold up every other client too (a
+/// client that pipelines ten `gc` requests to a process whose C extension
+/// keeps the GIL would otherwise stall the endpoint for 50 s).
+static STARVED_SINCE_NS: AtomicU64 = AtomicU64::new(0);
 /// pid of the process whose job thread is alive, 0 if none. (A fork child
 /// inherits the word but not the thread: `after_fork_child` clears it.)
 static WORKER: AtomicI32 = AtomicI32::new(0);
@@ -123,6 +132,7 @@ pub fn after_fork_child() {
     WORKER.store(0, SeqCst);
     HANDLE.store(0, SeqCst);
     PHASE.store(IDLE, SeqCst);
+    STARVED_SINCE_NS.store(0, SeqCst);
     gate::after_fork_child();
 }
 
@@ -180,6 +190,12 @@ fn post_and_wait(job: Job, timeout: Duration) -> Outcome {
     if gate::closed() {
         return Err(PythonUnavailable::Finalizing);
     }
+    let starved_since = STARVED_SINCE_NS.load(SeqCst);
+    if starved_since != 0 && WORKER.load(SeqCst) != 0 {
+        return Err(PythonUnavailable::Busy {
+            waited_ms: time::monotonic_ns().saturating_sub(starved_since) / 1_000_000,
+        });
+    }
     match PHASE.load(SeqCst) {
         IDLE => {}
         DONE => {
@@ -196,6 +212,7 @@ fn post_and_wait(job: Job, timeout: Duration) -> Outcome {
         *SLOT.job.get() = Some(job);
         *SLOT.outcome.get() = None;
     }
+    let posted_ns = time::monotonic_ns();
     PHASE.store(POSTED, SeqCst);
     // Posted first, then the worker: a job thread that is on its way out
     // looks at the phase after giving up its `WORKER` claim (`worker_main`).
@@ -215,6 +232,9 @@ fn post_and_wait(job: Job, timeout: Duration) -> Outcome {
         if now >= deadline {
             if PHASE.compare_exchange(POSTED, IDLE, SeqCst, SeqCst).is_ok() {
                 // Withdrawn: the job thread will find nothing to do.
+                if WORKER.load(SeqCst) != 0 {
+                    STARVED_SINCE_NS.store(posted_ns, SeqCst);
+                }
                 return Err(if gate::closed() {
                     PythonUnavailable::Finalizing
                 } else {
@@ -258,6 +278,7 @@ static EXIT_KEY: AtomicU32 = AtomicU32::new(0);
 /// Runs on the job thread as it exits (glibc calls thread-specific-data
 /// destructors after the forced unwind of `pthread_exit`, too).
 unsafe extern "C" fn on_worker_exit(_: *mut c_void) {
+    STARVED_SINCE_NS.store(0, SeqCst);
     WORKER.store(0, SeqCst);
     gate::leave();
 }
@@ -327,6 +348,7 @@ extern "C" fn worker_main(arg: *mut c_void) -> *mut c_void {
     // stranded.
     loop {
         let more = take_one();
+        STARVED_SINCE_NS.store(0, SeqCst);
         WORKER.store(0, SeqCst);
         if !more
             || PHASE.load(SeqCst) != POSTED
@@ -361,6 +383,7 @@ fn take_one() -> bool {
     // CPython ends this thread with pthread_exit and the key's destructor
     // accounts for it.
     unsafe { (api.restore_thread)(tstate) };
+    STARVED_SINCE_NS.store(0, SeqCst);
     if !gate::closed()
         && PHASE
             .compare_exchange(POSTED, RUNNING, SeqCst, SeqCst)
