@@ -391,3 +391,25 @@ fn a_preload_that_allocates_inside_open_and_read_does_not_hang_start_up() {
         assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{prog:?}: {o:?}");
     }
 }
+
+/// A warning goes to fd 2 even when nobody reads it: a pipe whose reader is
+/// gone (`prog 2>&1 | head -1` after `head` exits) must not kill the
+/// program with SIGPIPE for a line it never wrote (it did: signal 13).
+#[test]
+fn a_warning_to_a_stderr_nobody_reads_does_not_kill_the_program() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let mut fds = [0; 2];
+    // SAFETY: pipe(2) fills two descriptors, which we own from here on.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: as above; the read end is closed at once.
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    drop(r);
+    let st = std::process::Command::new("/bin/true")
+        .env("LD_PRELOAD", memshim_tests::shim())
+        .env("MEMSHIM_DIRTY_DECAY_MS", "bogus")
+        .stderr(w)
+        .status()
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!((st.code(), st.signal()), (Some(0), None), "{st:?}");
+}

@@ -91,13 +91,31 @@ pub fn euid() -> u32 {
 /// Writes all of `bytes` to fd 2 with raw system calls (a preloaded
 /// `write` of another library is not called), retrying on EINTR, ignoring
 /// other errors. Allocation-free; keeps `errno`.
+///
+/// fd 2 may be a pipe whose reader is gone (`prog 2>&1 | head -1`): the
+/// write then raises SIGPIPE, whose default action would kill the
+/// application for a line it never wrote. SIGPIPE is blocked on this thread
+/// for the write, and one the write raised is taken back (one pending
+/// before stays pending).
 pub fn write_stderr(mut bytes: &[u8]) {
+    let old = raw::block_sigpipe();
+    let was_pending = raw::sigpipe_pending();
+    let mut broken = false;
     while !bytes.is_empty() {
         match raw::write(2, bytes) {
             Ok(n) => bytes = &bytes[n..],
             Err(libc::EINTR) => continue,
-            Err(_) => break,
+            Err(e) => {
+                broken = e == libc::EPIPE;
+                break;
+            }
         }
+    }
+    if broken && !was_pending {
+        raw::take_pending_sigpipe();
+    }
+    if let Some(old) = old {
+        raw::set_sigmask(old);
     }
 }
 

@@ -103,6 +103,79 @@ pub fn write(fd: i32, bytes: &[u8]) -> Result<usize, i32> {
     })
 }
 
+/// The kernel's signal set for `rt_sig*` calls (64 signals on Linux).
+type KernelSigset = u64;
+const SIGSET_BYTES: usize = core::mem::size_of::<KernelSigset>();
+const SIGPIPE_BIT: KernelSigset = 1 << (libc::SIGPIPE - 1);
+
+/// Blocks SIGPIPE on the calling thread; returns the previous mask for
+/// [`set_sigmask`].
+pub fn block_sigpipe() -> Option<u64> {
+    let set = SIGPIPE_BIT;
+    let mut old: KernelSigset = 0;
+    // SAFETY: both pointers are valid 8-byte signal sets.
+    result(unsafe {
+        syscall4(
+            libc::SYS_rt_sigprocmask as usize,
+            libc::SIG_BLOCK as usize,
+            (&raw const set) as usize,
+            (&raw mut old) as usize,
+            SIGSET_BYTES,
+        )
+    })
+    .ok()
+    .map(|_| old)
+}
+
+/// Restores a mask [`block_sigpipe`] returned.
+pub fn set_sigmask(mask: u64) {
+    // SAFETY: a valid 8-byte signal set; no old set is asked for.
+    let _ = unsafe {
+        syscall4(
+            libc::SYS_rt_sigprocmask as usize,
+            libc::SIG_SETMASK as usize,
+            (&raw const mask) as usize,
+            0,
+            SIGSET_BYTES,
+        )
+    };
+}
+
+/// Whether a SIGPIPE is pending for the calling thread or the process.
+pub fn sigpipe_pending() -> bool {
+    let mut set: KernelSigset = 0;
+    // SAFETY: a valid 8-byte signal set to fill.
+    let r = unsafe {
+        syscall4(
+            libc::SYS_rt_sigpending as usize,
+            (&raw mut set) as usize,
+            SIGSET_BYTES,
+            0,
+            0,
+        )
+    };
+    result(r).is_ok() && set & SIGPIPE_BIT != 0
+}
+
+/// Takes a pending SIGPIPE (blocked on this thread) without waiting.
+pub fn take_pending_sigpipe() {
+    let set = SIGPIPE_BIT;
+    let zero = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid signal set and timeout; no siginfo is asked for.
+    let _ = unsafe {
+        syscall4(
+            libc::SYS_rt_sigtimedwait as usize,
+            (&raw const set) as usize,
+            0,
+            (&raw const zero) as usize,
+            SIGSET_BYTES,
+        )
+    };
+}
+
 /// `close(fd)`.
 pub fn close(fd: i32) {
     // SAFETY: closing a descriptor number has no memory-safety preconditions.

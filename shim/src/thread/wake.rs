@@ -7,7 +7,11 @@
 //! descriptor table meanwhile:
 //! * in a private table, the handler opens the pipe's write end through
 //!   `/proc/self/task/<tid>/fd/<n>` (a descriptor of its own for a moment,
-//!   raw system calls), writes a byte and closes it;
+//!   raw system calls), writes a byte and closes it. It opens it for reading
+//!   and writing: the shim's thread may be closing the pipe meanwhile, and a
+//!   write to a pipe without a reader raises SIGPIPE, which kills the
+//!   application (seen: 1 in 15 runs of `core_threads` under load); with
+//!   itself as a reader the write cannot fail that way;
 //! * in the application's table, it writes to the recorded write end if it
 //!   still has its identity (`fd::poke`).
 
@@ -17,9 +21,14 @@ use crate::os::{self, StackBuf, raw};
 use core::fmt::Write;
 
 /// The wake pipe, owned by the shim's thread.
+///
+/// Fields drop in order: the write end closes before the read end, so a
+/// handler that finds the write end still ours never writes to a pipe
+/// without a reader (EPIPE would raise SIGPIPE on the application's
+/// thread, and kill it).
 pub struct Wake {
-    r: Owned,
     w: Owned,
+    r: Owned,
     _low: [Option<Owned>; 3],
 }
 
@@ -30,7 +39,7 @@ impl Wake {
         let (r, w) = fd::pipe()?;
         let low = w.fill_low_numbers();
         STATE.set_wake(Some((os::thread::gettid(), w.fd()?)));
-        Some(Wake { r, w, _low: low })
+        Some(Wake { w, r, _low: low })
     }
 
     /// What to poll: the read end (-1 if it is not ours any more).
@@ -81,7 +90,8 @@ pub fn wake() {
     let Some(path) = path.as_cstr() else {
         return;
     };
-    if let Ok(w) = raw::open(path, libc::O_WRONLY | libc::O_NONBLOCK) {
+    // O_RDWR: this descriptor is a reader too (see the module's comment).
+    if let Ok(w) = raw::open(path, libc::O_RDWR | libc::O_NONBLOCK) {
         let _ = raw::write(w, &[1]);
         raw::close(w);
     }
