@@ -42,6 +42,8 @@ use std::time::Duration;
 const START_WAIT_MS: u64 = 200;
 /// Longest wait for the thread to stop before a fork goes ahead.
 const STOP_WAIT_MS: u64 = 200;
+/// Longest wait, after the join, for the kernel to stop counting it.
+const GONE_WAIT_MS: u64 = 50;
 
 /// Fork prepare handler.
 pub(super) extern "C" fn prepare() {
@@ -100,8 +102,8 @@ fn wait_while_starting() {
 }
 
 /// Asks the thread to stop, wakes it, waits until it has exited and been
-/// joined (so the kernel no longer counts it), or gives up after
-/// [`STOP_WAIT_MS`].
+/// joined and the kernel no longer counts it, or gives up after
+/// [`STOP_WAIT_MS`] (the last step after [`GONE_WAIT_MS`]).
 fn stop_now() {
     STATE.ask_stop(true);
     wake::wake();
@@ -118,5 +120,13 @@ fn stop_now() {
     let t = STATE.take_handle();
     if t != 0 {
         os::thread::join(t);
+    }
+    // The join returns once the thread has cleared its id, a moment before
+    // the kernel takes it off the process's thread list; until then
+    // `unshare(CLONE_NEWUSER)` fails with EINVAL and CPython counts two
+    // threads at fork.
+    let deadline = os::time::monotonic_ms() + GONE_WAIT_MS;
+    while os::proc::thread_count().is_some_and(|n| n > 1) && os::time::monotonic_ms() < deadline {
+        os::time::sleep(Duration::from_micros(50));
     }
 }
