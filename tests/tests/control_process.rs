@@ -77,8 +77,15 @@ fn fork_child_round(table: &str) {
     assert!(!psock.exists(), "socket removed at exit");
 }
 
+/// `memshim-ctl list` connects to every socket file in the default
+/// directory whose process is gone (to tell stale from live) and to every
+/// shimmed process's socket: the test that plants an impostor and a fake
+/// server there must not run beside the one that lists.
+static DEFAULT_DIR_LIST: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn a_stale_socket_after_kill_9_is_tolerated_and_cleaned_up() {
+    let _alone = DEFAULT_DIR_LIST.lock().unwrap_or_else(|e| e.into_inner());
     let mut child = start_heap(&[]);
     let pid = child.pid();
     wait_endpoint(pid);
@@ -106,6 +113,7 @@ fn a_stale_socket_after_kill_9_is_tolerated_and_cleaned_up() {
 
 #[test]
 fn a_socket_from_an_earlier_process_with_the_same_pid_is_never_used() {
+    let _alone = DEFAULT_DIR_LIST.lock().unwrap_or_else(|e| e.into_inner());
     // A live shimmed process without an endpoint (single-threaded `cat`).
     let cat = Cmd::new("cat", Vec::<String>::new()).shimmed().spawn();
     let pid = cat.pid();

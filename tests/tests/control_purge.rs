@@ -178,13 +178,15 @@ fn list_explains_why_a_shimmed_process_has_no_endpoint() {
         .env("MEMSHIM_CONTROL", "off")
         .spawn();
     let pid = cat.pid();
-    wait_until(Duration::from_secs(5), || {
-        std::fs::read_to_string(format!("/proc/{pid}/maps"))
-            .ok()?
-            .contains("libmemshim.so")
-            .then_some(())
-    })
-    .unwrap();
+    for p in [pid, off.pid()] {
+        wait_until(Duration::from_secs(5), || {
+            std::fs::read_to_string(format!("/proc/{p}/maps"))
+                .ok()?
+                .contains("libmemshim.so")
+                .then_some(())
+        })
+        .unwrap();
+    }
     let (_, list) = ctl_json(&["list"]);
     let find = |p: i32| {
         list["processes"]

@@ -44,12 +44,14 @@ print(len(os.listdir("/proc/self/task")))
         "{o:?}"
     );
     // Live: the same count sees the shim's threads when they are forced on:
-    // its thread, and in a Python process its spawner (os/spawner.rs).
+    // its thread, and in a Python process its spawner (os/spawner.rs). The
+    // thread starts the spawner itself, which on a loaded machine can come
+    // after Python's first listing.
     let o = Cmd::new(python(), ["-c", script])
         .shimmed()
         .env("MEMSHIM_CONTROL", "on")
         .run();
-    assert_eq!(o.stdout, "3\n3\n", "{o:?}");
+    assert!(matches!(o.stdout.as_str(), "3\n3\n" | "2\n3\n"), "{o:?}");
 }
 
 #[test]
@@ -205,6 +207,25 @@ fn fork_while_alone_but_for_the_shim_thread_leaves_both_single_threaded() {
         ch.send("fork");
         assert_eq!(ch.wait_for_line("fork", T), "fork parent=1 child=1");
     }
+    let o = ch.finish(T);
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+}
+
+/// The fork handler wakes the shim's thread through its pipe while the
+/// thread may already be closing it; a write to a pipe without a reader
+/// raised SIGPIPE on the forking thread and killed the host (6 of 15 runs
+/// of 500 back-to-back rounds before the fix, thread/wake.rs).
+#[test]
+fn forks_right_after_the_last_thread_ends_never_kill_the_host() {
+    let mut ch = thread_rule(&[]);
+    let rounds = 2000;
+    ch.send("spawn\nrelease\nfork\n".repeat(rounds).trim_end());
+    ch.send("threads");
+    // Commands run in order: the answer to `threads` comes after every fork.
+    assert_eq!(
+        ch.wait_for_line("threads", Duration::from_secs(120)),
+        "threads 1"
+    );
     let o = ch.finish(T);
     assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
 }
