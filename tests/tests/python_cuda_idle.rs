@@ -187,8 +187,23 @@ fn too_little_unused_or_no_cuda_means_nothing_is_done() {
         ],
         &[],
     );
-    let c = wait_counters(&sock, Duration::from_secs(10), |c| c.checks >= 2)
+    let mut c = wait_counters(&sock, Duration::from_secs(10), |c| c.checks >= 2)
         .unwrap_or_else(|| panic!("fewer than 2 looks: {:?}", counters(&sock)));
+    // Two looks settle it; a look that found the GIL busy (a loaded
+    // machine) makes one more. Then it never looks again while idle.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        std::thread::sleep(Duration::from_millis(1500));
+        let now = counters(&sock);
+        if now.checks == c.checks {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "kept looking while idle: {now:?}"
+        );
+        c = now;
+    }
     std::thread::sleep(Duration::from_secs(2));
     let later = counters(&sock);
     assert_eq!(
