@@ -135,12 +135,13 @@ pub fn listen(addr: &[u8], path: &CStr) -> Option<Owned> {
     if unsafe { libc::bind(s, (&raw const a).cast(), len) } != 0 {
         return None; // `sock` is dropped: closed if still ours
     }
-    // SAFETY: `path` is NUL-terminated; the mode is a constant; `s` is ours
-    // (checked again: the application could have replaced the number).
+    // SAFETY: `path` is NUL-terminated; the mode is a constant.
     let ok = unsafe { libc::chmod(path.as_ptr(), 0o600) == 0 }
-        && sock
-            .fd()
-            .is_some_and(|s| unsafe { libc::listen(s, 64) } == 0);
+        && sock.fd().is_some_and(|s| {
+            // SAFETY: `s` is ours (checked again: the application could
+            // have replaced the number); listen takes no pointer.
+            (unsafe { libc::listen(s, 64) }) == 0
+        });
     if !ok {
         unlink(path);
         return None;

@@ -53,6 +53,20 @@ pub fn sleep(d: Duration) {
     unsafe { libc::nanosleep(&ts, core::ptr::null_mut()) };
 }
 
+/// Polls `busy` every `step` until it is false or `limit_ms` have passed;
+/// returns whether it became false. The same cancellation rule as
+/// [`sleep`]. Async-signal-safe if `busy` is.
+pub fn wait_while(limit_ms: u64, step: Duration, mut busy: impl FnMut() -> bool) -> bool {
+    let deadline = monotonic_ms() + limit_ms;
+    while busy() {
+        if monotonic_ms() >= deadline {
+            return false;
+        }
+        sleep(step);
+    }
+    true
+}
+
 /// Waits until `word` is no longer `expected`, a wake-up, or `timeout`
 /// (`None`: no limit). Returns at once if the word differs already.
 pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {

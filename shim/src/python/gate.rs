@@ -86,10 +86,9 @@ pub fn after_fork_child() {
 /// Shuts the gate and waits (bounded) until nothing is in flight.
 fn close() {
     CLOSED.store(true, SeqCst);
-    let deadline = os::time::monotonic_ms() + CLOSE_WAIT_MS;
-    while IN_FLIGHT.load(SeqCst) != 0 && os::time::monotonic_ms() < deadline {
-        os::time::sleep(std::time::Duration::from_micros(100));
-    }
+    os::time::wait_while(CLOSE_WAIT_MS, std::time::Duration::from_micros(100), || {
+        IN_FLIGHT.load(SeqCst) != 0
+    });
 }
 
 /// The early hook (`atexit` / `threading._register_atexit`): main thread,

@@ -95,10 +95,9 @@ pub(super) fn stop_if_alone_but_for_us() {
 }
 
 fn wait_while_starting() {
-    let deadline = os::time::monotonic_ms() + START_WAIT_MS;
-    while STATE.phase() == Phase::Starting && os::time::monotonic_ms() < deadline {
-        os::time::sleep(Duration::from_micros(100));
-    }
+    os::time::wait_while(START_WAIT_MS, Duration::from_micros(100), || {
+        STATE.phase() == Phase::Starting
+    });
 }
 
 /// Asks the thread to stop, wakes it, waits until it has exited and been
@@ -107,15 +106,13 @@ fn wait_while_starting() {
 fn stop_now() {
     STATE.ask_stop(true);
     wake::wake();
-    let deadline = os::time::monotonic_ms() + STOP_WAIT_MS;
-    while STATE.phase() != Phase::Idle {
-        if os::time::monotonic_ms() >= deadline {
-            // Busy (for example waiting for a lock the forking thread holds):
-            // go ahead with the thread still there rather than risk a deadlock.
-            STATE.ask_stop(false);
-            return;
-        }
-        os::time::sleep(Duration::from_micros(200));
+    if !os::time::wait_while(STOP_WAIT_MS, Duration::from_micros(200), || {
+        STATE.phase() != Phase::Idle
+    }) {
+        // Busy (for example waiting for a lock the forking thread holds):
+        // go ahead with the thread still there rather than risk a deadlock.
+        STATE.ask_stop(false);
+        return;
     }
     let t = STATE.take_handle();
     if t != 0 {
@@ -125,8 +122,7 @@ fn stop_now() {
     // the kernel takes it off the process's thread list; until then
     // `unshare(CLONE_NEWUSER)` fails with EINVAL and CPython counts two
     // threads at fork.
-    let deadline = os::time::monotonic_ms() + GONE_WAIT_MS;
-    while os::proc::thread_count().is_some_and(|n| n > 1) && os::time::monotonic_ms() < deadline {
-        os::time::sleep(Duration::from_micros(50));
-    }
+    os::time::wait_while(GONE_WAIT_MS, Duration::from_micros(50), || {
+        os::proc::thread_count().is_some_and(|n| n > 1)
+    });
 }
