@@ -57,7 +57,7 @@ test-unit: ## Unit tests of every crate
 	$(CARGO) test --release --workspace --lib --bins
 
 test-integration: build ## Real processes under LD_PRELOAD (tests/)
-	$(CARGO) test --release -p memshim-tests --tests -- --test-threads=2
+	$(CARGO) test --release -p memshim-tests --tests --no-fail-fast -- --test-threads=2
 
 test-torch: build ## PyTorch bridge tests (fails without torch; make test-deps installs it)
 	$(CARGO) test --release -p memshim-tests --test python_torch -- --ignored --test-threads=1

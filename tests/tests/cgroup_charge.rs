@@ -94,10 +94,25 @@ fn reclaim_drops_the_page_cache_of_a_file_read_inside_the_cgroup() {
         m(b),
         m(a)
     );
-    let ws_after = r["after"]["memory"]["working_set"].as_u64().unwrap();
+    // What dashboards read: usage drops by the page cache. The working set
+    // (usage minus inactive file) excluded that cache already, so it stays
+    // about where it was; kernel memory can grow by a few pages meanwhile,
+    // so only its formula is checked here.
+    let (ub, ua) = (
+        r["before"]["memory"]["usage"].as_u64().unwrap(),
+        r["after"]["memory"]["usage"].as_u64().unwrap(),
+    );
     assert!(
-        ws_after <= r["before"]["memory"]["working_set"].as_u64().unwrap(),
-        "{r}"
+        ua + 40 * MIB <= ub,
+        "usage before {} after {}: {r}",
+        m(ub),
+        m(ua)
+    );
+    let am = &r["after"]["memory"];
+    assert_eq!(
+        am["working_set"].as_u64().unwrap(),
+        ua.saturating_sub(am["inactive_file"].as_u64().unwrap()),
+        "{am}"
     );
     // The sleeper lives on.
     assert!(std::path::Path::new(&format!("/proc/{pid}")).exists());
