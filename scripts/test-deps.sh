@@ -74,20 +74,23 @@ fi
 # test-torch) and the model-cycle benchmark. PyPI only has torch's CUDA
 # build for x86_64 (several GiB with its nvidia-* packages; the tests use the
 # CPU and never initialise CUDA); pip's cache keeps re-runs fast.
+# Pinned to the versions the tests were last checked with, so that a fresh
+# machine does not pick up a release that warns or allocates differently.
+py_pins=(torch==2.15.0 transformers==5.23.0 numpy==2.4.6)
 PY=$(python3 -c 'import sys; print(sys.executable)')
 if "$PY" -c 'import torch, transformers, numpy' >/dev/null 2>&1; then
     say "torch, transformers, numpy importable by $PY"
 elif [ "$dry" = 1 ]; then
     say "missing for $PY: torch transformers numpy"
 else
-    say "pip install torch transformers numpy (for $PY)"
+    say "pip install ${py_pins[*]} (for $PY)"
     pip_args=(-q)
     # Debian's own python3 refuses system-wide pip installs (PEP 668).
     "$PY" -m pip install --help 2>/dev/null | grep -q -- --break-system-packages \
         && [ -e "$("$PY" -c 'import sysconfig; print(sysconfig.get_path("stdlib"))')/EXTERNALLY-MANAGED" ] \
         && pip_args+=(--break-system-packages)
     for attempt in 1 2 3; do
-        if "$PY" -m pip install "${pip_args[@]}" torch transformers numpy; then break; fi
+        if "$PY" -m pip install "${pip_args[@]}" "${py_pins[@]}"; then break; fi
         [ "$attempt" = 3 ] && exit 1
         say "pip install failed (attempt $attempt), retrying" >&2
         sleep 10

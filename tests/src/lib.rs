@@ -174,14 +174,27 @@ pub struct Cmd {
 }
 
 impl Cmd {
-    /// `program args...`, with `LD_PRELOAD` and every `MEMSHIM_*` variable
-    /// of the test environment removed.
+    /// `program args...`, with `LD_PRELOAD`, every `MEMSHIM_*` variable and
+    /// the allocator and Python settings of the test environment removed
+    /// (a CI job's `MALLOC_CONF` or `PYTHONWARNINGS` would change what the
+    /// tests compare).
     pub fn new<S: AsRef<OsStr>>(
         program: impl AsRef<OsStr>,
         args: impl IntoIterator<Item = S>,
     ) -> Cmd {
         let mut cmd = Command::new(program);
-        cmd.args(args).env_remove("LD_PRELOAD");
+        cmd.args(args);
+        for k in [
+            "LD_PRELOAD",
+            "MALLOC_CONF",
+            "_RJEM_MALLOC_CONF",
+            "GLIBC_TUNABLES",
+            "PYTHONWARNINGS",
+            "PYTHONDEVMODE",
+            "PYTHONMALLOC",
+        ] {
+            cmd.env_remove(k);
+        }
         for (k, _) in std::env::vars_os() {
             if k.to_string_lossy().starts_with("MEMSHIM_") {
                 cmd.env_remove(k);

@@ -150,6 +150,11 @@ fn a_dev_shm_leftover_is_unowned_and_files_mapped_or_held_are_in_use() {
         .spawn();
     user.wait_for_line("ready", Duration::from_secs(30));
     let pid = user.pid();
+    // memory.stat is flushed lazily (per-CPU batches, every 2 s at most):
+    // wait until it shows the 15 MiB written.
+    let _ = wait_until(Duration::from_secs(5), || {
+        (cg.shmem() >= 14 * MIB).then_some(())
+    });
 
     let (code, r) = ctl_json(&["cgroup", &pid.to_string()]);
     assert_eq!(code, 0, "{r}");

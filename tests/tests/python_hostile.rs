@@ -178,8 +178,10 @@ fn a_fork_child_starts_with_clean_bridge_state_and_exits_at_once() {
         // at exit; one forked while the bridge's thread held the runtime's
         // thread-list lock would hang in os.fork (the test would time out).
         let worst: u64 = field(&line, "max_ms");
+        // 4 s: room for a loaded 2-core machine, below the 5 s that an
+        // inherited job would add.
         assert!(
-            worst < 2000,
+            worst < 4000,
             "{v}: a child took {worst} ms more than it lives: {line}"
         );
         assert!(
