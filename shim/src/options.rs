@@ -470,9 +470,15 @@ fn compose_conf() {
     //    dedicated arena for allocations >= 8 MiB, which purges them
     //    immediately and makes tensor-sized buffers re-fault on every reuse;
     //    with it off, large buffers follow the same decay as everything else.
+    //    `tcache_gc_incr_bytes`: jemalloc 5.3.1 checks its thread-cache GC
+    //    every 64 KiB a thread allocates (and runs it at most every 10 ms);
+    //    each check reads the clock, which for 1-64 KiB allocations is every
+    //    few calls. Checking every 1 MiB keeps the GC's cadence in busy
+    //    threads and saves about 0.7 M of the 1.8 M instructions the shim
+    //    added to CPython's start-up (bench/FINDINGS-issue15.md).
     let _ = write!(
         s,
-        "dirty_decay_ms:{},muzzy_decay_ms:{},oversize_threshold:0",
+        "dirty_decay_ms:{},muzzy_decay_ms:{},oversize_threshold:0,tcache_gc_incr_bytes:1048576",
         DIRTY_DECAY_MS_DEFAULT, MUZZY_DECAY_MS_DEFAULT
     );
     if let Some(n) = auto_narenas() {
@@ -591,6 +597,8 @@ fn quota_to_cpus(quota: u64, period: u64) -> Option<u32> {
 
 /// `narenas` for the defaults: only when a quota is tighter than the
 /// affinity mask (otherwise jemalloc's own default is already right).
+/// One arena per CPU would lower peak RSS, but two busy threads can then
+/// share an arena while another sits idle (bench/FINDINGS-issue15.md, (d)).
 fn auto_narenas() -> Option<u32> {
     let (affinity, quota) = effective_cpus();
     let quota = quota?;

@@ -413,3 +413,82 @@ fn a_warning_to_a_stderr_nobody_reads_does_not_kill_the_program() {
     use std::os::unix::process::ExitStatusExt;
     assert_eq!((st.code(), st.signal()), (Some(0), None), "{st:?}");
 }
+
+/// `narenas=N` of the last process in `o` that reported its settings.
+fn last_narenas(o: &Output) -> u32 {
+    o.stderr
+        .rsplit("narenas=")
+        .next()
+        .filter(|_| o.stderr.contains("narenas="))
+        .and_then(|t| t.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no narenas= in {o:?}"))
+}
+
+/// `auto` (the default) leaves jemalloc's arena count (4 per CPU of the
+/// affinity mask) alone, but caps it at 4 per CPU of a tighter CPU quota,
+/// read from the cgroup mounted where a container sees its own
+/// (`/sys/fs/cgroup/cpu`, v1).
+#[test]
+fn auto_caps_arenas_at_four_per_cpu_of_a_tighter_quota() {
+    let nproc = Cmd::new("nproc", Vec::<&str>::new()).run();
+    let cpus: u32 = nproc.stdout.trim().parse().expect("nproc");
+    let o = Output {
+        code: 0,
+        stdout: String::new(),
+        stderr: verbose(&[]),
+    };
+    assert_eq!(last_narenas(&o), 4 * cpus, "{o:?}");
+
+    // An affinity mask of one CPU: `taskset` (itself shimmed, reporting the
+    // full mask) execs echo with one CPU, for which jemalloc makes a single
+    // arena.
+    let o = Cmd::new("taskset", ["-c", "0", "/bin/echo", "still here"])
+        .shimmed()
+        .env("MEMSHIM_VERBOSE", "1")
+        .run();
+    assert_eq!((o.code, o.stdout.as_str()), (0, "still here\n"), "{o:?}");
+    assert_eq!(last_narenas(&o), 1, "{o:?}");
+
+    // A CPU quota on a real cpu cgroup, mounted where a container has its
+    // own.
+    let cpu = std::path::Path::new("/sys/fs/cgroup/cpu");
+    if cpus < 2 || !cpu.join("cpu.cfs_quota_us").exists() {
+        eprintln!("SKIP quota part: {cpus} CPU(s), or no v1 cpu controller");
+        return;
+    }
+    let dir = cpu.join(format!("memshim-test-{}-quota", std::process::id()));
+    if std::fs::create_dir(&dir).is_err() {
+        eprintln!("SKIP quota part: cannot make {}", dir.display());
+        return;
+    }
+    struct Rmdir(std::path::PathBuf);
+    impl Drop for Rmdir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir(&self.0);
+        }
+    }
+    let dir = Rmdir(dir);
+    std::fs::write(dir.0.join("cpu.cfs_period_us"), "100000").unwrap();
+    let script = format!(
+        "mount --bind '{}' /sys/fs/cgroup/cpu && exec /bin/echo still here",
+        dir.0.display()
+    );
+    let under_quota = |quota: &str| {
+        std::fs::write(dir.0.join("cpu.cfs_quota_us"), quota).unwrap();
+        Cmd::new("unshare", ["-m", "sh", "-c", &script])
+            .shimmed()
+            .env("MEMSHIM_VERBOSE", "1")
+            .run()
+    };
+    // Half a CPU rounds up to one: 4 arenas.
+    let o = under_quota("50000");
+    if o.stderr.contains("unshare:") || o.stderr.contains("mount:") {
+        eprintln!("SKIP quota part: {}", o.stderr.trim());
+        return;
+    }
+    assert_eq!((o.code, o.stdout.as_str()), (0, "still here\n"), "{o:?}");
+    assert_eq!(last_narenas(&o), 4, "{o:?}");
+    // A quota as wide as the mask changes nothing.
+    let o = under_quota(&(100000 * cpus).to_string());
+    assert_eq!(last_narenas(&o), 4 * cpus, "{o:?}");
+}
