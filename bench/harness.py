@@ -157,9 +157,10 @@ DEFAULTS_NOTE = (
     "roughly halves what parked threads keep in scenario 2 but costs small- and medium-size throughput; "
     "larger values cannot be set in jemalloc 5.3.1 with 4 KiB pages (it caps tcache_max at 8 pages, "
     "TCACHE_LG_MAXCLASS_LIMIT = LG_USIZE_GROW_SLOW_THRESHOLD, and clips larger values silently; Debian's "
-    "5.3.0 allows 8 MiB). **Arena count**: ms-narenas4x is jemalloc's 4 arenas per CPU; fewer arenas than "
-    "running threads let one thread reuse what another freed before it decays (peak RSS in scenarios 2 "
-    "and 3). These readings were taken on a shared 2-core VM; when a row of this run contradicts them, the "
+    "5.3.0 allows 8 MiB). **Arena count** stays jemalloc's 4 per CPU (capped under a CPU quota): ms-narenas1x, one "
+    "per CPU, lowers peak RSS in scenarios 2 and 3 (one thread reuses what another freed before it decays), "
+    "but two busy threads can then share one arena while another sits idle, and medium sizes at T=2 ran "
+    "5x slower in about half of the runs. These readings were taken on a shared 2-core VM; when a row of this run contradicts them, the "
     "table wins.")
 
 

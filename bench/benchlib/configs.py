@@ -9,6 +9,9 @@ LIBDIR = "/usr/lib/x86_64-linux-gnu"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # BENCH_SHIM=/path/libmemshim.so measures another build (default: this checkout's release build).
 SHIM = os.environ.get("BENCH_SHIM") or os.path.join(ROOT, "target", "release", "libmemshim.so")
+# BENCH_BASE_SHIM=/path/libmemshim.so adds "memshim-base", an earlier build measured in the same run,
+# for before/after tables of a change (BENCH_BASE_LABEL names it).
+BASE_SHIM = os.environ.get("BENCH_BASE_SHIM", "")
 
 # Variables a configuration may set; all of them are cleared from the harness's
 # own environment first so that nothing leaks from the caller into a run.
@@ -51,7 +54,8 @@ def competitors():
         Config("mimalloc", "Debian libmimalloc.so.2 (2.0.9)", preload=f"{LIBDIR}/libmimalloc.so.2"),
     ] + [Config(name, label, preload=anchor_path(name)) for name, (_, label) in ANCHORS.items()] + [
         Config("memshim", "memshim, defaults", preload=SHIM),
-    ]
+    ] + ([Config("memshim-base", "memshim, defaults, " + os.environ.get("BENCH_BASE_LABEL", "earlier build")
+                 + f" ({BASE_SHIM})", preload=BASE_SHIM)] if BASE_SHIM else [])
 
 
 # memshim variants for choosing the defaults; each differs from the defaults in one knob.
@@ -71,8 +75,10 @@ def variants():
         # No larger tcache_max variant: jemalloc 5.3.1 caps opt.tcache_max at 8 of its pages
         # (TCACHE_LG_MAXCLASS_LIMIT = LG_USIZE_GROW_SLOW_THRESHOLD = 15 with 4 KiB pages) and clips
         # larger values silently, so tcache_max:65536 reads back as 32768 and measures nothing.
-        Config("ms-narenas4x", "memshim, 4 arenas per CPU (jemalloc's default arena count)", SHIM,
-               {"MEMSHIM_NARENAS": str(4 * len(os.sched_getaffinity(0)))}, True),
+        # One arena per CPU: less peak RSS (memory one thread frees is reused by the next sooner), but two
+        # busy threads may share an arena while another sits idle (bench/FINDINGS-issue15.md, (d)).
+        Config("ms-narenas1x", "memshim, one arena per CPU (auto keeps jemalloc's 4 per CPU)", SHIM,
+               {"MEMSHIM_NARENAS": str(len(os.sched_getaffinity(0)))}, True),
     ]
 
 
