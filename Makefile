@@ -27,7 +27,7 @@ GLIBC_FLOOR  := 2.17
 WHEEL_DIR    ?= target/wheels
 HOST_ARCH    := $(shell uname -m)
 WHEEL_ENV     = PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" CARGO_PROFILE_RELEASE_DEBUG=false \
-                CARGO_PROFILE_RELEASE_STRIP=debuginfo MEMSHIM_DYNAMIC_LIBGCC=1
+                CARGO_PROFILE_RELEASE_STRIP=debuginfo
 
 .PHONY: all build test test-deps test-unit test-integration test-torch test-gpu lint \
         install uninstall bench bench-deps bench-smoke stress clean help \

@@ -87,38 +87,6 @@ fn no_jemalloc_internals_are_exported_or_imported() {
     );
 }
 
-/// A native build links the unwinder statically (shim/build.rs): loading
-/// `libgcc_s.so.1` ran its `cpuid`-heavy constructor in every exec, which a
-/// VM traps. Only where this machine's compiler has `libgcc_eh.a`.
-#[test]
-fn a_native_build_needs_only_libc_and_the_loader() {
-    let eh = Command::new("cc")
-        .arg("-print-file-name=libgcc_eh.a")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default();
-    if !std::path::Path::new(&eh).is_absolute() || std::env::var_os("MEMSHIM_TEST_LIB").is_some() {
-        eprintln!("SKIP: no libgcc_eh.a ({eh:?}), or another build under test");
-        return;
-    }
-    let o = Command::new("readelf")
-        .args(["-d".as_ref(), shim().as_os_str()])
-        .output()
-        .expect("readelf (binutils)");
-    let needed: Vec<String> = String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .filter(|l| l.contains("(NEEDED)"))
-        .filter_map(|l| Some(l.split('[').nth(1)?.trim_end_matches(']').to_owned()))
-        .collect();
-    assert!(
-        !needed.is_empty()
-            && needed
-                .iter()
-                .all(|n| n.starts_with("libc.so") || n.starts_with("ld-linux")),
-        "NEEDED: {needed:?}"
-    );
-}
-
 #[test]
 fn matrix_fixture_is_valid_against_glibc() {
     // The fixture itself is correct C: it passes on glibc's allocator.
