@@ -1,13 +1,13 @@
 """Scenario parameters of the full run and of the smoke run."""
 
-import os
+from .configs import BASE_SHIM
 
 ALL_VARIANTS = ["ms-decay0", "ms-decay5s", "ms-decay10s", "ms-nodecay", "ms-oversize8m", "ms-tcache4k",
                 "ms-narenas1x"]
 # The registry anchors (mimalloc3, jemalloc531) join the Python and start-up scenarios; mimalloc2 only
 # scenarios 1-4, to keep the full run's time in check.
 PY_CONFIGS = ["glibc", "jemalloc", "tcmalloc", "mimalloc", "mimalloc3", "jemalloc531", "memshim"] + (
-    ["memshim-base"] if os.environ.get("BENCH_BASE_SHIM") else [])  # configs.py: BENCH_BASE_SHIM
+    ["memshim-base"] if BASE_SHIM else [])
 
 FULL = {
     # s3: 3 repetitions (side by side, 80 s each): its peak RSS hinges on a few big-buffer reuses and
