@@ -3,6 +3,7 @@
 
 use super::Ctx;
 use crate::options::{self, Control};
+use crate::os::ResetTo;
 use crate::{jemalloc, os};
 use memshim_proto::*;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -15,8 +16,8 @@ static PURGED_BYTES: AtomicU64 = AtomicU64::new(0);
 
 /// Fork child: the parent's purges are not the child's. Async-signal-safe.
 pub fn reset_purge_counters() {
-    PURGES.store(0, Relaxed);
-    PURGED_BYTES.store(0, Relaxed);
+    PURGES.reset_to(0);
+    PURGED_BYTES.reset_to(0);
 }
 
 /// How long `stats` waits for the GIL before reporting the `python` section

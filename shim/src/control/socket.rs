@@ -3,6 +3,7 @@
 //! socket is"), and the path allocation-free code (the destructor) reaches
 //! it by. The system calls are in `os::sock`.
 
+use crate::os::ResetTo;
 use crate::os::{self, StackBuf};
 use core::sync::atomic::{AtomicBool, AtomicI32, Ordering::*};
 use memshim_proto::endpoint::{self, SUN_PATH_MAX, SocketName};
@@ -80,7 +81,7 @@ pub fn record_bound(path: &CString) {
 
 /// Records that the file was removed.
 pub fn record_unbound() {
-    BOUND_NOW.store(false, Release);
+    BOUND_NOW.reset_to(false);
 }
 
 /// Removes this process's socket file if it has one (library destructor;

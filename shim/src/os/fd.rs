@@ -27,6 +27,7 @@
 //! The records are statics (atomics only) so the fork child handler can
 //! reach them.
 
+use super::ResetTo;
 use super::{KeepErrno, errno};
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering::*};
 
@@ -497,10 +498,15 @@ pub fn after_fork_parent() {
 /// here. Async-signal-safe (fstat, close).
 pub fn after_fork_child() {
     super::fence::after_fork_child();
-    let was_private = PRIVATE.swap(false, AcqRel);
+    let was_private = PRIVATE.load(Acquire);
+    PRIVATE.reset_to(false);
     for s in &TABLE {
-        let fd = s.fd.swap(-1, AcqRel);
-        if was_private || fd < 0 {
+        let fd = s.fd.load(Acquire);
+        if fd < 0 {
+            continue;
+        }
+        s.fd.store(-1, Release);
+        if was_private {
             continue;
         }
         if identity(fd)

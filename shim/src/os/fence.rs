@@ -14,6 +14,7 @@
 //! Sequentially consistent atomics: at least one side sees the other.
 //! Atomics only; the handlers are async-signal-safe.
 
+use super::ResetTo;
 use core::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::time::Duration;
 
@@ -62,6 +63,6 @@ pub fn after_fork_parent() {
 
 /// Fork child handler: the only thread here is the one that forked.
 pub fn after_fork_child() {
-    FORKING.store(0, SeqCst);
-    CREATING.store(0, SeqCst);
+    FORKING.reset_to(0);
+    CREATING.reset_to(0);
 }

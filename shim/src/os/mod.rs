@@ -37,6 +37,42 @@ pub mod time;
 
 use core::ffi::c_int;
 
+/// A store for fork child handlers that leaves memory alone when it already
+/// holds the value. After `fork` the child shares every page of the
+/// parent's copy-on-write, so each page a handler writes costs the child a
+/// page fault and a page copy even when the value does not change: in a
+/// shell, whose children never used the shim's thread, most of the state
+/// reset here is already zero (bench/FINDINGS-issue15.md, "Fork child
+/// handler"). Async-signal-safe. Not for state other threads may change:
+/// the load and the store are two steps.
+pub trait ResetTo<T> {
+    /// Stores `v` unless the value is `v` already.
+    fn reset_to(&self, v: T);
+}
+
+macro_rules! reset_to {
+    ($($atomic:ty => $t:ty),* $(,)?) => {$(
+        impl ResetTo<$t> for $atomic {
+            #[inline]
+            fn reset_to(&self, v: $t) {
+                use core::sync::atomic::Ordering::SeqCst;
+                if self.load(SeqCst) != v {
+                    self.store(v, SeqCst);
+                }
+            }
+        }
+    )*};
+}
+
+reset_to!(
+    core::sync::atomic::AtomicBool => bool,
+    core::sync::atomic::AtomicU8 => u8,
+    core::sync::atomic::AtomicU32 => u32,
+    core::sync::atomic::AtomicI32 => i32,
+    core::sync::atomic::AtomicU64 => u64,
+    core::sync::atomic::AtomicUsize => usize,
+);
+
 /// Reads the calling thread's `errno`.
 #[inline(always)]
 pub fn errno() -> c_int {

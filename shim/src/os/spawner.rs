@@ -19,6 +19,7 @@
 //! spawner, and the application's next `pthread_create` starts one
 //! ([`wanted`]).
 
+use super::ResetTo;
 use super::thread::{self, Stack};
 use super::time;
 use core::ffi::c_void;
@@ -178,13 +179,13 @@ pub fn spawn_joinable(
 
 /// Fork child: no spawner here. Async-signal-safe.
 pub fn after_fork_child() {
-    LIFE.store(OFF, SeqCst);
-    HANDLE.store(0, SeqCst);
-    ORDER.store(IDLE, SeqCst);
-    ANSWER.store(0, SeqCst);
-    ALLOWED.store(false, SeqCst);
-    WANTED.store(false, SeqCst);
-    WATCH.store(0, SeqCst);
+    LIFE.reset_to(OFF);
+    HANDLE.reset_to(0);
+    ORDER.reset_to(IDLE);
+    ANSWER.reset_to(0);
+    ALLOWED.reset_to(false);
+    WANTED.reset_to(false);
+    WATCH.reset_to(0);
 }
 
 extern "C" fn main(_: *mut c_void) -> *mut c_void {

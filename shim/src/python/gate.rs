@@ -38,6 +38,7 @@
 use super::ffi::{self, METH_NOARGS, PyMethodDef, PyObject};
 use super::object::Py;
 use crate::os;
+use crate::os::ResetTo;
 use core::ffi::c_void;
 use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering::SeqCst};
 
@@ -80,7 +81,7 @@ pub fn closed() -> bool {
 /// (The gate and the hook are the parent's and stay: the registration is
 /// inherited by the child's interpreter.) Async-signal-safe.
 pub fn after_fork_child() {
-    IN_FLIGHT.store(0, SeqCst);
+    IN_FLIGHT.reset_to(0);
 }
 
 /// Shuts the gate and waits (bounded) until nothing is in flight.

@@ -32,6 +32,7 @@
 use super::ffi;
 use super::gate;
 use super::object::Py;
+use crate::os::ResetTo;
 use crate::os::{self, spawner, thread::Key, time};
 use core::cell::UnsafeCell;
 use core::ffi::c_void;
@@ -129,10 +130,10 @@ fn futex_wake() {
 /// Fork child handler: no job thread, no request. Async-signal-safe
 /// (atomics only; the slot's contents are dropped by the next request).
 pub fn after_fork_child() {
-    WORKER.store(0, SeqCst);
-    HANDLE.store(0, SeqCst);
-    PHASE.store(IDLE, SeqCst);
-    STARVED_SINCE_NS.store(0, SeqCst);
+    WORKER.reset_to(0);
+    HANDLE.reset_to(0);
+    PHASE.reset_to(IDLE);
+    STARVED_SINCE_NS.reset_to(0);
     gate::after_fork_child();
 }
 

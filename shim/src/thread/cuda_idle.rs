@@ -28,6 +28,7 @@
 
 use crate::options;
 use crate::os;
+use crate::os::ResetTo;
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use memshim_proto::CudaIdleCounters;
 use std::time::Duration;
@@ -67,7 +68,7 @@ pub fn counters() -> Option<CudaIdleCounters> {
 /// Fork child: its counters start at zero. Async-signal-safe.
 pub fn after_fork_child() {
     for c in [&CHECKS, &RETURNS, &VRAM_RETURNED, &PINNED_RETURNED] {
-        c.store(0, Relaxed);
+        c.reset_to(0);
     }
 }
 

@@ -32,6 +32,7 @@
 use crate::control::PressureFacts;
 use crate::jemalloc;
 use crate::options::{self, Pressure};
+use crate::os::ResetTo;
 use crate::os::{self, cgroup, fd::Owned};
 use core::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering::*};
 use std::time::Duration;
@@ -484,11 +485,11 @@ fn restore_decay() {
 /// shortened decay, if any, is put back by the child's own watcher).
 /// Async-signal-safe.
 pub fn after_fork_child() {
-    ACTIVE.store(false, Relaxed);
+    ACTIVE.reset_to(false);
     for c in [&EVENTS, &PURGES, &BYTES, &GC_RUNS] {
-        c.store(0, Relaxed);
+        c.reset_to(0);
     }
-    LAST_PURGE_US.store(u64::MAX, Relaxed);
+    LAST_PURGE_US.reset_to(u64::MAX);
 }
 
 /// What `stats` reports.
