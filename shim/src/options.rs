@@ -419,10 +419,6 @@ fn bad(name: &str, value: &[u8], expected: &str, default: &str) {
     ));
 }
 
-fn env(name: &str) -> Option<&'static [u8]> {
-    os::env::var(name.as_bytes())
-}
-
 /// Parses every `MEMSHIM_*` variable once per process. Called from
 /// jemalloc's initialisation and from the constructor; whichever comes
 /// first does the work, in a single-threaded context. Allocation-free.
@@ -430,8 +426,11 @@ pub fn load() {
     if LOADED.load(Acquire) {
         return;
     }
-    for s in TABLE {
-        let Some(v) = env(s.name) else {
+    // One walk of the environment for every setting (this runs in every
+    // exec, inside jemalloc's initialisation).
+    let names: [&[u8]; TABLE.len()] = core::array::from_fn(|i| TABLE[i].name.as_bytes());
+    for (s, v) in TABLE.iter().zip(os::env::vars(&names)) {
+        let Some(v) = v else {
             continue;
         };
         match s.value {
@@ -485,8 +484,10 @@ fn compose_conf() {
         let _ = write!(s, ",narenas:{n}");
     }
     // 2. Configuration written for a stock jemalloc.
-    for name in ["MALLOC_CONF", "_RJEM_MALLOC_CONF"] {
-        if let Some(v) = env(name).filter(|v| !v.is_empty()) {
+    let stock = ["MALLOC_CONF", "_RJEM_MALLOC_CONF"];
+    let values = os::env::vars(&stock.map(str::as_bytes));
+    for (name, v) in stock.into_iter().zip(values) {
+        if let Some(v) = v.filter(|v| !v.is_empty()) {
             if valid_raw_conf(v) {
                 sep(&mut s);
                 s.push(v);

@@ -46,6 +46,36 @@ fn verbose_reports_interposed_yes_for_an_ordinary_program() {
     assert!(o.stderr.contains("interposed=yes"), "{o:?}");
 }
 
+#[test]
+fn a_shared_sanitizer_runtime_loaded_after_the_shim_leaves_it_inert() {
+    // A sanitizer must own malloc; a shared runtime loaded after the shim
+    // does not (ASan with `verify_asan_link_order=0`, TSan). Such a process
+    // may not run at all (docs/deploy.md), but the shim must not act on
+    // it. It is recognised by the runtime's file name, so an empty library
+    // under that name stands in for it here.
+    let lib = fixture("stand_in_lib", &["-shared"]);
+    for name in ["libtsan.so.2", "libclang_rt.asan-x86_64.so"] {
+        let dir = memshim_tests::scratch().join("sanitizer-names");
+        std::fs::create_dir_all(&dir).unwrap();
+        let runtime = dir.join(name);
+        std::fs::copy(&lib, &runtime).unwrap();
+        let preload = format!("{} {}", shim().display(), runtime.display());
+        let o = Cmd::new("/bin/true", [""; 0])
+            .env("LD_PRELOAD", &preload)
+            .env("MEMSHIM_VERBOSE", "1")
+            .run();
+        assert_eq!(o.code, 0, "{name}: {o:?}");
+        assert!(o.stderr.contains("interposed=no"), "{name}: {o:?}");
+    }
+    // The same library under another name changes nothing.
+    let preload = format!("{} {}", shim().display(), lib.display());
+    let o = Cmd::new("/bin/true", [""; 0])
+        .env("LD_PRELOAD", &preload)
+        .env("MEMSHIM_VERBOSE", "1")
+        .run();
+    assert!(o.stderr.contains("interposed=yes"), "{o:?}");
+}
+
 fn check_dlopen_outcome(o: &memshim_tests::Output, what: &str) {
     assert_eq!(o.code, 0, "{what}: {o:?}");
     let first = o.stdout.lines().next().unwrap_or("");

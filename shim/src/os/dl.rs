@@ -17,6 +17,34 @@ pub fn global(name: &CStr) -> *mut c_void {
     unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }
 }
 
+/// Whether a loaded object's file name (its last path component) starts
+/// with one of `prefixes`. Walks the loader's list (`dl_iterate_phdr`),
+/// which, unlike a `dlsym` that fails, builds no error message: no
+/// allocation.
+pub fn any_loaded(prefixes: &[&[u8]]) -> bool {
+    unsafe extern "C" fn visit(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut c_void,
+    ) -> libc::c_int {
+        // SAFETY: `data` is the `&[&[u8]]` passed below, alive for the call;
+        // `info` is valid for this callback, its name NULL or a C string.
+        unsafe {
+            let prefixes = &*(data as *const &[&[u8]]);
+            let name = (*info).dlpi_name;
+            if name.is_null() {
+                return 0;
+            }
+            let path = CStr::from_ptr(name).to_bytes();
+            let base = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
+            prefixes.iter().any(|p| base.starts_with(p)) as libc::c_int
+        }
+    }
+    let mut data = prefixes;
+    // SAFETY: the callback only reads the loader's entries and `data`.
+    unsafe { libc::dl_iterate_phdr(Some(visit), (&raw mut data).cast()) != 0 }
+}
+
 /// Whether the addresses `a` and `b` lie in the same loaded object
 /// (compared by load base).
 pub fn same_object(a: usize, b: usize) -> bool {

@@ -45,6 +45,27 @@ pub fn var(name: &[u8]) -> Option<&'static [u8]> {
     entries().find_map(|e| e.strip_prefix(name)?.strip_prefix(b"="))
 }
 
+/// The values of `names` in one walk of the environment (the first entry
+/// of each wins, like [`var`]); all `None` in secure-execution mode.
+/// Allocation-free.
+pub fn vars<const N: usize>(names: &[&[u8]; N]) -> [Option<&'static [u8]>; N] {
+    let mut found = [None; N];
+    if secure() {
+        return found;
+    }
+    for e in entries() {
+        for (slot, name) in found.iter_mut().zip(names) {
+            if slot.is_none()
+                && let Some(v) = e.strip_prefix(*name).and_then(|r| r.strip_prefix(b"="))
+            {
+                *slot = Some(v);
+                break;
+            }
+        }
+    }
+    found
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -54,5 +75,19 @@ mod tests {
             std::env::var("PATH").ok().as_deref().map(str::as_bytes)
         );
         assert_eq!(super::var(b"MEMSHIM_SURELY_UNSET_VARIABLE"), None);
+    }
+
+    #[test]
+    fn reads_several_variables_in_one_walk() {
+        let [path, home, unset, path_prefix] = super::vars(&[
+            b"PATH".as_slice(),
+            b"HOME",
+            b"MEMSHIM_SURELY_UNSET_VARIABLE",
+            b"PAT",
+        ]);
+        assert_eq!(path, super::var(b"PATH"));
+        assert_eq!(home, super::var(b"HOME"));
+        assert_eq!(unset, None);
+        assert_eq!(path_prefix, None, "a prefix of a name is not the name");
     }
 }

@@ -12,7 +12,7 @@
 //! | [`thread`] | threads of the shim's: spawning with signals blocked, joining, names, cancellation |
 //! | [`spawner`] | a thread that starts threads in the application's descriptor table |
 //! | [`time`] | the monotonic clock, sleeping, futexes |
-//! | [`dl`] | `dlsym`, `dladdr`, glibc's version |
+//! | [`dl`] | `dlsym`, `dladdr`, the loaded objects' names, glibc's version |
 //! | [`env`] | the environment, read without libc |
 //! | [`memstream`] | an in-memory `FILE*` |
 //!

@@ -72,15 +72,29 @@ fn detect_interposition() -> bool {
     if global.is_null() || !os::dl::same_object(global as usize, here) {
         return false;
     }
-    [
-        c"__asan_init",
-        c"__tsan_init",
-        c"__msan_init",
-        c"__hwasan_init",
-    ]
-    .iter()
-    .all(|s| os::dl::global(s).is_null())
+    // A sanitizer runtime linked into the executable defines the global
+    // `malloc` itself (the executable comes first in the search order), so
+    // the check above already says no. A shared runtime loaded after us
+    // (ASan with `verify_asan_link_order=0`, TSan) does not: find it by
+    // its file name. Not by `dlsym` of `__asan_init` and the like: each
+    // lookup that fails builds an error message with `malloc`, which cost
+    // every exec of a program that never allocates about 25 us
+    // (bench/FINDINGS-issue15.md).
+    !os::dl::any_loaded(&SANITIZER_RUNTIMES)
 }
+
+/// File-name prefixes of the sanitizer runtimes' shared libraries (GCC's,
+/// then LLVM's).
+const SANITIZER_RUNTIMES: [&[u8]; 8] = [
+    b"libasan.",
+    b"libtsan.",
+    b"libmsan.",
+    b"libhwasan.",
+    b"libclang_rt.asan",
+    b"libclang_rt.tsan",
+    b"libclang_rt.msan",
+    b"libclang_rt.hwasan",
+];
 
 /// Constructor.
 pub fn on_load() {
