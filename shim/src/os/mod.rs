@@ -36,6 +36,7 @@ pub mod thread;
 pub mod time;
 
 use core::ffi::c_int;
+use core::mem::MaybeUninit;
 
 /// A store for fork child handlers that leaves memory alone when it already
 /// holds the value. After `fork` the child shares every page of the
@@ -207,7 +208,11 @@ pub fn parse_i64(s: &[u8]) -> Option<i64> {
 /// A fixed-capacity byte buffer that implements `fmt::Write`; text that does
 /// not fit is cut off. Lets the shim format without the heap.
 pub struct StackBuf<const N: usize> {
-    buf: [u8; N],
+    /// Only the first `len` bytes are initialised. The buffer is not zeroed
+    /// first, so it touches only the memory it uses: the 8 KiB one that
+    /// composes jemalloc's configuration in every exec would otherwise
+    /// fault in fresh stack pages.
+    buf: [MaybeUninit<u8>; N],
     len: usize,
 }
 
@@ -215,7 +220,7 @@ impl<const N: usize> StackBuf<N> {
     /// An empty buffer.
     pub const fn new() -> Self {
         StackBuf {
-            buf: [0; N],
+            buf: [const { MaybeUninit::uninit() }; N],
             len: 0,
         }
     }
@@ -223,23 +228,30 @@ impl<const N: usize> StackBuf<N> {
     /// Appends raw bytes (cut off at capacity).
     pub fn push(&mut self, bytes: &[u8]) {
         let n = bytes.len().min(N - self.len);
-        self.buf[self.len..self.len + n].copy_from_slice(&bytes[..n]);
+        for (dst, &b) in self.buf[self.len..self.len + n].iter_mut().zip(bytes) {
+            dst.write(b);
+        }
         self.len += n;
     }
 
     /// The bytes written so far.
     pub fn as_bytes(&self) -> &[u8] {
-        &self.buf[..self.len]
+        // SAFETY: the first `len` bytes were written by `push`.
+        unsafe { core::slice::from_raw_parts(self.buf.as_ptr().cast::<u8>(), self.len) }
     }
 
     /// The bytes with a NUL appended, as a C string (`None` if they hold a
     /// NUL or there is no room for one).
     pub fn as_cstr(&mut self) -> Option<&core::ffi::CStr> {
-        if self.len >= N || self.buf[..self.len].contains(&0) {
+        if self.len >= N || self.as_bytes().contains(&0) {
             return None;
         }
-        self.buf[self.len] = 0;
-        core::ffi::CStr::from_bytes_with_nul(&self.buf[..=self.len]).ok()
+        self.buf[self.len].write(0);
+        // SAFETY: the first `len` bytes were written by `push`, the next one
+        // just above.
+        let with_nul =
+            unsafe { core::slice::from_raw_parts(self.buf.as_ptr().cast::<u8>(), self.len + 1) };
+        core::ffi::CStr::from_bytes_with_nul(with_nul).ok()
     }
 }
 
