@@ -1,7 +1,9 @@
 //! glibc's malloc control API works on the shim, called the way Python/ML
 //! code calls it: through ctypes (tests/fixtures/glibc_api.py).
 
-use memshim_tests::{Cmd, Output, python, root, scratch};
+use memshim_tests::control::ctl_json;
+use memshim_tests::{Cmd, Output, fixture, python, root, scratch};
+use std::time::Duration;
 use std::collections::HashMap;
 
 fn api(args: &[&str], envs: &[(&str, &str)], shimmed: bool) -> Output {
@@ -44,6 +46,39 @@ fn malloc_trim_releases_a_freed_fragmented_heap_and_returns_1() {
     assert!(
         before - after > 200 << 20,
         "RSS {before} -> {after}: malloc_trim released too little"
+    );
+}
+
+/// `allocator.tcache` of a process whose 4 workers filled their thread
+/// caches and parked, with or without a `malloc_trim(0)` of their own first.
+fn parked_tcache_bytes(mode: &str) -> u64 {
+    let mut c = Cmd::new(fixture("parked_cache", &[]), ["4", mode])
+        .shimmed()
+        .env("MEMSHIM_CONTROL", "on")
+        .spawn();
+    c.wait_for_line("ready", Duration::from_secs(30));
+    let (code, stats) = ctl_json(&["stats", &c.pid().to_string()]);
+    assert_eq!(code, 0, "{stats}");
+    c.send("quit");
+    let o = c.finish(Duration::from_secs(10));
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    stats["allocator"]["tcache"].as_u64().unwrap()
+}
+
+#[test]
+fn malloc_trim_returns_the_calling_threads_cache_which_a_purge_cannot() {
+    // What docs/troubleshooting.md tells users of parked thread pools: a
+    // parked thread's cache is out of a purge's reach, and the thread's own
+    // malloc_trim(0) returns it.
+    let parked = parked_tcache_bytes("park");
+    let trimmed = parked_tcache_bytes("trim");
+    assert!(
+        parked > 4 << 20,
+        "4 parked workers should hold MiBs in their caches: {parked} bytes"
+    );
+    assert!(
+        trimmed < parked / 8,
+        "after each worker's malloc_trim(0): {trimmed} bytes cached (without: {parked})"
     );
 }
 
