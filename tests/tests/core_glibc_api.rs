@@ -3,8 +3,8 @@
 
 use memshim_tests::control::ctl_json;
 use memshim_tests::{Cmd, Output, fixture, python, root, scratch};
-use std::time::Duration;
 use std::collections::HashMap;
+use std::time::Duration;
 
 fn api(args: &[&str], envs: &[(&str, &str)], shimmed: bool) -> Output {
     let script = root().join("tests/fixtures/glibc_api.py");
