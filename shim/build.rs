@@ -6,6 +6,9 @@
 //!   call is how `MEMSHIM_*`, `MALLOC_CONF` and `MEMSHIM_MALLOC_CONF` reach
 //!   jemalloc before `main` without adding anything to the allocation path
 //!   (see `src/options.rs`).
+//! * `--wrap=madvise,mmap,munmap,mprotect`: the system calls jemalloc can make
+//!   inside `free` keep errno themselves, so `free` forwards with nothing
+//!   around it (exports.rs, "jemalloc's system calls keep errno").
 //! * `-z nodelete`: if someone `dlopen`s the library and later `dlclose`s it,
 //!   the atfork handlers and the exported symbols must stay mapped.
 //! * `-z now`: resolve everything at load time, so no lazy PLT resolution
@@ -16,6 +19,9 @@
 fn main() {
     tcache_limit();
     println!("cargo:rustc-cdylib-link-arg=-Wl,--wrap=secure_getenv");
+    for f in ["madvise", "mmap", "munmap", "mprotect"] {
+        println!("cargo:rustc-cdylib-link-arg=-Wl,--wrap={f}");
+    }
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,now");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libmemshim.so");

@@ -5,7 +5,7 @@
 //! Rules: no locks, no allocation, no formatting, no Rust thread-locals, no
 //! panicking paths; the only libc call is `__errno_location`.
 
-use crate::os::{errno_location, set_errno};
+use crate::os::set_errno;
 use core::ffi::c_void;
 use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
@@ -41,28 +41,17 @@ pub fn page() -> usize {
     p
 }
 
-/// `free` that keeps `errno` (glibc's manual requires it of replacements;
-/// jemalloc may `madvise`/`munmap` inside `free`).
+/// `free`. It keeps `errno` as glibc's does (glibc's manual requires it of
+/// replacements; jemalloc may `madvise` inside `free`): not here, where it
+/// would cost every call, but in the wrappers of jemalloc's system calls
+/// (exports.rs, "jemalloc's system calls keep errno").
 ///
 /// # Safety
 /// `p` is NULL or a pointer from this allocator, not freed yet.
 #[inline(always)]
 pub unsafe fn free(p: *mut c_void) {
-    if p.is_null() {
-        return;
-    }
-    // One call to `__errno_location`, not one on each side: the calling
-    // thread's errno stays at the same address across `je::free`. A free
-    // and malloc of a small block is about 180 instructions; the second
-    // call was 5 of them.
-    let errno = errno_location();
-    // SAFETY: the calling thread's errno, valid for the thread's life;
-    // the caller passes a pointer from this allocator.
-    unsafe {
-        let e = *errno;
-        je::free(p);
-        *errno = e;
-    }
+    // SAFETY: the caller passes NULL or a pointer from this allocator.
+    unsafe { je::free(p) }
 }
 
 /// glibc's `_mid_memalign`: alignments up to the minimum are plain malloc,

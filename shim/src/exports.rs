@@ -6,7 +6,8 @@
 //! `_rjem_` prefix, so none of jemalloc's own symbols are exported), or to
 //! `alloc.rs` where glibc answers differently. Their rules: no locks, no
 //! allocation, no formatting, no Rust thread-locals, no panicking paths;
-//! the only libc call is `__errno_location`. Symbols stay unversioned:
+//! the only libc call is `__errno_location`. `free` keeps errno through
+//! the wrappers of jemalloc's system calls (below). Symbols stay unversioned:
 //! ld.so binds versioned references such as `malloc@GLIBC_2.2.5` to an
 //! unversioned definition found earlier in the search order (the preload).
 //!
@@ -42,9 +43,9 @@ export!(
     }
 );
 export!(
-    /// `free`, keeping errno.
+    /// `free`; errno is kept by the wrappers of jemalloc's system calls.
     fn free(p: *mut c_void) {
-        alloc::free(p)
+        je::free(p)
     }
 );
 export!(
@@ -319,6 +320,27 @@ pub unsafe extern "C" fn dlopen(file: *const c_char, mode: c_int) -> *mut c_void
     )
 }
 
+/// Defines the hidden symbol `$sym` as a jump to `$target`: what a
+/// `--wrap=NAME` link flag (`build.rs`) binds the calls to `NAME` to, without
+/// exporting a symbol.
+macro_rules! wrap_target {
+    ($sym:literal, $target:path) => {
+        #[cfg(not(test))]
+        core::arch::global_asm!(
+            concat!(".globl ", $sym),
+            concat!(".hidden ", $sym),
+            concat!(".type ", $sym, ",@function"),
+            concat!($sym, ":"),
+            #[cfg(target_arch = "x86_64")]
+            "jmp {f}",
+            #[cfg(target_arch = "aarch64")]
+            "b {f}",
+            concat!(".size ", $sym, ", . - ", $sym),
+            f = sym $target,
+        );
+    };
+}
+
 // --- jemalloc's configuration -------------------------------------------------
 
 #[cfg(not(test))]
@@ -355,19 +377,96 @@ pub unsafe extern "C" fn wrap_secure_getenv(name: *const c_char) -> *mut c_char 
     unsafe { __real_secure_getenv(name) }
 }
 
+wrap_target!("__wrap_secure_getenv", wrap_secure_getenv);
+
+// --- jemalloc's system calls keep errno -----------------------------------------
+//
+// `free` must leave errno as it found it (glibc guarantees it, POSIX 2024
+// requires it). jemalloc's `free` changes errno only when a system call
+// inside it fails: a purge's `madvise`, and the `mmap`/`munmap`/`mprotect`
+// of its extents and metadata. Those calls are wrapped (`build.rs`) so that
+// each keeps errno itself, and `free` forwards to jemalloc with nothing
+// around it: saving and restoring errno in every `free` was about 13 of
+// the 180 instructions of a small free+malloc pair. jemalloc reads errno
+// after none of them except to print `munmap`'s error message, and sets
+// ENOMEM itself when an allocation fails. The Rust standard library's calls
+// go through the same wrappers (its `mmap` of a signal stack reports a
+// failure with a panic, whose message then names no errno).
+
 #[cfg(not(test))]
-core::arch::global_asm!(
-    ".globl __wrap_secure_getenv",
-    ".hidden __wrap_secure_getenv",
-    ".type __wrap_secure_getenv,@function",
-    "__wrap_secure_getenv:",
-    #[cfg(target_arch = "x86_64")]
-    "jmp {f}",
-    #[cfg(target_arch = "aarch64")]
-    "b {f}",
-    ".size __wrap_secure_getenv, . - __wrap_secure_getenv",
-    f = sym wrap_secure_getenv,
-);
+unsafe extern "C" {
+    /// glibc's functions, as renamed by `--wrap` (see `build.rs`).
+    fn __real_madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int;
+    fn __real_mmap(
+        addr: *mut c_void,
+        len: usize,
+        prot: c_int,
+        flags: c_int,
+        fd: c_int,
+        off: libc::off_t,
+    ) -> *mut c_void;
+    fn __real_munmap(addr: *mut c_void, len: usize) -> c_int;
+    fn __real_mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int;
+}
+
+/// Unit tests link without `--wrap`.
+#[cfg(test)]
+use libc::{
+    madvise as __real_madvise, mmap as __real_mmap, mprotect as __real_mprotect,
+    munmap as __real_munmap,
+};
+
+/// Target of `--wrap=madvise`: glibc's `madvise`, keeping errno.
+///
+/// # Safety
+/// The C contract of `madvise`.
+pub unsafe extern "C" fn wrap_madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
+    let _e = os::KeepErrno::new();
+    // SAFETY: forwarding the caller's arguments unchanged.
+    unsafe { __real_madvise(addr, len, advice) }
+}
+
+/// Target of `--wrap=mmap`: glibc's `mmap`, keeping errno.
+///
+/// # Safety
+/// The C contract of `mmap`.
+pub unsafe extern "C" fn wrap_mmap(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: libc::off_t,
+) -> *mut c_void {
+    let _e = os::KeepErrno::new();
+    // SAFETY: forwarding the caller's arguments unchanged.
+    unsafe { __real_mmap(addr, len, prot, flags, fd, off) }
+}
+
+/// Target of `--wrap=munmap`: glibc's `munmap`, keeping errno.
+///
+/// # Safety
+/// The C contract of `munmap`.
+pub unsafe extern "C" fn wrap_munmap(addr: *mut c_void, len: usize) -> c_int {
+    let _e = os::KeepErrno::new();
+    // SAFETY: forwarding the caller's arguments unchanged.
+    unsafe { __real_munmap(addr, len) }
+}
+
+/// Target of `--wrap=mprotect`: glibc's `mprotect`, keeping errno.
+///
+/// # Safety
+/// The C contract of `mprotect`.
+pub unsafe extern "C" fn wrap_mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
+    let _e = os::KeepErrno::new();
+    // SAFETY: forwarding the caller's arguments unchanged.
+    unsafe { __real_mprotect(addr, len, prot) }
+}
+
+wrap_target!("__wrap_madvise", wrap_madvise);
+wrap_target!("__wrap_mmap", wrap_mmap);
+wrap_target!("__wrap_munmap", wrap_munmap);
+wrap_target!("__wrap_mprotect", wrap_mprotect);
 
 // --- Constructor and destructor -------------------------------------------------
 

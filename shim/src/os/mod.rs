@@ -74,15 +74,6 @@ reset_to!(
     core::sync::atomic::AtomicUsize => usize,
 );
 
-/// Where the calling thread's `errno` lives (the same address for the
-/// thread's whole life).
-#[inline(always)]
-pub fn errno_location() -> *mut c_int {
-    // SAFETY: `__errno_location` has no preconditions and always returns a
-    // valid pointer to the calling thread's errno.
-    unsafe { libc::__errno_location() }
-}
-
 /// Reads the calling thread's `errno`.
 #[inline(always)]
 pub fn errno() -> c_int {
