@@ -393,80 +393,42 @@ wrap_target!("__wrap_secure_getenv", wrap_secure_getenv);
 // go through the same wrappers (its `mmap` of a signal stack reports a
 // failure with a panic, whose message then names no errno).
 
-#[cfg(not(test))]
-unsafe extern "C" {
-    /// glibc's functions, as renamed by `--wrap` (see `build.rs`).
-    fn __real_madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int;
-    fn __real_mmap(
-        addr: *mut c_void,
-        len: usize,
-        prot: c_int,
-        flags: c_int,
-        fd: c_int,
-        off: libc::off_t,
-    ) -> *mut c_void;
-    fn __real_munmap(addr: *mut c_void, len: usize) -> c_int;
-    fn __real_mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int;
+/// `wrap_$name`, the target of `--wrap=$name` (through the hidden
+/// trampoline `$sym`): glibc's `$name`, reached as `$real`, keeping errno.
+macro_rules! keeps_errno {
+    ($name:ident, $real:ident, $wrap:ident, $sym:literal, ($($arg:ident: $ty:ty),*) -> $ret:ty) => {
+        #[cfg(not(test))]
+        unsafe extern "C" {
+            /// glibc's function, as renamed by `--wrap` (see `build.rs`).
+            fn $real($($arg: $ty),*) -> $ret;
+        }
+
+        /// Unit tests link without `--wrap`.
+        #[cfg(test)]
+        use libc::$name as $real;
+
+        #[doc = concat!("Target of `--wrap=", stringify!($name), "`: glibc's `", stringify!($name), "`, keeping errno.")]
+        ///
+        /// # Safety
+        /// The C contract of the glibc function.
+        pub unsafe extern "C" fn $wrap($($arg: $ty),*) -> $ret {
+            let _e = os::KeepErrno::new();
+            // SAFETY: forwarding the caller's arguments unchanged.
+            unsafe { $real($($arg),*) }
+        }
+
+        wrap_target!($sym, $wrap);
+    };
 }
 
-/// Unit tests link without `--wrap`.
-#[cfg(test)]
-use libc::{
-    madvise as __real_madvise, mmap as __real_mmap, mprotect as __real_mprotect,
-    munmap as __real_munmap,
-};
-
-/// Target of `--wrap=madvise`: glibc's `madvise`, keeping errno.
-///
-/// # Safety
-/// The C contract of `madvise`.
-pub unsafe extern "C" fn wrap_madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
-    let _e = os::KeepErrno::new();
-    // SAFETY: forwarding the caller's arguments unchanged.
-    unsafe { __real_madvise(addr, len, advice) }
-}
-
-/// Target of `--wrap=mmap`: glibc's `mmap`, keeping errno.
-///
-/// # Safety
-/// The C contract of `mmap`.
-pub unsafe extern "C" fn wrap_mmap(
-    addr: *mut c_void,
-    len: usize,
-    prot: c_int,
-    flags: c_int,
-    fd: c_int,
-    off: libc::off_t,
-) -> *mut c_void {
-    let _e = os::KeepErrno::new();
-    // SAFETY: forwarding the caller's arguments unchanged.
-    unsafe { __real_mmap(addr, len, prot, flags, fd, off) }
-}
-
-/// Target of `--wrap=munmap`: glibc's `munmap`, keeping errno.
-///
-/// # Safety
-/// The C contract of `munmap`.
-pub unsafe extern "C" fn wrap_munmap(addr: *mut c_void, len: usize) -> c_int {
-    let _e = os::KeepErrno::new();
-    // SAFETY: forwarding the caller's arguments unchanged.
-    unsafe { __real_munmap(addr, len) }
-}
-
-/// Target of `--wrap=mprotect`: glibc's `mprotect`, keeping errno.
-///
-/// # Safety
-/// The C contract of `mprotect`.
-pub unsafe extern "C" fn wrap_mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
-    let _e = os::KeepErrno::new();
-    // SAFETY: forwarding the caller's arguments unchanged.
-    unsafe { __real_mprotect(addr, len, prot) }
-}
-
-wrap_target!("__wrap_madvise", wrap_madvise);
-wrap_target!("__wrap_mmap", wrap_mmap);
-wrap_target!("__wrap_munmap", wrap_munmap);
-wrap_target!("__wrap_mprotect", wrap_mprotect);
+keeps_errno!(madvise, __real_madvise, wrap_madvise, "__wrap_madvise",
+    (addr: *mut c_void, len: usize, advice: c_int) -> c_int);
+keeps_errno!(mmap, __real_mmap, wrap_mmap, "__wrap_mmap",
+    (addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: libc::off_t) -> *mut c_void);
+keeps_errno!(munmap, __real_munmap, wrap_munmap, "__wrap_munmap",
+    (addr: *mut c_void, len: usize) -> c_int);
+keeps_errno!(mprotect, __real_mprotect, wrap_mprotect, "__wrap_mprotect",
+    (addr: *mut c_void, len: usize, prot: c_int) -> c_int);
 
 // --- Constructor and destructor -------------------------------------------------
 
