@@ -2,7 +2,7 @@
 //! compatible pair of allocate/free works, and the library exports exactly
 //! the documented symbols.
 
-use memshim_tests::{Cmd, fixture, shim};
+use memshim_tests::{Cmd, fixture, root, shim};
 use std::process::Command;
 
 /// Every symbol libmemshim.so defines for the dynamic linker (issue 2,
@@ -85,6 +85,126 @@ fn no_jemalloc_internals_are_exported_or_imported() {
         leaked.is_empty(),
         "jemalloc symbols in the dynamic table: {leaked:?}"
     );
+}
+
+/// Every C library function the bundled jemalloc calls, and why it cannot
+/// change errno inside `free`: `free` forwards to jemalloc with nothing
+/// around it (exports.rs, "jemalloc's system calls keep errno").
+const JEMALLOC_IMPORTS: &[(&str, &str)] = &[
+    ("madvise", "wrapped: keeps errno"),
+    ("mmap", "wrapped: keeps errno"),
+    ("munmap", "wrapped: keeps errno"),
+    ("mprotect", "wrapped: keeps errno"),
+    ("secure_getenv", "wrapped: the configuration hook"),
+    ("__ctype_b_loc", "no errno"),
+    (
+        "__errno_location",
+        "jemalloc sets ENOMEM on failed allocations",
+    ),
+    ("__popcountdi2", "no errno"),
+    ("__sched_cpucount", "no errno"),
+    ("abort", "does not return"),
+    ("atexit", "start-up only"),
+    ("clock_gettime", "sets errno only for a bad clock id"),
+    ("creat", "heap profiling only (not built)"),
+    ("dlsym", "background threads only (off)"),
+    ("getpid", "no errno"),
+    ("gettid", "no errno"),
+    ("gettimeofday", "no errno for valid arguments"),
+    ("memchr", "no errno"),
+    ("memcpy", "no errno"),
+    ("memmove", "no errno"),
+    ("memset", "no errno"),
+    ("pthread_atfork", "start-up only"),
+    ("pthread_cond_init", "background threads only (off)"),
+    ("pthread_cond_signal", "background threads only (off)"),
+    ("pthread_cond_timedwait", "background threads only (off)"),
+    ("pthread_cond_wait", "background threads only (off)"),
+    ("pthread_create", "background threads only (off)"),
+    ("pthread_getname_np", "heap profiling only (not built)"),
+    ("pthread_join", "background threads only (off)"),
+    ("pthread_key_create", "start-up only"),
+    ("pthread_mutex_init", "returns its error; no errno"),
+    ("pthread_mutex_lock", "returns its error; no errno"),
+    ("pthread_mutex_trylock", "returns its error; no errno"),
+    ("pthread_mutex_unlock", "returns its error; no errno"),
+    ("pthread_mutexattr_destroy", "returns its error; no errno"),
+    ("pthread_mutexattr_init", "returns its error; no errno"),
+    ("pthread_mutexattr_settype", "returns its error; no errno"),
+    ("pthread_self", "no errno"),
+    ("pthread_setname_np", "background threads only (off)"),
+    ("pthread_setspecific", "returns its error; no errno"),
+    ("pthread_sigmask", "background threads only (off)"),
+    ("readlink", "start-up only (its configuration file)"),
+    (
+        "sbrk",
+        "allocation only, when mmap fails (dss); jemalloc then sets ENOMEM",
+    ),
+    ("sched_getaffinity", "start-up only"),
+    ("sched_getcpu", "per-CPU arenas only (off)"),
+    ("sched_setaffinity", "background threads only (off)"),
+    ("sched_yield", "no errno"),
+    ("sigfillset", "background threads only (off)"),
+    ("strchr", "no errno"),
+    ("strcmp", "no errno"),
+    ("strerror_r", "error messages only"),
+    ("strlen", "no errno"),
+    ("strncmp", "no errno"),
+    ("strncpy", "no errno"),
+    ("strtok", "start-up only"),
+    ("strtol", "start-up only (configuration)"),
+    ("syscall", "start-up only (reads /proc and /sys files)"),
+    ("sysconf", "start-up only"),
+];
+
+#[test]
+fn every_c_function_jemalloc_calls_is_known_to_keep_errno_inside_free() {
+    // A jemalloc upgrade that calls something new fails here, until someone
+    // decides whether it can run inside `free` and change errno (then it
+    // needs a wrapper in build.rs and exports.rs).
+    let build = root().join("target/release/build");
+    let archives: Vec<_> = std::fs::read_dir(&build)
+        .expect("target/release/build: build the library first")
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("tikv-jemalloc-sys-")
+        })
+        .map(|e| e.path().join("out/lib/libjemalloc_pic.a"))
+        .filter(|a| a.exists())
+        .collect();
+    assert!(!archives.is_empty(), "no libjemalloc_pic.a under {build:?}");
+    for a in archives {
+        let o = Command::new("nm")
+            .arg("-u")
+            .arg(&a)
+            .output()
+            .expect("run nm");
+        assert!(o.status.success(), "nm -u {a:?} failed");
+        let mut imports: Vec<String> = String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter_map(|l| l.split_whitespace().last())
+            .filter(|s| {
+                !s.ends_with(':') && !s.starts_with("_rjem_") && *s != "_GLOBAL_OFFSET_TABLE_"
+            })
+            .map(str::to_owned)
+            .collect();
+        imports.sort();
+        imports.dedup();
+        let unknown: Vec<&String> = imports
+            .iter()
+            .filter(|s| !JEMALLOC_IMPORTS.iter().any(|(k, _)| k == s))
+            .collect();
+        assert!(
+            unknown.is_empty(),
+            "{a:?} calls functions not classified in JEMALLOC_IMPORTS: {unknown:?}"
+        );
+        assert!(
+            imports.iter().any(|s| s == "madvise"),
+            "the import list of {a:?} looks wrong: {imports:?}"
+        );
+    }
 }
 
 #[test]
