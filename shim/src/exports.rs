@@ -45,7 +45,7 @@ export!(
 export!(
     /// `free`; errno is kept by the wrappers of jemalloc's system calls.
     fn free(p: *mut c_void) {
-        je::free(p)
+        alloc::free(p)
     }
 );
 export!(

@@ -45,16 +45,16 @@ const GOLDEN_EXPORTS: &[&str] = &[
     "valloc",
 ];
 
-fn dynamic_symbols(defined_only: bool) -> Vec<String> {
-    let mut cmd = Command::new("nm");
-    cmd.arg("-D");
-    if defined_only {
-        cmd.arg("--defined-only");
-    }
-    let o = cmd.arg(shim()).output().expect("run nm");
+/// The symbol names `nm ARGS FILE` lists (its last column), sorted.
+fn nm(args: &[&str], file: &std::path::Path) -> Vec<String> {
+    let o = Command::new("nm")
+        .args(args)
+        .arg(file)
+        .output()
+        .expect("run nm");
     assert!(
         o.status.success(),
-        "nm failed: {}",
+        "nm {args:?} {file:?} failed: {}",
         String::from_utf8_lossy(&o.stderr)
     );
     let mut v: Vec<String> = String::from_utf8_lossy(&o.stdout)
@@ -63,6 +63,15 @@ fn dynamic_symbols(defined_only: bool) -> Vec<String> {
         .collect();
     v.sort();
     v
+}
+
+fn dynamic_symbols(defined_only: bool) -> Vec<String> {
+    let args: &[&str] = if defined_only {
+        &["-D", "--defined-only"]
+    } else {
+        &["-D"]
+    };
+    nm(args, &shim())
 }
 
 #[test]
@@ -176,21 +185,12 @@ fn every_c_function_jemalloc_calls_is_known_to_keep_errno_inside_free() {
         .collect();
     assert!(!archives.is_empty(), "no libjemalloc_pic.a under {build:?}");
     for a in archives {
-        let o = Command::new("nm")
-            .arg("-u")
-            .arg(&a)
-            .output()
-            .expect("run nm");
-        assert!(o.status.success(), "nm -u {a:?} failed");
-        let mut imports: Vec<String> = String::from_utf8_lossy(&o.stdout)
-            .lines()
-            .filter_map(|l| l.split_whitespace().last())
+        let mut imports: Vec<String> = nm(&["-u"], &a)
+            .into_iter()
             .filter(|s| {
-                !s.ends_with(':') && !s.starts_with("_rjem_") && *s != "_GLOBAL_OFFSET_TABLE_"
+                !s.ends_with(':') && !s.starts_with("_rjem_") && s != "_GLOBAL_OFFSET_TABLE_"
             })
-            .map(str::to_owned)
             .collect();
-        imports.sort();
         imports.dedup();
         let unknown: Vec<&String> = imports
             .iter()

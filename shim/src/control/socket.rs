@@ -81,7 +81,7 @@ pub fn record_bound(path: &CString) {
 
 /// Records that the file was removed.
 pub fn record_unbound() {
-    BOUND_NOW.reset_to(false);
+    BOUND_NOW.store(false, Release);
 }
 
 /// Removes this process's socket file if it has one (library destructor;
@@ -100,5 +100,5 @@ pub fn unlink_at_exit() {
 
 /// Fork child: no socket file of its own yet. Async-signal-safe.
 pub fn after_fork_child() {
-    BOUND_NOW.store(false, Release);
+    BOUND_NOW.reset_to(false);
 }

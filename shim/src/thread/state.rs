@@ -6,7 +6,6 @@
 //! atomics). Nothing outside `thread/` reads or writes it; the control
 //! endpoint gets a [`Facts`](crate::control::Facts) snapshot instead.
 
-use crate::os::ResetTo;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU64, AtomicUsize, Ordering::*};
 
 /// Where the shim's thread is in its life.
@@ -195,18 +194,17 @@ impl State {
     /// Fork child: the thread is not here; this is a new process.
     /// Async-signal-safe (atomics only).
     pub fn after_fork_child(&self, pid: i32, now_ms: u64) {
-        // The pid and the start time change, so this struct's page is
-        // copied in every child anyway; the rest follows the same rule as
-        // the other handlers.
+        // Plain stores (not `os::ResetTo`): the pid and the start time
+        // change in every child, so this struct's page is copied anyway.
         self.pid.store(pid, Relaxed);
         self.fork_child.store(true, Relaxed);
         self.start_ms.store(now_ms, Relaxed);
-        self.starts.reset_to(0);
-        self.handle.reset_to(0);
-        self.stop.reset_to(false);
-        self.wanted.reset_to(false);
-        self.pending.reset_to(false);
-        self.wake.reset_to(0);
-        self.phase.reset_to(Phase::Idle as u8);
+        self.starts.store(0, Relaxed);
+        self.handle.store(0, Relaxed);
+        self.stop.store(false, Relaxed);
+        self.wanted.store(false, Relaxed);
+        self.pending.store(false, Relaxed);
+        self.wake.store(0, Relaxed);
+        self.set_phase(Phase::Idle);
     }
 }
