@@ -100,6 +100,22 @@ for line in sys.stdin:
         "no memshim thread: {:?}",
         thread_names(pid)
     );
+    // CPython's join returns before the joined thread's OS thread has
+    // exited; until it has, the process is not single-threaded, with or
+    // without the shim. Wait until only the main thread and the shim's are
+    // left.
+    assert!(
+        wait_until(T, || {
+            let app = thread_names(pid)
+                .iter()
+                .filter(|n| !n.starts_with("memshim"))
+                .count();
+            (app == 1).then_some(())
+        })
+        .is_some(),
+        "the joined thread did not exit: {:?}",
+        thread_names(pid)
+    );
     // ...and while it is there, the process is alone but for the shim's
     // thread: our unshare stops that thread first, so unshare(CLONE_NEWUSER)
     // works as in a single-threaded process (a multi-threaded one gets
