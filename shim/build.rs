@@ -13,11 +13,16 @@
 //!   the atfork handlers and the exported symbols must stay mapped.
 //! * `-z now`: resolve everything at load time, so no lazy PLT resolution
 //!   (which can allocate) ever runs inside `malloc`.
+//! * `src/os/unwind.c`, linked whole: hidden definitions of the `_Unwind_*`
+//!   functions std imports, which forward to `libgcc_s.so.1` loaded on first
+//!   use (`src/os/unwind.rs`). With every import defined here, the linker's
+//!   `--as-needed` drops std's `-lgcc_s`, and no exec loads that library.
 //! * `MEMSHIM_JE_TCACHE_MAX_LIMIT`: the largest `tcache_max` this build's
 //!   jemalloc accepts (5.3.1 clips larger values silently; see
 //!   `options::tcache_clipped`).
 fn main() {
     tcache_limit();
+    unwind_forwarders();
     println!("cargo:rustc-cdylib-link-arg=-Wl,--wrap=secure_getenv");
     for f in ["madvise", "mmap", "munmap", "mprotect"] {
         println!("cargo:rustc-cdylib-link-arg=-Wl,--wrap={f}");
@@ -53,4 +58,23 @@ fn tcache_limit() {
         );
     let limit = 1u64 << (2 + lg_page + 1).min(40);
     println!("cargo:rustc-env=MEMSHIM_JE_TCACHE_MAX_LIMIT={limit}");
+}
+
+/// Compiles `src/os/unwind.c`. `+whole-archive` puts its definitions into
+/// the link ahead of std, whose `_Unwind_*` references they then satisfy;
+/// unwind tables let an unwinder pass through the forwarders' own frames.
+fn unwind_forwarders() {
+    println!("cargo:rerun-if-changed=src/os/unwind.c");
+    cc::Build::new()
+        .file("src/os/unwind.c")
+        .flag("-funwind-tables")
+        .flag("-fvisibility=hidden")
+        .warnings(true)
+        .extra_warnings(true)
+        .warnings_into_errors(true)
+        .cargo_metadata(false)
+        .compile("memshim_unwind");
+    let out = std::env::var("OUT_DIR").unwrap();
+    println!("cargo:rustc-link-search=native={out}");
+    println!("cargo:rustc-link-lib=static:+whole-archive=memshim_unwind");
 }

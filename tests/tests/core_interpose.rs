@@ -96,6 +96,36 @@ fn no_jemalloc_internals_are_exported_or_imported() {
     );
 }
 
+/// std's unwinder imports are forwarded to `libgcc_s.so.1` on first use
+/// (shim/src/os/unwind.rs), so an exec under the shim loads no unwinder:
+/// not as a dependency, not through an exported or imported `_Unwind_*`.
+/// A plain program's own map of itself shows it.
+#[test]
+fn an_exec_under_the_shim_loads_no_unwinder() {
+    let unwind: Vec<String> = dynamic_symbols(false)
+        .into_iter()
+        .filter(|s| s.starts_with("_Unwind_") || s.starts_with("__gcc_"))
+        .collect();
+    assert!(
+        unwind.is_empty(),
+        "unwinder symbols in the dynamic table: {unwind:?}"
+    );
+    let plain = Cmd::new("cat", ["/proc/self/maps"]).run();
+    let shimmed = Cmd::new("cat", ["/proc/self/maps"]).shimmed().run();
+    assert_eq!((plain.code, shimmed.code), (0, 0), "{shimmed:?}");
+    assert!(
+        shimmed.stdout.contains("libmemshim.so"),
+        "the shim was not loaded: {shimmed:?}"
+    );
+    for out in [&plain, &shimmed] {
+        assert!(
+            !out.stdout.contains("libgcc_s"),
+            "libgcc_s.so.1 is mapped:\n{}",
+            out.stdout
+        );
+    }
+}
+
 /// Every C library function the bundled jemalloc calls, and why it cannot
 /// change errno inside `free`: `free` forwards to jemalloc with nothing
 /// around it (exports.rs, "jemalloc's system calls keep errno").

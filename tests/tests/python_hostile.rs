@@ -108,6 +108,12 @@ fn signals_raise_in_the_host_as_without_the_shim_while_a_job_runs() {
         std::thread::spawn(move || try_request(&sock, &Request::Gc))
     };
     child.wait_for_line("fin running", Duration::from_secs(10));
+    // The job thread may be ended by CPython's `pthread_exit` at the exit
+    // below, and glibc's unwinder was loaded before it started, on the
+    // shim's thread (shim/src/os/unwind.rs); no exec loads it otherwise
+    // (core_interpose).
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", child.pid())).unwrap_or_default();
+    assert!(maps.contains("libgcc_s.so.1"), "{maps}");
     let t = Instant::now();
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.pid(), libc::SIGINT) };

@@ -15,6 +15,7 @@
 //! | [`dl`] | `dlsym`, `dladdr`, the loaded objects' names, glibc's version |
 //! | [`env`] | the environment, read without libc |
 //! | [`memstream`] | an in-memory `FILE*` |
+//! | [`unwind`] | std's unwinder, forwarded to the `libgcc_s.so.1` glibc loads (with `unwind.c`) |
 //!
 //! Contract: nothing here panics on bad input; errors come back as
 //! `None`/`Err(errno)`. Functions marked *async-signal-safe* may be called
@@ -34,6 +35,7 @@ pub mod sock;
 pub mod spawner;
 pub mod thread;
 pub mod time;
+pub mod unwind;
 
 use core::ffi::c_int;
 use core::mem::MaybeUninit;

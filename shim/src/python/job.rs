@@ -309,6 +309,11 @@ fn spawn_worker() -> Result<(), PythonUnavailable> {
     // A previous job thread has given up its claim (we hold it now): it is
     // exiting or gone.
     join_worker();
+    // CPython ends a thread with `pthread_exit` during finalization, and
+    // glibc's unwinder must then be loaded: load it here, on the shim's
+    // thread, not on the job thread at the host's exit (os/unwind.rs). A
+    // missing library makes that `pthread_exit` abort with or without us.
+    let _ = os::unwind::load();
     match spawner::spawn_joinable(worker_main, key.as_raw() as usize) {
         Ok(handle) => {
             HANDLE.store(handle as usize, SeqCst);

@@ -1,0 +1,148 @@
+/* std's unwinder imports, forwarded to the libgcc_s.so.1 that glibc uses.
+ *
+ * Rust's std asks for `-lgcc_s` and imports ten `_Unwind_*` functions from
+ * it. With `panic = "abort"` the shim never raises an exception of its own:
+ * these only serve std's backtraces and a forced unwind (`pthread_exit`,
+ * `pthread_cancel`) that crosses std's frames. Depending on the library
+ * would load it into every process, and its constructor runs `cpuid`
+ * repeatedly, which traps to the hypervisor in a VM: about 100 us of every
+ * exec (bench/FINDINGS-issue15.md, P2).
+ *
+ * So the ten are defined here, hidden (nothing is exported, and the
+ * application's own `_Unwind_*` lookups never see these), and each jumps to
+ * the function of the same name in libgcc_s.so.1, loaded on first use. That
+ * is the library glibc itself loads for `pthread_exit` and cancellation, so
+ * a process with the shim still has exactly one unwinder, as without it.
+ * os/unwind.rs says when the shim loads it ahead of need.
+ *
+ * Compiled by shim/build.rs and linked whole into libmemshim.so. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define HIDDEN __attribute__((visibility("hidden")))
+
+struct _Unwind_Context;
+struct _Unwind_Exception;
+typedef int reason_t; /* _Unwind_Reason_Code */
+typedef reason_t (*trace_fn)(struct _Unwind_Context *, void *);
+
+/* The name glibc loads for its own unwinding (LIBGCC_S_SO). */
+#define LIBGCC_S "libgcc_s.so.1"
+#define URC_END_OF_STACK 5
+
+enum {
+    BACKTRACE,
+    GET_DATA_REL_BASE,
+    GET_IP,
+    GET_IP_INFO,
+    GET_LSDA,
+    GET_REGION_START,
+    GET_TEXT_REL_BASE,
+    RESUME,
+    SET_GR,
+    SET_IP,
+    COUNT
+};
+
+static const char *const NAMES[COUNT] = {
+    [BACKTRACE] = "_Unwind_Backtrace",
+    [GET_DATA_REL_BASE] = "_Unwind_GetDataRelBase",
+    [GET_IP] = "_Unwind_GetIP",
+    [GET_IP_INFO] = "_Unwind_GetIPInfo",
+    [GET_LSDA] = "_Unwind_GetLanguageSpecificData",
+    [GET_REGION_START] = "_Unwind_GetRegionStart",
+    [GET_TEXT_REL_BASE] = "_Unwind_GetTextRelBase",
+    [RESUME] = "_Unwind_Resume",
+    [SET_GR] = "_Unwind_SetGR",
+    [SET_IP] = "_Unwind_SetIP",
+};
+
+static void *slots[COUNT];
+
+/* Loads libgcc_s.so.1 (or finds it loaded) and fills every slot; 1 when
+ * all ten were found. Takes the loader's lock and may allocate: not for the
+ * allocation path or a fork handler. `dlmopen` into the base namespace is
+ * `dlopen` without the shim's exported `dlopen` in between. Racing callers
+ * store the same addresses. */
+HIDDEN int memshim_unwind_load(void) {
+    if (__atomic_load_n(&slots[COUNT - 1], __ATOMIC_ACQUIRE)) return 1;
+    void *lib = dlmopen(LM_ID_BASE, LIBGCC_S, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return 0;
+    void *found[COUNT];
+    for (int i = 0; i < COUNT; i++) {
+        found[i] = dlsym(lib, NAMES[i]);
+        if (!found[i]) return 0;
+    }
+    /* The last slot is the "all filled" mark: store it last. */
+    for (int i = 0; i < COUNT; i++) __atomic_store_n(&slots[i], found[i], __ATOMIC_RELEASE);
+    return 1;
+}
+
+/* Whether the slots are filled (for the unit test). */
+HIDDEN int memshim_unwind_ready(void) {
+    return __atomic_load_n(&slots[COUNT - 1], __ATOMIC_ACQUIRE) != NULL;
+}
+
+static void *target(int i) {
+    void *f = __atomic_load_n(&slots[i], __ATOMIC_ACQUIRE);
+    if (!f && memshim_unwind_load()) f = __atomic_load_n(&slots[i], __ATOMIC_ACQUIRE);
+    return f;
+}
+
+/* Everything but `_Unwind_Backtrace` is called only by an unwinder that is
+ * already running, with its context or exception: libgcc_s is loaded then,
+ * and not finding it cannot happen. */
+static void *required(int i) {
+    void *f = target(i);
+    if (!f) abort();
+    return f;
+}
+
+HIDDEN reason_t _Unwind_Backtrace(trace_fn trace, void *arg) {
+    void *f = target(BACKTRACE);
+    /* No unwinder: an empty backtrace. */
+    if (!f) return URC_END_OF_STACK;
+    return ((reason_t (*)(trace_fn, void *))f)(trace, arg);
+}
+
+HIDDEN uintptr_t _Unwind_GetDataRelBase(struct _Unwind_Context *c) {
+    return ((uintptr_t (*)(struct _Unwind_Context *))required(GET_DATA_REL_BASE))(c);
+}
+
+HIDDEN uintptr_t _Unwind_GetIP(struct _Unwind_Context *c) {
+    return ((uintptr_t (*)(struct _Unwind_Context *))required(GET_IP))(c);
+}
+
+HIDDEN uintptr_t _Unwind_GetIPInfo(struct _Unwind_Context *c, int *before) {
+    return ((uintptr_t (*)(struct _Unwind_Context *, int *))required(GET_IP_INFO))(c, before);
+}
+
+HIDDEN void *_Unwind_GetLanguageSpecificData(struct _Unwind_Context *c) {
+    return ((void *(*)(struct _Unwind_Context *))required(GET_LSDA))(c);
+}
+
+HIDDEN uintptr_t _Unwind_GetRegionStart(struct _Unwind_Context *c) {
+    return ((uintptr_t (*)(struct _Unwind_Context *))required(GET_REGION_START))(c);
+}
+
+HIDDEN uintptr_t _Unwind_GetTextRelBase(struct _Unwind_Context *c) {
+    return ((uintptr_t (*)(struct _Unwind_Context *))required(GET_TEXT_REL_BASE))(c);
+}
+
+/* Called by a landing pad at the end of its cleanup. This frame has unwind
+ * information of its own (no personality), so the unwinder passes through
+ * it whether or not the compiler made the call a jump. */
+HIDDEN void _Unwind_Resume(struct _Unwind_Exception *e) {
+    ((void (*)(struct _Unwind_Exception *))required(RESUME))(e);
+    abort();
+}
+
+HIDDEN void _Unwind_SetGR(struct _Unwind_Context *c, int index, uintptr_t value) {
+    ((void (*)(struct _Unwind_Context *, int, uintptr_t))required(SET_GR))(c, index, value);
+}
+
+HIDDEN void _Unwind_SetIP(struct _Unwind_Context *c, uintptr_t ip) {
+    ((void (*)(struct _Unwind_Context *, uintptr_t))required(SET_IP))(c, ip);
+}
