@@ -43,7 +43,11 @@ mod tests {
     #[test]
     fn backtraces_go_through_the_forwarders_to_libgcc_s() {
         // SAFETY: reads an atomic.
-        assert_eq!(unsafe { super::memshim_unwind_ready() }, 0);
+        let before = unsafe { super::memshim_unwind_ready() };
+        assert_eq!(
+            before, 0,
+            "the forwarders ran already: did another test panic?"
+        );
         let bt = std::backtrace::Backtrace::force_capture().to_string();
         assert!(
             bt.contains("backtraces_go_through_the_forwarders_to_libgcc_s"),
