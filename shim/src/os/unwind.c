@@ -61,13 +61,18 @@ static const char *const NAMES[COUNT] = {
 
 static void *slots[COUNT];
 
+/* Whether every slot is filled: the last one is stored last. */
+HIDDEN int memshim_unwind_ready(void) {
+    return __atomic_load_n(&slots[COUNT - 1], __ATOMIC_ACQUIRE) != NULL;
+}
+
 /* Loads libgcc_s.so.1 (or finds it loaded) and fills every slot; 1 when
  * all ten were found. Takes the loader's lock and may allocate: not for the
  * allocation path or a fork handler. `dlmopen` into the base namespace is
  * `dlopen` without the shim's exported `dlopen` in between. Racing callers
  * store the same addresses. */
 HIDDEN int memshim_unwind_load(void) {
-    if (__atomic_load_n(&slots[COUNT - 1], __ATOMIC_ACQUIRE)) return 1;
+    if (memshim_unwind_ready()) return 1;
     void *lib = dlmopen(LM_ID_BASE, LIBGCC_S, RTLD_NOW | RTLD_LOCAL);
     if (!lib) return 0;
     void *found[COUNT];
@@ -75,14 +80,9 @@ HIDDEN int memshim_unwind_load(void) {
         found[i] = dlsym(lib, NAMES[i]);
         if (!found[i]) return 0;
     }
-    /* The last slot is the "all filled" mark: store it last. */
+    /* In order: the last slot marks them all filled. */
     for (int i = 0; i < COUNT; i++) __atomic_store_n(&slots[i], found[i], __ATOMIC_RELEASE);
     return 1;
-}
-
-/* Whether the slots are filled (for the unit test). */
-HIDDEN int memshim_unwind_ready(void) {
-    return __atomic_load_n(&slots[COUNT - 1], __ATOMIC_ACQUIRE) != NULL;
 }
 
 static void *target(int i) {
