@@ -581,12 +581,13 @@ fn cgroup_quota_cpus() -> Option<u32> {
         let period = os::parse_u64(it.next()?)?;
         return quota_to_cpus(quota, period);
     }
-    // cgroup v1.
+    // cgroup v1: the quota is -1 when there is none, and then the period
+    // does not matter (this runs in every exec).
     let n = os::raw::read_file(c"/sys/fs/cgroup/cpu/cpu.cfs_quota_us", &mut buf)?;
-    let quota = os::parse_i64(buf[..n].trim_ascii())?;
+    let quota = u64::try_from(os::parse_i64(buf[..n].trim_ascii())?).ok()?;
     let n = os::raw::read_file(c"/sys/fs/cgroup/cpu/cpu.cfs_period_us", &mut buf)?;
     let period = os::parse_u64(buf[..n].trim_ascii())?;
-    quota_to_cpus(u64::try_from(quota).ok()?, period)
+    quota_to_cpus(quota, period)
 }
 
 fn quota_to_cpus(quota: u64, period: u64) -> Option<u32> {
@@ -601,8 +602,13 @@ fn quota_to_cpus(quota: u64, period: u64) -> Option<u32> {
 /// One arena per CPU would lower peak RSS, but two busy threads can then
 /// share an arena while another sits idle (bench/FINDINGS-issue15.md, (d)).
 fn auto_narenas() -> Option<u32> {
-    let (affinity, quota) = effective_cpus();
-    let quota = quota?;
+    // No quota is tighter than one CPU (a quota rounds up to whole CPUs):
+    // then the cgroup files are not read at all.
+    let affinity = os::raw::affinity_cpus();
+    if affinity <= 1 {
+        return None;
+    }
+    let quota = cgroup_quota_cpus()?;
     (quota < affinity).then(|| (4 * quota).min(MAX_NARENAS as u32))
 }
 

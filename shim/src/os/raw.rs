@@ -221,19 +221,21 @@ pub fn affinity_cpus() -> u32 {
     }
 }
 
-/// Reads up to `buf.len()` bytes of a small file (procfs, sysfs). Returns
-/// the number of bytes read, or `None` if it cannot be opened.
+/// Reads up to `buf.len()` bytes of a small file (procfs, sysfs, cgroupfs).
+/// Returns the number of bytes read, or `None` if it cannot be opened.
+///
+/// One `read` (retried on `EINTR`): these files are generated whole when
+/// read, and the kernel hands over as much as fits in a single call, so a
+/// short read is their end. A second call only to see 0 would cost a system
+/// call per file on every exec (`options::cgroup_quota_cpus`).
 pub fn read_file(path: &CStr, buf: &mut [u8]) -> Option<usize> {
     let fd = open(path, libc::O_RDONLY).ok()?;
-    let mut len = 0;
-    while len < buf.len() {
-        match read(fd, &mut buf[len..]) {
-            Ok(0) => break,
-            Ok(n) => len += n,
+    let len = loop {
+        match read(fd, buf) {
             Err(libc::EINTR) => continue,
-            Err(_) => break,
+            r => break r.unwrap_or(0),
         }
-    }
+    };
     close(fd);
     Some(len)
 }
