@@ -560,16 +560,15 @@ fn tcache_clipped(conf: &[u8]) -> Option<&[u8]> {
     asked.filter(|&(_, v)| v > TCACHE_MAX_LIMIT).map(|(p, _)| p)
 }
 
-/// CPUs the process may really use: the affinity mask, and a cgroup CPU
-/// quota (`cpu.max` in v2, `cpu.cfs_quota_us` in v1) if there is one.
-/// Containers limited by quota still see every host CPU in their affinity
-/// mask, and jemalloc would create 4 arenas per host CPU: on a 192-CPU node
-/// that is 768 arenas, and memory spread over hundreds of arenas is hard to
-/// reuse. Raw system calls (see the module docs).
+/// CPUs the process may really use, for the verbose report: the affinity
+/// mask, and the cgroup CPU quota if there is one.
 pub fn effective_cpus() -> (u32, Option<u32>) {
     (os::raw::affinity_cpus(), cgroup_quota_cpus())
 }
 
+/// The CPU quota in whole CPUs (rounded up): `cpu.max` in v2,
+/// `cpu.cfs_quota_us` / `cpu.cfs_period_us` in v1, read where a container
+/// sees its own cgroup. Raw system calls (see the module docs).
 fn cgroup_quota_cpus() -> Option<u32> {
     let mut buf = [0u8; 128];
     // cgroup v2: "max 100000" or "<quota> <period>".
@@ -599,6 +598,10 @@ fn quota_to_cpus(quota: u64, period: u64) -> Option<u32> {
 
 /// `narenas` for the defaults: only when a quota is tighter than the
 /// affinity mask (otherwise jemalloc's own default is already right).
+/// Containers limited by quota still see every host CPU in their affinity
+/// mask, and jemalloc would create 4 arenas per host CPU: on a 192-CPU node
+/// that is 768 arenas, and memory spread over hundreds of arenas is hard to
+/// reuse.
 /// One arena per CPU would lower peak RSS, but two busy threads can then
 /// share an arena while another sits idle (bench/FINDINGS-issue15.md, (d)).
 fn auto_narenas() -> Option<u32> {
