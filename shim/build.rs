@@ -9,6 +9,13 @@
 //! * `--wrap=madvise,mmap,munmap,mprotect`: the system calls jemalloc can make
 //!   inside `free` keep errno themselves, so `free` forwards with nothing
 //!   around it (exports.rs, "jemalloc's system calls keep errno").
+//! * `jemalloc-lazy.ld` (`-T`, added to the default script by `INSERT`):
+//!   drops jemalloc's constructor, so jemalloc initialises on the first
+//!   allocation instead of in every exec (`src/jemalloc.rs`, "Lazy
+//!   initialisation and fork").
+//! * `--wrap=pthread_atfork`: jemalloc's fork functions, which it registers
+//!   during that initialisation, run inside the shim's handlers instead, in
+//!   the order they had when jemalloc registered first (same section).
 //! * `-z nodelete`: if someone `dlopen`s the library and later `dlclose`s it,
 //!   the atfork handlers and the exported symbols must stay mapped.
 //! * `-z now`: resolve everything at load time, so no lazy PLT resolution
@@ -24,6 +31,10 @@ fn main() {
     tcache_limit();
     unwind_forwarders();
     println!("cargo:rustc-cdylib-link-arg=-Wl,--wrap=secure_getenv");
+    println!("cargo:rustc-cdylib-link-arg=-Wl,--wrap=pthread_atfork");
+    let dir = std::env::var("CARGO_MANIFEST_DIR").unwrap();
+    println!("cargo:rerun-if-changed=jemalloc-lazy.ld");
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-T,{dir}/jemalloc-lazy.ld");
     for f in ["madvise", "mmap", "munmap", "mprotect"] {
         println!("cargo:rustc-cdylib-link-arg=-Wl,--wrap={f}");
     }

@@ -234,6 +234,8 @@ export!(
         let Some(real) = os::thread::real_pthread_create() else {
             return libc::EAGAIN;
         };
+        // Before a second thread exists (jemalloc.rs, "Lazy initialisation").
+        crate::jemalloc::ensure_init();
         let rc = real(t, attr, start, arg);
         if rc == 0 {
             thread::after_app_thread_created();
@@ -378,6 +380,46 @@ pub unsafe extern "C" fn wrap_secure_getenv(name: *const c_char) -> *mut c_char 
 }
 
 wrap_target!("__wrap_secure_getenv", wrap_secure_getenv);
+
+// --- jemalloc's fork functions run inside the shim's handlers -------------------
+
+/// An atfork handler, as `pthread_atfork` takes it.
+type AtforkFn = Option<unsafe extern "C" fn()>;
+
+#[cfg(not(test))]
+unsafe extern "C" {
+    /// glibc's `pthread_atfork`, as renamed by `--wrap` (see `build.rs`).
+    fn __real_pthread_atfork(prepare: AtforkFn, parent: AtforkFn, child: AtforkFn) -> c_int;
+}
+
+/// Unit tests link without `--wrap`.
+#[cfg(test)]
+unsafe fn __real_pthread_atfork(prepare: AtforkFn, parent: AtforkFn, child: AtforkFn) -> c_int {
+    // SAFETY: forwarding the caller's handlers.
+    unsafe { libc::pthread_atfork(prepare, parent, child) }
+}
+
+/// Target of `--wrap=pthread_atfork`: jemalloc's registration, made during
+/// its (lazy) initialisation, is kept from glibc; the shim's fork handlers,
+/// registered in the constructor, call jemalloc's functions in its place
+/// (jemalloc.rs, "Lazy initialisation and fork"). Every other caller (the
+/// shim's own registration) goes to glibc.
+///
+/// # Safety
+/// The C contract of `pthread_atfork`.
+pub unsafe extern "C" fn wrap_pthread_atfork(
+    prepare: AtforkFn,
+    parent: AtforkFn,
+    child: AtforkFn,
+) -> c_int {
+    if crate::jemalloc::claim_atfork(prepare.map_or(0, |f| f as usize)) {
+        return 0;
+    }
+    // SAFETY: forwarding the caller's arguments unchanged.
+    unsafe { __real_pthread_atfork(prepare, parent, child) }
+}
+
+wrap_target!("__wrap_pthread_atfork", wrap_pthread_atfork);
 
 // --- jemalloc's system calls keep errno -----------------------------------------
 //

@@ -3,11 +3,14 @@
 //! Each function names the mallctl key it reads or writes; the keys are
 //! described in jemalloc's manual (`man jemalloc`, "MALLCTL NAMESPACE").
 //! Nothing here is on the allocation path: these run in the constructor, the
-//! shim's own thread, or glibc-API calls such as `malloc_trim`.
+//! shim's own thread, fork handlers, or glibc-API calls such as `malloc_trim`.
+//! jemalloc's fork functions are called from here too ("Lazy initialisation
+//! and fork" below).
 
 use core::ffi::{c_char, c_int, c_void};
 use core::fmt::Write;
 use core::ptr;
+use core::sync::atomic::{AtomicBool, Ordering::Acquire, Ordering::Release};
 use tikv_jemalloc_sys as sys;
 
 /// `MALLCTL_ARENAS_ALL`: the pseudo-arena index meaning "every arena".
@@ -101,6 +104,78 @@ pub fn version() -> &'static str {
             .to_str()
             .unwrap_or("?"),
         _ => "?",
+    }
+}
+
+// --- Lazy initialisation and fork ----------------------------------------------
+//
+// jemalloc initialises on the first allocation of the process, not in every
+// exec: the link drops its constructor (build.rs, `jemalloc-lazy.ld`), so a
+// process that never allocates (`/bin/true`, most of a shell's children
+// before `exec`) never pays for it. jemalloc's constructor was there for one
+// race: a thread created before the first allocation could be initialising
+// jemalloc, before its fork handlers exist, while another thread forks. The
+// shim closes it instead: every thread it or the application creates goes
+// through [`ensure_init`] first.
+//
+// jemalloc registers its fork functions with `pthread_atfork` during its
+// initialisation. Lazily, that would be after the shim's handlers, and glibc
+// would run jemalloc's prepare (which locks every arena) before the shim's,
+// which waits for the shim's thread to exit, something that needs those
+// locks. So that registration is taken (`--wrap=pthread_atfork`,
+// [`claim_atfork`]) and the shim's handlers call jemalloc's functions at the
+// place glibc called them when jemalloc registered first: jemalloc's
+// prepare after the shim's, its parent and child handlers before the shim's.
+
+unsafe extern "C" {
+    // jemalloc's fork functions (jemalloc.c), hidden in this library.
+    #[link_name = "_rjem_je_jemalloc_prefork"]
+    fn je_prefork();
+    #[link_name = "_rjem_je_jemalloc_postfork_parent"]
+    fn je_postfork_parent();
+    #[link_name = "_rjem_je_jemalloc_postfork_child"]
+    fn je_postfork_child();
+}
+
+/// jemalloc has reached the point of its initialisation where it registers
+/// its fork functions; from then on a fork runs them.
+static FORK_READY: AtomicBool = AtomicBool::new(false);
+
+/// For the `pthread_atfork` wrapper: if `prepare` is jemalloc's, records
+/// that jemalloc's fork functions are due from now on and returns true (the
+/// registration is then not passed to glibc).
+pub fn claim_atfork(prepare: usize) -> bool {
+    if prepare != je_prefork as *const () as usize {
+        return false;
+    }
+    FORK_READY.store(true, Release);
+    true
+}
+
+/// jemalloc's fork prepare: locks every allocator mutex. Runs last of the
+/// shim's prepare handler; nothing if jemalloc has not initialised.
+pub fn prefork() {
+    if FORK_READY.load(Acquire) {
+        // SAFETY: jemalloc's own atfork prepare function, called where
+        // glibc would call it; jemalloc has registered it (FORK_READY).
+        unsafe { je_prefork() }
+    }
+}
+
+/// jemalloc's fork parent handler; pairs with [`prefork`].
+pub fn postfork_parent() {
+    if FORK_READY.load(Acquire) {
+        // SAFETY: as `prefork`: the parent handler after jemalloc's prepare.
+        unsafe { je_postfork_parent() }
+    }
+}
+
+/// jemalloc's fork child handler; pairs with [`prefork`]. Async-signal-safe
+/// as jemalloc's is: it reinitialises the mutexes `prefork` locked.
+pub fn postfork_child() {
+    if FORK_READY.load(Acquire) {
+        // SAFETY: as `prefork`: the child handler after jemalloc's prepare.
+        unsafe { je_postfork_child() }
     }
 }
 

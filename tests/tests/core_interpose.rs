@@ -126,6 +126,33 @@ fn an_exec_under_the_shim_loads_no_unwinder() {
     }
 }
 
+/// jemalloc initialises on the first allocation, not in every exec
+/// (shim/src/jemalloc.rs, "Lazy initialisation and fork"). jemalloc's
+/// `stats_print` option prints its statistics at exit only if it has
+/// initialised: a program that allocates nothing prints nothing.
+#[test]
+fn jemalloc_initialises_only_in_a_process_that_allocates() {
+    let f = fixture("lazy_init", &[]);
+    let run = |arg: &str| {
+        Cmd::new(&f, [arg])
+            .shimmed()
+            .env("MEMSHIM_MALLOC_CONF", "stats_print:true")
+            .run()
+    };
+    let allocates = run("alloc");
+    assert_eq!(allocates.code, 0, "{allocates:?}");
+    assert!(
+        allocates.stderr.contains("Begin jemalloc statistics"),
+        "the probe printed nothing for a process that allocates: {allocates:?}"
+    );
+    let idle = run("");
+    assert_eq!(
+        (idle.code, idle.stderr.as_str()),
+        (0, ""),
+        "jemalloc initialised in a process that never allocates"
+    );
+}
+
 /// Every C library function the bundled jemalloc calls, and why it cannot
 /// change errno inside `free`: `free` forwards to jemalloc with nothing
 /// around it (exports.rs, "jemalloc's system calls keep errno").
@@ -154,7 +181,10 @@ const JEMALLOC_IMPORTS: &[(&str, &str)] = &[
     ("memcpy", "no errno"),
     ("memmove", "no errno"),
     ("memset", "no errno"),
-    ("pthread_atfork", "start-up only"),
+    (
+        "pthread_atfork",
+        "wrapped: its handlers run inside the shim's",
+    ),
     ("pthread_cond_init", "background threads only (off)"),
     ("pthread_cond_signal", "background threads only (off)"),
     ("pthread_cond_timedwait", "background threads only (off)"),

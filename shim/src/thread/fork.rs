@@ -10,9 +10,10 @@
 //! single-threaded when `fork()` copies it and when CPython counts threads
 //! after `fork()` returns. If the thread cannot stop in time (it waits for
 //! a lock the forking thread holds, such as the GIL), the fork goes ahead
-//! with the thread alive rather than risk a deadlock. Our prepare handler
-//! runs before jemalloc's (the constructor made sure jemalloc's are
-//! registered first), so jemalloc is unlocked while we wait.
+//! with the thread alive rather than risk a deadlock. jemalloc's fork
+//! functions run inside these handlers (jemalloc.rs, "Lazy initialisation
+//! and fork"): its prepare after ours, so jemalloc is unlocked while we
+//! wait, and its parent and child handlers before ours.
 //!
 //! `unshare(CLONE_NEWUSER)` and `setns` into a user or mount namespace need
 //! a single-threaded caller; our exported `unshare`/`setns` stop the thread
@@ -53,10 +54,14 @@ pub(super) extern "C" fn prepare() {
     // After the stop above: a thread that is stopping must still be able to
     // close its descriptors.
     os::fd::before_fork();
+    // Last, where glibc ran jemalloc's own prepare when it registered first.
+    crate::jemalloc::prefork();
 }
 
 /// Fork parent handler.
 pub(super) extern "C" fn parent() {
+    let _e = KeepErrno::new();
+    crate::jemalloc::postfork_parent();
     os::fd::after_fork_parent();
 }
 
@@ -64,6 +69,7 @@ pub(super) extern "C" fn parent() {
 /// Async-signal-safe.
 pub(super) extern "C" fn child() {
     let _e = KeepErrno::new();
+    crate::jemalloc::postfork_child();
     os::fd::after_fork_child();
     os::spawner::after_fork_child();
     STATE.after_fork_child(os::getpid(), os::time::monotonic_ms());

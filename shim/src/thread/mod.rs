@@ -52,6 +52,8 @@ fn arm() {
     if old != 0 {
         os::thread::join(old);
     }
+    // Before a second thread exists (jemalloc.rs, "Lazy initialisation").
+    crate::jemalloc::ensure_init();
     match run::spawn() {
         Some(t) => STATE.set_handle(t),
         None => STATE.set_phase(Phase::Idle),
@@ -98,12 +100,9 @@ const SANITIZER_RUNTIMES: [&[u8]; 8] = [
 
 /// Constructor.
 pub fn on_load() {
-    // jemalloc is normally initialised already (the loader's first malloc);
-    // this forces it otherwise, so its fork handlers are registered before
-    // ours: glibc runs prepare handlers in reverse order, so ours runs first
-    // (while jemalloc is unlocked) and our child handler runs last.
-    // Not through mallctl: its first call builds the statistics tables.
-    crate::jemalloc::ensure_init();
+    // jemalloc stays uninitialised until the first allocation or thread
+    // (jemalloc.rs, "Lazy initialisation and fork"); these handlers run its
+    // fork functions once it has.
     options::load();
     options::warn_unknown();
     let interposed = detect_interposition();
