@@ -399,6 +399,9 @@ pub fn valid_raw_conf(v: &[u8]) -> bool {
 
 static LOADED: AtomicBool = AtomicBool::new(false);
 static JEMALLOC_CONF: Text = Text::new();
+/// The composed string holds options written by the user (`MALLOC_CONF`,
+/// `_RJEM_MALLOC_CONF`, `MEMSHIM_MALLOC_CONF`), which only jemalloc checks.
+static RAW_CONF: AtomicBool = AtomicBool::new(false);
 
 fn show(v: &[u8]) -> &str {
     core::str::from_utf8(v).unwrap_or("(not UTF-8)")
@@ -491,6 +494,7 @@ fn compose_conf() {
             if valid_raw_conf(v) {
                 sep(&mut s);
                 s.push(v);
+                RAW_CONF.store(true, Relaxed);
             } else {
                 bad(
                     name,
@@ -519,6 +523,7 @@ fn compose_conf() {
     if !MALLOC_CONF.get().is_empty() {
         sep(&mut s);
         s.push(MALLOC_CONF.get());
+        RAW_CONF.store(true, Relaxed);
     }
     if let Some(pair) = tcache_clipped(s.as_bytes()) {
         log::warning(format_args!(
@@ -623,6 +628,14 @@ pub fn jemalloc_conf_ptr() -> *const c_char {
 }
 
 // --- accessors ----------------------------------------------------------------
+
+/// Whether jemalloc's configuration includes options the user wrote in
+/// jemalloc's own syntax (which only jemalloc validates, when it
+/// initialises).
+pub fn raw_jemalloc_conf() -> bool {
+    load();
+    RAW_CONF.load(Relaxed)
+}
 
 /// `MEMSHIM_DIRTY_DECAY_MS` (jemalloc's `opt.dirty_decay_ms` is the final
 /// word; see `jemalloc::opts`).

@@ -101,10 +101,16 @@ const SANITIZER_RUNTIMES: [&[u8]; 8] = [
 /// Constructor.
 pub fn on_load() {
     // jemalloc stays uninitialised until the first allocation or thread
-    // (jemalloc.rs, "Lazy initialisation and fork"); these handlers run its
-    // fork functions once it has.
+    // (jemalloc.rs, "Lazy initialisation and fork"); the handlers below run
+    // its fork functions once it has.
     options::load();
     options::warn_unknown();
+    // Except with options in jemalloc's own syntax: only jemalloc checks
+    // them, when it initialises, and a bad one gets its warning line in
+    // every process, as before, even one that never allocates.
+    if options::raw_jemalloc_conf() {
+        crate::jemalloc::ensure_init();
+    }
     let interposed = detect_interposition();
     STATE.on_load(os::getpid(), os::time::monotonic_ms(), interposed);
     let _ = os::thread::real_pthread_create();
