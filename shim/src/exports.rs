@@ -400,10 +400,10 @@ unsafe fn __real_pthread_atfork(prepare: AtforkFn, parent: AtforkFn, child: Atfo
 }
 
 /// Target of `--wrap=pthread_atfork`: jemalloc's registration, made during
-/// its (lazy) initialisation, is kept from glibc; the shim's fork handlers,
-/// registered in the constructor, call jemalloc's functions in its place
-/// (jemalloc.rs, "Lazy initialisation and fork"). Every other caller (the
-/// shim's own registration) goes to glibc.
+/// its (lazy) initialisation after the shim's fork handlers exist, is kept
+/// from glibc, and those handlers call jemalloc's functions in its place
+/// (jemalloc.rs, "Lazy initialisation and fork"). Every other registration
+/// (the shim's own; jemalloc's before the shim's) goes to glibc.
 ///
 /// # Safety
 /// The C contract of `pthread_atfork`.

@@ -119,13 +119,19 @@ pub fn version() -> &'static str {
 // through [`ensure_init`] first.
 //
 // jemalloc registers its fork functions with `pthread_atfork` during its
-// initialisation. Lazily, that would be after the shim's handlers, and glibc
-// would run jemalloc's prepare (which locks every arena) before the shim's,
-// which waits for the shim's thread to exit, something that needs those
-// locks. So that registration is taken (`--wrap=pthread_atfork`,
-// [`claim_atfork`]) and the shim's handlers call jemalloc's functions at the
-// place glibc called them when jemalloc registered first: jemalloc's
-// prepare after the shim's, its parent and child handlers before the shim's.
+// initialisation. glibc runs prepare handlers in reverse order of
+// registration, and jemalloc's prepare (which locks every arena) must run
+// after the shim's, which waits for the shim's thread to exit, something
+// that needs those locks. Every registration goes through
+// `--wrap=pthread_atfork` ([`claim_atfork`]):
+// * jemalloc initialised before the shim's handlers were registered (an
+//   allocation in the loader or in an earlier library's constructor): its
+//   registration goes to glibc, first, as it always did, and its functions
+//   run from then on, even for a fork inside such a constructor;
+// * jemalloc initialised later: its registration is kept from glibc, and
+//   the shim's handlers call its functions in the places glibc would have
+//   if it had registered first: its prepare after the shim's, its parent
+//   and child handlers before the shim's.
 
 unsafe extern "C" {
     // jemalloc's fork functions (jemalloc.c), hidden in this library.
@@ -137,15 +143,22 @@ unsafe extern "C" {
     fn je_postfork_child();
 }
 
-/// jemalloc has reached the point of its initialisation where it registers
-/// its fork functions; from then on a fork runs them.
+/// The shim's fork handlers are registered with glibc.
+static SHIM_HANDLERS: AtomicBool = AtomicBool::new(false);
+/// jemalloc registered its fork functions after the shim's handlers: they
+/// run from inside the shim's.
 static FORK_READY: AtomicBool = AtomicBool::new(false);
 
-/// For the `pthread_atfork` wrapper: if `prepare` is jemalloc's, records
-/// that jemalloc's fork functions are due from now on and returns true (the
-/// registration is then not passed to glibc).
+/// The shim's fork handlers are registered (`thread::on_load`, once).
+pub fn shim_fork_handlers_registered() {
+    SHIM_HANDLERS.store(true, Release);
+}
+
+/// For the `pthread_atfork` wrapper: true if `prepare` is jemalloc's and the
+/// shim's handlers are registered already; its functions then run from
+/// those handlers, and the registration is not passed to glibc.
 pub fn claim_atfork(prepare: usize) -> bool {
-    if prepare != je_prefork as *const () as usize {
+    if prepare != je_prefork as *const () as usize || !SHIM_HANDLERS.load(Acquire) {
         return false;
     }
     FORK_READY.store(true, Release);
@@ -153,11 +166,12 @@ pub fn claim_atfork(prepare: usize) -> bool {
 }
 
 /// jemalloc's fork prepare: locks every allocator mutex. Runs last of the
-/// shim's prepare handler; nothing if jemalloc has not initialised.
+/// shim's prepare handler; nothing if jemalloc has not initialised, or
+/// registered its functions with glibc itself.
 pub fn prefork() {
     if FORK_READY.load(Acquire) {
         // SAFETY: jemalloc's own atfork prepare function, called where
-        // glibc would call it; jemalloc has registered it (FORK_READY).
+        // glibc would call it; jemalloc has handed it to us (FORK_READY).
         unsafe { je_prefork() }
     }
 }

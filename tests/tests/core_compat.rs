@@ -30,6 +30,30 @@ fn fork_in_a_loop_while_eight_threads_allocate_does_not_deadlock() {
     }
 }
 
+/// jemalloc initialised before the shim's constructor ran (here by a
+/// DT_NEEDED library's constructor) registers its fork functions with glibc
+/// itself, so a fork inside that constructor, while threads allocate,
+/// still runs them (shim/src/jemalloc.rs, "Lazy initialisation and fork").
+/// When they only ran inside the shim's handlers, registered later, the
+/// children deadlocked.
+#[test]
+fn fork_in_a_constructor_before_the_shims_while_threads_allocate_does_not_deadlock() {
+    let lib = shared("ctor_fork_lib");
+    let exe = fixture("ctor_fork_main", &[lib.to_str().unwrap()]);
+    for shimmed in [false, true] {
+        let mut c = Cmd::new(&exe, [""; 0]);
+        if shimmed {
+            c = c.shimmed();
+        }
+        let o = c.run_timeout(Duration::from_secs(60));
+        assert_eq!(
+            (o.code, o.stdout.as_str(), o.stderr.as_str()),
+            (0, "ctor forks ok 25\n", ""),
+            "shimmed={shimmed}: {o:?}"
+        );
+    }
+}
+
 #[test]
 fn allocation_in_a_dt_needed_library_constructor_works() {
     let lib = shared("needed_ctor_lib");

@@ -136,10 +136,10 @@ pub fn gettid() -> i32 {
     super::raw::gettid()
 }
 
-/// Registers fork handlers (`pthread_atfork`).
-pub fn atfork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern "C" fn()) {
+/// Registers fork handlers (`pthread_atfork`); false if glibc refused.
+pub fn atfork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern "C" fn()) -> bool {
     // SAFETY: registering plain extern "C" functions.
-    unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+    unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) == 0 }
 }
 
 /// A thread-specific-data key whose destructor runs when a thread that set

@@ -101,8 +101,8 @@ const SANITIZER_RUNTIMES: [&[u8]; 8] = [
 /// Constructor.
 pub fn on_load() {
     // jemalloc stays uninitialised until the first allocation or thread
-    // (jemalloc.rs, "Lazy initialisation and fork"); the handlers below run
-    // its fork functions once it has.
+    // (jemalloc.rs, "Lazy initialisation and fork"); if that comes after
+    // the handlers below are registered, they run its fork functions.
     options::load();
     options::warn_unknown();
     // Except with options in jemalloc's own syntax: only jemalloc checks
@@ -114,7 +114,9 @@ pub fn on_load() {
     let interposed = detect_interposition();
     STATE.on_load(os::getpid(), os::time::monotonic_ms(), interposed);
     let _ = os::thread::real_pthread_create();
-    os::thread::atfork(fork::prepare, fork::parent, fork::child);
+    if os::thread::atfork(fork::prepare, fork::parent, fork::child) {
+        crate::jemalloc::shim_fork_handlers_registered();
+    }
     // A library constructor that created a thread before ours ran went
     // through our pthread_create and was recorded as pending.
     let already_threaded = STATE.ctor_finished();
