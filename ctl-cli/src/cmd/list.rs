@@ -51,6 +51,23 @@ pub struct Listing {
     pub unreadable: usize,
     /// Stale socket files (no listener, no such process) that were removed.
     pub stale_removed: Vec<String>,
+    /// `list` ran as root (what to say about `unreadable`).
+    #[serde(skip)]
+    pub as_root: bool,
+}
+
+/// Why `n` processes could not be read, and what to do about it. Root is
+/// refused only a non-dumpable process it lacks `CAP_SYS_PTRACE` over (a
+/// container without that capability, another user namespace); telling
+/// root to run as root would help nobody.
+fn unreadable_note(n: usize, as_root: bool) -> String {
+    if as_root {
+        format!(
+            "{n} processes could not be read: even root needs CAP_SYS_PTRACE over a non-dumpable process"
+        )
+    } else {
+        format!("{n} processes of other users could not be read; run as root to see them")
+    }
 }
 
 fn entry(p: Proc) -> Entry {
@@ -150,6 +167,7 @@ pub fn run(a: ListArgs) -> Result<Exit, Failure> {
         processes,
         unreadable,
         stale_removed: remove_stale(&dirs),
+        as_root: discover::my_euid() == Some(0),
     };
     if a.json {
         println!("{}", serde_json::to_string(&listing).unwrap_or_default());
@@ -164,10 +182,7 @@ pub fn human(l: &Listing) -> String {
     if l.processes.is_empty() {
         let mut s = "no process with libmemshim.so loaded is visible".to_owned();
         if l.unreadable > 0 {
-            s.push_str(&format!(
-                " ({} processes of other users could not be read; try as root)",
-                l.unreadable
-            ));
+            s.push_str(&format!(" ({})", unreadable_note(l.unreadable, l.as_root)));
         }
         return s + "\n";
     }
@@ -205,10 +220,7 @@ pub fn human(l: &Listing) -> String {
         }
     }
     if l.unreadable > 0 {
-        s.push_str(&format!(
-            "({} processes of other users could not be read; run as root to see them)\n",
-            l.unreadable
-        ));
+        s.push_str(&format!("({})\n", unreadable_note(l.unreadable, l.as_root)));
     }
     for f in &l.stale_removed {
         s.push_str(&format!("removed stale socket {f}\n"));
@@ -251,6 +263,7 @@ mod tests {
             ],
             unreadable: 0,
             stale_removed: vec![],
+            as_root: true,
         };
         let h = human(&l);
         assert!(
@@ -266,5 +279,24 @@ mod tests {
         let j = serde_json::to_value(&l).unwrap();
         assert_eq!(j["processes"][1]["endpoint"], false);
         assert_eq!(j["processes"][0]["purgeable"], 64 << 20);
+    }
+
+    #[test]
+    fn unreadable_processes_get_advice_that_fits_the_caller() {
+        let mut l = Listing {
+            processes: vec![],
+            unreadable: 2,
+            stale_removed: vec![],
+            as_root: false,
+        };
+        assert!(human(&l).contains("2 processes of other users could not be read; run as root"));
+        l.as_root = true;
+        let h = human(&l);
+        assert!(!h.contains("as root"), "{h}");
+        assert!(
+            h.contains("2 processes could not be read: even root needs CAP_SYS_PTRACE"),
+            "{h}"
+        );
+        assert!(serde_json::to_value(&l).unwrap().get("as_root").is_none());
     }
 }
