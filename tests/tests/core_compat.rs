@@ -5,29 +5,35 @@
 //! manual requires replacements to keep it), and glibc's answers for the aligned allocators.
 
 use memshim_tests::{Cmd, fixture, scratch, shim};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 fn shared(name: &str) -> PathBuf {
     fixture(name, &["-shared", "-fPIC"])
 }
 
-#[test]
-fn fork_in_a_loop_while_eight_threads_allocate_does_not_deadlock() {
-    let f = fixture("fork_threads", &[]);
+/// Runs `exe args` without and with the shim: both must exit 0 with
+/// exactly `stdout` and an empty stderr (a hang fails at `timeout`).
+fn same_without_and_with_the_shim(exe: &Path, args: &[&str], timeout: Duration, stdout: &str) {
     for shimmed in [false, true] {
-        let mut c = Cmd::new(&f, ["25"]);
+        let mut c = Cmd::new(exe, args);
         if shimmed {
             c = c.shimmed();
         }
-        // A deadlock hangs the process: run_timeout kills it and fails.
-        let o = c.run_timeout(Duration::from_secs(60));
+        let o = c.run_timeout(timeout);
         assert_eq!(
-            (o.code, o.stdout.trim(), o.stderr.as_str()),
-            (0, "forks ok 25", ""),
+            (o.code, o.stdout.as_str(), o.stderr.as_str()),
+            (0, stdout, ""),
             "shimmed={shimmed}: {o:?}"
         );
     }
+}
+
+#[test]
+fn fork_in_a_loop_while_eight_threads_allocate_does_not_deadlock() {
+    let f = fixture("fork_threads", &[]);
+    // A deadlock hangs the process: run_timeout kills it and fails.
+    same_without_and_with_the_shim(&f, &["25"], Duration::from_secs(60), "forks ok 25\n");
 }
 
 /// jemalloc initialised before the shim's constructor ran (here by a
@@ -40,18 +46,7 @@ fn fork_in_a_loop_while_eight_threads_allocate_does_not_deadlock() {
 fn fork_in_a_constructor_before_the_shims_while_threads_allocate_does_not_deadlock() {
     let lib = shared("ctor_fork_lib");
     let exe = fixture("ctor_fork_main", &[lib.to_str().unwrap()]);
-    for shimmed in [false, true] {
-        let mut c = Cmd::new(&exe, [""; 0]);
-        if shimmed {
-            c = c.shimmed();
-        }
-        let o = c.run_timeout(Duration::from_secs(60));
-        assert_eq!(
-            (o.code, o.stdout.as_str(), o.stderr.as_str()),
-            (0, "ctor forks ok 25\n", ""),
-            "shimmed={shimmed}: {o:?}"
-        );
-    }
+    same_without_and_with_the_shim(&exe, &[], Duration::from_secs(60), "ctor forks ok 25\n");
 }
 
 #[test]
@@ -146,19 +141,12 @@ fn runpath_layout() -> PathBuf {
 fn dlopen_searches_the_callers_runpath_under_the_shim() {
     let dir = runpath_layout();
     let exe = dir.join("runpath_main");
-    let want = "plugin found via the caller's RUNPATH\n";
-    for shimmed in [false, true] {
-        let mut c = Cmd::new(&exe, ["librunpath_plugin.so"]);
-        if shimmed {
-            c = c.shimmed();
-        }
-        let o = c.run();
-        assert_eq!(
-            (o.code, o.stdout.as_str(), o.stderr.as_str()),
-            (0, want, ""),
-            "shimmed={shimmed}: {o:?}"
-        );
-    }
+    same_without_and_with_the_shim(
+        &exe,
+        &["librunpath_plugin.so"],
+        Duration::from_secs(120),
+        "plugin found via the caller's RUNPATH\n",
+    );
     // Live: a dlopen wrapper that is an ordinary function call becomes the
     // "caller" and the same lookup fails.
     let naive = shared("naive_dlopen_wrapper");
@@ -239,16 +227,10 @@ fn closing_all_descriptors_never_lets_the_shim_touch_a_reused_one() {
     // handler wakes the thread) and a new thread re-arms it.
     let file = scratch().join("fd_reuse.txt");
     let f = fixture("fd_reuse", &[]);
-    for shimmed in [false, true] {
-        let mut c = Cmd::new(&f, [file.to_str().unwrap()]);
-        if shimmed {
-            c = c.shimmed();
-        }
-        let o = c.run_timeout(Duration::from_secs(30));
-        assert_eq!(
-            (o.code, o.stdout.as_str(), o.stderr.as_str()),
-            (0, "file ok 3\n", ""),
-            "shimmed={shimmed}: {o:?}"
-        );
-    }
+    same_without_and_with_the_shim(
+        &f,
+        &[file.to_str().unwrap()],
+        Duration::from_secs(30),
+        "file ok 3\n",
+    );
 }
