@@ -386,6 +386,13 @@ pub fn permission(p: &Proc, path: &str) -> Failure {
     }
 }
 
+/// Why a process's `/proc` maps or descriptors can be refused even to root,
+/// for the notes of commands that count such processes (`list`, `cgroup`):
+/// the kernel shows a non-dumpable process only to a caller with
+/// `CAP_SYS_PTRACE` over it.
+pub const DENIED_TO_ROOT: &str = "even root needs CAP_SYS_PTRACE over a non-dumpable process, which containers often \
+     drop and which does not reach another user namespace";
+
 /// Our effective uid (from /proc/self/status; the CLI has no unsafe code).
 pub fn my_euid() -> Option<u32> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;

@@ -66,7 +66,7 @@ pub fn run(a: CgroupArgs) -> Result<Exit, Failure> {
              process holds is `unknown`, not `unowned`; {}",
             shm.unreadable_processes,
             if crate::discover::my_euid() == Some(0) {
-                "even root cannot read a non-dumpable process of another user namespace"
+                crate::discover::DENIED_TO_ROOT
             } else {
                 "run as root to know"
             }

@@ -56,14 +56,13 @@ pub struct Listing {
     pub as_root: bool,
 }
 
-/// Why `n` processes could not be read, and what to do about it. Root is
-/// refused only a non-dumpable process it lacks `CAP_SYS_PTRACE` over (a
-/// container without that capability, another user namespace); telling
+/// Why `n` processes could not be read, and what to do about it; telling
 /// root to run as root would help nobody.
 fn unreadable_note(n: usize, as_root: bool) -> String {
     if as_root {
         format!(
-            "{n} processes could not be read: even root needs CAP_SYS_PTRACE over a non-dumpable process"
+            "{n} processes could not be read: {}",
+            discover::DENIED_TO_ROOT
         )
     } else {
         format!("{n} processes of other users could not be read; run as root to see them")
