@@ -7,10 +7,11 @@
 //! jemalloc's fork functions are called from here too ("Lazy initialisation
 //! and fork" below).
 
+use crate::os::ResetTo;
 use core::ffi::{c_char, c_int, c_void};
 use core::fmt::Write;
 use core::ptr;
-use core::sync::atomic::{AtomicBool, Ordering::Acquire, Ordering::Release};
+use core::sync::atomic::{AtomicBool, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 use tikv_jemalloc_sys as sys;
 
 /// `MALLCTL_ARENAS_ALL`: the pseudo-arena index meaning "every arena".
@@ -132,6 +133,21 @@ pub fn version() -> &'static str {
 //   the shim's handlers call its functions in the places glibc would have
 //   if it had registered first: its prepare after the shim's, its parent
 //   and child handlers before the shim's.
+//
+// In the second case a fork by a process that has no other thread takes
+// none of jemalloc's locks, as glibc's `fork` takes none of its own malloc's
+// when single-threaded: no other thread can hold one, so there is nothing
+// to lock in the parent or to reinitialise in the child. Locking them
+// writes to every page that holds one of jemalloc's mutexes, in the parent
+// and again in the child, each a copy-on-write fault: about 30 faults per
+// fork of a shell, a third of what its `fork` and `exec` of `/bin/true`
+// cost under glibc (bench/FINDINGS-issue15.md, "Single-threaded forks").
+// "No other thread" is the kernel's count, not "never had one": the shim's
+// own thread, which the prepare handler stops first, and threads that have
+// exited no longer count. A thread that is exiting still counts until its
+// last user-space code (jemalloc's thread-exit cleanup included) has run.
+// Only the forking thread can create another, so the count cannot grow
+// before the fork.
 
 unsafe extern "C" {
     // jemalloc's fork functions (jemalloc.c), hidden in this library.
@@ -141,6 +157,11 @@ unsafe extern "C" {
     fn je_postfork_parent();
     #[link_name = "_rjem_je_jemalloc_postfork_child"]
     fn je_postfork_child();
+    // jemalloc's own purging threads are on (background_thread.c: an
+    // `atomic_b_t`, a `bool`). Their state is reset in the child by
+    // `je_postfork_child`, so a fork never skips it while they are on.
+    #[link_name = "_rjem_je_background_thread_enabled_state"]
+    static JE_BACKGROUND_THREADS_ON: AtomicBool;
 }
 
 /// The shim's fork handlers are registered with glibc.
@@ -148,6 +169,11 @@ static SHIM_HANDLERS: AtomicBool = AtomicBool::new(false);
 /// jemalloc registered its fork functions after the shim's handlers: they
 /// run from inside the shim's.
 static FORK_READY: AtomicBool = AtomicBool::new(false);
+/// jemalloc's prepare ran for the fork under way: the parent and child
+/// handlers must run its others. Written by the forking thread only (glibc
+/// runs one fork's handlers at a time), and only when it changes, so a
+/// process that forks again and again writes its page once.
+static LOCKED_FOR_FORK: AtomicBool = AtomicBool::new(false);
 
 /// The shim's fork handlers are registered (`thread::on_load`, once).
 pub fn shim_fork_handlers_registered() {
@@ -167,9 +193,15 @@ pub fn claim_atfork(prepare: usize) -> bool {
 
 /// jemalloc's fork prepare: locks every allocator mutex. Runs last of the
 /// shim's prepare handler; nothing if jemalloc has not initialised, or
-/// registered its functions with glibc itself.
+/// registered its functions with glibc itself, or the forking thread is
+/// the process's only one.
 pub fn prefork() {
-    if FORK_READY.load(Acquire) {
+    if !FORK_READY.load(Acquire) {
+        return;
+    }
+    let lock = !forking_thread_is_alone();
+    LOCKED_FOR_FORK.reset_to(lock);
+    if lock {
         // SAFETY: jemalloc's own atfork prepare function, called where
         // glibc would call it; jemalloc has handed it to us (FORK_READY).
         unsafe { je_prefork() }
@@ -178,7 +210,7 @@ pub fn prefork() {
 
 /// jemalloc's fork parent handler; pairs with [`prefork`].
 pub fn postfork_parent() {
-    if FORK_READY.load(Acquire) {
+    if FORK_READY.load(Acquire) && LOCKED_FOR_FORK.load(Relaxed) {
         // SAFETY: as `prefork`: the parent handler after jemalloc's prepare.
         unsafe { je_postfork_parent() }
     }
@@ -187,10 +219,19 @@ pub fn postfork_parent() {
 /// jemalloc's fork child handler; pairs with [`prefork`]. Async-signal-safe
 /// as jemalloc's is: it reinitialises the mutexes `prefork` locked.
 pub fn postfork_child() {
-    if FORK_READY.load(Acquire) {
+    if FORK_READY.load(Acquire) && LOCKED_FOR_FORK.load(Relaxed) {
         // SAFETY: as `prefork`: the child handler after jemalloc's prepare.
         unsafe { je_postfork_child() }
     }
+}
+
+/// The kernel counts one thread in the process (the caller) and jemalloc's
+/// purging threads are off. False when `/proc` cannot tell: the fork then
+/// takes jemalloc's locks as always. One `stat`; async-signal-safe.
+fn forking_thread_is_alone() -> bool {
+    // SAFETY: jemalloc's flag, a plain atomic bool it reads relaxed too.
+    let background = unsafe { JE_BACKGROUND_THREADS_ON.load(Relaxed) };
+    !background && crate::os::proc::thread_count() == Some(1)
 }
 
 /// Initialises jemalloc if nothing has allocated yet, without touching its

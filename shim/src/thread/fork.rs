@@ -13,7 +13,8 @@
 //! with the thread alive rather than risk a deadlock. jemalloc's fork
 //! functions run inside these handlers (jemalloc.rs, "Lazy initialisation
 //! and fork"): its prepare after ours, so jemalloc is unlocked while we
-//! wait, and its parent and child handlers before ours.
+//! wait, and its parent and child handlers before ours; a fork by the
+//! process's only thread (counted after the stop) runs none of them.
 //!
 //! `unshare(CLONE_NEWUSER)` and `setns` into a user or mount namespace need
 //! a single-threaded caller; our exported `unshare`/`setns` stop the thread
