@@ -105,17 +105,19 @@ pub fn on_load() {
     // the handlers below are registered, they run its fork functions.
     options::load();
     options::warn_unknown();
-    // Except with options in jemalloc's own syntax: only jemalloc checks
-    // them, when it initialises, and a bad one gets its warning line in
-    // every process, as before, even one that never allocates.
-    if options::raw_jemalloc_conf() {
-        crate::jemalloc::ensure_init();
-    }
     let interposed = detect_interposition();
     STATE.on_load(os::getpid(), os::time::monotonic_ms(), interposed);
     let _ = os::thread::real_pthread_create();
     if os::thread::atfork(fork::prepare, fork::parent, fork::child) {
         crate::jemalloc::shim_fork_handlers_registered();
+    }
+    // Except with options in jemalloc's own syntax: only jemalloc checks
+    // them, when it initialises, and a bad one gets its warning line in
+    // every process, as before, even one that never allocates. After the
+    // handlers, so that jemalloc's fork functions run inside them, as they
+    // do when it initialises later.
+    if options::raw_jemalloc_conf() {
+        crate::jemalloc::ensure_init();
     }
     // A library constructor that created a thread before ours ran went
     // through our pthread_create and was recorded as pending.
