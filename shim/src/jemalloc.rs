@@ -139,15 +139,19 @@ pub fn version() -> &'static str {
 // when single-threaded: no other thread can hold one, so there is nothing
 // to lock in the parent or to reinitialise in the child. Locking them
 // writes to every page that holds one of jemalloc's mutexes, in the parent
-// and again in the child, each a copy-on-write fault: about 30 faults per
-// fork of a shell, a third of what its `fork` and `exec` of `/bin/true`
+// and again in the child, each a copy-on-write fault: 38 faults per
+// command of a shell, 40 % of what its `fork` and `exec` of `/bin/true`
 // cost under glibc (bench/FINDINGS-issue15.md, "Single-threaded forks").
-// "No other thread" is the kernel's count, not "never had one": the shim's
-// own thread, which the prepare handler stops first, and threads that have
-// exited no longer count. A thread that is exiting still counts until its
-// last user-space code (jemalloc's thread-exit cleanup included) has run.
-// Only the forking thread can create another, so the count cannot grow
-// before the fork.
+// "No other thread" is the kernel's count, where glibc's test is "never
+// had one": the shim's own thread, which the prepare handler stops first,
+// and threads that have exited no longer count. A thread that is exiting
+// still counts until its last user-space code (jemalloc's thread-exit
+// cleanup included) has run. Only the forking thread can create another
+// before the fork, with two exotic exceptions that glibc's own malloc does
+// not cover either: a prepare handler registered before the shim's (it
+// runs after the count) that starts a thread, and a task cloned with
+// `CLONE_VM` but not `CLONE_THREAD`, which shares the heap without being
+// one of the process's threads.
 
 unsafe extern "C" {
     // jemalloc's fork functions (jemalloc.c), hidden in this library.
@@ -170,9 +174,10 @@ static SHIM_HANDLERS: AtomicBool = AtomicBool::new(false);
 /// run from inside the shim's.
 static FORK_READY: AtomicBool = AtomicBool::new(false);
 /// jemalloc's prepare ran for the fork under way: the parent and child
-/// handlers must run its others. Written by the forking thread only (glibc
-/// runs one fork's handlers at a time), and only when it changes, so a
-/// process that forks again and again writes its page once.
+/// handlers must run its others. Written by a forking thread, and only when
+/// it changes, so a process that forks again and again writes its page
+/// once. Two threads forking at once both count two threads and both write
+/// `true`; only a thread that is truly alone writes `false`.
 static LOCKED_FOR_FORK: AtomicBool = AtomicBool::new(false);
 
 /// The shim's fork handlers are registered (`thread::on_load`, once).
