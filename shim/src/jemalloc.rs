@@ -174,10 +174,11 @@ static SHIM_HANDLERS: AtomicBool = AtomicBool::new(false);
 /// run from inside the shim's.
 static FORK_READY: AtomicBool = AtomicBool::new(false);
 /// jemalloc's prepare ran for the fork under way: the parent and child
-/// handlers must run its others. Written by a forking thread, and only when
-/// it changes, so a process that forks again and again writes its page
-/// once. Two threads forking at once both count two threads and both write
-/// `true`; only a thread that is truly alone writes `false`.
+/// handlers must run its others. Only [`prefork`] sets it, after seeing
+/// `FORK_READY`, so it implies that flag. Written by a forking thread, and
+/// only when it changes, so a process that forks again and again writes its
+/// page once. Two threads forking at once both count two threads and both
+/// write `true`; only a thread that is truly alone writes `false`.
 static LOCKED_FOR_FORK: AtomicBool = AtomicBool::new(false);
 
 /// The shim's fork handlers are registered (`thread::on_load`, once).
@@ -215,7 +216,7 @@ pub fn prefork() {
 
 /// jemalloc's fork parent handler; pairs with [`prefork`].
 pub fn postfork_parent() {
-    if FORK_READY.load(Acquire) && LOCKED_FOR_FORK.load(Relaxed) {
+    if LOCKED_FOR_FORK.load(Relaxed) {
         // SAFETY: as `prefork`: the parent handler after jemalloc's prepare.
         unsafe { je_postfork_parent() }
     }
@@ -224,7 +225,7 @@ pub fn postfork_parent() {
 /// jemalloc's fork child handler; pairs with [`prefork`]. Async-signal-safe
 /// as jemalloc's is: it reinitialises the mutexes `prefork` locked.
 pub fn postfork_child() {
-    if FORK_READY.load(Acquire) && LOCKED_FOR_FORK.load(Relaxed) {
+    if LOCKED_FOR_FORK.load(Relaxed) {
         // SAFETY: as `prefork`: the child handler after jemalloc's prepare.
         unsafe { je_postfork_child() }
     }
