@@ -236,6 +236,7 @@ export!(
         };
         // Before a second thread exists (jemalloc.rs, "Lazy initialisation").
         crate::jemalloc::ensure_init();
+        thread::before_app_thread_create();
         let rc = real(t, attr, start, arg);
         if rc == 0 {
             thread::after_app_thread_created();

@@ -11,7 +11,10 @@ use crate::os::ResetTo;
 use core::ffi::{c_char, c_int, c_void};
 use core::fmt::Write;
 use core::ptr;
-use core::sync::atomic::{AtomicBool, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
+use core::sync::atomic::{
+    AtomicBool, AtomicU32, Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed,
+    Ordering::Release,
+};
 use tikv_jemalloc_sys as sys;
 
 /// `MALLCTL_ARENAS_ALL`: the pseudo-arena index meaning "every arena".
@@ -275,6 +278,44 @@ pub fn disable_own_tcache() -> Result<(), Error> {
     write(b"thread.tcache.enabled\0", false)
 }
 
+/// The arena of the shim's own threads (0 until created: arena 0 is always
+/// an automatic one, so 0 never names it).
+static OWN_ARENA: AtomicU32 = AtomicU32::new(0);
+
+/// Moves the calling thread, one of the shim's, to an arena of the shim's
+/// own: created once with `arenas.create`, entered with `thread.arena`.
+///
+/// jemalloc gives each thread, at its first call, the automatic arena with
+/// the fewest threads, and creates a new one while any of the
+/// `opt.narenas` slots is free. A shim thread counted there would skew the
+/// application's layout for as long as it runs: with as many slots as busy
+/// threads, two of the application's threads would share an arena while
+/// the shim's, which hardly allocates, had one to itself (`tput medium 2`
+/// with `MEMSHIM_NARENAS=2` ran 2.7× slower in half of the runs; see
+/// bench/FINDINGS-issue15.md). A created arena lies beyond the automatic
+/// slots, which jemalloc alone hands out. The thread's first call has
+/// bound it to an automatic arena for the moment until this moves it (the
+/// binding jemalloc makes at a thread's start cannot be avoided); that
+/// arena's count is back where it was afterwards.
+pub fn use_own_arena() -> Result<(), Error> {
+    write(b"thread.arena\0", own_arena()?)
+}
+
+/// The index of the shim's own arena, created on first use.
+pub fn own_arena() -> Result<u32, Error> {
+    let mut index = OWN_ARENA.load(Acquire);
+    if index == 0 {
+        let created = read::<u32>(b"arenas.create\0")?;
+        // Only the shim's thread creates it, before it starts any other;
+        // should two ever race, both use the first one's.
+        index = match OWN_ARENA.compare_exchange(0, created, AcqRel, Acquire) {
+            Ok(_) => created,
+            Err(first) => first,
+        };
+    }
+    Ok(index)
+}
+
 /// `epoch`: refreshes the statistics snapshot that `stats.*` keys read.
 pub fn advance_epoch() -> Result<(), Error> {
     write(b"epoch\0", 1u64)
@@ -324,9 +365,16 @@ pub fn page_size() -> u64 {
         .unwrap_or(4096)
 }
 
-/// `arenas.narenas`: number of arena slots.
+/// `arenas.narenas`: number of arena slots: the automatic ones
+/// (`opt.narenas`) and those created since, the shim's own included.
 pub fn narenas() -> u32 {
     read::<u32>(b"arenas.narenas\0").unwrap_or(0)
+}
+
+/// `opt.narenas`: number of automatic arena slots, the ones jemalloc hands
+/// out to threads (`MEMSHIM_NARENAS`, or jemalloc's count).
+pub fn narenas_auto() -> u32 {
+    read::<u32>(b"opt.narenas\0").unwrap_or(0)
 }
 
 /// Takes a fresh statistics snapshot.

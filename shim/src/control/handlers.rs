@@ -64,7 +64,7 @@ fn config(ctx: &Ctx<'_>) -> ConfigState {
     ConfigState {
         dirty_decay_ms: dirty,
         muzzy_decay_ms: muzzy,
-        narenas: jemalloc::narenas(),
+        narenas: jemalloc::narenas_auto(),
         background_purge: dirty >= 0,
         jemalloc_background_thread: jemalloc::background_thread(),
         jemalloc_version: jemalloc::version().to_owned(),

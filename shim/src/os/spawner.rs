@@ -36,6 +36,10 @@ static LIFE: AtomicU32 = AtomicU32::new(OFF);
 static ALLOWED: AtomicBool = AtomicBool::new(false);
 /// A job thread was wanted and there was no spawner.
 static WANTED: AtomicBool = AtomicBool::new(false);
+/// What the spawner's thread runs first (a `fn()`; 0 for nothing): set
+/// once by the thread layer, which moves the shim's threads to an arena of
+/// their own.
+static ON_START: AtomicUsize = AtomicUsize::new(0);
 /// pthread_t of the spawner (joinable).
 static HANDLE: AtomicUsize = AtomicUsize::new(0);
 /// 1 while a spawner is allowed and none runs: the exported `dlopen` then
@@ -82,6 +86,11 @@ pub fn allow(yes: bool) {
 /// Whether a job thread was asked for while no spawner existed.
 pub fn wanted() -> bool {
     WANTED.load(Acquire) && ALLOWED.load(Acquire) && !alive()
+}
+
+/// Sets what every spawner thread runs first.
+pub fn on_start(f: fn()) {
+    ON_START.store(f as usize, Release);
 }
 
 /// Starts the spawner. Call only on a thread that uses the application's
@@ -189,6 +198,11 @@ pub fn after_fork_child() {
 }
 
 extern "C" fn main(_: *mut c_void) -> *mut c_void {
+    let on_start = ON_START.load(Acquire);
+    if on_start != 0 {
+        // SAFETY: ON_START holds 0 or a `fn()` stored by `on_start`.
+        unsafe { core::mem::transmute::<usize, fn()>(on_start)() };
+    }
     thread::set_name(c"memshim");
     loop {
         match ORDER.load(SeqCst) {

@@ -74,6 +74,7 @@ pub(super) extern "C" fn child() {
     os::fd::after_fork_child();
     os::spawner::after_fork_child();
     STATE.after_fork_child(os::getpid(), os::time::monotonic_ms());
+    super::run::forget_pending_start();
     crate::control::after_fork_child();
     super::pressure::after_fork_child();
     crate::python::after_fork_child();

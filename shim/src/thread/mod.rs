@@ -108,6 +108,9 @@ pub fn on_load() {
     let interposed = detect_interposition();
     STATE.on_load(os::getpid(), os::time::monotonic_ms(), interposed);
     let _ = os::thread::real_pthread_create();
+    os::spawner::on_start(|| {
+        let _ = crate::jemalloc::use_own_arena();
+    });
     if os::thread::atfork(fork::prepare, fork::parent, fork::child) {
         crate::jemalloc::shim_fork_handlers_registered();
     }
@@ -138,6 +141,14 @@ pub fn on_load() {
 /// Destructor (the process is exiting).
 pub fn on_unload() {
     crate::control::at_exit();
+}
+
+/// Our `pthread_create`, before glibc's creates the application's thread:
+/// a shim thread that has just started must first leave the arenas the new
+/// thread chooses from (`run::wait_until_settled`).
+pub fn before_app_thread_create() {
+    let _e = KeepErrno::new();
+    run::wait_until_settled();
 }
 
 /// Our `pthread_create`, after glibc's has created the application's thread.

@@ -30,9 +30,11 @@ use super::pressure::{self, Watcher};
 use super::state::{Phase, STATE};
 use super::wake::Wake;
 use crate::options::{self, Control, FdTable};
-use crate::os::{self, spawner, thread::Stack};
+use crate::os::{self, ResetTo, spawner, thread::Stack};
 use crate::{control, jemalloc};
 use core::ffi::c_void;
+use core::sync::atomic::{AtomicU32, Ordering::SeqCst};
+use core::time::Duration;
 
 /// Stack of the shim's thread (the default 8 MiB is far more than needed;
 /// the protocol decoder's deepest input still fits).
@@ -42,9 +44,56 @@ const MAX_TICK_MS: i64 = 1000;
 /// Shortest sleep between ticks.
 const MIN_TICK_MS: i64 = 50;
 
+/// The longest an application thread waits for a starting shim thread to
+/// leave the automatic arenas. It takes tens of microseconds; the bound
+/// only matters on a machine so loaded that the thread is not scheduled.
+const SETTLE_WAIT: Duration = Duration::from_millis(100);
+
+/// Where the last shim thread started stands (a futex): no thread pending,
+/// or started but still in the automatic arenas, or out of them.
+static ARENA_MOVE: AtomicU32 = AtomicU32::new(MOVE_NONE);
+const MOVE_NONE: u32 = 0;
+const MOVE_PENDING: u32 = 1;
+const MOVE_DONE: u32 = 2;
+
 /// Creates the shim's thread. Returns its handle.
 pub(super) fn spawn() -> Option<libc::pthread_t> {
-    os::thread::spawn(main, 0, Stack::Bytes(STACK_SIZE), false)
+    ARENA_MOVE.store(MOVE_PENDING, SeqCst);
+    let t = os::thread::spawn(main, 0, Stack::Bytes(STACK_SIZE), false);
+    if t.is_none() {
+        ARENA_MOVE.store(MOVE_NONE, SeqCst);
+    }
+    t
+}
+
+/// Waits, at most [`SETTLE_WAIT`], while a shim thread that has just
+/// started is still in jemalloc's automatic arenas. Its first call to
+/// jemalloc binds it to the least used one until `jemalloc::use_own_arena`
+/// moves it out; an application thread that chose meanwhile would share
+/// an arena it need not. The application's first thread can still meet
+/// that moment (the shim's thread starts right after it); the ones after
+/// it cannot.
+pub(super) fn wait_until_settled() {
+    if ARENA_MOVE.load(SeqCst) != MOVE_PENDING {
+        return;
+    }
+    let until = os::time::monotonic_ms() + SETTLE_WAIT.as_millis() as u64;
+    while ARENA_MOVE.load(SeqCst) == MOVE_PENDING {
+        let now = os::time::monotonic_ms();
+        if now >= until {
+            return;
+        }
+        os::time::futex_wait(
+            &ARENA_MOVE,
+            MOVE_PENDING,
+            Some(Duration::from_millis(until - now)),
+        );
+    }
+}
+
+/// Fork child: no shim thread is starting there.
+pub(super) fn forget_pending_start() {
+    ARENA_MOVE.reset_to(MOVE_NONE);
 }
 
 /// How many threads the shim has now besides job threads: this one, and
@@ -113,6 +162,11 @@ impl Held {
 }
 
 extern "C" fn main(_: *mut c_void) -> *mut c_void {
+    // First: application threads created meanwhile wait for it
+    // (`wait_until_settled`).
+    let _ = jemalloc::use_own_arena();
+    ARENA_MOVE.store(MOVE_DONE, SeqCst);
+    os::time::futex_wake(&ARENA_MOVE);
     os::thread::set_name(c"memshim");
     let _ = jemalloc::disable_own_tcache();
     leave_the_application_table();
