@@ -282,8 +282,9 @@ pub fn disable_own_tcache() -> Result<(), Error> {
 /// an automatic one, so 0 never names it).
 static OWN_ARENA: AtomicU32 = AtomicU32::new(0);
 
-/// Moves the calling thread, one of the shim's, to an arena of the shim's
-/// own: created once with `arenas.create`, entered with `thread.arena`.
+/// Moves the calling thread (the shim's thread or the spawner, which live
+/// as long as the shim runs) to an arena of the shim's own: created once
+/// with `arenas.create`, entered with `thread.arena`.
 ///
 /// jemalloc gives each thread, at its first call, the automatic arena with
 /// the fewest threads, and creates a new one while any of the
@@ -291,12 +292,15 @@ static OWN_ARENA: AtomicU32 = AtomicU32::new(0);
 /// application's layout for as long as it runs: with as many slots as busy
 /// threads, two of the application's threads would share an arena while
 /// the shim's, which hardly allocates, had one to itself (`tput medium 2`
-/// with `MEMSHIM_NARENAS=2` ran 2.7× slower in half of the runs; see
+/// with `MEMSHIM_NARENAS=2` ran 2.9× slower in a third of the runs; see
 /// bench/FINDINGS-issue15.md). A created arena lies beyond the automatic
 /// slots, which jemalloc alone hands out. The thread's first call has
 /// bound it to an automatic arena for the moment until this moves it (the
 /// binding jemalloc makes at a thread's start cannot be avoided); that
-/// arena's count is back where it was afterwards.
+/// arena's count is back where it was afterwards. If no other thread is
+/// bound to it, jemalloc purges it as the thread leaves (`arena_migrate`).
+/// The Python bridge's job threads do not move: they live for one job, and
+/// each move could purge an idle arena.
 pub fn use_own_arena() -> Result<(), Error> {
     write(b"thread.arena\0", own_arena()?)
 }

@@ -518,7 +518,7 @@ fn the_shims_threads_leave_every_automatic_arena_to_the_application() {
     // The shim's thread must not be counted there: it sits in an arena of
     // its own beyond them. Before, it took an automatic one, and with as
     // many arenas as the program has threads two of the program's shared
-    // one (medium sizes at T=2 then ran 2.7x slower in some runs).
+    // one (medium sizes at T=2 then ran 2.9x slower in some runs).
     //
     // With MEMSHIM_CONTROL=on the thread has left before the program's
     // first thread starts, so each of the program's threads gets an arena

@@ -335,8 +335,6 @@ fn spawn_worker() -> Result<(), PythonUnavailable> {
 /// The job thread: takes the GIL, claims the posted job, runs it, and
 /// leaves; once more if a request was posted as it was leaving.
 extern "C" fn worker_main(arg: *mut c_void) -> *mut c_void {
-    // Out of the automatic arenas, as the shim's other threads.
-    let _ = crate::jemalloc::use_own_arena();
     let key = Key::from_raw(arg as usize as u32);
     os::thread::set_name(c"memshim-py");
     // Any value arms the key's destructor for this thread.

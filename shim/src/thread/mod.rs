@@ -108,6 +108,8 @@ pub fn on_load() {
     let interposed = detect_interposition();
     STATE.on_load(os::getpid(), os::time::monotonic_ms(), interposed);
     let _ = os::thread::real_pthread_create();
+    // The spawner lives as long as the shim's thread: out of the automatic
+    // arenas too (jemalloc::use_own_arena).
     os::spawner::on_start(|| {
         let _ = crate::jemalloc::use_own_arena();
     });

@@ -62,6 +62,7 @@ pub(super) fn spawn() -> Option<libc::pthread_t> {
     let t = os::thread::spawn(main, 0, Stack::Bytes(STACK_SIZE), false);
     if t.is_none() {
         ARENA_MOVE.store(MOVE_NONE, SeqCst);
+        os::time::futex_wake(&ARENA_MOVE);
     }
     t
 }
@@ -70,9 +71,11 @@ pub(super) fn spawn() -> Option<libc::pthread_t> {
 /// started is still in jemalloc's automatic arenas. Its first call to
 /// jemalloc binds it to the least used one until `jemalloc::use_own_arena`
 /// moves it out; an application thread that chose meanwhile would share
-/// an arena it need not. The application's first thread can still meet
-/// that moment (the shim's thread starts right after it); the ones after
-/// it cannot.
+/// an arena it need not. The thread that started the shim's (the first
+/// after each start under `MEMSHIM_CONTROL=auto`) can still meet that
+/// moment, since the shim's thread starts right after it; the ones created
+/// after it cannot, unless this wait runs out. The spawner, which moves
+/// too, is not waited for.
 pub(super) fn wait_until_settled() {
     if ARENA_MOVE.load(SeqCst) != MOVE_PENDING {
         return;
