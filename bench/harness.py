@@ -159,8 +159,9 @@ DEFAULTS_NOTE = (
     "TCACHE_LG_MAXCLASS_LIMIT = LG_USIZE_GROW_SLOW_THRESHOLD, and clips larger values silently; Debian's "
     "5.3.0 allows 8 MiB). **Arena count** stays jemalloc's 4 per CPU (capped under a CPU quota): ms-narenas1x, one "
     "per CPU, lowers peak RSS in scenarios 2 and 3 (one thread reuses what another freed before it decays), "
-    "but two busy threads can then share one arena while another sits idle, and medium sizes at T=2 ran "
-    "5x slower in about half of the runs. These readings were taken on a shared 2-core VM; when a row of this run contradicts them, the "
+    "but threads share arenas once busy threads outnumber CPUs, and allocations of 32-64 KiB, which bypass "
+    "the thread caches, then contend for the shared arena's locks: medium sizes at T=4 on two arenas ran 4x "
+    "slower in some runs, large buffers at T=2 and T=4 15-20 % slower. These readings were taken on a shared 2-core VM; when a row of this run contradicts them, the "
     "table wins.")
 
 
