@@ -67,8 +67,9 @@ pub(super) fn spawn() -> Option<libc::pthread_t> {
     t
 }
 
-/// Waits, at most [`SETTLE_WAIT`], while a shim thread that has just
-/// started is still in jemalloc's automatic arenas. Its first call to
+/// Waits, at most [`SETTLE_WAIT`] and then never again for that start,
+/// while a shim thread that has just started is still in jemalloc's
+/// automatic arenas. Its first call to
 /// jemalloc binds it to the least used one until `jemalloc::use_own_arena`
 /// moves it out; an application thread that chose meanwhile would share
 /// an arena it need not. The thread that started the shim's (the first
@@ -84,6 +85,10 @@ pub(super) fn wait_until_settled() {
     while ARENA_MOVE.load(SeqCst) == MOVE_PENDING {
         let now = os::time::monotonic_ms();
         if now >= until {
+            // Given up once, not on every later call: a child made without
+            // fork handlers (`_Fork`, a raw `clone`) in that moment has no
+            // shim thread that will ever move.
+            let _ = ARENA_MOVE.compare_exchange(MOVE_PENDING, MOVE_NONE, SeqCst, SeqCst);
             return;
         }
         os::time::futex_wait(
