@@ -306,7 +306,7 @@ pub fn use_own_arena() -> Result<(), Error> {
 }
 
 /// The index of the shim's own arena, created on first use.
-pub fn own_arena() -> Result<u32, Error> {
+fn own_arena() -> Result<u32, Error> {
     let mut index = OWN_ARENA.load(Acquire);
     if index == 0 {
         let created = read::<u32>(b"arenas.create\0")?;

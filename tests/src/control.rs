@@ -12,6 +12,37 @@ pub fn heap_fixture() -> PathBuf {
     fixture("control_heap", &[])
 }
 
+/// `memshim-ctl stats PID [extra...] --json` of `parked_cache <workers>
+/// <mode>` (tests/fixtures/parked_cache.c) under the shim with `envs`, once
+/// all its workers have allocated and parked; the fixture must then exit 0
+/// with an empty stderr.
+pub fn parked_cache_stats(
+    workers: u32,
+    mode: &str,
+    envs: &[(&str, &str)],
+    extra: &[&str],
+) -> serde_json::Value {
+    let mut c = Cmd::new(
+        fixture("parked_cache", &[]),
+        [workers.to_string().as_str(), mode],
+    )
+    .shimmed();
+    for (k, v) in envs {
+        c = c.env(k, v);
+    }
+    let mut c = c.spawn();
+    c.wait_for_line("ready", Duration::from_secs(30));
+    let pid = c.pid().to_string();
+    let mut args = vec!["stats", pid.as_str()];
+    args.extend_from_slice(extra);
+    let (code, stats) = ctl_json(&args);
+    assert_eq!(code, 0, "{stats}");
+    c.send("quit");
+    let o = c.finish(Duration::from_secs(10));
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    stats
+}
+
 /// Starts the fixture under the shim with decay off, waits for "started".
 pub fn start_heap(extra_env: &[(&str, &str)]) -> Child {
     let mut c = Cmd::new(heap_fixture(), Vec::<String>::new())

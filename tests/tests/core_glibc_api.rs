@@ -1,10 +1,9 @@
 //! glibc's malloc control API works on the shim, called the way Python/ML
 //! code calls it: through ctypes (tests/fixtures/glibc_api.py).
 
-use memshim_tests::control::ctl_json;
-use memshim_tests::{Cmd, Output, fixture, python, root, scratch};
+use memshim_tests::control::parked_cache_stats;
+use memshim_tests::{Cmd, Output, python, root, scratch};
 use std::collections::HashMap;
-use std::time::Duration;
 
 fn api(args: &[&str], envs: &[(&str, &str)], shimmed: bool) -> Output {
     let script = root().join("tests/fixtures/glibc_api.py");
@@ -52,16 +51,7 @@ fn malloc_trim_releases_a_freed_fragmented_heap_and_returns_1() {
 /// `allocator.tcache` of a process whose 4 workers filled their thread
 /// caches and parked, with or without a `malloc_trim(0)` of their own first.
 fn parked_tcache_bytes(mode: &str) -> u64 {
-    let mut c = Cmd::new(fixture("parked_cache", &[]), ["4", mode])
-        .shimmed()
-        .env("MEMSHIM_CONTROL", "on")
-        .spawn();
-    c.wait_for_line("ready", Duration::from_secs(30));
-    let (code, stats) = ctl_json(&["stats", &c.pid().to_string()]);
-    assert_eq!(code, 0, "{stats}");
-    c.send("quit");
-    let o = c.finish(Duration::from_secs(10));
-    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    let stats = parked_cache_stats(4, mode, &[("MEMSHIM_CONTROL", "on")], &[]);
     stats["allocator"]["tcache"].as_u64().unwrap()
 }
 

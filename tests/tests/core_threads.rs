@@ -488,21 +488,16 @@ fn python_can_setns_into_a_mount_namespace_while_the_shim_thread_lingers() {
 /// main thread and `workers` workers allocated and parked, under
 /// `MEMSHIM_NARENAS=narenas`; and `config.narenas`.
 fn arena_threads(narenas: u32, workers: u32, control: &str) -> (Vec<(u64, u64)>, u64) {
-    let mut c = Cmd::new(
-        memshim_tests::fixture("parked_cache", &[]),
-        [workers.to_string().as_str(), "park"],
-    )
-    .shimmed()
-    .env("MEMSHIM_NARENAS", narenas.to_string())
-    .env("MEMSHIM_CONTROL", control)
-    .spawn();
-    c.wait_for_line("ready", Duration::from_secs(30));
-    let (code, stats) =
-        memshim_tests::control::ctl_json(&["stats", &c.pid().to_string(), "--arenas"]);
-    assert_eq!(code, 0, "{stats}");
-    c.send("quit");
-    let o = c.finish(T);
-    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    let narenas_s = narenas.to_string();
+    let stats = memshim_tests::control::parked_cache_stats(
+        workers,
+        "park",
+        &[
+            ("MEMSHIM_NARENAS", &narenas_s),
+            ("MEMSHIM_CONTROL", control),
+        ],
+        &["--arenas"],
+    );
     let arenas = stats["arenas"]
         .as_array()
         .unwrap_or_else(|| panic!("no arenas in {stats}"))

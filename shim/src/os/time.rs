@@ -1,6 +1,6 @@
 //! Clocks (monotonic, CPU time), sleeping, and futexes.
 
-use core::sync::atomic::AtomicU32;
+use core::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::time::Duration;
 
 /// A clock's reading in nanoseconds. Allocation-free, async-signal-safe.
@@ -86,6 +86,23 @@ pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
             0,
         )
     };
+}
+
+/// Waits while `word` is `value`, at most `limit` (a wake-up that changed
+/// it ends the wait early). Returns whether it changed in time.
+pub fn futex_wait_while(word: &AtomicU32, value: u32, limit: Duration) -> bool {
+    if word.load(SeqCst) != value {
+        return true;
+    }
+    let deadline = std::time::Instant::now() + limit;
+    while word.load(SeqCst) == value {
+        let now = std::time::Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        futex_wait(word, value, Some(deadline - now));
+    }
+    true
 }
 
 /// Wakes every waiter on `word`.

@@ -246,15 +246,10 @@ fn post_and_wait(job: Job, timeout: Duration) -> Outcome {
         }
         futex_wait(POSTED, deadline - now);
     }
-    let run_deadline = Instant::now() + RUN_LIMIT.max(timeout);
-    while PHASE.load(SeqCst) == RUNNING {
-        let now = Instant::now();
-        if now >= run_deadline {
-            // Still running: it completes on the job thread, and its
-            // result is dropped by the next request.
-            return Err(busy(start));
-        }
-        futex_wait(RUNNING, run_deadline - now);
+    if !time::futex_wait_while(&PHASE, RUNNING, RUN_LIMIT.max(timeout)) {
+        // Still running: it completes on the job thread, and its result is
+        // dropped by the next request.
+        return Err(busy(start));
     }
     if PHASE.load(SeqCst) != DONE {
         return Err(busy(start));

@@ -69,8 +69,8 @@ pub(super) fn spawn() -> Option<libc::pthread_t> {
 
 /// Waits, at most [`SETTLE_WAIT`] and then never again for that start,
 /// while a shim thread that has just started is still in jemalloc's
-/// automatic arenas. Its first call to
-/// jemalloc binds it to the least used one until `jemalloc::use_own_arena`
+/// automatic arenas. Its first call to jemalloc binds it to the least used
+/// one until `jemalloc::use_own_arena`
 /// moves it out; an application thread that chose meanwhile would share
 /// an arena it need not. The thread that started the shim's (the first
 /// after each start under `MEMSHIM_CONTROL=auto`) can still meet that
@@ -78,24 +78,11 @@ pub(super) fn spawn() -> Option<libc::pthread_t> {
 /// after it cannot, unless this wait runs out. The spawner, which moves
 /// too, is not waited for.
 pub(super) fn wait_until_settled() {
-    if ARENA_MOVE.load(SeqCst) != MOVE_PENDING {
-        return;
-    }
-    let until = os::time::monotonic_ms() + SETTLE_WAIT.as_millis() as u64;
-    while ARENA_MOVE.load(SeqCst) == MOVE_PENDING {
-        let now = os::time::monotonic_ms();
-        if now >= until {
-            // Given up once, not on every later call: a child made without
-            // fork handlers (`_Fork`, a raw `clone`) in that moment has no
-            // shim thread that will ever move.
-            let _ = ARENA_MOVE.compare_exchange(MOVE_PENDING, MOVE_NONE, SeqCst, SeqCst);
-            return;
-        }
-        os::time::futex_wait(
-            &ARENA_MOVE,
-            MOVE_PENDING,
-            Some(Duration::from_millis(until - now)),
-        );
+    if !os::time::futex_wait_while(&ARENA_MOVE, MOVE_PENDING, SETTLE_WAIT) {
+        // Given up once, not on every later call: a child made without
+        // fork handlers (`_Fork`, a raw `clone`) in that moment has no
+        // shim thread that will ever move.
+        let _ = ARENA_MOVE.compare_exchange(MOVE_PENDING, MOVE_NONE, SeqCst, SeqCst);
     }
 }
 
