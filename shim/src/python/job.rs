@@ -119,10 +119,6 @@ static SLOT: Slot = Slot {
     outcome: UnsafeCell::new(None),
 };
 
-fn futex_wait(expected: u32, timeout: Duration) {
-    time::futex_wait(&PHASE, expected, Some(timeout));
-}
-
 fn futex_wake() {
     time::futex_wake(&PHASE);
 }
@@ -227,24 +223,19 @@ fn post_and_wait(job: Job, timeout: Duration) -> Outcome {
         }
         // An older job thread claimed it after all: wait for it below.
     }
-    let deadline = start + timeout;
-    while PHASE.load(SeqCst) == POSTED {
-        let now = Instant::now();
-        if now >= deadline {
-            if PHASE.compare_exchange(POSTED, IDLE, SeqCst, SeqCst).is_ok() {
-                // Withdrawn: the job thread will find nothing to do.
-                if WORKER.load(SeqCst) != 0 {
-                    STARVED_SINCE_NS.store(posted_ns, SeqCst);
-                }
-                return Err(if gate::closed() {
-                    PythonUnavailable::Finalizing
-                } else {
-                    busy(start)
-                });
-            }
-            break;
+    let left = (start + timeout).saturating_duration_since(Instant::now());
+    if !time::futex_wait_while(&PHASE, POSTED, left)
+        && PHASE.compare_exchange(POSTED, IDLE, SeqCst, SeqCst).is_ok()
+    {
+        // Withdrawn: the job thread will find nothing to do.
+        if WORKER.load(SeqCst) != 0 {
+            STARVED_SINCE_NS.store(posted_ns, SeqCst);
         }
-        futex_wait(POSTED, deadline - now);
+        return Err(if gate::closed() {
+            PythonUnavailable::Finalizing
+        } else {
+            busy(start)
+        });
     }
     if !time::futex_wait_while(&PHASE, RUNNING, RUN_LIMIT.max(timeout)) {
         // Still running: it completes on the job thread, and its result is
@@ -379,10 +370,10 @@ fn take_one() -> bool {
     let Some(tstate) = new_thread_state(api) else {
         return !gate::closed();
     };
-    // SAFETY: `tstate` is this thread's new thread state; taking the GIL
-    // with it may block. If the runtime starts finalizing meanwhile,
+    // Taking the GIL may block. If the runtime starts finalizing meanwhile,
     // CPython ends this thread with pthread_exit and the key's destructor
     // accounts for it.
+    // SAFETY: `tstate` is this thread's new thread state.
     unsafe { (api.restore_thread)(tstate) };
     STARVED_SINCE_NS.store(0, SeqCst);
     if !gate::closed()
@@ -411,10 +402,10 @@ fn take_one() -> bool {
         PHASE.store(DONE, SeqCst);
         futex_wake();
     }
-    // SAFETY: this thread holds the GIL with `tstate`: clear it, then
-    // delete it and release the GIL in one call, so the runtime's
-    // thread-list lock is only taken while we hold the GIL (no fork can
-    // copy it held: os.fork holds the GIL).
+    // Clear it, then delete it and release the GIL in one call, so the
+    // runtime's thread-list lock is only taken while we hold the GIL (no
+    // fork can copy it held: os.fork holds the GIL).
+    // SAFETY: this thread holds the GIL with `tstate`.
     unsafe {
         (api.thread_state_clear)(tstate);
         (api.thread_state_delete_current)();
