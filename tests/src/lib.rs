@@ -287,39 +287,111 @@ fn run_captured(mut c: Command, input: Option<String>, timeout: Duration) -> Out
             let _ = sin.write_all(i.as_bytes());
         });
     }
-    let mut so = child.stdout.take().unwrap();
-    let mut se = child.stderr.take().unwrap();
-    let t1 = std::thread::spawn(move || {
-        let mut s = Vec::new();
-        let _ = so.read_to_end(&mut s);
-        s
-    });
-    let t2 = std::thread::spawn(move || {
-        let mut s = Vec::new();
-        let _ = se.read_to_end(&mut s);
-        s
-    });
+    let so = child.stdout.take().unwrap();
+    let se = child.stderr.take().unwrap();
+    // Both pipes are drained while the process runs (a full pipe would
+    // block it); what is left is read once it has exited.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tx2 = tx.clone();
+    std::thread::spawn(move || tx.send((1, drain(so))));
+    std::thread::spawn(move || tx2.send((2, drain(se))));
     let start = Instant::now();
-    let status = loop {
+    let (status, timed_out) = loop {
         if let Some(s) = child.try_wait().unwrap() {
-            break s;
+            break (s, false);
         }
         if start.elapsed() > timeout {
             let _ = child.kill();
-            let s = child.wait().unwrap();
-            let _ = (t1.join(), t2.join());
-            panic!("{c:?} did not finish within {timeout:?} (status {s:?})");
+            break (child.wait().unwrap(), true);
         }
         std::thread::sleep(Duration::from_millis(5));
     };
+    // A process it started that outlives it and keeps the pipes open
+    // would make the reads wait forever: that fails here instead.
+    let mut outs = [Vec::new(), Vec::new()];
+    let deadline = Instant::now() + PIPE_GRACE;
+    for _ in 0..2 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok((fd, bytes)) => outs[fd - 1] = bytes,
+            Err(_) => panic!(
+                "{c:?} {} ({status:?}), but its stdout or stderr was still open {PIPE_GRACE:?} \
+                 later: a process it started holds it",
+                if timed_out {
+                    format!("did not finish within {timeout:?} and was killed")
+                } else {
+                    "ended".to_owned()
+                }
+            ),
+        }
+    }
+    if timed_out {
+        panic!(
+            "{c:?} did not finish within {timeout:?} (status {status:?}, stdout {:?}, stderr {:?})",
+            String::from_utf8_lossy(&outs[0]),
+            String::from_utf8_lossy(&outs[1])
+        );
+    }
     use std::os::unix::process::ExitStatusExt;
     let code = status
         .code()
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    let [stdout, stderr] = outs.map(|b| String::from_utf8_lossy(&b).into_owned());
     Output {
         code,
-        stdout: String::from_utf8_lossy(&t1.join().unwrap()).into_owned(),
-        stderr: String::from_utf8_lossy(&t2.join().unwrap()).into_owned(),
+        stdout,
+        stderr,
+    }
+}
+
+/// How long the harness reads a pipe after the process that owned it has
+/// exited, before it fails: only a leftover descendant keeps it open.
+const PIPE_GRACE: Duration = Duration::from_secs(20);
+
+/// Reads `r` to its end.
+fn drain(mut r: impl Read) -> Vec<u8> {
+    let mut s = Vec::new();
+    let _ = r.read_to_end(&mut s);
+    s
+}
+
+/// Reads what is left in `r` after its writer exited: to its end, or
+/// `None` when it is still open after [`PIPE_GRACE`].
+fn drain_exited(r: &mut (impl Read + std::os::fd::AsRawFd), into: &mut Vec<u8>) -> Option<()> {
+    let deadline = Instant::now() + PIPE_GRACE;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || !poll_readable(r.as_raw_fd(), left) {
+            return None;
+        }
+        let mut buf = [0u8; 4096];
+        match r.read(&mut buf) {
+            Ok(0) => return Some(()),
+            Ok(n) => into.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return Some(()),
+        }
+    }
+}
+
+/// Waits at most `timeout` until `fd` has data (or its end).
+fn poll_readable(fd: i32, timeout: Duration) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd on the stack.
+        match unsafe { libc::poll(&mut p, 1, ms) } {
+            n if n > 0 => return true,
+            0 => return false,
+            _ if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
+            _ => return false,
+        }
     }
 }
 
@@ -396,12 +468,14 @@ impl Child {
                 _ => break None,
             }
         };
-        let mut err = String::new();
+        let mut err = Vec::new();
         if status.is_some()
             && let Some(mut e) = self.child.stderr.take()
+            && drain_exited(&mut e, &mut err).is_none()
         {
-            let _ = e.read_to_string(&mut err);
+            err.extend_from_slice(b" [still open: a process it started holds it]");
         }
+        let err = String::from_utf8_lossy(&err);
         let how = match status {
             Some(s) => match (s.code(), s.signal()) {
                 (Some(c), _) => format!("exit status {c}"),
@@ -418,23 +492,7 @@ impl Child {
     /// Waits at most `timeout` until stdout has data (or its end).
     fn readable(&self, timeout: Duration) -> bool {
         use std::os::fd::AsRawFd;
-        let mut p = libc::pollfd {
-            fd: self.stdout.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let deadline = Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
-            // SAFETY: one valid pollfd on the stack.
-            match unsafe { libc::poll(&mut p, 1, ms) } {
-                n if n > 0 => return true,
-                0 => return false,
-                _ if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
-                _ => return false,
-            }
-        }
+        poll_readable(self.stdout.as_raw_fd(), timeout)
     }
 
     /// Writes a line to its stdin.
@@ -473,12 +531,21 @@ impl Child {
             std::thread::sleep(Duration::from_millis(10));
         };
         let mut rest = std::mem::take(&mut self.pending);
-        let _ = self.stdout.read_to_end(&mut rest);
+        let mut err = Vec::new();
+        let drained = drain_exited(&mut self.stdout, &mut rest).and_then(|()| {
+            match self.child.stderr.take() {
+                Some(mut e) => drain_exited(&mut e, &mut err),
+                None => Some(()),
+            }
+        });
+        assert!(
+            drained.is_some(),
+            "process {}{} exited ({status:?}), but its stdout or stderr was still open {PIPE_GRACE:?} later: a process it started holds it",
+            self.pid(),
+            self.label
+        );
         let out = String::from_utf8_lossy(&rest).into_owned();
-        let mut err = String::new();
-        if let Some(mut e) = self.child.stderr.take() {
-            let _ = e.read_to_string(&mut err);
-        }
+        let err = String::from_utf8_lossy(&err).into_owned();
         use std::os::unix::process::ExitStatusExt;
         Output {
             code: status
