@@ -16,6 +16,11 @@ const SHORT: Duration = Duration::from_secs(5);
 /// release): the shim waits at most 5 s for the interpreter, then works.
 const LONG: Duration = Duration::from_secs(60);
 
+/// How long a connection that broke may take to turn out to be a process
+/// that exited (`discover::exits_within`); only a process that is still
+/// running after it makes an error wait this long.
+const GONE_WAIT: Duration = Duration::from_secs(1);
+
 /// An open, greeted connection.
 pub struct Client {
     conn: Connection,
@@ -40,6 +45,12 @@ impl Client {
         let path = loc.path();
         let conn = match Connection::open(&loc.dir, &loc.name, SHORT) {
             Ok(c) => c,
+            // Found a moment ago, gone now: its socket is missing or stale.
+            Err(ConnectError::Missing | ConnectError::Refused)
+                if discover::exits_within(&p, GONE_WAIT) =>
+            {
+                return Err(exited(&p, &path.display().to_string(), "no answer"));
+            }
             Err(ConnectError::Missing) => {
                 let (why, hint) = discover::why_no_endpoint(&p, &loc);
                 return Err(Failure::new(Exit::NoEndpoint, Some(p.pid), why).hint(hint));
@@ -108,6 +119,9 @@ impl Client {
 
     fn io_failure(&self, e: &ClientError) -> Failure {
         let path = self.loc.path();
+        if !e.timed_out() && discover::exits_within(&self.proc, GONE_WAIT) {
+            return exited(&self.proc, &path.display().to_string(), &e.to_string());
+        }
         match e {
             ClientError::Undecodable(_) => Failure::new(
                 Exit::Remote,
@@ -156,6 +170,16 @@ impl Client {
             format!("unexpected {kind:?} answer"),
         )
     }
+}
+
+/// The failure for a process that exited while memshim-ctl talked to it.
+fn exited(p: &Proc, path: &str, what: &str) -> Failure {
+    Failure::new(
+        Exit::NotFound,
+        Some(p.pid),
+        format!("the process exited while memshim-ctl talked to it ({path}: {what})"),
+    )
+    .hint("check the pid with `memshim-ctl list`")
 }
 
 /// The failure for an error answer, with what to do where we know it.

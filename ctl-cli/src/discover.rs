@@ -67,6 +67,7 @@ fn status_fields<'a>(status: &'a str, key: &str) -> Option<Vec<&'a str>> {
 pub fn read_proc(pid: i32) -> Result<Proc, Failure> {
     let status = std::fs::read_to_string(proc_path(pid, "status")).map_err(|e| gone(pid, e))?;
     let stat = std::fs::read_to_string(proc_path(pid, "stat")).map_err(|e| gone(pid, e))?;
+    not_a_thread(pid, &status)?;
     let nspid = status_fields(&status, "NSpid")
         .and_then(|f| f.last().and_then(|s| s.parse().ok()))
         .unwrap_or(pid);
@@ -114,6 +115,24 @@ pub fn read_proc(pid: i32) -> Result<Proc, Failure> {
     })
 }
 
+/// `/proc/<tid>` exists for every thread, though `ls /proc` lists only
+/// processes: the failure for a thread id given as a pid (`status` is its
+/// `/proc/<pid>/status`).
+pub fn not_a_thread(pid: i32, status: &str) -> Result<(), Failure> {
+    match status_fields(status, "Tgid")
+        .and_then(|f| f.first().and_then(|s| s.parse::<i32>().ok()))
+        .filter(|&t| t != pid)
+    {
+        Some(tgid) => Err(Failure::new(
+            Exit::NotFound,
+            Some(pid),
+            format!("a thread of process {tgid}, not a process"),
+        )
+        .hint(format!("use the process's pid: {tgid}"))),
+        None => Ok(()),
+    }
+}
+
 fn gone(pid: i32, e: io::Error) -> Failure {
     Failure::new(
         Exit::NotFound,
@@ -121,6 +140,44 @@ fn gone(pid: i32, e: io::Error) -> Failure {
         format!("no such process (/proc/{pid}: {e})"),
     )
     .hint("check the pid with `memshim-ctl list`")
+}
+
+/// Whether the process `p` still runs: its pid names the same process
+/// (same start time) and it is not a zombie. For a connection that broke
+/// in the middle of a request: a process that died is "no such process".
+pub fn still_running(p: &Proc) -> bool {
+    /// `PF_EXITING` in the `flags` field: set as the kernel starts to tear
+    /// the task down, before it closes its descriptors (and so our
+    /// connection) and long before it becomes a zombie.
+    const PF_EXITING: u64 = 0x4;
+    let Ok(stat) = std::fs::read_to_string(proc_path(p.pid, "stat")) else {
+        return false;
+    };
+    let mut fields = stat.rfind(')').map(|i| stat[i + 1..].split_whitespace());
+    let state = fields.as_mut().and_then(|f| f.next());
+    // `flags` is field 9, the 7th after the state.
+    let flags: u64 = fields.and_then(|mut f| f.nth(5)?.parse().ok()).unwrap_or(0);
+    parse_starttime(&stat) == Some(p.starttime)
+        && !matches!(state, Some("Z" | "X" | "x"))
+        && flags & PF_EXITING == 0
+}
+
+/// Whether `p` has stopped running, or stops within `limit`. A dying
+/// process closes its descriptors before /proc shows it dying: the shim's
+/// thread keeps its own descriptor table (design.md, "Descriptors of its
+/// own"), which goes when that thread does, while the main thread may not
+/// have begun to exit yet.
+pub fn exits_within(p: &Proc, limit: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if !still_running(p) {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 }
 
 /// `RssAnon`, `RssFile` and `RssShmem` of `/proc/<pid>/status`, in bytes.
@@ -305,18 +362,28 @@ pub fn unsafe_dir(dir: &Path, uid: u32) -> Option<String> {
     None
 }
 
+/// The mode a `MEMSHIM_CONTROL` value gives the shim, spelled as in the
+/// docs: `"on"` and `"off"` for any of the library's boolean spellings
+/// (any case), `"auto"` for `auto`, an unset and an invalid value (the
+/// library warns and uses its default).
+pub fn control_mode(value: Option<&str>) -> &'static str {
+    match value.unwrap_or_default().to_ascii_lowercase().as_str() {
+        "off" | "0" | "false" | "no" => "off",
+        "on" | "1" | "true" | "yes" => "on",
+        _ => "auto",
+    }
+}
+
 /// Why the endpoint of a shimmed process is not there, for a person.
 pub fn why_no_endpoint(p: &Proc, loc: &SocketLoc) -> (String, String) {
-    let control = environ_var(p.pid, "MEMSHIM_CONTROL")
-        .unwrap_or_default()
-        .to_ascii_lowercase();
-    if matches!(control.as_str(), "off" | "0" | "false" | "no") {
+    let control = control_mode(environ_var(p.pid, "MEMSHIM_CONTROL").as_deref());
+    if control == "off" {
         return (
             "MEMSHIM_CONTROL=off: this process has no control endpoint".into(),
             "restart it without MEMSHIM_CONTROL=off".into(),
         );
     }
-    let on = matches!(control.as_str(), "on" | "1" | "true" | "yes");
+    let on = control == "on";
     if p.threads <= 1 && !on {
         return (
             "single-threaded process: the endpoint starts with its second thread, or set MEMSHIM_CONTROL=on".into(),

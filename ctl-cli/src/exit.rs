@@ -5,7 +5,7 @@
 //! | 0 | success |
 //! | 1 | some of several targets failed, or an unexpected error |
 //! | 2 | usage error (bad arguments; clap's own code) |
-//! | 3 | no such process, or the shim is not loaded in it |
+//! | 3 | no such process (also: a thread's id, a process that exited mid-request, `--all` that found none), or the shim is not loaded in it |
 //! | 4 | the shim is loaded but its control endpoint is not running |
 //! | 5 | permission denied |
 //! | 6 | the process answered with an error (protocol, invalid argument, ...) |
@@ -15,7 +15,9 @@
 //!
 //! docs/troubleshooting.md lists the messages and what to do about each.
 
+use crate::out::errln;
 use serde::Serialize;
+use std::io::Write;
 use std::process::ExitCode;
 
 /// How memshim-ctl exits.
@@ -109,13 +111,16 @@ impl Failure {
     pub fn report(&self, json: bool) -> ExitCode {
         if json {
             let doc = serde_json::json!({ "error": self });
-            println!("{doc}");
+            // Not `println!`: it panics when stdout is closed or full.
+            // The message below still says what failed.
+            let mut o = std::io::stdout().lock();
+            let _ = writeln!(o, "{doc}").and_then(|()| o.flush());
         }
-        eprintln!("memshim-ctl: error: {}", self.line());
+        errln!("memshim-ctl: error: {}", self.line());
         if let Some(h) = &self.hint {
-            eprintln!("  hint: {h}");
+            errln!("  hint: {h}");
         }
-        eprintln!("  (exit {}; see docs/troubleshooting.md)", self.exit.code());
+        errln!("  (exit {}; see docs/troubleshooting.md)", self.exit.code());
         self.exit.into()
     }
 }

@@ -14,6 +14,7 @@ mod cmd;
 mod discover;
 mod exit;
 mod gpu;
+mod out;
 mod render;
 mod shm;
 

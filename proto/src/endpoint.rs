@@ -23,6 +23,11 @@ pub const DECAY_NEVER: i64 = -1;
 /// request (about 31 years; jemalloc's own bound is larger).
 pub const MAX_DECAY_MS: i64 = 1_000_000_000_000;
 
+/// Largest arena count accepted (`MEMSHIM_NARENAS`, `memshim-ctl run
+/// --narenas`): jemalloc 5.3 reduces anything above 4094 (its arena limit,
+/// MALLOCX_ARENA_LIMIT 4095, less one) with a warning of its own.
+pub const MAX_NARENAS: u32 = 4094;
+
 /// The default socket directory of a process whose effective uid is `euid`.
 pub fn default_socket_dir(euid: u32) -> String {
     format!("{SOCKET_DIR_PREFIX}{euid}")

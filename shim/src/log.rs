@@ -66,7 +66,7 @@ pub unsafe extern "C" fn jemalloc_message(
                 // A well-formed pair with a bad key or value: name where it
                 // came from and what happens instead, like our own warnings.
                 warning(format_args!(
-                    "jemalloc: {text} (from MALLOC_CONF or MEMSHIM_MALLOC_CONF); ignored, jemalloc's default applies"
+                    "jemalloc: {text} (from MALLOC_CONF, _RJEM_MALLOC_CONF or MEMSHIM_MALLOC_CONF); ignored, jemalloc's default applies"
                 ));
             } else {
                 warning(format_args!("jemalloc: {text}"));

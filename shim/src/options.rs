@@ -313,9 +313,8 @@ pub fn parse_decay(v: &[u8]) -> Option<i64> {
     os::parse_i64(v).filter(|&n| n == DECAY_NEVER || (0..=MAX_DECAY_MS).contains(&n))
 }
 
-/// Largest arena count: jemalloc 5.3 reduces anything above 4094 (its arena
-/// limit, MALLOCX_ARENA_LIMIT 4095, less one) with a warning of its own.
-const MAX_NARENAS: u64 = 4094;
+/// Largest arena count ([`endpoint::MAX_NARENAS`], shared with memshim-ctl).
+const MAX_NARENAS: i64 = endpoint::MAX_NARENAS as i64;
 
 /// `0` (off) or 1 s to a day: a shorter idle time would empty the cache
 /// between the requests of a server that is merely between bursts.
@@ -333,9 +332,7 @@ pub fn parse_narenas(v: &[u8]) -> Option<i64> {
     if keyword(v).as_bytes() == b"auto" {
         return Some(0);
     }
-    os::parse_u64(v)
-        .filter(|n| (1..=MAX_NARENAS).contains(n))
-        .map(|n| n as i64)
+    os::parse_i64(v).filter(|n| (1..=MAX_NARENAS).contains(n))
 }
 
 /// `auto`, `on` (or a true boolean), `off` (or a false one).
@@ -357,9 +354,7 @@ pub fn parse_pressure(v: &[u8]) -> Option<i64> {
 /// A whole percentage from 10 to 99 (an optional trailing `%`).
 pub fn parse_percent(v: &[u8]) -> Option<i64> {
     let v = v.strip_suffix(b"%").unwrap_or(v);
-    os::parse_u64(v)
-        .filter(|n| (10..=99).contains(n))
-        .map(|n| n as i64)
+    os::parse_i64(v).filter(|n| (10..=99).contains(n))
 }
 
 /// `auto` or `shared`.
@@ -786,6 +781,9 @@ mod tests {
         assert_eq!(parse_narenas(b"AUTO"), Some(0));
         assert_eq!(parse_narenas(b"1"), Some(1));
         assert_eq!(parse_narenas(b"4094"), Some(4094));
+        // A leading `+`, as every numeric setting takes it (decay times too).
+        assert_eq!(parse_narenas(b"+2"), Some(2));
+        assert_eq!(parse_percent(b"+50"), Some(50));
         rejects(
             parse_narenas,
             &[b"0", b"4095", b"4096", b"-1", b"", b"many"],

@@ -293,7 +293,7 @@ fn serve_answers_metrics_refuses_the_rest_and_keeps_no_state() {
 #[test]
 fn serve_purge_endpoint_is_loopback_only_and_needs_its_header() {
     let o = Cmd::new(ctl(), ["serve", "--listen", "0.0.0.0:0", "--enable-purge"]).run();
-    assert_eq!(o.code, 1, "{o:?}");
+    assert_eq!(o.code, 2, "a usage error: {o:?}");
     assert!(o.stderr.contains("loopback"), "{}", o.stderr);
 
     let h = holder();
@@ -320,6 +320,15 @@ fn serve_purge_endpoint_is_loopback_only_and_needs_its_header() {
         &[("X-Memshim-Purge", "1"), ("Host", "evil.example")],
     );
     assert_eq!(code, 403);
+    // A pid with no such process: 404, as memshim-ctl's exit 3.
+    let gone = memshim_tests::deploy::http_with(
+        &addr,
+        "POST",
+        &format!("/purge?pid={}", i32::MAX - 1),
+        &[("X-Memshim-Purge", "1")],
+    );
+    assert_eq!(gone.0, 404, "{}", gone.1);
+    assert!(gone.1.contains("no such process"), "{}", gone.1);
 }
 
 // --- a real Prometheus ---------------------------------------------------------

@@ -141,6 +141,71 @@ fn a_process_without_python_reports_no_python() {
     drop(child);
 }
 
+/// CPythons older than 3.8 (pyenv's 2.7, 3.6, 3.7 here) are there but not
+/// supported: `gc`, `release` and `stats` say so, with the version, and
+/// never "no python" (which `release` counts as nothing to do, exit 0).
+#[test]
+fn an_older_cpython_is_unsupported_not_absent() {
+    let old: Vec<(String, PathBuf)> = memshim_tests::pyenv_pythons()
+        .into_iter()
+        .filter(|(v, _)| {
+            memshim_tests::py::SUPPORTED
+                .iter()
+                .all(|s| !v.starts_with(&format!("{s}.")))
+        })
+        .filter(|(v, _)| v.starts_with("2.") || v.starts_with("3."))
+        .collect();
+    if old.is_empty() {
+        say(
+            "python_versions: skipped the unsupported check: no CPython older than 3.8 in pyenv"
+                .into(),
+        );
+        return;
+    }
+    for (v, exe) in old {
+        let dir = socket_dir(&format!("old-{v}"));
+        let child = Cmd::new(&exe, ["-c", "import sys; sys.stdin.read()"])
+            .shimmed()
+            .env("MEMSHIM_CONTROL", "on")
+            .env("MEMSHIM_SOCKET_DIR", &dir)
+            .spawn();
+        let sock = socket_of(&dir, child.pid());
+        let unsupported = |u: &Option<PythonUnavailable>| matches!(u, Some(PythonUnavailable::Unsupported { version }) if *version == v);
+        let r = request(&sock, &Request::Gc);
+        assert!(
+            matches!(&r, memshim_proto::Response::Error(e) if unsupported(&e.python)),
+            "{v}: {r:?}"
+        );
+        let Reply::Stats(s) = ok(request(
+            &sock,
+            &Request::Stats {
+                arenas: false,
+                pss: false,
+            },
+        )) else {
+            panic!()
+        };
+        assert!(
+            s.python.is_none() && unsupported(&s.python_unavailable),
+            "{v}: {:?}",
+            s.python_unavailable
+        );
+        let o = Cmd::new(memshim_tests::ctl(), ["release", &child.pid().to_string()])
+            .env("MEMSHIM_SOCKET_DIR", &dir)
+            .run();
+        assert_eq!(o.code, 7, "{v}: release must fail: {o:?}");
+        assert!(
+            o.stderr.contains(&format!("CPython {v} is not supported")),
+            "{v}: {o:?}"
+        );
+        let out = child.finish(Duration::from_secs(30));
+        assert_eq!((out.code, out.stderr.as_str()), (0, ""), "{v}");
+        say(format!(
+            "python_versions: CPython {v} is reported unsupported"
+        ));
+    }
+}
+
 #[test]
 fn python_embedded_rtld_local_is_no_python() {
     let Some((v, exe)) = present().into_iter().last() else {

@@ -7,6 +7,7 @@ use crate::cgroupfs::{self, Location};
 use crate::charge::{self, Charge, Parts, ProcEntry};
 use crate::cli::pid_parser;
 use crate::exit::{Exit, Failure};
+use crate::out::{out, outln};
 use crate::render::{bytes, kv, opt_bytes, shorten, table};
 use crate::shm::{self, ShmReport};
 use clap::Args;
@@ -83,9 +84,9 @@ pub fn run(a: CgroupArgs) -> Result<Exit, Failure> {
         notes,
     };
     if a.json {
-        println!("{}", serde_json::to_string(&r).unwrap_or_default());
+        outln!("{}", serde_json::to_string(&r).unwrap_or_default())?;
     } else {
-        print!("{}", human(&r, &c));
+        out!("{}", human(&r, &c))?;
     }
     Ok(Exit::Ok)
 }

@@ -3,6 +3,7 @@
 use crate::cli::pid_parser;
 use crate::client::Client;
 use crate::exit::{Exit, Failure};
+use crate::out::outln;
 use clap::Args;
 use memshim_proto::{Reply, Request};
 
@@ -35,7 +36,7 @@ pub fn run(a: DecayArgs) -> Result<Exit, Failure> {
         other => return Err(c.unexpected(&other)),
     };
     if a.json {
-        println!("{}", serde_json::to_string(&r).unwrap_or_default());
+        outln!("{}", serde_json::to_string(&r).unwrap_or_default())?;
     } else {
         let show = |v: i64| {
             if v < 0 {
@@ -44,12 +45,12 @@ pub fn run(a: DecayArgs) -> Result<Exit, Failure> {
                 format!("{v} ms")
             }
         };
-        println!(
+        outln!(
             "pid {}: dirty decay {}, muzzy decay {}",
             a.pid,
             show(r.dirty_decay_ms),
             show(r.muzzy_decay_ms)
-        );
+        )?;
     }
     Ok(Exit::Ok)
 }

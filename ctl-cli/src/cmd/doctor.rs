@@ -14,6 +14,7 @@ use serde::Serialize;
 use crate::client::Client;
 use crate::discover;
 use crate::exit::{Exit, Failure};
+use crate::out::outln;
 
 /// Options of `memshim-ctl doctor`.
 #[derive(clap::Args, Debug)]
@@ -112,12 +113,20 @@ fn read_proc(pid: i32) -> Result<Proc, Failure> {
         .trim()
         .to_owned();
     let status = std::fs::read_to_string(base.join("status")).unwrap_or_default();
+    crate::discover::not_a_thread(pid, &status)?;
     let field = |k: &str| {
         status
             .lines()
             .find_map(|l| l.strip_prefix(k))
             .map(|v| v.trim().to_owned())
     };
+    if field("State:").is_some_and(|s| s.starts_with('Z') || s.starts_with('X')) {
+        return Err(Failure::new(
+            Exit::NotFound,
+            Some(pid),
+            "the process has exited (a zombie its parent has not reaped): nothing to diagnose",
+        ));
+    }
     let parent_comm = field("PPid:")
         .and_then(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).ok())
         .map(|c| c.trim().to_owned());
@@ -191,9 +200,16 @@ pub fn diagnose(pid: i32, endpoint: impl FnOnce(i32) -> Endpoint) -> Result<Diag
         add(
             Level::Problem,
             "no_access",
-            format!(
-                "cannot read /proc/{pid}/maps: run doctor as the process's user or as root (ptrace access is needed)"
-            ),
+            if crate::discover::my_euid() == Some(0) {
+                format!(
+                    "cannot read /proc/{pid}/maps, even as root: the process is not dumpable or belongs to \
+                     another user namespace"
+                )
+            } else {
+                format!(
+                    "cannot read /proc/{pid}/maps: run doctor as the process's user or as root (ptrace access is needed)"
+                )
+            },
         );
     }
     let valgrind =
@@ -236,7 +252,7 @@ pub fn diagnose(pid: i32, endpoint: impl FnOnce(i32) -> Endpoint) -> Result<Diag
                 ),
             );
         }
-        let control = env(&p, "MEMSHIM_CONTROL").unwrap_or("auto");
+        let control = crate::discover::control_mode(env(&p, "MEMSHIM_CONTROL"));
         match endpoint(pid) {
             Endpoint::Answered { interposed: false, .. } => add(
                 Level::Problem,
@@ -332,9 +348,15 @@ pub fn diagnose(pid: i32, endpoint: impl FnOnce(i32) -> Endpoint) -> Result<Diag
                 None if p.environ.is_none() => add(
                     Level::Problem,
                     "no_access",
-                    format!(
-                        "no shim mapped, and /proc/{pid}/environ is unreadable: run doctor as root to see why"
-                    ),
+                    if crate::discover::my_euid() == Some(0) {
+                        format!(
+                            "no shim mapped, and /proc/{pid}/environ is unreadable even as root"
+                        )
+                    } else {
+                        format!(
+                            "no shim mapped, and /proc/{pid}/environ is unreadable: run doctor as root to see why"
+                        )
+                    },
                 ),
                 Some(v) if v.contains("libmemshim") => {
                     let missing = v
@@ -521,39 +543,43 @@ pub fn run(a: DoctorArgs) -> Result<Exit, Failure> {
                 .as_ref()
                 .map(|l| l.path.display().to_string())
                 .map_err(Clone::clone);
-            println!(
+            outln!(
                 "{}",
                 serde_json::json!({"host": h, "library": lib.as_ref().ok(), "library_error": lib.err()})
-            );
+            )?;
         } else {
             match &lib {
-                Ok(l) => println!("library    {} ({})", l.path.display(), l.how),
-                Err(e) => println!("library    {e}"),
+                Ok(l) => outln!("library    {} ({})", l.path.display(), l.how)?,
+                Err(e) => outln!("library    {e}")?,
             }
             for l in host_lines(&h) {
-                println!("{l}");
+                outln!("{l}")?;
             }
         }
         return Ok(Exit::Ok);
     };
     let d = diagnose(pid, ask_endpoint)?;
     if a.json {
-        println!("{}", serde_json::to_string(&d).expect("diagnosis encodes"));
+        outln!("{}", serde_json::to_string(&d).expect("diagnosis encodes"))?;
     } else {
-        println!("pid {} ({})", d.pid, d.command);
+        outln!("pid {} ({})", d.pid, d.command)?;
         for f in &d.findings {
             let tag = match f.level {
                 Level::Ok => "ok",
                 Level::Note => "note",
                 Level::Problem => "problem",
             };
-            println!("{tag:<10} {}: {}", f.code, f.message);
+            outln!("{tag:<10} {}: {}", f.code, f.message)?;
         }
         for l in host_lines(&d.host) {
-            println!("{l}");
+            outln!("{l}")?;
         }
     }
-    Ok(if d.has_problem() {
+    // Unreadable /proc files are a permission problem (exit 5); other
+    // problems are findings about the process (exit 1).
+    Ok(if d.findings.iter().any(|f| f.code == "no_access") {
+        Exit::Permission
+    } else if d.has_problem() {
         Exit::Failed
     } else {
         Exit::Ok

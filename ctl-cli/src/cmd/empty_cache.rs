@@ -4,6 +4,7 @@
 use crate::cli::pid_parser;
 use crate::client::Client;
 use crate::exit::{Exit, Failure};
+use crate::out::outln;
 use crate::render::{bytes, delta, ms};
 use clap::Args;
 use memshim_proto::{Reply, Request};
@@ -27,12 +28,12 @@ pub fn run(a: EmptyCacheArgs) -> Result<Exit, Failure> {
         other => return Err(c.unexpected(&other)),
     };
     if a.json {
-        println!("{}", serde_json::to_string(&r).unwrap_or_default());
+        outln!("{}", serde_json::to_string(&r).unwrap_or_default())?;
     } else if let Some(why) = &r.skipped {
-        println!("pid {}: nothing to do: {why}", a.pid);
+        outln!("pid {}: nothing to do: {why}", a.pid)?;
     } else {
         let devs: Vec<String> = r.devices.iter().map(|d| format!("cuda:{d}")).collect();
-        println!(
+        outln!(
             "pid {}: emptied the CUDA cache of {} in {}; reserved {} -> {} ({})",
             a.pid,
             if devs.is_empty() {
@@ -44,7 +45,7 @@ pub fn run(a: EmptyCacheArgs) -> Result<Exit, Failure> {
             bytes(r.reserved_before),
             bytes(r.reserved_after),
             delta(r.reserved_before, r.reserved_after)
-        );
+        )?;
     }
     Ok(Exit::Ok)
 }

@@ -3,6 +3,7 @@
 use crate::cli::pid_parser;
 use crate::client::Client;
 use crate::exit::{Exit, Failure};
+use crate::out::outln;
 use crate::render::{bytes, delta, ms};
 use clap::Args;
 use memshim_proto::{Reply, Request};
@@ -26,9 +27,9 @@ pub fn run(a: GcArgs) -> Result<Exit, Failure> {
         other => return Err(c.unexpected(&other)),
     };
     if a.json {
-        println!("{}", serde_json::to_string(&r).unwrap_or_default());
+        outln!("{}", serde_json::to_string(&r).unwrap_or_default())?;
     } else {
-        println!(
+        outln!(
             "pid {}: gc.collect() found {} unreachable objects in {}; rss {} -> {} ({})",
             a.pid,
             r.collected,
@@ -36,7 +37,7 @@ pub fn run(a: GcArgs) -> Result<Exit, Failure> {
             bytes(r.rss_before),
             bytes(r.rss_after),
             delta(r.rss_before, r.rss_after)
-        );
+        )?;
     }
     Ok(Exit::Ok)
 }

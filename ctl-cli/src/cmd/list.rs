@@ -3,6 +3,7 @@
 use crate::client::{self, Client};
 use crate::discover::{self, Proc};
 use crate::exit::{Exit, Failure};
+use crate::out::{out, outln};
 use crate::render;
 use clap::Args;
 use memshim_proto::client::ConnectError;
@@ -59,13 +60,14 @@ pub struct Listing {
 /// Why `n` processes could not be read, and what to do about it; telling
 /// root to run as root would help nobody.
 fn unreadable_note(n: usize, as_root: bool) -> String {
+    let processes = if n == 1 { "process" } else { "processes" };
     if as_root {
         format!(
-            "{n} processes could not be read: {}",
+            "{n} {processes} could not be read: {}",
             discover::DENIED_TO_ROOT
         )
     } else {
-        format!("{n} processes of other users could not be read; run as root to see them")
+        format!("{n} {processes} of other users could not be read; run as root to see them")
     }
 }
 
@@ -169,9 +171,9 @@ pub fn run(a: ListArgs) -> Result<Exit, Failure> {
         as_root: discover::my_euid() == Some(0),
     };
     if a.json {
-        println!("{}", serde_json::to_string(&listing).unwrap_or_default());
+        outln!("{}", serde_json::to_string(&listing).unwrap_or_default())?;
     } else {
-        print!("{}", human(&listing));
+        out!("{}", human(&listing))?;
     }
     Ok(Exit::Ok)
 }

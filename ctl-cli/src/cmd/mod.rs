@@ -36,6 +36,7 @@ use crate::cli::{Command, Targets};
 use crate::client::Client;
 use crate::discover;
 use crate::exit::{Exit, Failure};
+use crate::out::errln;
 
 /// Runs one subcommand.
 pub fn run(cmd: Command) -> Result<Exit, Failure> {
@@ -71,7 +72,7 @@ pub struct Outcome<T> {
 /// `--all` every shimmed process whose endpoint is up (others are skipped,
 /// and listed by `memshim-ctl list`). Returns the outcomes and the exit
 /// status: 0 if all succeeded; the target's own code if there was exactly
-/// one; 1 if some of several failed.
+/// one; 1 if some of several failed; 3 if `--all` found no target.
 pub fn for_targets<T>(
     t: &Targets,
     mut f: impl FnMut(&mut Client) -> Result<T, Failure>,
@@ -109,6 +110,8 @@ pub fn for_targets<T>(
     }
     let failed: Vec<&Failure> = out.iter().filter_map(|o| o.result.as_ref().err()).collect();
     let exit = match (failed.len(), out.len()) {
+        // `--all` that reached nobody did nothing: "no such process".
+        (_, 0) => Exit::NotFound,
         (0, _) => Exit::Ok,
         (1, 1) => failed[0].exit,
         _ => Exit::Failed,
@@ -120,9 +123,9 @@ pub fn for_targets<T>(
 pub fn print_failures<T>(outcomes: &[Outcome<T>]) {
     for o in outcomes {
         if let Err(f) = &o.result {
-            eprintln!("memshim-ctl: error: {}", f.line());
+            errln!("memshim-ctl: error: {}", f.line());
             if let Some(h) = &f.hint {
-                eprintln!("  hint: {h}");
+                errln!("  hint: {h}");
             }
         }
     }

@@ -3,6 +3,7 @@
 use super::{Outcome, for_targets, outcome_json, print_failures};
 use crate::cli::Targets;
 use crate::exit::{Exit, Failure};
+use crate::out::{out, outln};
 use crate::render::{bytes, ms, shorten, table};
 use clap::Args;
 use memshim_proto::{PurgeResult, Reply, Request};
@@ -23,9 +24,9 @@ pub fn run(a: PurgeArgs) -> Result<Exit, Failure> {
     });
     if a.targets.json {
         let v: Vec<_> = outcomes.iter().map(outcome_json).collect();
-        println!("{}", serde_json::json!({ "purge": v }));
+        outln!("{}", serde_json::json!({ "purge": v }))?;
     } else {
-        print!("{}", human(&outcomes));
+        out!("{}", human(&outcomes))?;
         print_failures(&outcomes);
     }
     Ok(exit)

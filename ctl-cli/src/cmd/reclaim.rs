@@ -12,6 +12,7 @@ use crate::charge::{self, Charge, Parts};
 use crate::cli::pid_parser;
 use crate::client::Client;
 use crate::exit::{Exit, Failure};
+use crate::out::{out, outln};
 use crate::render::{bytes, delta, ms, table};
 use clap::Args;
 use memshim_proto::cgroup::CgroupMemory;
@@ -111,12 +112,12 @@ pub fn run(a: ReclaimArgs) -> Result<Exit, Failure> {
             "before": snapshot(&before),
             "after": snapshot(&after),
         });
-        println!("{doc}");
+        outln!("{doc}")?;
     } else {
-        print!(
+        out!(
             "{}",
             human(&loc, &purges, &skipped, &kernel, &before, &after)
-        );
+        )?;
         super::print_failures(&purges);
     }
     Ok(if failed { Exit::Failed } else { Exit::Ok })

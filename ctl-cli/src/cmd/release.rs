@@ -3,6 +3,7 @@
 use super::{Outcome, for_targets, outcome_json, print_failures};
 use crate::cli::Targets;
 use crate::exit::{Exit, Failure};
+use crate::out::{errln, out, outln};
 use crate::render::{bytes, delta, ms, table};
 use clap::Args;
 use memshim_proto::{ReleaseResult, Reply, Request, StepOutcome};
@@ -42,12 +43,12 @@ pub fn run(a: ReleaseArgs) -> Result<Exit, Failure> {
         .collect();
     if a.targets.json {
         let v: Vec<_> = outcomes.iter().map(outcome_json).collect();
-        println!("{}", serde_json::json!({ "release": v }));
+        outln!("{}", serde_json::json!({ "release": v }))?;
     } else {
-        print!("{}", human(&outcomes));
+        out!("{}", human(&outcomes))?;
         print_failures(&outcomes);
         for f in &partial {
-            eprintln!("memshim-ctl: error: {}", f.line());
+            errln!("memshim-ctl: error: {}", f.line());
         }
     }
     Ok(overall(

@@ -3,6 +3,7 @@
 //! options into `MEMSHIM_*` variables and `exec`s the command, so CMD's
 //! arguments, stdio, pid and exit status are its own.
 
+use crate::out::errln;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
@@ -49,10 +50,13 @@ pub struct RunArgs {
 }
 
 fn narenas(s: &str) -> Result<String, String> {
+    use memshim_proto::endpoint::MAX_NARENAS;
     match s.parse::<u32>() {
         _ if s == "auto" => Ok(s.to_owned()),
-        Ok(1..=4095) => Ok(s.to_owned()),
-        _ => Err(format!("{s:?} is not auto or a count from 1 to 4095")),
+        Ok(n) if (1..=MAX_NARENAS).contains(&n) => Ok(s.to_owned()),
+        _ => Err(format!(
+            "{s:?} is not auto or a count from 1 to {MAX_NARENAS}"
+        )),
     }
 }
 
@@ -72,10 +76,15 @@ pub fn locate_library(env_lib: Option<&OsStr>, exe: Option<&Path>) -> Result<Loc
     if let Some(p) = env_lib.filter(|p| !p.is_empty()) {
         let p = Path::new(p);
         return match std::fs::canonicalize(p) {
-            Ok(abs) if abs.is_file() => Ok(Located {
+            Ok(abs) if abs.is_file() && shared_object(&abs) => Ok(Located {
                 path: abs,
                 how: "MEMSHIM_LIB",
             }),
+            Ok(abs) if abs.is_file() => Err(format!(
+                "MEMSHIM_LIB={} is not a shared library (no ELF shared-object header); \
+                 point it at libmemshim.so",
+                p.display()
+            )),
             _ => Err(format!(
                 "MEMSHIM_LIB={} does not name a file; unset it or point it at libmemshim.so",
                 p.display()
@@ -109,6 +118,17 @@ pub fn locate_library(env_lib: Option<&OsStr>, exe: Option<&Path>) -> Result<Loc
         candidates[0].0.display(),
         candidates[1].0.display()
     ))
+}
+
+/// Whether `path` starts with an ELF header of a shared object (`ET_DYN`),
+/// which ld.so can preload; anything else it skips with a message of its
+/// own and runs the command without the shim.
+fn shared_object(path: &Path) -> bool {
+    use std::io::Read;
+    let mut h = [0u8; 18];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut h))
+        .is_ok_and(|()| h[..4] == *b"\x7fELF" && u16::from_le_bytes([h[16], h[17]]) == 3)
 }
 
 /// `LD_PRELOAD` with `lib` first, keeping every existing entry (ld.so
@@ -163,14 +183,14 @@ pub fn run(a: RunArgs) -> Result<Exit, Failure> {
     let vars = shim_env(&a);
     let (prog, args) = a.command.split_first().expect("clap requires CMD");
     if a.dry_run {
-        eprintln!(
+        errln!(
             "memshim-ctl: run: library {} ({})",
             lib.path.display(),
             lib.how
         );
-        eprintln!("memshim-ctl: run: LD_PRELOAD={}", preload.to_string_lossy());
+        errln!("memshim-ctl: run: LD_PRELOAD={}", preload.to_string_lossy());
         for (k, v) in &vars {
-            eprintln!("memshim-ctl: run: {k}={v}");
+            errln!("memshim-ctl: run: {k}={v}");
         }
     }
     let mut cmd = Command::new(prog);
@@ -179,7 +199,7 @@ pub fn run(a: RunArgs) -> Result<Exit, Failure> {
         cmd.env(k, v);
     }
     let err = cmd.exec();
-    eprintln!(
+    errln!(
         "memshim-ctl: error: cannot execute {}: {err}",
         prog.to_string_lossy()
     );
@@ -217,7 +237,8 @@ mod tests {
         assert_eq!(crate::cli::decay_ms("0"), Ok(0));
         assert!(crate::cli::decay_ms("-2").is_err() && crate::cli::decay_ms("1s").is_err());
         assert!(narenas("auto").is_ok() && narenas("8").is_ok());
-        assert!(narenas("0").is_err() && narenas("4096").is_err() && narenas("x").is_err());
+        assert!(narenas("0").is_err() && narenas("4095").is_err() && narenas("x").is_err());
+        assert!(narenas("4094").is_ok() && narenas("+8").is_ok());
     }
 
     #[test]

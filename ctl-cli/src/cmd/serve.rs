@@ -9,6 +9,7 @@
 //! header a cross-site browser form cannot set) and a loopback `Host`
 //! (against DNS rebinding).
 
+use crate::out::errln;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
@@ -100,6 +101,8 @@ fn respond(s: &mut TcpStream, code: u16, ctype: &str, body: &str, head_only: boo
         404 => "Not Found",
         405 => "Method Not Allowed",
         431 => "Request Header Fields Too Large",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
         _ => "Error",
     };
     let _ = write!(
@@ -155,11 +158,22 @@ fn purge(head: &Head) -> (u16, String) {
         );
     };
     let reply = crate::client::Client::open(pid)
-        .and_then(|mut c| c.request(&memshim_proto::Request::Purge))
-        .map_err(|f| f.line());
+        .and_then(|mut c| c.request(&memshim_proto::Request::Purge));
     match reply {
         Ok(r) => (200, serde_json::to_string(&r).unwrap_or_default() + "\n"),
-        Err(e) => (502, serde_json::json!({ "error": e }).to_string() + "\n"),
+        Err(f) => {
+            // The HTTP status says what the exit code would (exit.rs).
+            let code = match f.exit {
+                Exit::NotFound => 404,
+                Exit::Permission => 403,
+                Exit::NoEndpoint => 503,
+                _ => 502,
+            };
+            (
+                code,
+                serde_json::json!({ "error": f.line() }).to_string() + "\n",
+            )
+        }
     }
 }
 
@@ -210,15 +224,18 @@ fn handle(mut s: TcpStream, a: &ServeArgs) {
 /// Serves until killed.
 pub fn run(a: ServeArgs) -> Result<Exit, Failure> {
     if a.enable_purge && !a.listen.ip().is_loopback() {
-        return Err(Failure::new(
-            Exit::Failed,
-            None,
-            format!(
-                "--enable-purge is only allowed on a loopback address, not {}",
-                a.listen
-            ),
-        )
-        .hint("listen on 127.0.0.1 or [::1], or drop --enable-purge"));
+        // A usage error (exit 2), like every other bad combination of options.
+        use clap::CommandFactory;
+        crate::cli::Cli::command()
+            .error(
+                clap::error::ErrorKind::ArgumentConflict,
+                format!(
+                    "--enable-purge is only allowed on a loopback address, not {}; \
+                     listen on 127.0.0.1 or [::1], or drop --enable-purge",
+                    a.listen
+                ),
+            )
+            .exit();
     }
     let l = TcpListener::bind(a.listen).map_err(|e| {
         Failure::new(
@@ -231,14 +248,16 @@ pub fn run(a: ServeArgs) -> Result<Exit, Failure> {
         .local_addr()
         .map(|x| x.to_string())
         .unwrap_or_else(|_| a.listen.to_string());
-    println!("serving http://{addr}/metrics");
-    let _ = std::io::stdout().flush();
+    // A banner for a person; a server whose stdout is closed keeps serving.
+    let mut o = std::io::stdout().lock();
+    let _ = writeln!(o, "serving http://{addr}/metrics").and_then(|()| o.flush());
+    drop(o);
     for conn in l.incoming() {
         match conn {
             Ok(s) => handle(s, &a),
             Err(e) => {
                 // EMFILE and friends: back off briefly instead of spinning.
-                eprintln!("memshim-ctl: serve: accept: {e}");
+                errln!("memshim-ctl: serve: accept: {e}");
                 std::thread::sleep(Duration::from_millis(100));
             }
         }

@@ -5,6 +5,7 @@ use crate::cli::pid_parser;
 use crate::client::Client;
 use crate::exit::{Exit, Failure};
 use crate::gpu;
+use crate::out::{out, outln};
 use crate::render::{bytes, kv, ms, opt_bytes, table};
 use clap::Args;
 use memshim_proto::{PressureStats, Reply, Request, StatsReport};
@@ -51,10 +52,10 @@ pub fn run(a: StatsArgs) -> Result<Exit, Failure> {
             o.insert("gpu".into(), serde_json::json!(vram));
             o.insert("gpu_unavailable".into(), serde_json::json!(why));
         }
-        println!("{doc}");
+        outln!("{doc}")?;
     } else {
-        print!("{}", human(&s, a.pid, &c.proc.command));
-        print!("{}", human_vram(&vram, why.as_deref()));
+        out!("{}", human(&s, a.pid, &c.proc.command))?;
+        out!("{}", human_vram(&vram, why.as_deref()))?;
     }
     Ok(Exit::Ok)
 }

@@ -23,8 +23,8 @@ pub struct WatchArgs {
     /// Seconds between samples (at least 0.1).
     #[arg(long, default_value_t = 1.0, value_parser = parse_interval)]
     pub interval: f64,
-    /// Stop after this many samples (default: until interrupted).
-    #[arg(long)]
+    /// Stop after this many samples, at least 1 (default: until interrupted).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub count: Option<u64>,
 }
 

@@ -227,6 +227,25 @@ pub fn api() -> Option<&'static Api> {
     Some(API.get_or_init(|| a))
 }
 
+/// The version of a CPython in the global scope whose API did not resolve
+/// (`api()` is `None` while [`present`]): an older one (2.7, 3.6) lacks
+/// functions the bridge needs. "unknown" if even `Py_GetVersion` is missing.
+pub fn unresolved_version() -> String {
+    let f = sym("Py_GetVersion\0");
+    if f.is_null() {
+        return "unknown".to_owned();
+    }
+    // SAFETY: `Py_GetVersion` is `const char *(void)` in every CPython
+    // since 2.0, returning a static NUL-terminated string, callable at
+    // any time.
+    let full = unsafe {
+        let get = core::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> *const c_char>(f);
+        core::ffi::CStr::from_ptr(get())
+    };
+    let s = full.to_string_lossy();
+    s.split_whitespace().next().unwrap_or("unknown").to_owned()
+}
+
 /// Whether `Py_IsInitialized` is in the global scope: a CPython is linked
 /// in or was loaded `RTLD_GLOBAL`.
 pub fn present() -> bool {

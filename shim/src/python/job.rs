@@ -178,7 +178,17 @@ fn join_worker() {
 
 fn post_and_wait(job: Job, timeout: Duration) -> Outcome {
     let start = Instant::now();
-    let api = ffi::api().ok_or(PythonUnavailable::NoPython)?;
+    let Some(api) = ffi::api() else {
+        // A CPython whose API did not resolve is one the bridge does not
+        // support (2.7, 3.6), not an absent one.
+        return Err(if ffi::present() {
+            PythonUnavailable::Unsupported {
+                version: ffi::unresolved_version(),
+            }
+        } else {
+            PythonUnavailable::NoPython
+        });
+    };
     api.usable()?;
     let version = api.version();
     if !ffi::major_minor(&version).is_some_and(|v| SUPPORTED.contains(&v)) {

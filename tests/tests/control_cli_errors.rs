@@ -1,0 +1,201 @@
+//! memshim-ctl when things go wrong around it: its stdout is closed or
+//! full, the process exits while it is being asked, a thread id is given
+//! as a pid, `--all` reaches nobody, `doctor` may not read a process or
+//! finds a zombie, `run` is given a library that is not one. Each gets a
+//! clear message and its own exit code (docs/troubleshooting.md), never a
+//! crash and never 0.
+
+use memshim_tests::control::start_heap;
+use memshim_tests::{Cmd, Output, ctl, python, shim, wait_until};
+use std::process::Stdio;
+use std::time::Duration;
+
+const NOBODY: &[&str] = &["--reuid=65534", "--regid=65534", "--clear-groups"];
+
+/// `memshim-ctl args` with its stdout on `out`.
+fn ctl_to(out: impl Into<Stdio>, args: &[&str]) -> Output {
+    let mut c = std::process::Command::new(ctl());
+    c.args(args).stdout(out).stderr(Stdio::piped());
+    let o = c.output().expect("run memshim-ctl");
+    Output {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::new(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+#[test]
+fn a_closed_or_full_stdout_is_an_error_not_a_crash() {
+    let heap = start_heap(&[]);
+    let pid = heap.pid().to_string();
+    for args in [
+        vec!["list"],
+        vec!["list", "--json"],
+        vec!["stats", pid.as_str()],
+        vec!["purge", pid.as_str()],
+        vec!["doctor", pid.as_str()],
+        vec!["stats", "999999999", "--json"],
+    ] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let (reader, closed) = std::io::pipe().unwrap();
+        drop(reader);
+        for (what, o) in [
+            ("/dev/full", ctl_to(full, &args)),
+            ("a closed pipe", ctl_to(closed, &args)),
+        ] {
+            assert!(
+                !o.stderr.contains("panicked") && o.code != 134 && o.code != 0,
+                "{args:?} with stdout on {what}: {o:?}"
+            );
+            // An answer that could not be written is exit 1, saying so; a
+            // failure (no such pid) keeps its own code and message.
+            if args.get(1) == Some(&"999999999") {
+                assert_eq!(o.code, 3, "{args:?} to {what}: {o:?}");
+            } else {
+                assert_eq!(o.code, 1, "{args:?} to {what}: {o:?}");
+                assert!(
+                    o.stderr.contains("writing to stdout"),
+                    "{args:?} to {what}: {o:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_process_that_exits_during_a_request_is_no_such_process() {
+    // `gc` runs a finalizer that says so and then takes 5 s; the process is
+    // killed during it.
+    let src = "import gc, sys, time\ngc.disable()\n\
+               class Slow:\n    def __del__(self): print('finalizing', flush=True); time.sleep(5)\n\
+               a = Slow(); a.self = a; del a\n\
+               print('ready', flush=True)\nsys.stdin.read()\n";
+    let mut host = Cmd::new(python(), ["-c", src])
+        .shimmed()
+        .env("MEMSHIM_CONTROL", "on")
+        .spawn();
+    host.wait_for_line("ready", Duration::from_secs(30));
+    let pid = host.pid();
+    memshim_tests::control::wait_endpoint(pid);
+    let asker = std::thread::spawn(move || Cmd::new(ctl(), ["release", &pid.to_string()]).run());
+    host.wait_for_line("finalizing", Duration::from_secs(30));
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let o = asker.join().unwrap();
+    drop(host);
+    assert_eq!(o.code, 3, "{o:?}");
+    assert!(
+        o.stderr.contains("exited while memshim-ctl talked to it"),
+        "{o:?}"
+    );
+}
+
+#[test]
+fn a_thread_id_is_not_taken_for_a_process() {
+    let src = "import threading, sys\n\
+               t = threading.Thread(target=sys.stdin.read); t.start()\n\
+               print('ready', flush=True); t.join()\n";
+    let mut host = Cmd::new(python(), ["-c", src]).shimmed().spawn();
+    host.wait_for_line("ready", Duration::from_secs(30));
+    let pid = host.pid();
+    let tid = wait_until(Duration::from_secs(10), || {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .ok()?
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .find(|&t| t != pid)
+    })
+    .expect("a second thread");
+    for cmd in ["stats", "purge", "doctor"] {
+        let o = Cmd::new(ctl(), [cmd, &tid.to_string()]).run();
+        assert_eq!(o.code, 3, "{cmd}: {o:?}");
+        assert!(
+            o.stderr.contains(&format!("a thread of process {pid}")),
+            "{cmd}: {o:?}"
+        );
+    }
+}
+
+#[test]
+fn all_that_reaches_nobody_did_nothing() {
+    // A pid namespace of its own, whose /proc shows no shimmed process.
+    for cmd in ["purge", "release"] {
+        let o = Cmd::new(
+            "unshare",
+            [
+                "--pid",
+                "--fork",
+                "--mount-proc",
+                ctl().to_str().unwrap(),
+                cmd,
+                "--all",
+            ],
+        )
+        .run();
+        assert_eq!(o.code, 3, "{cmd} --all: {o:?}");
+        assert!(o.stdout.contains("no shimmed process"), "{cmd}: {o:?}");
+    }
+}
+
+#[test]
+fn doctor_says_permission_and_zombie_with_their_codes() {
+    let heap = start_heap(&[]);
+    let mut a: Vec<String> = NOBODY.iter().map(|s| s.to_string()).collect();
+    a.extend([
+        ctl().display().to_string(),
+        "doctor".into(),
+        heap.pid().to_string(),
+    ]);
+    let o = Cmd::new("setpriv", a).run();
+    assert_eq!(o.code, 5, "{o:?}");
+    assert!(o.stdout.contains("no_access"), "{o:?}");
+
+    // A child that has exited and that its parent has not reaped.
+    let src = "import os, sys\npid = os.fork()\nif pid == 0: os._exit(0)\n\
+               print('child', pid, flush=True)\nsys.stdin.read()\n";
+    let mut parent = Cmd::new(python(), ["-c", src]).spawn();
+    let line = parent.wait_for_line("child", Duration::from_secs(30));
+    let child: i32 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    wait_until(Duration::from_secs(10), || {
+        std::fs::read_to_string(format!("/proc/{child}/status"))
+            .ok()?
+            .contains("State:\tZ")
+            .then_some(())
+    })
+    .expect("a zombie");
+    let o = Cmd::new(ctl(), ["doctor", &child.to_string()]).run();
+    assert_eq!(o.code, 3, "{o:?}");
+    assert!(o.stderr.contains("has exited"), "{o:?}");
+}
+
+#[test]
+fn run_refuses_a_library_that_is_not_one_and_arena_counts_the_shim_refuses() {
+    let dir = memshim_tests::scratch().join(format!("cli-errors-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = dir.join("not-a-library.txt");
+    std::fs::write(&text, "hello\n").unwrap();
+    let marker = dir.join("ran");
+    let touch = format!("touch {}", marker.display());
+    let o = Cmd::new(ctl(), ["run", "--", "sh", "-c", &touch])
+        .env("MEMSHIM_LIB", &text)
+        .run();
+    assert_eq!(o.code, 3, "{o:?}");
+    assert!(o.stderr.contains("not a shared library"), "{o:?}");
+    assert!(!marker.exists(), "the command ran");
+    // The library itself is accepted.
+    let o = Cmd::new(ctl(), ["run", "--", "sh", "-c", &touch])
+        .env("MEMSHIM_LIB", shim())
+        .run();
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    assert!(marker.exists());
+    // What `run` accepts, the shim takes without a warning; one more is a
+    // usage error.
+    let o = Cmd::new(ctl(), ["run", "--narenas", "4094", "--", "true"]).run();
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    let o = Cmd::new(ctl(), ["run", "--narenas", "4095", "--", "true"]).run();
+    assert_eq!(o.code, 2, "{o:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
