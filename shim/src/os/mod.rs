@@ -15,6 +15,7 @@
 //! | [`dl`] | `dlsym`, `dladdr`, the loaded objects' names, glibc's version |
 //! | [`env`] | the environment, read without libc |
 //! | [`memstream`] | an in-memory `FILE*` |
+//! | [`overcommit`] | the kernel's overcommit heuristic, for jemalloc's `MAP_NORESERVE` mappings |
 //! | [`unwind`] | std's unwinder, forwarded to the `libgcc_s.so.1` glibc loads (with `unwind.c`) |
 //!
 //! Contract: nothing here panics on bad input; errors come back as
@@ -29,6 +30,7 @@ pub mod env;
 pub mod fd;
 pub mod fence;
 pub mod memstream;
+pub mod overcommit;
 pub mod proc;
 pub mod raw;
 pub mod sock;
