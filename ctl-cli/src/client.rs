@@ -16,9 +16,9 @@ const SHORT: Duration = Duration::from_secs(5);
 /// release): the shim waits at most 5 s for the interpreter, then works.
 const LONG: Duration = Duration::from_secs(60);
 
-/// How long a connection that broke may take to turn out to be a process
-/// that exited (`discover::exits_within`); only a process that is still
-/// running after it makes an error wait this long.
+/// How long a connection that broke in the middle of a request may take to
+/// turn out to be a process that exited (`discover::exits_within`); only a
+/// process that is still running after it makes that error wait this long.
 const GONE_WAIT: Duration = Duration::from_secs(1);
 
 /// An open, greeted connection.
@@ -46,9 +46,7 @@ impl Client {
         let conn = match Connection::open(&loc.dir, &loc.name, SHORT) {
             Ok(c) => c,
             // Found a moment ago, gone now: its socket is missing or stale.
-            Err(ConnectError::Missing | ConnectError::Refused)
-                if discover::exits_within(&p, GONE_WAIT) =>
-            {
+            Err(ConnectError::Missing | ConnectError::Refused) if !discover::still_running(&p) => {
                 return Err(exited(&p, &path.display().to_string(), "no answer"));
             }
             Err(ConnectError::Missing) => {

@@ -143,23 +143,41 @@ fn gone(pid: i32, e: io::Error) -> Failure {
 }
 
 /// Whether the process `p` still runs: its pid names the same process
-/// (same start time) and it is not a zombie. For a connection that broke
-/// in the middle of a request: a process that died is "no such process".
+/// (same start time) and one of its threads is neither a zombie nor
+/// exiting. For a connection that broke in the middle of a request: a
+/// process that died is "no such process".
 pub fn still_running(p: &Proc) -> bool {
-    /// `PF_EXITING` in the `flags` field: set as the kernel starts to tear
-    /// the task down, before it closes its descriptors (and so our
-    /// connection) and long before it becomes a zombie.
-    const PF_EXITING: u64 = 0x4;
     let Ok(stat) = std::fs::read_to_string(proc_path(p.pid, "stat")) else {
         return false;
     };
-    let mut fields = stat.rfind(')').map(|i| stat[i + 1..].split_whitespace());
-    let state = fields.as_mut().and_then(|f| f.next());
-    // `flags` is field 9, the 7th after the state.
-    let flags: u64 = fields.and_then(|mut f| f.nth(5)?.parse().ok()).unwrap_or(0);
-    parse_starttime(&stat) == Some(p.starttime)
-        && !matches!(state, Some("Z" | "X" | "x"))
-        && flags & PF_EXITING == 0
+    parse_starttime(&stat) == Some(p.starttime) && !all_threads_exited(p.pid)
+}
+
+/// Whether no thread of `pid` runs: each is a zombie, dead, or exiting
+/// (`PF_EXITING`, set as the kernel starts to tear a thread down, before
+/// it closes its descriptors and long before it is a zombie). A main thread
+/// that called `pthread_exit` is a zombie while the others run, so every
+/// thread is looked at. True if `/proc/<pid>` is gone.
+pub fn all_threads_exited(pid: i32) -> bool {
+    const PF_EXITING: u64 = 0x4;
+    let exited = |stat: &str| {
+        let mut fields = stat.rfind(')').map(|i| stat[i + 1..].split_whitespace());
+        let state = fields.as_mut().and_then(|f| f.next());
+        // `flags` is field 9, the 6th after the state (field 3).
+        let flags: u64 = fields.and_then(|mut f| f.nth(5)?.parse().ok()).unwrap_or(0);
+        matches!(state, Some("Z" | "X" | "x")) || flags & PF_EXITING != 0
+    };
+    match std::fs::read_to_string(proc_path(pid, "stat")) {
+        Err(_) => return true,
+        Ok(stat) if !exited(&stat) => return false,
+        Ok(_) => {}
+    }
+    let Ok(tasks) = std::fs::read_dir(proc_path(pid, "task")) else {
+        return true;
+    };
+    !tasks
+        .flatten()
+        .any(|t| std::fs::read_to_string(t.path().join("stat")).is_ok_and(|stat| !exited(&stat)))
 }
 
 /// Whether `p` has stopped running, or stops within `limit`. A dying

@@ -316,12 +316,14 @@ fn run_captured(mut c: Command, input: Option<String>, timeout: Duration) -> Out
             Ok((fd, bytes)) => outs[fd - 1] = bytes,
             Err(_) => panic!(
                 "{c:?} {} ({status:?}), but its stdout or stderr was still open {PIPE_GRACE:?} \
-                 later: a process it started holds it",
+                 later: a process it started holds it (read so far: stdout {:?}, stderr {:?})",
                 if timed_out {
                     format!("did not finish within {timeout:?} and was killed")
                 } else {
                     "ended".to_owned()
-                }
+                },
+                String::from_utf8_lossy(&outs[0]),
+                String::from_utf8_lossy(&outs[1])
             ),
         }
     }
@@ -507,7 +509,11 @@ impl Child {
             let status = self.child.try_wait();
             let mut err = String::new();
             if let (Ok(Some(_)), Some(se)) = (&status, self.child.stderr.as_mut()) {
-                let _ = se.read_to_string(&mut err);
+                let mut bytes = Vec::new();
+                if drain_exited(se, &mut bytes).is_none() {
+                    bytes.extend_from_slice(b" [still open: a process it started holds it]");
+                }
+                err = String::from_utf8_lossy(&bytes).into_owned();
             }
             panic!("sending {line:?} to process {pid}: {e} (status {status:?}, stderr {err:?})");
         }

@@ -136,7 +136,10 @@ fn all_that_reaches_nobody_did_nothing() {
         )
         .run();
         assert_eq!(o.code, 3, "{cmd} --all: {o:?}");
-        assert!(o.stdout.contains("no shimmed process"), "{cmd}: {o:?}");
+        assert!(
+            o.stderr.contains("--all found no shimmed process"),
+            "{cmd}: {o:?}"
+        );
     }
 }
 

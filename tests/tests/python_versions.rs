@@ -164,11 +164,20 @@ fn an_older_cpython_is_unsupported_not_absent() {
     }
     for (v, exe) in old {
         let dir = socket_dir(&format!("old-{v}"));
-        let child = Cmd::new(&exe, ["-c", "import sys; sys.stdin.read()"])
-            .shimmed()
-            .env("MEMSHIM_CONTROL", "on")
-            .env("MEMSHIM_SOCKET_DIR", &dir)
-            .spawn();
+        // "ready" once the interpreter runs; the version is checked before
+        // the interpreter's state, so the answer is the same before it.
+        let mut child = Cmd::new(
+            &exe,
+            [
+                "-c",
+                "import sys; sys.stdout.write('ready\\n'); sys.stdout.flush(); sys.stdin.read()",
+            ],
+        )
+        .shimmed()
+        .env("MEMSHIM_CONTROL", "on")
+        .env("MEMSHIM_SOCKET_DIR", &dir)
+        .spawn();
+        child.wait_for_line("ready", Duration::from_secs(30));
         let sock = socket_of(&dir, child.pid());
         let unsupported = |u: &Option<PythonUnavailable>| matches!(u, Some(PythonUnavailable::Unsupported { version }) if *version == v);
         let r = request(&sock, &Request::Gc);

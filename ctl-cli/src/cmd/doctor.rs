@@ -120,7 +120,9 @@ fn read_proc(pid: i32) -> Result<Proc, Failure> {
             .find_map(|l| l.strip_prefix(k))
             .map(|v| v.trim().to_owned())
     };
-    if field("State:").is_some_and(|s| s.starts_with('Z') || s.starts_with('X')) {
+    if field("State:").is_some_and(|s| s.starts_with('Z') || s.starts_with('X'))
+        && crate::discover::all_threads_exited(pid)
+    {
         return Err(Failure::new(
             Exit::NotFound,
             Some(pid),

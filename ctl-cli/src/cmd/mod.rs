@@ -72,11 +72,12 @@ pub struct Outcome<T> {
 /// `--all` every shimmed process whose endpoint is up (others are skipped,
 /// and listed by `memshim-ctl list`). Returns the outcomes and the exit
 /// status: 0 if all succeeded; the target's own code if there was exactly
-/// one; 1 if some of several failed; 3 if `--all` found no target.
+/// one; 1 if some of several failed. `--all` that finds no target is a
+/// failure of its own (exit 3): nothing was done.
 pub fn for_targets<T>(
     t: &Targets,
     mut f: impl FnMut(&mut Client) -> Result<T, Failure>,
-) -> (Vec<Outcome<T>>, Exit) {
+) -> Result<(Vec<Outcome<T>>, Exit), Failure> {
     let mut out = Vec::new();
     if t.all {
         for pid in discover::all_pids() {
@@ -108,15 +109,21 @@ pub fn for_targets<T>(
             });
         }
     }
+    if t.all && out.is_empty() {
+        return Err(Failure::new(
+            Exit::NotFound,
+            None,
+            "--all found no shimmed process with a running control endpoint: nothing was done",
+        )
+        .hint("`memshim-ctl list` shows every shimmed process and why one has no endpoint"));
+    }
     let failed: Vec<&Failure> = out.iter().filter_map(|o| o.result.as_ref().err()).collect();
     let exit = match (failed.len(), out.len()) {
-        // `--all` that reached nobody did nothing: "no such process".
-        (_, 0) => Exit::NotFound,
         (0, _) => Exit::Ok,
         (1, 1) => failed[0].exit,
         _ => Exit::Failed,
     };
-    (out, exit)
+    Ok((out, exit))
 }
 
 /// Prints the failures of a multi-target human report to stderr.

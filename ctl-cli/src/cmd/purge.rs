@@ -21,7 +21,7 @@ pub fn run(a: PurgeArgs) -> Result<Exit, Failure> {
     let (outcomes, exit) = for_targets(&a.targets, |c| match c.request(&Request::Purge)? {
         Reply::Purge(p) => Ok(p),
         other => Err(c.unexpected(&other)),
-    });
+    })?;
     if a.targets.json {
         let v: Vec<_> = outcomes.iter().map(outcome_json).collect();
         outln!("{}", serde_json::json!({ "purge": v }))?;

@@ -23,7 +23,7 @@ pub fn run(a: ReleaseArgs) -> Result<Exit, Failure> {
     let (outcomes, exit) = for_targets(&a.targets, |c| match c.request(&Request::Release)? {
         Reply::Release(r) => Ok(r),
         other => Err(c.unexpected(&other)),
-    });
+    })?;
     let partial: Vec<Failure> = outcomes
         .iter()
         .filter_map(|o| o.result.as_ref().ok().map(|r| (o.pid, r)))

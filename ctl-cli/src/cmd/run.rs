@@ -81,8 +81,8 @@ pub fn locate_library(env_lib: Option<&OsStr>, exe: Option<&Path>) -> Result<Loc
                 how: "MEMSHIM_LIB",
             }),
             Ok(abs) if abs.is_file() => Err(format!(
-                "MEMSHIM_LIB={} is not a shared library (no ELF shared-object header); \
-                 point it at libmemshim.so",
+                "MEMSHIM_LIB={} is not a shared library for this machine (not an ELF shared \
+                 object of memshim-ctl's class and architecture); point it at libmemshim.so",
                 p.display()
             )),
             _ => Err(format!(
@@ -120,15 +120,31 @@ pub fn locate_library(env_lib: Option<&OsStr>, exe: Option<&Path>) -> Result<Loc
     ))
 }
 
-/// Whether `path` starts with an ELF header of a shared object (`ET_DYN`),
-/// which ld.so can preload; anything else it skips with a message of its
-/// own and runs the command without the shim.
+/// Whether `path` is an ELF shared object (`ET_DYN`) that ld.so can preload
+/// into programs like this one: the same class, byte order and machine as
+/// memshim-ctl's own executable (a wheel carries both for one platform).
+/// Anything else ld.so skips with a message of its own, and the command
+/// would run without the shim.
 fn shared_object(path: &Path) -> bool {
     use std::io::Read;
-    let mut h = [0u8; 18];
-    std::fs::File::open(path)
-        .and_then(|mut f| f.read_exact(&mut h))
-        .is_ok_and(|()| h[..4] == *b"\x7fELF" && u16::from_le_bytes([h[16], h[17]]) == 3)
+    let header = |p: &Path| {
+        let mut h = [0u8; 20];
+        std::fs::File::open(p)
+            .and_then(|mut f| f.read_exact(&mut h))
+            .ok()
+            .filter(|_| h[..4] == *b"\x7fELF")
+            .map(|()| h)
+    };
+    let (Some(lib), Some(me)) = (header(path), header(Path::new("/proc/self/exe"))) else {
+        return false;
+    };
+    let e_type = if lib[5] == 2 {
+        u16::from_be_bytes([lib[16], lib[17]])
+    } else {
+        u16::from_le_bytes([lib[16], lib[17]])
+    };
+    // EI_CLASS, EI_DATA and e_machine as ours.
+    e_type == 3 && lib[4..6] == me[4..6] && lib[18..20] == me[18..20]
 }
 
 /// `LD_PRELOAD` with `lib` first, keeping every existing entry (ld.so

@@ -110,12 +110,17 @@ pub fn run(a: WatchArgs) -> Result<Exit, Failure> {
         } else {
             line(start.elapsed().as_secs_f64(), &history)
         };
-        if out
-            .write_all(text.as_bytes())
-            .and_then(|_| out.flush())
-            .is_err()
-        {
-            return Ok(Exit::Ok); // stdout closed (`| head`)
+        match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+            Ok(()) => {}
+            // The reader went away (`| head`): a stream ends there.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(Exit::Ok),
+            Err(e) => {
+                return Err(Failure::new(
+                    Exit::Failed,
+                    None,
+                    format!("writing to stdout: {e}"),
+                ));
+            }
         }
         n += 1;
         if a.count.is_some_and(|c| n >= c) {

@@ -236,12 +236,19 @@ pub fn unresolved_version() -> String {
         return "unknown".to_owned();
     }
     // SAFETY: `Py_GetVersion` is `const char *(void)` in every CPython
-    // since 2.0, returning a static NUL-terminated string, callable at
-    // any time.
-    let full = unsafe {
-        let get = core::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> *const c_char>(f);
-        core::ffi::CStr::from_ptr(get())
-    };
+    // since 2.0.
+    version_of(unsafe {
+        core::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> *const c_char>(f)
+    })
+}
+
+/// What `get` (`Py_GetVersion`) returns, up to the first space.
+fn version_of(get: unsafe extern "C" fn() -> *const c_char) -> String {
+    // SAFETY: `Py_GetVersion` is callable at any time, before
+    // `Py_Initialize` too, and returns a NUL-terminated static buffer,
+    // which CPython 3.11 and older rewrite with the same text on every
+    // call: a host thread calling it at the same moment changes no byte.
+    let full = unsafe { core::ffi::CStr::from_ptr(get()) };
     let s = full.to_string_lossy();
     s.split_whitespace().next().unwrap_or("unknown").to_owned()
 }
@@ -277,11 +284,7 @@ impl Api {
 
     /// `Py_GetVersion()` up to the first space, e.g. "3.11.7".
     pub fn version(&self) -> String {
-        // SAFETY: returns a pointer to a static NUL-terminated string
-        // (callable at any time per the docs).
-        let full = unsafe { core::ffi::CStr::from_ptr((self.get_version)()) };
-        let s = full.to_string_lossy();
-        s.split_whitespace().next().unwrap_or("").to_owned()
+        version_of(self.get_version)
     }
 
     /// Address of `None` (null if the symbol is missing).

@@ -189,11 +189,13 @@ fn post_and_wait(job: Job, timeout: Duration) -> Outcome {
             PythonUnavailable::NoPython
         });
     };
-    api.usable()?;
+    // The version first: `Py_GetVersion` answers before `Py_Initialize`, so
+    // an unsupported interpreter is "unsupported" from its first moment.
     let version = api.version();
     if !ffi::major_minor(&version).is_some_and(|v| SUPPORTED.contains(&v)) {
         return Err(PythonUnavailable::Unsupported { version });
     }
+    api.usable()?;
     if gate::closed() {
         return Err(PythonUnavailable::Finalizing);
     }
