@@ -74,6 +74,20 @@ pub fn ok(r: Response) -> Reply {
     }
 }
 
+/// The `stats` reply (no arenas, no PSS) of the endpoint at `sock`.
+pub fn stats(sock: &Path) -> Box<memshim_proto::StatsReport> {
+    match ok(request(
+        sock,
+        &Request::Stats {
+            arenas: false,
+            pss: false,
+        },
+    )) {
+        Reply::Stats(s) => s,
+        other => panic!("not a stats reply: {other:?}"),
+    }
+}
+
 /// Sends a line to the fixture and waits for its answer line.
 pub fn ask(child: &mut Child, cmd: &str) -> String {
     child.send(cmd);

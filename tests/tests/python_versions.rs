@@ -28,15 +28,7 @@ fn stats_and_gc_work_on_every_installed_cpython() {
         child.wait_for_line("ready", Duration::from_secs(30));
         let sock = socket_of(&dir, child.pid());
         ask(&mut child, "alloc 4");
-        let Reply::Stats(s) = ok(request(
-            &sock,
-            &Request::Stats {
-                arenas: false,
-                pss: false,
-            },
-        )) else {
-            panic!()
-        };
+        let s = stats(&sock);
         let p = s
             .python
             .unwrap_or_else(|| panic!("{v}: no python section: {:?}", s.python_unavailable));
@@ -58,15 +50,7 @@ fn stats_and_gc_work_on_every_installed_cpython() {
         let Reply::Gc(g) = ok(request(&sock, &Request::Gc)) else {
             panic!()
         };
-        let Reply::Stats(s2) = ok(request(
-            &sock,
-            &Request::Stats {
-                arenas: false,
-                pss: false,
-            },
-        )) else {
-            panic!()
-        };
+        let s2 = stats(&sock);
         let c1 = p.gc_collections.unwrap()[2];
         let c2 = s2.python.unwrap().gc_collections.unwrap()[2];
         assert_eq!(c2, c1 + 1, "{v}: one gc request, one full collection");
@@ -185,15 +169,7 @@ fn an_older_cpython_is_unsupported_not_absent() {
             matches!(&r, memshim_proto::Response::Error(e) if unsupported(&e.python)),
             "{v}: {r:?}"
         );
-        let Reply::Stats(s) = ok(request(
-            &sock,
-            &Request::Stats {
-                arenas: false,
-                pss: false,
-            },
-        )) else {
-            panic!()
-        };
+        let s = stats(&sock);
         assert!(
             s.python.is_none() && unsupported(&s.python_unavailable),
             "{v}: {:?}",
