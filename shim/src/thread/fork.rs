@@ -6,7 +6,8 @@
 //! 200 ms) until it has exited and been joined. A thread that is still
 //! starting (a process that creates, joins and forks back to back, like
 //! CPython's `t.start(); t.join(); os.fork()`) is first waited for,
-//! bounded too, until it reaches its loop. The parent is then
+//! bounded too, until it reaches its loop; so is (5 ms at most) an
+//! application thread the kernel still lists after it was joined. The parent is then
 //! single-threaded when `fork()` copies it and when CPython counts threads
 //! after `fork()` returns. If the thread cannot stop in time (it waits for
 //! a lock the forking thread holds, such as the GIL), the fork goes ahead
@@ -46,6 +47,12 @@ const START_WAIT_MS: u64 = 200;
 const STOP_WAIT_MS: u64 = 200;
 /// Longest wait, after the join, for the kernel to stop counting it.
 const GONE_WAIT_MS: u64 = 50;
+/// How many threads beyond the shim's and the forking one may be a thread
+/// on its way out (joined a moment ago), waited for before a fork.
+const JOINED_SLACK: u64 = 2;
+/// Longest wait for them: what a fork by a process with one or two live
+/// threads of its own costs in addition.
+const JOINED_WAIT_MS: u64 = 5;
 
 /// Fork prepare handler.
 pub(super) extern "C" fn prepare() {
@@ -93,8 +100,24 @@ pub(super) fn stop_if_alone_but_for_us() {
     let _nc = NoCancel::new();
     // At most: the spawner counts from the moment the shim's thread starts
     // creating it (os/spawner.rs), a moment before the kernel lists it.
-    if os::proc::thread_count().is_none_or(|n| n > 1 + run::our_threads()) {
-        return;
+    let alone = 1 + run::our_threads();
+    match os::proc::thread_count() {
+        None => return,
+        Some(n) if n <= alone => {}
+        // One or two more: a thread the application has just joined may
+        // still be on its way out. CPython's `join()` returns when the
+        // thread's Python state is gone, before its C exit path (thread-
+        // local destructors, jemalloc's cache flush) has run, and the
+        // kernel lists a thread until it is released. Give them
+        // JOINED_WAIT_MS to go; a thread that stays is a live one.
+        Some(n) if n <= alone + JOINED_SLACK => {
+            if !os::time::wait_while(JOINED_WAIT_MS, Duration::from_micros(100), || {
+                os::proc::thread_count().is_none_or(|n| n > alone)
+            }) {
+                return;
+            }
+        }
+        Some(_) => return,
     }
     wait_while_starting();
     if STATE.phase() == Phase::Running {
