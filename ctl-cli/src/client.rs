@@ -54,15 +54,23 @@ impl Client {
                 return Err(Failure::new(Exit::NoEndpoint, Some(p.pid), why).hint(hint));
             }
             Err(ConnectError::Refused) => {
+                // The file outlived its listener: the program this process
+                // ran before an `exec` left it (the name stays the same), or
+                // the shim's thread is stopping this instant.
+                let (mut why, hint) = discover::why_no_endpoint(&p, &loc);
+                if why.starts_with("no socket at") {
+                    why = "the shim's thread runs and binds its socket again shortly".into();
+                }
                 return Err(Failure::new(
                     Exit::NoEndpoint,
                     Some(p.pid),
                     format!(
-                        "{} exists but nobody answers (the endpoint is being re-created)",
+                        "{} is left over, nobody listens on it (from before an exec, or a thread that was \
+                         stopping); {why}",
                         path.display()
                     ),
                 )
-                .hint("retry in a few seconds"));
+                .hint(hint));
             }
             Err(ConnectError::Permission) => {
                 return Err(discover::permission(&p, &path.display().to_string()));

@@ -85,11 +85,13 @@ static DEFAULT_DIR_LIST: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 #[test]
 fn a_stale_socket_after_kill_9_is_tolerated_and_cleaned_up() {
-    let _alone = DEFAULT_DIR_LIST.lock().unwrap_or_else(|e| e.into_inner());
-    let mut child = start_heap(&[]);
+    // A directory of its own: another test's shimmed process, binding its
+    // socket in the default one, would remove this stale file first.
+    let dir = memshim_tests::stress::private_socket_dir("kill9-list");
+    let mut child = start_heap(&[("MEMSHIM_SOCKET_DIR", dir.to_str().unwrap())]);
     let pid = child.pid();
     wait_endpoint(pid);
-    let sock = socket_in(&default_dir(), pid);
+    let sock = socket_in(&dir, pid);
     child.child.kill().unwrap();
     child.child.wait().unwrap();
     assert!(
@@ -99,8 +101,11 @@ fn a_stale_socket_after_kill_9_is_tolerated_and_cleaned_up() {
     let o = ctl_run(&["stats", &pid.to_string()]);
     assert_eq!(o.code, 3, "{o:?}");
     assert!(o.stderr.contains("no such process"), "{o:?}");
-    let (code, list) = ctl_json(&["list"]);
-    assert_eq!(code, 0);
+    let o = Cmd::new(ctl(), ["list", "--json"])
+        .env("MEMSHIM_SOCKET_DIR", &dir)
+        .run();
+    assert_eq!(o.code, 0, "{o:?}");
+    let list: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
     let removed: Vec<&str> = list["stale_removed"]
         .as_array()
         .unwrap()
@@ -109,6 +114,59 @@ fn a_stale_socket_after_kill_9_is_tolerated_and_cleaned_up() {
         .collect();
     assert!(removed.contains(&sock.to_str().unwrap()), "{list}");
     assert!(!sock.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `_exit` runs no destructor, so a process that ends with it (dash ends
+/// every `sh -c` so, Python's `os._exit`) leaves its socket file. The next
+/// shimmed process of the pid namespace removes such files when it binds
+/// its own; before, every one of them stayed until `memshim-ctl list`.
+#[test]
+fn socket_files_left_by_exit_go_when_the_next_process_binds() {
+    let dir = memshim_tests::stress::private_socket_dir("leftover");
+    // Waits until its socket is there, then leaves without cleaning up.
+    let src = "import os, time\n\
+               d = os.environ['MEMSHIM_SOCKET_DIR']\n\
+               while not any(f.startswith('%d-' % os.getpid()) for f in (os.listdir(d) if os.path.isdir(d) else [])):\n\
+               \x20   time.sleep(0.005)\n\
+               os._exit(0)\n";
+    for _ in 0..5 {
+        let o = Cmd::new(python(), ["-c", src])
+            .shimmed()
+            .env("MEMSHIM_CONTROL", "on")
+            .env("MEMSHIM_SOCKET_DIR", &dir)
+            .run_timeout(Duration::from_secs(30));
+        assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    }
+    let files = || -> Vec<String> {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    assert_eq!(
+        files().len(),
+        1,
+        "only the last one's file is left: {:?}",
+        files()
+    );
+    let mut cat = Cmd::new("cat", Vec::<String>::new())
+        .shimmed()
+        .env("MEMSHIM_CONTROL", "on")
+        .env("MEMSHIM_SOCKET_DIR", &dir)
+        .spawn();
+    let pid = cat.pid();
+    let mine = format!("{pid}-");
+    let left = wait_until(Duration::from_secs(10), || {
+        let f = files();
+        (f.len() == 1 && f[0].starts_with(&mine)).then_some(f)
+    });
+    assert!(left.is_some(), "files beside the live one's: {:?}", files());
+    cat.send("x");
+    let o = cat.finish(Duration::from_secs(10));
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -528,6 +528,9 @@ pub fn ask_endpoint(pid: i32) -> Endpoint {
             cuda: s.torch.as_ref().map(cuda_notes).unwrap_or_default(),
         },
         Ok(_) => Endpoint::Unreachable("answered stats with another kind of reply".into()),
+        // A file nobody listens on (left over from before an exec): no
+        // endpoint, explained by the process's state like a missing one.
+        Err(f) if f.exit == Exit::NoEndpoint => Endpoint::Absent,
         Err(f) => Endpoint::Unreachable(f.message),
     }
 }

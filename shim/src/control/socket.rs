@@ -51,6 +51,40 @@ pub fn address(path: &CString, dirfd: i32, name: &str) -> Vec<u8> {
     }
 }
 
+/// Removes the socket files in `dir` that processes of this pid namespace
+/// (`pidns`, this process's start time `starttime`) left behind. A process
+/// that ends with `_exit` (dash ends every `sh -c` that way, and Python's
+/// `os._exit`) or by a signal leaves its file; with `MEMSHIM_CONTROL=on`
+/// in a container, every such process would add one. A file is stale when
+/// `/proc` shows no process of its pid and start time: a live process's
+/// name is made of exactly those. Nothing is connected to (a listener that
+/// is not a shim's is none of our business). Files of other pid namespaces
+/// are left alone, and so is everything when this `/proc` is not this pid
+/// namespace's (it does not show this process under its own pid);
+/// `memshim-ctl list` removes those. Shim's thread, after binding its own.
+pub fn remove_stale(dir: &CString, pidns: u64, starttime: u64) {
+    use std::os::unix::ffi::OsStrExt;
+    let me = os::getpid();
+    if pidns == 0 || os::proc::starttime_of(me) != Some(starttime) {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(std::ffi::OsStr::from_bytes(dir.as_bytes())) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let file = e.file_name();
+        let Some(name) = file.to_str() else {
+            continue;
+        };
+        let Some(s) = SocketName::parse(name) else {
+            continue;
+        };
+        if s.pidns == pidns && s.pid != me && os::proc::starttime_of(s.pid) != Some(s.starttime) {
+            os::sock::unlink(&join(dir, name));
+        }
+    }
+}
+
 /// The path of the socket file this process has bound, for the destructor
 /// (which must not allocate). Written once per process, before
 /// `BOUND_PID` names it; the path never changes within a process.

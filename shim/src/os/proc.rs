@@ -46,6 +46,16 @@ pub fn parse_starttime(stat: &[u8]) -> Option<u64> {
     super::parse_u64(stat_fields(stat)?.nth(19)?)
 }
 
+/// The start time of process `pid` as this `/proc` shows it; `None` if
+/// there is no such process here. Shim's thread.
+pub fn starttime_of(pid: i32) -> Option<u64> {
+    let mut path = super::StackBuf::<40>::new();
+    let _ = core::fmt::Write::write_fmt(&mut path, format_args!("/proc/{pid}/stat\0"));
+    let path = CStr::from_bytes_with_nul(path.as_bytes()).ok()?;
+    let mut buf = [0u8; 1024];
+    read_file(path, &mut buf).and_then(|n| parse_starttime(&buf[..n]))
+}
+
 /// This process's start time (field 22 of its stat file), 0 if unreadable.
 ///
 /// Read as `/proc/./self/stat`, which the kernel resolves to the same file.
