@@ -185,7 +185,11 @@ pub fn human(l: &Listing) -> String {
         if l.unreadable > 0 {
             s.push_str(&format!(" ({})", unreadable_note(l.unreadable, l.as_root)));
         }
-        return s + "\n";
+        s.push('\n');
+        for f in &l.stale_removed {
+            s.push_str(&format!("removed stale socket {f}\n"));
+        }
+        return s;
     }
     let rows: Vec<Vec<String>> = l
         .processes
