@@ -500,7 +500,7 @@ pub unsafe extern "C" fn wrap_mmap(
     off: libc::off_t,
 ) -> *mut c_void {
     let _e = os::KeepErrno::new();
-    if flags & libc::MAP_NORESERVE != 0 && os::overcommit::refuses(len) {
+    if os::overcommit::refuses(len, flags) {
         return libc::MAP_FAILED;
     }
     // SAFETY: forwarding the caller's arguments unchanged.

@@ -85,6 +85,9 @@ static DEFAULT_DIR_LIST: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 #[test]
 fn a_stale_socket_after_kill_9_is_tolerated_and_cleaned_up() {
+    // `list` also connects to stale-looking files in every shimmed
+    // process's directory, the impostor test's among them.
+    let _alone = DEFAULT_DIR_LIST.lock().unwrap_or_else(|e| e.into_inner());
     // A directory of its own: another test's shimmed process, binding its
     // socket in the default one, would remove this stale file first.
     let dir = memshim_tests::stress::private_socket_dir("kill9-list");
@@ -124,19 +127,30 @@ fn a_stale_socket_after_kill_9_is_tolerated_and_cleaned_up() {
 #[test]
 fn socket_files_left_by_exit_go_when_the_next_process_binds() {
     let dir = memshim_tests::stress::private_socket_dir("leftover");
-    // Waits until its socket is there, then leaves without cleaning up.
+    // Waits until its socket is the only file there (its thread has bound
+    // it and removed what the one before left), then leaves without
+    // cleaning up. Exit status 3 if that never happens.
     let src = "import os, time\n\
                d = os.environ['MEMSHIM_SOCKET_DIR']\n\
-               while not any(f.startswith('%d-' % os.getpid()) for f in (os.listdir(d) if os.path.isdir(d) else [])):\n\
+               mine = '%d-' % os.getpid()\n\
+               end = time.monotonic() + 20\n\
+               while time.monotonic() < end:\n\
+               \x20   f = os.listdir(d) if os.path.isdir(d) else []\n\
+               \x20   if len(f) == 1 and f[0].startswith(mine): os._exit(0)\n\
                \x20   time.sleep(0.005)\n\
-               os._exit(0)\n";
+               os._exit(3)\n";
     for _ in 0..5 {
         let o = Cmd::new(python(), ["-c", src])
             .shimmed()
             .env("MEMSHIM_CONTROL", "on")
             .env("MEMSHIM_SOCKET_DIR", &dir)
             .run_timeout(Duration::from_secs(30));
-        assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+        let left: Vec<_> = std::fs::read_dir(&dir).map_or(vec![], |d| d.flatten().collect());
+        assert_eq!(
+            (o.code, o.stderr.as_str()),
+            (0, ""),
+            "the files before it were not removed: {o:?}, {left:?}"
+        );
     }
     let files = || -> Vec<String> {
         std::fs::read_dir(&dir)
@@ -172,8 +186,14 @@ fn socket_files_left_by_exit_go_when_the_next_process_binds() {
 #[test]
 fn a_socket_from_an_earlier_process_with_the_same_pid_is_never_used() {
     let _alone = DEFAULT_DIR_LIST.lock().unwrap_or_else(|e| e.into_inner());
+    // A directory of its own: another test's shimmed process binding in the
+    // default one would remove the planted stale file.
+    let dir = memshim_tests::stress::private_socket_dir("same-pid");
     // A live shimmed process without an endpoint (single-threaded `cat`).
-    let cat = Cmd::new("cat", Vec::<String>::new()).shimmed().spawn();
+    let cat = Cmd::new("cat", Vec::<String>::new())
+        .shimmed()
+        .env("MEMSHIM_SOCKET_DIR", &dir)
+        .spawn();
     let pid = cat.pid();
     wait_until(Duration::from_secs(5), || {
         std::fs::read_to_string(format!("/proc/{pid}/maps"))
@@ -182,8 +202,10 @@ fn a_socket_from_an_earlier_process_with_the_same_pid_is_never_used() {
             .then_some(())
     })
     .unwrap();
-    let dir = default_dir();
-    std::fs::create_dir_all(&dir).unwrap();
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new().mode(0o700).create(&dir).unwrap();
+    }
     // An earlier process with the same pid left a (listening!) socket.
     let old = dir.join(
         memshim_proto::endpoint::SocketName {
@@ -220,8 +242,11 @@ fn a_socket_from_an_earlier_process_with_the_same_pid_is_never_used() {
     server.join().unwrap();
     assert_eq!(o.code, 6, "{o:?}");
     assert!(o.stderr.contains("refusing to use it"), "{o:?}");
-    let _ = std::fs::remove_file(&exact);
-    let _ = std::fs::remove_file(&old);
+    assert!(
+        old.exists(),
+        "the planted file is still there: the check above was live"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

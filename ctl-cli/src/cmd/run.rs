@@ -121,30 +121,43 @@ pub fn locate_library(env_lib: Option<&OsStr>, exe: Option<&Path>) -> Result<Loc
 }
 
 /// Whether `path` is an ELF shared object (`ET_DYN`) that ld.so can preload
-/// into programs like this one: the same class, byte order and machine as
-/// memshim-ctl's own executable (a wheel carries both for one platform).
-/// Anything else ld.so skips with a message of its own, and the command
-/// would run without the shim.
+/// into programs like this one: memshim-ctl's own class, byte order and
+/// machine (a wheel carries both for one platform). Anything else ld.so
+/// skips with a message of its own, and the command would run without the
+/// shim.
 fn shared_object(path: &Path) -> bool {
     use std::io::Read;
-    let header = |p: &Path| {
-        let mut h = [0u8; 20];
-        std::fs::File::open(p)
-            .and_then(|mut f| f.read_exact(&mut h))
-            .ok()
-            .filter(|_| h[..4] == *b"\x7fELF")
-            .map(|()| h)
-    };
-    let (Some(lib), Some(me)) = (header(path), header(Path::new("/proc/self/exe"))) else {
-        return false;
-    };
-    let e_type = if lib[5] == 2 {
-        u16::from_be_bytes([lib[16], lib[17]])
+    const CLASS: u8 = if cfg!(target_pointer_width = "64") {
+        2
     } else {
-        u16::from_le_bytes([lib[16], lib[17]])
+        1
     };
-    // EI_CLASS, EI_DATA and e_machine as ours.
-    e_type == 3 && lib[4..6] == me[4..6] && lib[18..20] == me[18..20]
+    const DATA: u8 = if cfg!(target_endian = "little") { 1 } else { 2 };
+    const MACHINE: u16 = if cfg!(target_arch = "x86_64") {
+        62
+    } else if cfg!(target_arch = "aarch64") {
+        183
+    } else {
+        0 // not checked
+    };
+    let mut h = [0u8; 20];
+    if std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut h))
+        .is_err()
+        || h[..4] != *b"\x7fELF"
+        || h[4] != CLASS
+        || h[5] != DATA
+    {
+        return false;
+    }
+    let half = |a: u8, b: u8| {
+        if DATA == 1 {
+            u16::from_le_bytes([a, b])
+        } else {
+            u16::from_be_bytes([a, b])
+        }
+    };
+    half(h[16], h[17]) == 3 && (MACHINE == 0 || half(h[18], h[19]) == MACHINE)
 }
 
 /// `LD_PRELOAD` with `lib` first, keeping every existing entry (ld.so

@@ -51,36 +51,71 @@ pub fn address(path: &CString, dirfd: i32, name: &str) -> Vec<u8> {
     }
 }
 
-/// Removes the socket files in `dir` that processes of this pid namespace
-/// (`pidns`, this process's start time `starttime`) left behind. A process
-/// that ends with `_exit` (dash ends every `sh -c` that way, and Python's
-/// `os._exit`) or by a signal leaves its file; with `MEMSHIM_CONTROL=on`
-/// in a container, every such process would add one. A file is stale when
-/// `/proc` shows no process of its pid and start time: a live process's
-/// name is made of exactly those. Nothing is connected to (a listener that
-/// is not a shim's is none of our business). Files of other pid namespaces
-/// are left alone, and so is everything when this `/proc` is not this pid
-/// namespace's (it does not show this process under its own pid);
-/// `memshim-ctl list` removes those. Shim's thread, after binding its own.
-pub fn remove_stale(dir: &CString, pidns: u64, starttime: u64) {
+/// Most directory entries one bind looks at: the scan runs on the shim's
+/// thread before it serves, and a fork waits for that thread to stop.
+const STALE_SCAN_MAX: usize = 64;
+
+/// Removes socket files in `dir` that processes of this pid namespace
+/// (`pidns`) left behind. A process that ends with `_exit` (dash ends every
+/// `sh -c` that way, and Python's `os._exit`) or by a signal leaves its
+/// file; with `MEMSHIM_CONTROL=on` in a container, every such process would
+/// add one. A file goes only when all of these hold:
+///
+/// * it is a socket whose name is exactly what a shim writes
+///   (`<pid>-<starttime>-<pidns>.sock`, nothing else), with this pid
+///   namespace and a start time;
+/// * `/proc` shows no such process (`ENOENT`), or a process of that pid
+///   with another start time (a reused pid): a live process's name is made
+///   of exactly its pid and start time. Any other failure to read keeps it;
+/// * connecting to it is refused: nobody listens (the rule `memshim-ctl
+///   list` applies too).
+///
+/// Nothing happens when this `/proc` is not this pid namespace's (`/proc/self`
+/// does not name this pid), nor where the shim's descriptors share the
+/// application's table (a directory scan holds a descriptor there). Files
+/// of other pid namespaces are left to `memshim-ctl list`. Shim's thread,
+/// after binding its own; at most [`STALE_SCAN_MAX`] entries.
+pub fn remove_stale(dir: &CString, pidns: u64) {
     use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::FileTypeExt;
     let me = os::getpid();
-    if pidns == 0 || os::proc::starttime_of(me) != Some(starttime) {
+    let proc_is_ours = std::fs::read_link("/proc/self")
+        .is_ok_and(|l| l.as_os_str().as_bytes() == me.to_string().as_bytes());
+    if pidns == 0 || !proc_is_ours || !os::fd::private() {
         return;
     }
     let Ok(entries) = std::fs::read_dir(std::ffi::OsStr::from_bytes(dir.as_bytes())) else {
         return;
     };
-    for e in entries.flatten() {
+    for e in entries.flatten().take(STALE_SCAN_MAX) {
         let file = e.file_name();
         let Some(name) = file.to_str() else {
             continue;
         };
-        let Some(s) = SocketName::parse(name) else {
+        let Some(s) = SocketName::parse(name).filter(|s| s.to_string() == name) else {
             continue;
         };
-        if s.pidns == pidns && s.pid != me && os::proc::starttime_of(s.pid) != Some(s.starttime) {
-            os::sock::unlink(&join(dir, name));
+        if s.pidns != pidns || s.pid == me || s.starttime == 0 {
+            continue;
+        }
+        if !e.file_type().is_ok_and(|t| t.is_socket()) {
+            continue;
+        }
+        match os::proc::starttime_of(s.pid) {
+            Ok(None) => {}
+            Ok(Some(t)) if t != s.starttime => {}
+            _ => continue, // alive, or unreadable: keep
+        }
+        let path = join(dir, name);
+        // Long paths are reached through the directory, as when binding.
+        let Ok(d) = std::fs::File::open(std::ffi::OsStr::from_bytes(dir.as_bytes())) else {
+            continue;
+        };
+        let addr = address(&path, std::os::fd::AsRawFd::as_raw_fd(&d), name);
+        let refused = std::os::unix::net::UnixStream::connect(std::ffi::OsStr::from_bytes(&addr))
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused);
+        if refused {
+            os::sock::unlink(&path);
         }
     }
 }

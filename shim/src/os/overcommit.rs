@@ -16,20 +16,29 @@
 //! memory may ask for more than the request), so a request the kernel
 //! would grant is never refused.
 //!
-//! Allocation-free and lock-free: one `sysinfo` system call for mappings of
-//! 1 GiB or more, and a read of `/proc/sys/vm/overcommit_memory` (one
-//! transient descriptor, close-on-exec) only for those above the limit.
-//! Policy 1 (always) and 2 (strict: jemalloc maps without `MAP_NORESERVE`,
-//! and the kernel does its own accounting) are left alone, as is a policy
-//! that cannot be read.
+//! This is the heuristic of current kernels (checked on this machine's 6.x);
+//! older ones estimated free memory instead and could also refuse requests
+//! below RAM and swap, which the shim does not imitate.
+//!
+//! Allocation-free, lock-free and made of raw system calls (os/raw.rs says
+//! why): one `sysinfo` for private, non-fixed mappings of 1 GiB or more,
+//! and a read of `/proc/sys/vm/overcommit_memory` (one transient
+//! descriptor, close-on-exec) only for those above the limit. Policy 1
+//! (always) and 2 (strict: jemalloc maps without `MAP_NORESERVE`, and the
+//! kernel does its own accounting) are left alone, as is a policy or a
+//! total that cannot be read.
 
-/// Smaller mappings are never checked: no machine has less RAM than this.
+/// Smaller mappings are not checked (a cost for every mapping jemalloc
+/// makes); only a machine with less than this in RAM and swap would have
+/// refused one.
 const CHECK_FROM: usize = 1 << 30;
 
-/// Whether the kernel, under the heuristic policy, would refuse an
-/// accounted anonymous mapping of `len` bytes.
-pub fn refuses(len: usize) -> bool {
-    if len < CHECK_FROM {
+/// Whether the kernel, under the heuristic policy, would refuse the
+/// mapping (`len` bytes, `mmap` `flags`) if it were accounted: a private,
+/// not fixed, `MAP_NORESERVE` one larger than RAM and swap.
+pub fn refuses(len: usize, flags: i32) -> bool {
+    let accounted = libc::MAP_NORESERVE | libc::MAP_PRIVATE;
+    if len < CHECK_FROM || flags & accounted != accounted || flags & libc::MAP_FIXED != 0 {
         return false;
     }
     let Some(limit) = ram_and_swap() else {
@@ -40,13 +49,7 @@ pub fn refuses(len: usize) -> bool {
 
 /// Total RAM plus total swap, in bytes (`sysinfo`).
 fn ram_and_swap() -> Option<u128> {
-    // SAFETY: sysinfo writes one `struct sysinfo`, all of it plain data, so
-    // all-zero bytes are a valid value to start from.
-    let mut si: libc::sysinfo = unsafe { core::mem::zeroed() };
-    // SAFETY: `si` is a valid, writable `struct sysinfo`.
-    if unsafe { libc::syscall(libc::SYS_sysinfo, &mut si as *mut libc::sysinfo) } != 0 {
-        return None;
-    }
+    let si = super::raw::sysinfo()?;
     let unit = u128::from(si.mem_unit.max(1));
     Some((u128::from(si.totalram) + u128::from(si.totalswap)) * unit)
 }
@@ -64,11 +67,20 @@ mod tests {
 
     #[test]
     fn only_mappings_beyond_ram_and_swap_are_refused_and_only_under_policy_0() {
-        assert!(!refuses(4096) && !refuses(CHECK_FROM - 1));
+        let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+        assert!(!refuses(4096, anon) && !refuses(CHECK_FROM - 1, anon));
         let limit = ram_and_swap().expect("sysinfo");
-        assert!(limit >= CHECK_FROM as u128);
-        assert!(!refuses(CHECK_FROM));
+        if limit >= CHECK_FROM as u128 {
+            assert!(!refuses(CHECK_FROM, anon));
+        }
         let beyond = usize::try_from(limit * 2).unwrap_or(usize::MAX);
-        assert_eq!(refuses(beyond), policy() == Some(b'0'));
+        assert_eq!(refuses(beyond, anon), policy() == Some(b'0'));
+        // Not what the heuristic would have looked at: left to the kernel.
+        assert!(!refuses(beyond, anon & !libc::MAP_NORESERVE));
+        assert!(!refuses(beyond, anon | libc::MAP_FIXED));
+        assert!(!refuses(
+            beyond,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE
+        ));
     }
 }

@@ -46,14 +46,35 @@ pub fn parse_starttime(stat: &[u8]) -> Option<u64> {
     super::parse_u64(stat_fields(stat)?.nth(19)?)
 }
 
-/// The start time of process `pid` as this `/proc` shows it; `None` if
-/// there is no such process here. Shim's thread.
-pub fn starttime_of(pid: i32) -> Option<u64> {
-    let mut path = super::StackBuf::<40>::new();
-    let _ = core::fmt::Write::write_fmt(&mut path, format_args!("/proc/{pid}/stat\0"));
-    let path = CStr::from_bytes_with_nul(path.as_bytes()).ok()?;
+/// The start time of process `pid` as this `/proc` shows it: `Ok(None)`
+/// if there is no such process here (`ENOENT`, `ESRCH`), `Err(errno)` if
+/// its file could not be read for another reason. Read as
+/// `/proc/./<pid>/stat`, like [`starttime`], so that qemu-user's rewriting
+/// of this process's own files does not apply. Shim's thread.
+pub fn starttime_of(pid: i32) -> Result<Option<u64>, i32> {
+    let mut path = super::StackBuf::<48>::new();
+    let _ = core::fmt::Write::write_fmt(&mut path, format_args!("/proc/./{pid}/stat\0"));
+    let path = CStr::from_bytes_with_nul(path.as_bytes()).map_err(|_| libc::EINVAL)?;
+    let _e = super::KeepErrno::new();
+    let fd = match super::raw::open(path, libc::O_RDONLY) {
+        Ok(fd) => fd,
+        Err(libc::ENOENT | libc::ESRCH) => return Ok(None),
+        Err(e) => return Err(e),
+    };
     let mut buf = [0u8; 1024];
-    read_file(path, &mut buf).and_then(|n| parse_starttime(&buf[..n]))
+    let n = loop {
+        match super::raw::read(fd, &mut buf) {
+            Err(libc::EINTR) => continue,
+            r => break r,
+        }
+    };
+    super::raw::close(fd);
+    match n {
+        // The process went between the open and the read.
+        Err(libc::ESRCH) => Ok(None),
+        Err(e) => Err(e),
+        Ok(n) => parse_starttime(&buf[..n]).map(Some).ok_or(libc::EINVAL),
+    }
 }
 
 /// This process's start time (field 22 of its stat file), 0 if unreadable.

@@ -221,6 +221,23 @@ pub fn affinity_cpus() -> u32 {
     }
 }
 
+/// `sysinfo`: memory and swap totals, among others.
+pub fn sysinfo() -> Option<libc::sysinfo> {
+    // SAFETY: all-zero bytes are a valid `struct sysinfo` (plain data).
+    let mut si: libc::sysinfo = unsafe { core::mem::zeroed() };
+    // SAFETY: `si` is a valid, writable `struct sysinfo`.
+    let r = unsafe {
+        syscall4(
+            libc::SYS_sysinfo as usize,
+            &mut si as *mut libc::sysinfo as usize,
+            0,
+            0,
+            0,
+        )
+    };
+    result(r).ok().map(|_| si)
+}
+
 /// Reads up to `buf.len()` bytes of a small file (procfs, sysfs, cgroupfs).
 /// Returns the number of bytes read, or `None` if it cannot be opened.
 ///
