@@ -77,7 +77,6 @@ const STALE_SCAN_MAX: usize = 64;
 /// after binding its own; at most [`STALE_SCAN_MAX`] entries.
 pub fn remove_stale(dir: &CString, pidns: u64) {
     use std::os::unix::ffi::OsStrExt;
-    use std::os::unix::fs::FileTypeExt;
     let me = os::getpid();
     let proc_is_ours = std::fs::read_link("/proc/self")
         .is_ok_and(|l| l.as_os_str().as_bytes() == me.to_string().as_bytes());
@@ -98,7 +97,11 @@ pub fn remove_stale(dir: &CString, pidns: u64) {
         if s.pidns != pidns || s.pid == me || s.starttime == 0 {
             continue;
         }
-        if !e.file_type().is_ok_and(|t| t.is_socket()) {
+        let path = join(dir, name);
+        // Not the entry's type from std: that may call `fstatat`, a symbol
+        // the library does not import otherwise (each import is a look-up
+        // in every process's start-up).
+        if os::sock::socket_file_id(&path).is_none() {
             continue;
         }
         match os::proc::starttime_of(s.pid) {
@@ -106,15 +109,12 @@ pub fn remove_stale(dir: &CString, pidns: u64) {
             Ok(Some(t)) if t != s.starttime => {}
             _ => continue, // alive, or unreadable: keep
         }
-        let path = join(dir, name);
         // Long paths are reached through the directory, as when binding.
         let Ok(d) = std::fs::File::open(std::ffi::OsStr::from_bytes(dir.as_bytes())) else {
             continue;
         };
         let addr = address(&path, std::os::fd::AsRawFd::as_raw_fd(&d), name);
-        let refused = std::os::unix::net::UnixStream::connect(std::ffi::OsStr::from_bytes(&addr))
-            .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused);
-        if refused {
+        if os::sock::refuses_connection(&addr) {
             os::sock::unlink(&path);
         }
     }

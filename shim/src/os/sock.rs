@@ -149,6 +149,33 @@ pub fn listen(addr: &[u8], path: &CStr) -> Option<Owned> {
     Some(sock)
 }
 
+/// Whether connecting to `addr` (as for [`listen`]) is refused: a socket
+/// file nobody listens on. Made with the `connect` system call through
+/// `syscall`, which the library imports anyway (one more imported symbol
+/// is a look-up in every process's start-up). Shim's thread.
+pub fn refuses_connection(addr: &[u8]) -> bool {
+    let Some((a, len)) = sockaddr(addr) else {
+        return false;
+    };
+    let Some(sock) = fd::unix_socket() else {
+        return false;
+    };
+    let Some(s) = sock.fd() else {
+        return false;
+    };
+    let _e = KeepErrno::new();
+    // SAFETY: `a` is a valid sockaddr_un of `len` bytes; `s` is our socket.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_connect,
+            libc::c_long::from(s),
+            (&raw const a) as libc::c_long,
+            libc::c_long::from(len),
+        )
+    };
+    r != 0 && super::errno() == libc::ECONNREFUSED
+}
+
 /// Whether `fd` is a Unix socket whose local address is `addr`: our
 /// listener, or a connection accepted on it. The address holds our pid,
 /// start time and pid namespace, so no socket of the application's can
