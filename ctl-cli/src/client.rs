@@ -57,10 +57,7 @@ impl Client {
                 // The file outlived its listener: the program this process
                 // ran before an `exec` left it (the name stays the same), or
                 // the shim's thread is stopping this instant.
-                let (mut why, hint) = discover::why_no_endpoint(&p, &loc);
-                if why.starts_with("no socket at") {
-                    why = "the shim's thread runs and binds its socket again shortly".into();
-                }
+                let (why, hint) = discover::why_no_endpoint(&p, &loc);
                 return Err(Failure::new(
                     Exit::NoEndpoint,
                     Some(p.pid),

@@ -45,10 +45,15 @@ fn proc_path(pid: i32, file: &str) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/{file}"))
 }
 
-/// Field 22 of a `stat` line (fields counted after the last `)`).
+/// The fields of a `stat` line from field 3 (the state) on: those after
+/// the last `)`, since the command (field 2) may hold spaces and `)`.
+fn stat_fields(stat: &str) -> Option<std::str::SplitWhitespace<'_>> {
+    Some(stat[stat.rfind(')')? + 1..].split_whitespace())
+}
+
+/// Field 22 of a `stat` line.
 pub fn parse_starttime(stat: &str) -> Option<u64> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    stat_fields(stat)?.nth(19)?.parse().ok()
 }
 
 /// A `Key:` line of `status`, split into fields.
@@ -150,7 +155,7 @@ pub fn still_running(p: &Proc) -> bool {
     let Ok(stat) = std::fs::read_to_string(proc_path(p.pid, "stat")) else {
         return false;
     };
-    parse_starttime(&stat) == Some(p.starttime) && !all_threads_exited(p.pid)
+    parse_starttime(&stat) == Some(p.starttime) && !threads_exited(p.pid, &stat)
 }
 
 /// Whether no thread of `pid` runs: each is a zombie, dead, or exiting
@@ -159,18 +164,21 @@ pub fn still_running(p: &Proc) -> bool {
 /// that called `pthread_exit` is a zombie while the others run, so every
 /// thread is looked at. True if `/proc/<pid>` is gone.
 pub fn all_threads_exited(pid: i32) -> bool {
+    std::fs::read_to_string(proc_path(pid, "stat")).map_or(true, |stat| threads_exited(pid, &stat))
+}
+
+/// [`all_threads_exited`], given the main thread's `stat` line.
+fn threads_exited(pid: i32, leader_stat: &str) -> bool {
     const PF_EXITING: u64 = 0x4;
     let exited = |stat: &str| {
-        let mut fields = stat.rfind(')').map(|i| stat[i + 1..].split_whitespace());
+        let mut fields = stat_fields(stat);
         let state = fields.as_mut().and_then(|f| f.next());
         // `flags` is field 9, the 6th after the state (field 3).
         let flags: u64 = fields.and_then(|mut f| f.nth(5)?.parse().ok()).unwrap_or(0);
         matches!(state, Some("Z" | "X" | "x")) || flags & PF_EXITING != 0
     };
-    match std::fs::read_to_string(proc_path(pid, "stat")) {
-        Err(_) => return true,
-        Ok(stat) if !exited(&stat) => return false,
-        Ok(_) => {}
+    if !exited(leader_stat) {
+        return false;
     }
     let Ok(tasks) = std::fs::read_dir(proc_path(pid, "task")) else {
         return true;
@@ -432,8 +440,15 @@ pub fn why_no_endpoint(p: &Proc, loc: &SocketLoc) -> (String, String) {
             "set MEMSHIM_CONTROL=on, or check with MEMSHIM_VERBOSE=1 that the shim interposes".into(),
         );
     }
+    // The thread runs: its socket is missing, or a file nobody listens on
+    // (the thread is binding it again).
+    let why = if std::fs::symlink_metadata(loc.path()).is_ok() {
+        "the shim's thread runs and binds its socket again shortly".to_owned()
+    } else {
+        format!("no socket at {}", loc.path().display())
+    };
     (
-        format!("no socket at {}", loc.path().display()),
+        why,
         "the endpoint may be starting (retry in a few seconds); MEMSHIM_VERBOSE=1 shows why it failed".into(),
     )
 }

@@ -15,9 +15,8 @@
 //!
 //! docs/troubleshooting.md lists the messages and what to do about each.
 
-use crate::out::errln;
+use crate::out::{errln, outln};
 use serde::Serialize;
-use std::io::Write;
 use std::process::ExitCode;
 
 /// How memshim-ctl exits.
@@ -113,8 +112,7 @@ impl Failure {
             let doc = serde_json::json!({ "error": self });
             // Not `println!`: it panics when stdout is closed or full.
             // The message below still says what failed.
-            let mut o = std::io::stdout().lock();
-            let _ = writeln!(o, "{doc}").and_then(|()| o.flush());
+            let _ = outln!("{doc}");
         }
         errln!("memshim-ctl: error: {}", self.line());
         if let Some(h) = &self.hint {

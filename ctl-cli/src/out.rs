@@ -6,7 +6,7 @@
 //! `Failure` (exit 1, "writing to stdout: …") for the command to return
 //! with `?`. Messages go to stderr through [`errln!`], which never
 //! panics. `watch` ends quietly on a closed pipe instead (it is a
-//! stream), and `metrics` writes its exposition in one piece.
+//! stream).
 
 use crate::exit::{Exit, Failure};
 use std::io::Write;

@@ -438,8 +438,12 @@ wrap_target!("__wrap_pthread_atfork", wrap_pthread_atfork);
 
 /// `wrap_$name`, the target of `--wrap=$name` (through the hidden
 /// trampoline `$sym`): glibc's `$name`, reached as `$real`, keeping errno.
+///
+/// With `refuse: COND => VALUE`, the wrapper returns VALUE without calling
+/// glibc when COND (over the arguments) holds.
 macro_rules! keeps_errno {
-    ($name:ident, $real:ident, $wrap:ident, $sym:literal, ($($arg:ident: $ty:ty),*) -> $ret:ty) => {
+    ($name:ident, $real:ident, $wrap:ident, $sym:literal, ($($arg:ident: $ty:ty),*) -> $ret:ty
+        $(, refuse: $cond:expr => $refused:expr)?) => {
         #[cfg(not(test))]
         unsafe extern "C" {
             /// glibc's function, as renamed by `--wrap` (see `build.rs`).
@@ -456,6 +460,9 @@ macro_rules! keeps_errno {
         /// The C contract of the glibc function.
         pub unsafe extern "C" fn $wrap($($arg: $ty),*) -> $ret {
             let _e = os::KeepErrno::new();
+            $(if $cond {
+                return $refused;
+            })?
             // SAFETY: forwarding the caller's arguments unchanged.
             unsafe { $real($($arg),*) }
         }
@@ -466,48 +473,12 @@ macro_rules! keeps_errno {
 
 keeps_errno!(madvise, __real_madvise, wrap_madvise, "__wrap_madvise",
     (addr: *mut c_void, len: usize, advice: c_int) -> c_int);
-
-#[cfg(not(test))]
-unsafe extern "C" {
-    /// glibc's `mmap`, as renamed by `--wrap` (see `build.rs`).
-    fn __real_mmap(
-        addr: *mut c_void,
-        len: usize,
-        prot: c_int,
-        flags: c_int,
-        fd: c_int,
-        off: libc::off_t,
-    ) -> *mut c_void;
-}
-
-/// Unit tests link without `--wrap`.
-#[cfg(test)]
-use libc::mmap as __real_mmap;
-
-/// Target of `--wrap=mmap`: glibc's `mmap`, keeping errno; a
-/// `MAP_NORESERVE` mapping the kernel's overcommit heuristic would have
-/// refused without that flag fails as it would have (os/overcommit.rs), so
-/// that an impossible `malloc` returns NULL as under glibc.
-///
-/// # Safety
-/// The C contract of `mmap`.
-pub unsafe extern "C" fn wrap_mmap(
-    addr: *mut c_void,
-    len: usize,
-    prot: c_int,
-    flags: c_int,
-    fd: c_int,
-    off: libc::off_t,
-) -> *mut c_void {
-    let _e = os::KeepErrno::new();
-    if os::overcommit::refuses(len, flags) {
-        return libc::MAP_FAILED;
-    }
-    // SAFETY: forwarding the caller's arguments unchanged.
-    unsafe { __real_mmap(addr, len, prot, flags, fd, off) }
-}
-
-wrap_target!("__wrap_mmap", wrap_mmap);
+// A `MAP_NORESERVE` mapping the kernel's overcommit heuristic would have
+// refused without that flag fails as it would have (os/overcommit.rs), so
+// that an impossible `malloc` returns NULL as under glibc.
+keeps_errno!(mmap, __real_mmap, wrap_mmap, "__wrap_mmap",
+    (addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: libc::off_t) -> *mut c_void,
+    refuse: os::overcommit::refuses(len, flags) => libc::MAP_FAILED);
 keeps_errno!(munmap, __real_munmap, wrap_munmap, "__wrap_munmap",
     (addr: *mut c_void, len: usize) -> c_int);
 keeps_errno!(mprotect, __real_mprotect, wrap_mprotect, "__wrap_mprotect",

@@ -82,8 +82,7 @@ fn a_process_that_exits_during_a_request_is_no_such_process() {
     memshim_tests::control::wait_endpoint(pid);
     let asker = std::thread::spawn(move || Cmd::new(ctl(), ["release", &pid.to_string()]).run());
     host.wait_for_line("finalizing", Duration::from_secs(30));
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
+    host.child.kill().unwrap(); // SIGKILL
     let o = asker.join().unwrap();
     drop(host);
     assert_eq!(o.code, 3, "{o:?}");

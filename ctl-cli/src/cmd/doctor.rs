@@ -515,16 +515,7 @@ pub fn ask_endpoint(pid: i32) -> Endpoint {
     let Ok(p) = discover::read_proc(pid) else {
         return Endpoint::Absent;
     };
-    let loc = discover::socket_loc(&p);
-    if std::fs::symlink_metadata(loc.path()).is_err() {
-        return Endpoint::Absent;
-    }
-    // A file nobody listens on (left over from before an exec): no
-    // endpoint, explained by the process's state like a missing one.
-    if matches!(
-        crate::client::connect(&loc.dir, &loc.name),
-        Err(memshim_proto::client::ConnectError::Refused)
-    ) {
+    if std::fs::symlink_metadata(discover::socket_loc(&p).path()).is_err() {
         return Endpoint::Absent;
     }
     let req = memshim_proto::Request::Stats {
@@ -537,6 +528,10 @@ pub fn ask_endpoint(pid: i32) -> Endpoint {
             cuda: s.torch.as_ref().map(cuda_notes).unwrap_or_default(),
         },
         Ok(_) => Endpoint::Unreachable("answered stats with another kind of reply".into()),
+        // The file exists (checked above), so "no endpoint" is a file
+        // nobody listens on (left over from before an exec): explained by
+        // the process's state like a missing one.
+        Err(f) if f.exit == Exit::NoEndpoint => Endpoint::Absent,
         Err(f) => Endpoint::Unreachable(f.message),
     }
 }

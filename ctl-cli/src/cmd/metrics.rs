@@ -7,7 +7,6 @@
 //! is kept between runs.
 
 use std::fmt::Write as _;
-use std::io::Write;
 use std::time::{Duration, Instant};
 
 use memshim_proto::client::Connection;
@@ -15,6 +14,7 @@ use memshim_proto::{Reply, Request, Response, StatsReport};
 
 use crate::discover::{self, Proc};
 use crate::exit::{Exit, Failure};
+use crate::out::out;
 
 /// Limits shared by `metrics` and `serve`.
 #[derive(clap::Args, Debug, Clone)]
@@ -593,11 +593,7 @@ pub fn collect(limits: &Limits) -> (Vec<ProcSample>, ScrapeInfo) {
 /// Prints the exposition once.
 pub fn run(a: MetricsArgs) -> Result<Exit, Failure> {
     let (samples, info) = collect(&a.limits);
-    let text = render(&samples, &info);
-    let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes())
-        .and_then(|_| out.flush())
-        .map_err(|e| Failure::new(Exit::Failed, None, format!("writing to stdout: {e}")))?;
+    out!("{}", render(&samples, &info))?;
     Ok(Exit::Ok)
 }
 

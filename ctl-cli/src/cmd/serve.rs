@@ -9,7 +9,7 @@
 //! header a cross-site browser form cannot set) and a loopback `Host`
 //! (against DNS rebinding).
 
-use crate::out::errln;
+use crate::out::{errln, outln};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
@@ -249,9 +249,7 @@ pub fn run(a: ServeArgs) -> Result<Exit, Failure> {
         .map(|x| x.to_string())
         .unwrap_or_else(|_| a.listen.to_string());
     // A banner for a person; a server whose stdout is closed keeps serving.
-    let mut o = std::io::stdout().lock();
-    let _ = writeln!(o, "serving http://{addr}/metrics").and_then(|()| o.flush());
-    drop(o);
+    let _ = outln!("serving http://{addr}/metrics");
     for conn in l.incoming() {
         match conn {
             Ok(s) => handle(s, &a),

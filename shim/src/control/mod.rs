@@ -205,7 +205,7 @@ impl Endpoint {
             ));
         }
         socket::record_bound(&path);
-        socket::remove_stale(&dir, self.pidns);
+        socket::remove_stale(&dir, dirfd.fd().unwrap_or(-1), self.pidns);
         let long = addr != path.as_bytes();
         self.bound = Some(Bound {
             file_id: sock::socket_file_id(&path),

@@ -74,8 +74,9 @@ const STALE_SCAN_MAX: usize = 64;
 /// does not name this pid), nor where the shim's descriptors share the
 /// application's table (a directory scan holds a descriptor there). Files
 /// of other pid namespaces are left to `memshim-ctl list`. Shim's thread,
-/// after binding its own; at most [`STALE_SCAN_MAX`] entries.
-pub fn remove_stale(dir: &CString, pidns: u64) {
+/// after binding its own (`dirfd` is the directory's descriptor it bound
+/// through); at most [`STALE_SCAN_MAX`] entries.
+pub fn remove_stale(dir: &CString, dirfd: i32, pidns: u64) {
     use std::os::unix::ffi::OsStrExt;
     let me = os::getpid();
     let proc_is_ours = std::fs::read_link("/proc/self")
@@ -110,11 +111,7 @@ pub fn remove_stale(dir: &CString, pidns: u64) {
             _ => continue, // alive, or unreadable: keep
         }
         // Long paths are reached through the directory, as when binding.
-        let Ok(d) = std::fs::File::open(std::ffi::OsStr::from_bytes(dir.as_bytes())) else {
-            continue;
-        };
-        let addr = address(&path, std::os::fd::AsRawFd::as_raw_fd(&d), name);
-        if os::sock::refuses_connection(&addr) {
+        if os::sock::refuses_connection(&address(&path, dirfd, name)) {
             os::sock::unlink(&path);
         }
     }

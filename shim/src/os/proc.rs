@@ -55,24 +55,12 @@ pub fn starttime_of(pid: i32) -> Result<Option<u64>, i32> {
     let mut path = super::StackBuf::<48>::new();
     let _ = core::fmt::Write::write_fmt(&mut path, format_args!("/proc/./{pid}/stat\0"));
     let path = CStr::from_bytes_with_nul(path.as_bytes()).map_err(|_| libc::EINVAL)?;
-    let _e = super::KeepErrno::new();
-    let fd = match super::raw::open(path, libc::O_RDONLY) {
-        Ok(fd) => fd,
-        Err(libc::ENOENT | libc::ESRCH) => return Ok(None),
-        Err(e) => return Err(e),
-    };
     let mut buf = [0u8; 1024];
-    let n = loop {
-        match super::raw::read(fd, &mut buf) {
-            Err(libc::EINTR) => continue,
-            r => break r,
-        }
-    };
-    super::raw::close(fd);
-    match n {
-        // The process went between the open and the read.
-        Err(libc::ESRCH) => Ok(None),
-        Err(e) => Err(e),
+    use super::raw::ReadError::{Open, Read};
+    match super::raw::read_file_errno(path, &mut buf) {
+        // No such process; or it went between the open and the read.
+        Err(Open(libc::ENOENT | libc::ESRCH) | Read(libc::ESRCH)) => Ok(None),
+        Err(Open(e) | Read(e)) => Err(e),
         Ok(n) => parse_starttime(&buf[..n]).map(Some).ok_or(libc::EINVAL),
     }
 }

@@ -246,15 +246,33 @@ pub fn sysinfo() -> Option<libc::sysinfo> {
 /// short read is their end. A second call only to see 0 would cost a system
 /// call per file on every exec (`options::cgroup_quota_cpus`).
 pub fn read_file(path: &CStr, buf: &mut [u8]) -> Option<usize> {
-    let fd = open(path, libc::O_RDONLY).ok()?;
+    match read_file_errno(path, buf) {
+        Err(ReadError::Open(_)) => None,
+        Err(ReadError::Read(_)) => Some(0),
+        Ok(len) => Some(len),
+    }
+}
+
+/// Why [`read_file_errno`] read nothing: the errno of the `open` or of the
+/// `read`.
+pub enum ReadError {
+    /// `open` failed.
+    Open(i32),
+    /// `read` failed.
+    Read(i32),
+}
+
+/// [`read_file`] that says why the file could not be read.
+pub fn read_file_errno(path: &CStr, buf: &mut [u8]) -> Result<usize, ReadError> {
+    let fd = open(path, libc::O_RDONLY).map_err(ReadError::Open)?;
     let len = loop {
         match read(fd, buf) {
             Err(libc::EINTR) => continue,
-            r => break r.unwrap_or(0),
+            r => break r.map_err(ReadError::Read),
         }
     };
     close(fd);
-    Some(len)
+    len
 }
 
 #[cfg(test)]

@@ -244,10 +244,11 @@ pub fn unresolved_version() -> String {
 
 /// What `get` (`Py_GetVersion`) returns, up to the first space.
 fn version_of(get: unsafe extern "C" fn() -> *const c_char) -> String {
-    // SAFETY: `Py_GetVersion` is callable at any time, before
-    // `Py_Initialize` too, and returns a NUL-terminated static buffer,
-    // which CPython 3.11 and older rewrite with the same text on every
-    // call: a host thread calling it at the same moment changes no byte.
+    // `Py_GetVersion` is callable at any time, before `Py_Initialize` too.
+    // CPython 3.11 and older rewrite its static buffer with the same text
+    // on every call: a host thread calling it at the same moment changes
+    // no byte.
+    // SAFETY: a NUL-terminated static buffer, as above.
     let full = unsafe { core::ffi::CStr::from_ptr(get()) };
     let s = full.to_string_lossy();
     s.split_whitespace().next().unwrap_or("unknown").to_owned()
