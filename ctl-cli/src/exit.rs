@@ -58,6 +58,11 @@ impl Exit {
             Exit::ReadOnly => 9,
         }
     }
+
+    /// The last line of every failing command's stderr.
+    pub fn line(self) -> String {
+        format!("  (exit {}; see docs/troubleshooting.md)", self.code())
+    }
 }
 
 impl From<Exit> for ExitCode {
@@ -118,7 +123,7 @@ impl Failure {
         if let Some(h) = &self.hint {
             errln!("  hint: {h}");
         }
-        errln!("  (exit {}; see docs/troubleshooting.md)", self.exit.code());
+        errln!("{}", self.exit.line());
         self.exit.into()
     }
 }

@@ -13,7 +13,8 @@ use std::time::Duration;
 /// Why a connection could not be made.
 #[derive(Debug)]
 pub enum ConnectError {
-    /// No file at the path.
+    /// No file at the path (or a component of the directory is not a
+    /// directory, so there cannot be one).
     Missing,
     /// A file, but nobody listens: a stale socket, or one being re-created.
     Refused,
@@ -36,7 +37,7 @@ impl std::fmt::Display for ConnectError {
 
 fn classify(e: io::Error) -> ConnectError {
     match e.kind() {
-        io::ErrorKind::NotFound => ConnectError::Missing,
+        io::ErrorKind::NotFound | io::ErrorKind::NotADirectory => ConnectError::Missing,
         io::ErrorKind::ConnectionRefused => ConnectError::Refused,
         io::ErrorKind::PermissionDenied => ConnectError::Permission,
         _ => ConnectError::Other(e),

@@ -10,6 +10,9 @@ use memshim_tests::{Cmd, Output, ctl, python, shim, wait_until};
 use std::process::Stdio;
 use std::time::Duration;
 
+/// The line every failing command's stderr ends with, for exit 3.
+const EXIT_3: &str = "  (exit 3; see docs/troubleshooting.md)\n";
+
 const NOBODY: &[&str] = &["--reuid=65534", "--regid=65534", "--clear-groups"];
 
 /// `memshim-ctl args` with its stdout on `out`.
@@ -90,6 +93,7 @@ fn a_process_that_exits_during_a_request_is_no_such_process() {
         o.stderr.contains("exited while memshim-ctl talked to it"),
         "{o:?}"
     );
+    assert!(o.stderr.ends_with(EXIT_3), "{o:?}");
 }
 
 #[test]
@@ -115,6 +119,9 @@ fn a_thread_id_is_not_taken_for_a_process() {
             o.stderr.contains(&format!("a thread of process {pid}")),
             "{cmd}: {o:?}"
         );
+        if cmd != "doctor" {
+            assert!(o.stderr.ends_with(EXIT_3), "{cmd}: {o:?}");
+        }
     }
 }
 
@@ -199,5 +206,41 @@ fn run_refuses_a_library_that_is_not_one_and_arena_counts_the_shim_refuses() {
     assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
     let o = Cmd::new(ctl(), ["run", "--narenas", "4095", "--", "true"]).run();
     assert_eq!(o.code, 2, "{o:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_socket_dir_that_is_a_file_is_no_endpoint_and_a_problem_for_doctor() {
+    let dir = memshim_tests::scratch().join(format!("cli-sockfile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("not-a-dir");
+    std::fs::write(&file, "").unwrap();
+    let host = Cmd::new("sleep", ["60"])
+        .shimmed()
+        .env("MEMSHIM_CONTROL", "on")
+        .env("MEMSHIM_SOCKET_DIR", &file)
+        .spawn();
+    let pid = host.pid();
+    wait_until(Duration::from_secs(10), || {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .ok()?
+            .flatten()
+            .any(|t| {
+                std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "memshim")
+            })
+            .then_some(())
+    })
+    .expect("the shim's thread");
+    let o = Cmd::new(ctl(), ["stats", &pid.to_string()]).run();
+    assert_eq!(o.code, 4, "{o:?}");
+    assert!(
+        o.stderr
+            .contains(&format!("{} is not a directory", file.display())),
+        "{o:?}"
+    );
+    let o = Cmd::new(ctl(), ["doctor", &pid.to_string()]).run();
+    assert_eq!(o.code, 1, "{o:?}");
+    assert!(o.stdout.contains("socket_dir"), "{o:?}");
+    drop(host);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -284,15 +284,25 @@ pub fn diagnose(pid: i32, endpoint: impl FnOnce(i32) -> Endpoint) -> Result<Diag
                      Set MEMSHIM_CONTROL=on to reach it anyway."
                 ),
             ),
-            Endpoint::Absent => add(
-                Level::Note,
-                "endpoint_absent",
-                format!(
-                    "shim loaded from {lib}, but no control socket was found for pid {pid} \
-                     (the thread starts with the process's second thread and stops after an idle spell; \
-                     or MEMSHIM_SOCKET_DIR differs from the caller's)"
+            Endpoint::Absent => match refused_dir(pid) {
+                Some(why) => add(
+                    Level::Problem,
+                    "socket_dir",
+                    format!(
+                        "shim loaded from {lib}; it cannot create its control socket: {why}. Remove it (the \
+                         shim re-creates the directory within 5 s), or set MEMSHIM_SOCKET_DIR to another place"
+                    ),
                 ),
-            ),
+                None => add(
+                    Level::Note,
+                    "endpoint_absent",
+                    format!(
+                        "shim loaded from {lib}, but no control socket was found for pid {pid} \
+                         (the thread starts with the process's second thread and stops after an idle spell; \
+                         or MEMSHIM_SOCKET_DIR differs from the caller's)"
+                    ),
+                ),
+            },
             Endpoint::Unreachable(why) => {
                 add(Level::Problem, "endpoint_unreachable", format!("shim loaded from {lib}; its control socket: {why}"))
             }
@@ -508,6 +518,13 @@ pub fn cuda_notes(t: &memshim_proto::TorchSection) -> Vec<String> {
         }
     }
     out
+}
+
+/// Why the shim of `pid` refuses its socket directory (a symbolic link,
+/// not a directory, another owner, open to others), if it does.
+fn refused_dir(pid: i32) -> Option<String> {
+    let p = discover::read_proc(pid).ok()?;
+    discover::unsafe_dir(&discover::socket_loc(&p).dir, p.uid)
 }
 
 /// Asks the control endpoint of `pid` for `stats`, if it has a socket.

@@ -126,15 +126,20 @@ pub fn for_targets<T>(
     Ok((out, exit))
 }
 
-/// Prints the failures of a multi-target human report to stderr.
-pub fn print_failures<T>(outcomes: &[Outcome<T>]) {
-    for o in outcomes {
-        if let Err(f) = &o.result {
-            errln!("memshim-ctl: error: {}", f.line());
-            if let Some(h) = &f.hint {
-                errln!("  hint: {h}");
-            }
+/// Prints the failures of a multi-target human report to stderr, then
+/// `extra` (failures found in answers, such as a release step that could
+/// not run), then, unless `exit` is success, the exit-code line every
+/// failing command ends with.
+pub fn print_failures<T>(outcomes: &[Outcome<T>], extra: &[Failure], exit: Exit) {
+    let failed = outcomes.iter().filter_map(|o| o.result.as_ref().err());
+    for f in failed.chain(extra) {
+        errln!("memshim-ctl: error: {}", f.line());
+        if let Some(h) = &f.hint {
+            errln!("  hint: {h}");
         }
+    }
+    if exit != Exit::Ok {
+        errln!("{}", exit.line());
     }
 }
 

@@ -27,7 +27,7 @@ pub fn run(a: PurgeArgs) -> Result<Exit, Failure> {
         outln!("{}", serde_json::json!({ "purge": v }))?;
     } else {
         out!("{}", human(&outcomes))?;
-        print_failures(&outcomes);
+        print_failures(&outcomes, &[], exit);
     }
     Ok(exit)
 }

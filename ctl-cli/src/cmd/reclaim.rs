@@ -102,6 +102,7 @@ pub fn run(a: ReclaimArgs) -> Result<Exit, Failure> {
     let after = charge::read(&loc, a.pid)?;
 
     let failed = purges.iter().any(|o| o.result.is_err()) || kernel.outcome == "unsupported";
+    let exit = if failed { Exit::Failed } else { Exit::Ok };
     if a.json {
         let doc = serde_json::json!({
             "pid": a.pid,
@@ -118,9 +119,9 @@ pub fn run(a: ReclaimArgs) -> Result<Exit, Failure> {
             "{}",
             human(&loc, &purges, &skipped, &kernel, &before, &after)
         )?;
-        super::print_failures(&purges);
+        super::print_failures(&purges, &[], exit);
     }
-    Ok(if failed { Exit::Failed } else { Exit::Ok })
+    Ok(exit)
 }
 
 /// The kernel step in one line, and its note.

@@ -3,7 +3,7 @@
 use super::{Outcome, for_targets, outcome_json, print_failures};
 use crate::cli::Targets;
 use crate::exit::{Exit, Failure};
-use crate::out::{errln, out, outln};
+use crate::out::{out, outln};
 use crate::render::{bytes, delta, ms, table};
 use clap::Args;
 use memshim_proto::{ReleaseResult, Reply, Request, StepOutcome};
@@ -41,22 +41,15 @@ pub fn run(a: ReleaseArgs) -> Result<Exit, Failure> {
             })
         })
         .collect();
+    let exit = overall(exit, outcomes.len(), &outcomes, !partial.is_empty());
     if a.targets.json {
         let v: Vec<_> = outcomes.iter().map(outcome_json).collect();
         outln!("{}", serde_json::json!({ "release": v }))?;
     } else {
         out!("{}", human(&outcomes))?;
-        print_failures(&outcomes);
-        for f in &partial {
-            errln!("memshim-ctl: error: {}", f.line());
-        }
+        print_failures(&outcomes, &partial, exit);
     }
-    Ok(overall(
-        exit,
-        outcomes.len(),
-        &outcomes,
-        !partial.is_empty(),
-    ))
+    Ok(exit)
 }
 
 /// The exit status: a process with a failed step counts as a failed target.
