@@ -45,6 +45,33 @@ fn proc_path(pid: i32, file: &str) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/{file}"))
 }
 
+/// The `/proc` directory that shows `pid`'s address space, environment,
+/// command line, root and mount namespace: `/proc/<pid>`, or, when its
+/// main thread has ended with `pthread_exit` while other threads run on,
+/// `/proc/<pid>/task/<tid>` of a thread still running. The main thread is a
+/// zombie then, and those files of it read empty or fail (`maps` is empty,
+/// `environ` gives `ESRCH`, `status` has no `VmRSS`).
+pub fn view(pid: i32) -> PathBuf {
+    let leader = proc_path(pid, "");
+    let zombie = |dir: &Path| {
+        std::fs::read_to_string(dir.join("stat"))
+            .ok()
+            .and_then(|s| Some(matches!(stat_fields(&s)?.next(), Some("Z" | "X" | "x"))))
+    };
+    if zombie(&leader) != Some(true) {
+        return leader;
+    }
+    std::fs::read_dir(proc_path(pid, "task"))
+        .ok()
+        .and_then(|tasks| {
+            tasks
+                .flatten()
+                .map(|t| t.path())
+                .find(|t| zombie(t) == Some(false))
+        })
+        .unwrap_or(leader)
+}
+
 /// The fields of a `stat` line from field 3 (the state) on: those after
 /// the last `)`, since the command (field 2) may hold spaces and `)`.
 fn stat_fields(stat: &str) -> Option<std::str::SplitWhitespace<'_>> {
@@ -82,11 +109,15 @@ pub fn read_proc(pid: i32) -> Result<Proc, Failure> {
     let threads = status_fields(&status, "Threads")
         .and_then(|f| f.first().and_then(|s| s.parse().ok()))
         .unwrap_or(0);
-    let rss = status_fields(&status, "VmRSS")
+    let view = view(pid);
+    let live_status = (view != proc_path(pid, ""))
+        .then(|| std::fs::read_to_string(view.join("status")).ok())
+        .flatten();
+    let rss = status_fields(live_status.as_deref().unwrap_or(&status), "VmRSS")
         .and_then(|f| f.first().and_then(|s| s.parse::<u64>().ok()))
         .unwrap_or(0)
         * 1024;
-    let command = match std::fs::read(proc_path(pid, "cmdline")) {
+    let command = match std::fs::read(view.join("cmdline")) {
         Ok(c) if !c.is_empty() => {
             let parts: Vec<String> = c
                 .split(|&b| b == 0)
@@ -208,7 +239,7 @@ pub fn exits_within(p: &Proc, limit: std::time::Duration) -> bool {
 
 /// `RssAnon`, `RssFile` and `RssShmem` of `/proc/<pid>/status`, in bytes.
 pub fn rss_parts(pid: i32) -> [Option<u64>; 3] {
-    let status = std::fs::read_to_string(proc_path(pid, "status")).unwrap_or_default();
+    let status = std::fs::read_to_string(view(pid).join("status")).unwrap_or_default();
     ["RssAnon", "RssFile", "RssShmem"].map(|k| {
         status_fields(&status, k)?
             .first()?
@@ -231,9 +262,9 @@ pub fn all_pids() -> Vec<i32> {
     v
 }
 
-/// Whether `/proc/<pid>/maps` maps libmemshim.so.
+/// Whether the process's `maps` ([`view`]) maps libmemshim.so.
 pub fn shim_loaded(pid: i32) -> io::Result<bool> {
-    let maps = std::fs::read(proc_path(pid, "maps"))?;
+    let maps = std::fs::read(view(pid).join("maps"))?;
     Ok(maps
         .split(|&b| b == b'\n')
         .any(|l| l.ends_with(b"/libmemshim.so") || l.ends_with(b"/libmemshim.so (deleted)")))
@@ -241,7 +272,7 @@ pub fn shim_loaded(pid: i32) -> io::Result<bool> {
 
 /// A `MEMSHIM_*` variable of the process's initial environment, if readable.
 pub fn environ_var(pid: i32, key: &str) -> Option<String> {
-    let env = std::fs::read(proc_path(pid, "environ")).ok()?;
+    let env = std::fs::read(view(pid).join("environ")).ok()?;
     let prefix = format!("{key}=");
     env.split(|&b| b == 0).find_map(|kv| {
         kv.strip_prefix(prefix.as_bytes())
@@ -277,7 +308,7 @@ pub fn map_uid(map: &str, uid: u32) -> Option<u32> {
 pub fn same_mount_ns(pid: i32) -> bool {
     match (
         std::fs::read_link("/proc/self/ns/mnt"),
-        std::fs::read_link(proc_path(pid, "ns/mnt")),
+        std::fs::read_link(view(pid).join("ns/mnt")),
     ) {
         (Ok(a), Ok(b)) => a == b,
         _ => true,
@@ -312,7 +343,9 @@ pub fn socket_loc(p: &Proc) -> SocketLoc {
     let dir = if same_mount_ns(p.pid) {
         dir_inside.clone()
     } else {
-        proc_path(p.pid, "root").join(dir_inside.strip_prefix("/").unwrap_or(&dir_inside))
+        view(p.pid)
+            .join("root")
+            .join(dir_inside.strip_prefix("/").unwrap_or(&dir_inside))
     };
     let name = socket_name(p, &dir);
     SocketLoc {

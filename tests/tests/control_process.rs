@@ -349,3 +349,44 @@ sys.stdin.readline()
     let out = child.finish(Duration::from_secs(10));
     assert_eq!((out.code, out.stderr.as_str()), (0, ""));
 }
+
+#[test]
+fn a_process_whose_main_thread_has_exited_is_still_reached() {
+    // Once `main` calls pthread_exit, the main thread is a zombie while the
+    // worker runs on, and its /proc files for the address space read empty:
+    // memshim-ctl and the shim read a running thread's instead.
+    let exe = fixture("main_exits", &[]);
+    let mut child = Cmd::new(&exe, ["stdin"])
+        .shimmed()
+        .env("MEMSHIM_CONTROL", "on")
+        .spawn();
+    let pid = child.pid();
+    child.wait_for_line("ready", Duration::from_secs(10));
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    assert!(
+        state.contains(") Z "),
+        "the main thread has not exited: {state}"
+    );
+    wait_endpoint(pid);
+    let (code, stats) = ctl_json(&["stats", &pid.to_string()]);
+    assert_eq!(code, 0, "{stats}");
+    let rss = stats["process"]["rss"].as_u64().unwrap();
+    assert!(rss > 8 << 20, "process.rss {rss}: {stats}");
+    let (code, list) = ctl_json(&["list"]);
+    assert_eq!(code, 0, "{list}");
+    let me = list["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .unwrap_or_else(|| panic!("{pid} not listed: {list}"));
+    assert!(
+        me["command"].as_str().unwrap().contains("main_exits stdin"),
+        "{me}"
+    );
+    let o = ctl_run(&["doctor", &pid.to_string()]);
+    assert_eq!(o.code, 0, "{o:?}");
+    assert!(o.stdout.contains("shim_active"), "{o:?}");
+    let out = child.finish(Duration::from_secs(10));
+    assert_eq!((out.code, out.stderr.as_str()), (0, ""));
+}

@@ -132,6 +132,9 @@ fn read_proc(pid: i32) -> Result<Proc, Failure> {
     let parent_comm = field("PPid:")
         .and_then(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).ok())
         .map(|c| c.trim().to_owned());
+    // Address space, environment and executable: a running thread's, if
+    // the main thread has ended with `pthread_exit`.
+    let base = crate::discover::view(pid);
     let environ = std::fs::read(base.join("environ")).ok().map(|b| {
         b.split(|c| *c == 0)
             .filter_map(|kv| {
@@ -191,7 +194,7 @@ pub fn diagnose(pid: i32, endpoint: impl FnOnce(i32) -> Endpoint) -> Result<Diag
     let shim = maps.and_then(|m| mapped(m, "libmemshim"));
     let preload = env(&p, "LD_PRELOAD");
     // /proc/<pid>/exe opens the executable even inside another mount namespace.
-    let elf = elf::inspect(Path::new(&format!("/proc/{pid}/exe")));
+    let elf = elf::inspect(&crate::discover::view(pid).join("exe"));
     let exe_name = p
         .exe
         .as_ref()

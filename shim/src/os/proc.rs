@@ -103,10 +103,13 @@ pub fn leader_exited() -> bool {
         .unwrap_or(false)
 }
 
-/// Resident set size in bytes (the second field of `/proc/self/statm`).
+/// Resident set size in bytes (the second field of `statm`, [`ADDRESS_SPACE`]).
 pub fn rss_bytes() -> u64 {
     let mut buf = [0u8; 128];
-    let Some(len) = read_file(c"/proc/self/statm", &mut buf) else {
+    let Some(len) = ADDRESS_SPACE
+        .iter()
+        .find_map(|[statm, ..]| read_file(statm, &mut buf).filter(|&n| n > 0))
+    else {
         return 0;
     };
     let pages = buf[..len]
@@ -126,7 +129,7 @@ fn kb_field(text: &str, key: &str) -> Option<u64> {
     })
 }
 
-/// The memory lines of `/proc/self/status`, in bytes (about 20 µs).
+/// The memory lines of `status` ([`ADDRESS_SPACE`]), in bytes (about 20 µs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Memory {
     /// `VmRSS`.
@@ -141,9 +144,39 @@ pub struct Memory {
     pub swap: Option<u64>,
 }
 
+/// Where the calling thread reads this process's address-space figures:
+/// `statm`, `status` and `smaps_rollup`, first through `/proc/thread-self`.
+/// `/proc/self` names the main thread, whose files read empty (and
+/// `smaps_rollup` fails) once it has ended with `pthread_exit` while other
+/// threads run on; `/proc/thread-self` (Linux 3.17) names the calling
+/// thread, which shares the same address space.
+const ADDRESS_SPACE: [[&CStr; 3]; 2] = [
+    [
+        c"/proc/thread-self/statm",
+        c"/proc/thread-self/status",
+        c"/proc/thread-self/smaps_rollup",
+    ],
+    [
+        c"/proc/self/statm",
+        c"/proc/self/status",
+        c"/proc/self/smaps_rollup",
+    ],
+];
+
+/// The first of [`ADDRESS_SPACE`]'s files number `which` that reads with
+/// `key` in it.
+fn address_space_text(which: usize, key: &str) -> Option<String> {
+    ADDRESS_SPACE.iter().find_map(|files| {
+        let path = files[which].to_str().ok()?;
+        std::fs::read_to_string(path)
+            .ok()
+            .filter(|t| t.contains(key))
+    })
+}
+
 /// Reads [`Memory`].
 pub fn memory() -> Memory {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let status = address_space_text(1, "VmRSS:").unwrap_or_default();
     Memory {
         rss: kb_field(&status, "VmRSS").unwrap_or(0),
         anon: kb_field(&status, "RssAnon"),
@@ -153,12 +186,10 @@ pub fn memory() -> Memory {
     }
 }
 
-/// PSS in bytes from `/proc/self/smaps_rollup`, which walks every page table
+/// PSS in bytes from `smaps_rollup` ([`ADDRESS_SPACE`]), which walks every page table
 /// (about 16 ms of this process's CPU per resident GiB).
 pub fn pss() -> Option<u64> {
-    std::fs::read_to_string("/proc/self/smaps_rollup")
-        .ok()
-        .and_then(|s| kb_field(&s, "Pss"))
+    address_space_text(2, "Pss:").and_then(|s| kb_field(&s, "Pss"))
 }
 
 #[cfg(test)]
