@@ -47,7 +47,7 @@ pub struct Location {
 /// Locates the memory cgroup of `pid` (ours without one).
 pub fn locate(pid: Option<i32>) -> Result<Location, Failure> {
     let who = pid.map_or_else(|| "self".to_owned(), |p| p.to_string());
-    let text = std::fs::read_to_string(format!("/proc/{who}/cgroup")).map_err(|e| {
+    let text = crate::discover::read_text(format!("/proc/{who}/cgroup")).map_err(|e| {
         Failure::new(
             Exit::NotFound,
             pid,
@@ -55,7 +55,7 @@ pub fn locate(pid: Option<i32>) -> Result<Location, Failure> {
         )
         .hint("check the pid (`ps`, `memshim-ctl list`)")
     })?;
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mountinfo = crate::discover::read_text("/proc/self/mountinfo").unwrap_or_default();
     let me = pid.unwrap_or(std::process::id() as i32);
     locate_in(Path::new("/"), &text, &mountinfo, me).map_err(|why| {
         Failure::new(Exit::NoCgroup, pid, why).hint(
@@ -197,7 +197,7 @@ fn find(
 /// The pids in one cgroup directory's `cgroup.procs` (0 for processes
 /// outside our pid namespace).
 fn procs_of(dir: &Path) -> Vec<i32> {
-    std::fs::read_to_string(dir.join("cgroup.procs"))
+    crate::discover::read_text(dir.join("cgroup.procs"))
         .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
         .unwrap_or_default()
 }
@@ -266,11 +266,11 @@ fn io_failure(e: &io::Error, path: &Path, pid: Option<i32>) -> Failure {
 
 fn read_file(dir: &Path, name: &str, pid: Option<i32>) -> Result<String, Failure> {
     let p = dir.join(name);
-    std::fs::read_to_string(&p).map_err(|e| io_failure(&e, &p, pid))
+    crate::discover::read_text(&p).map_err(|e| io_failure(&e, &p, pid))
 }
 
 fn read_opt(dir: &Path, name: &str) -> Option<u64> {
-    std::fs::read_to_string(dir.join(name))
+    crate::discover::read_text(dir.join(name))
         .ok()?
         .trim()
         .parse()
@@ -399,7 +399,7 @@ pub struct KernelStep {
 /// Whether the machine has swap (then reclaim could push anonymous memory
 /// out; `reclaim` restricts itself to file pages).
 pub fn swap_enabled() -> bool {
-    std::fs::read_to_string("/proc/meminfo")
+    crate::discover::read_text("/proc/meminfo")
         .ok()
         .and_then(|m| {
             m.lines()
@@ -489,7 +489,7 @@ pub fn reclaim_kernel(
         }
     } else {
         let swappiness = loc.dir.join("memory.swappiness");
-        let old = std::fs::read_to_string(&swappiness)
+        let old = crate::discover::read_text(&swappiness)
             .map(|s| s.trim().to_owned())
             .unwrap_or_default();
         let lowered = swap && !old.is_empty() && old != "0" && write_once(&swappiness, "0").is_ok();

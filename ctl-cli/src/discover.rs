@@ -41,6 +41,19 @@ pub struct Proc {
     pub rss: u64,
 }
 
+/// A `/proc`, `/sys` or cgroup file as text. Not `read_to_string`: what the
+/// kernel shows may hold bytes that are not UTF-8 (a `comm` cut in the
+/// middle of a character at 15 bytes, a name set with `prctl`, a mapped
+/// file's or mount point's name), and one such byte must not make a whole
+/// process, or a whole mount table, unreadable. Such bytes read as U+FFFD.
+pub fn read_text(path: impl AsRef<Path>) -> io::Result<String> {
+    let bytes = std::fs::read(path)?;
+    Ok(match String::from_utf8(bytes) {
+        Ok(s) => s,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    })
+}
+
 fn proc_path(pid: i32, file: &str) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/{file}"))
 }
@@ -54,7 +67,7 @@ fn proc_path(pid: i32, file: &str) -> PathBuf {
 pub fn view(pid: i32) -> PathBuf {
     let leader = proc_path(pid, "");
     let zombie = |dir: &Path| {
-        std::fs::read_to_string(dir.join("stat"))
+        read_text(dir.join("stat"))
             .ok()
             .and_then(|s| Some(matches!(stat_fields(&s)?.next(), Some("Z" | "X" | "x"))))
     };
@@ -97,8 +110,8 @@ fn status_fields<'a>(status: &'a str, key: &str) -> Option<Vec<&'a str>> {
 
 /// Reads what `/proc/<pid>` says. `NotFound` if there is no such process.
 pub fn read_proc(pid: i32) -> Result<Proc, Failure> {
-    let status = std::fs::read_to_string(proc_path(pid, "status")).map_err(|e| gone(pid, e))?;
-    let stat = std::fs::read_to_string(proc_path(pid, "stat")).map_err(|e| gone(pid, e))?;
+    let status = read_text(proc_path(pid, "status")).map_err(|e| gone(pid, e))?;
+    let stat = read_text(proc_path(pid, "stat")).map_err(|e| gone(pid, e))?;
     not_a_thread(pid, &status)?;
     let nspid = status_fields(&status, "NSpid")
         .and_then(|f| f.last().and_then(|s| s.parse().ok()))
@@ -111,7 +124,7 @@ pub fn read_proc(pid: i32) -> Result<Proc, Failure> {
         .unwrap_or(0);
     let view = view(pid);
     let live_status = (view != proc_path(pid, ""))
-        .then(|| std::fs::read_to_string(view.join("status")).ok())
+        .then(|| read_text(view.join("status")).ok())
         .flatten();
     let rss = status_fields(live_status.as_deref().unwrap_or(&status), "VmRSS")
         .and_then(|f| f.first().and_then(|s| s.parse::<u64>().ok()))
@@ -183,7 +196,7 @@ fn gone(pid: i32, e: io::Error) -> Failure {
 /// exiting. For a connection that broke in the middle of a request: a
 /// process that died is "no such process".
 pub fn still_running(p: &Proc) -> bool {
-    let Ok(stat) = std::fs::read_to_string(proc_path(p.pid, "stat")) else {
+    let Ok(stat) = read_text(proc_path(p.pid, "stat")) else {
         return false;
     };
     parse_starttime(&stat) == Some(p.starttime) && !threads_exited(p.pid, &stat)
@@ -195,7 +208,7 @@ pub fn still_running(p: &Proc) -> bool {
 /// that called `pthread_exit` is a zombie while the others run, so every
 /// thread is looked at. True if `/proc/<pid>` is gone.
 pub fn all_threads_exited(pid: i32) -> bool {
-    std::fs::read_to_string(proc_path(pid, "stat")).map_or(true, |stat| threads_exited(pid, &stat))
+    read_text(proc_path(pid, "stat")).map_or(true, |stat| threads_exited(pid, &stat))
 }
 
 /// [`all_threads_exited`], given the main thread's `stat` line.
@@ -216,7 +229,7 @@ fn threads_exited(pid: i32, leader_stat: &str) -> bool {
     };
     !tasks
         .flatten()
-        .any(|t| std::fs::read_to_string(t.path().join("stat")).is_ok_and(|stat| !exited(&stat)))
+        .any(|t| read_text(t.path().join("stat")).is_ok_and(|stat| !exited(&stat)))
 }
 
 /// Whether `p` has stopped running, or stops within `limit`. A dying
@@ -239,7 +252,7 @@ pub fn exits_within(p: &Proc, limit: std::time::Duration) -> bool {
 
 /// `RssAnon`, `RssFile` and `RssShmem` of `/proc/<pid>/status`, in bytes.
 pub fn rss_parts(pid: i32) -> [Option<u64>; 3] {
-    let status = std::fs::read_to_string(view(pid).join("status")).unwrap_or_default();
+    let status = read_text(view(pid).join("status")).unwrap_or_default();
     ["RssAnon", "RssFile", "RssShmem"].map(|k| {
         status_fields(&status, k)?
             .first()?
@@ -283,7 +296,7 @@ pub fn environ_var(pid: i32, key: &str) -> Option<String> {
 /// Translates a uid of ours into the process's user namespace
 /// (`/proc/<pid>/uid_map`: "inside outside count" lines).
 pub fn uid_inside(pid: i32, uid: u32) -> u32 {
-    let Ok(map) = std::fs::read_to_string(proc_path(pid, "uid_map")) else {
+    let Ok(map) = read_text(proc_path(pid, "uid_map")) else {
         return uid;
     };
     map_uid(&map, uid).unwrap_or(uid)
@@ -460,9 +473,8 @@ pub fn why_no_endpoint(p: &Proc, loc: &SocketLoc) -> (String, String) {
     }
     let has_thread = std::fs::read_dir(proc_path(p.pid, "task"))
         .map(|rd| {
-            rd.flatten().any(|t| {
-                std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "memshim")
-            })
+            rd.flatten()
+                .any(|t| read_text(t.path().join("comm")).is_ok_and(|c| c.trim() == "memshim"))
         })
         .unwrap_or(true);
     if !has_thread {
@@ -528,7 +540,7 @@ pub const DENIED_TO_ROOT: &str = "even root needs CAP_SYS_PTRACE over a non-dump
 
 /// Our effective uid (from /proc/self/status; the CLI has no unsafe code).
 pub fn my_euid() -> Option<u32> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let s = read_text("/proc/self/status").ok()?;
     status_fields(&s, "Uid")?.get(1)?.parse().ok()
 }
 

@@ -86,8 +86,8 @@ fn shm_mount(mountinfo: &str) -> Option<(String, String)> {
 /// there is the very mount we see (mountinfo is readable without ptrace
 /// rights), else through `/proc/<pid>/root` (needs them).
 fn dev_shm_of(pid: i32) -> Option<PathBuf> {
-    let theirs = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).ok();
-    let ours = std::fs::read_to_string("/proc/self/mountinfo").ok();
+    let theirs = crate::discover::read_text(format!("/proc/{pid}/mountinfo")).ok();
+    let ours = crate::discover::read_text("/proc/self/mountinfo").ok();
     let (theirs, ours) = (
         theirs.as_deref().and_then(shm_mount),
         ours.as_deref().and_then(shm_mount),
@@ -161,7 +161,7 @@ fn walk(dir: &Path, shown: &Path, files: &mut BTreeMap<(u64, u64), ShmFile>) {
 }
 
 fn is_kernel_thread(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+    crate::discover::read_text(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| {
             s[s.rfind(')')? + 1..]
@@ -177,7 +177,7 @@ fn is_kernel_thread(pid: i32) -> bool {
 /// open their files). Unknown counts as yes. `/proc/<pid>/mountinfo` is
 /// readable where its maps and descriptors are not.
 fn sees_any(pid: i32, devs: &BTreeSet<(u64, u64)>) -> bool {
-    let Ok(mi) = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")) else {
+    let Ok(mi) = crate::discover::read_text(format!("/proc/{pid}/mountinfo")) else {
         return true;
     };
     mi.lines().any(|l| {
@@ -226,7 +226,7 @@ pub fn scan(pids: &[i32]) -> ShmReport {
                 continue;
             }
             let mut denied = false;
-            match std::fs::read_to_string(format!("/proc/{pid}/maps")) {
+            match crate::discover::read_text(format!("/proc/{pid}/maps")) {
                 Ok(maps) => {
                     for (dev, ino, range, gone) in maps.lines().filter_map(maps_entry) {
                         if !devs.contains(&dev) {

@@ -244,3 +244,48 @@ fn a_socket_dir_that_is_a_file_is_no_endpoint_and_a_problem_for_doctor() {
     drop(host);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_process_whose_name_is_not_utf8_is_found_like_any_other() {
+    // The kernel cuts `comm` at 15 bytes: an executable named with 14 ASCII
+    // bytes and a two-byte character gets a `comm` ending in half of it.
+    let dir = memshim_tests::scratch().join(format!("cli-utf8-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("model-servers-\u{fc}");
+    std::fs::copy("/bin/sleep", &exe).unwrap();
+    let host = Cmd::new(&exe, ["60"])
+        .shimmed()
+        .env("MEMSHIM_CONTROL", "on")
+        .spawn();
+    let pid = host.pid();
+    let comm = wait_until(Duration::from_secs(10), || {
+        std::fs::read(format!("/proc/{pid}/comm"))
+            .ok()
+            .filter(|c| c.starts_with(b"model"))
+    })
+    .expect("the process's comm");
+    assert!(std::str::from_utf8(&comm).is_err(), "{comm:?}");
+    memshim_tests::control::wait_endpoint(pid);
+    for cmd in ["stats", "purge", "doctor"] {
+        let o = Cmd::new(ctl(), [cmd, &pid.to_string()]).run();
+        assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{cmd}: {o:?}");
+    }
+    let (code, list) = memshim_tests::control::ctl_json(&["list"]);
+    assert_eq!(code, 0, "{list}");
+    let me = list["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pid);
+    assert!(
+        me.is_some_and(|p| p["command"]
+            .as_str()
+            .unwrap()
+            .contains("model-servers-\u{fc}")),
+        "{pid} not listed: {list}"
+    );
+    let o = Cmd::new(ctl(), ["metrics"]).run();
+    assert!(o.stdout.contains(&format!("pid=\"{pid}\"")), "{o:?}");
+    drop(host);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -102,7 +102,7 @@ struct Proc {
 
 fn read_proc(pid: i32) -> Result<Proc, Failure> {
     let base = PathBuf::from(format!("/proc/{pid}"));
-    let comm = std::fs::read_to_string(base.join("comm"))
+    let comm = crate::discover::read_text(base.join("comm"))
         .map_err(|e| {
             Failure::new(
                 Exit::NotFound,
@@ -112,7 +112,7 @@ fn read_proc(pid: i32) -> Result<Proc, Failure> {
         })?
         .trim()
         .to_owned();
-    let status = std::fs::read_to_string(base.join("status")).unwrap_or_default();
+    let status = crate::discover::read_text(base.join("status")).unwrap_or_default();
     crate::discover::not_a_thread(pid, &status)?;
     let field = |k: &str| {
         status
@@ -130,7 +130,7 @@ fn read_proc(pid: i32) -> Result<Proc, Failure> {
         ));
     }
     let parent_comm = field("PPid:")
-        .and_then(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).ok())
+        .and_then(|p| crate::discover::read_text(format!("/proc/{p}/comm")).ok())
         .map(|c| c.trim().to_owned());
     // Address space, environment and executable: a running thread's, if
     // the main thread has ended with `pthread_exit`.
@@ -154,7 +154,7 @@ fn read_proc(pid: i32) -> Result<Proc, Failure> {
     Ok(Proc {
         comm,
         exe: std::fs::read_link(base.join("exe")).ok(),
-        maps: std::fs::read_to_string(base.join("maps")).ok(),
+        maps: crate::discover::read_text(base.join("maps")).ok(),
         environ,
         at_secure,
         threads: field("Threads:").and_then(|t| t.parse().ok()),

@@ -552,7 +552,7 @@ fn reachable() -> Vec<(Proc, String)> {
         .filter_map(|pid| {
             let p = discover::read_proc(pid).ok()?;
             std::fs::symlink_metadata(discover::socket_loc(&p).path()).ok()?;
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            let comm = crate::discover::read_text(format!("/proc/{pid}/comm"))
                 .ok()?
                 .trim()
                 .to_owned();

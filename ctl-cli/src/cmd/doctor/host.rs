@@ -65,7 +65,7 @@ pub fn count_cpu_list(s: &str) -> Option<u32> {
 }
 
 fn read(p: impl AsRef<Path>) -> Option<String> {
-    std::fs::read_to_string(p).ok()
+    crate::discover::read_text(p).ok()
 }
 
 fn limit(s: &str) -> Option<u64> {
