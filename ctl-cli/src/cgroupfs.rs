@@ -55,6 +55,11 @@ pub fn locate(pid: Option<i32>) -> Result<Location, Failure> {
         )
         .hint("check the pid (`ps`, `memshim-ctl list`)")
     })?;
+    if let Some(p) = pid {
+        // /proc/<tid>/cgroup reads, but a thread is not what was meant.
+        let status = crate::discover::read_text(format!("/proc/{p}/status")).unwrap_or_default();
+        crate::discover::not_a_thread(p, &status)?;
+    }
     let mountinfo = crate::discover::read_text("/proc/self/mountinfo").unwrap_or_default();
     let me = pid.unwrap_or(std::process::id() as i32);
     locate_in(Path::new("/"), &text, &mountinfo, me).map_err(|why| {

@@ -7,7 +7,7 @@
 use crate::cgroupfs::{self, Location};
 use crate::client::Client;
 use crate::discover;
-use crate::exit::Failure;
+use crate::exit::{Exit, Failure};
 use memshim_proto::cgroup::CgroupMemory;
 use memshim_proto::{AllocatorStats, PythonSection, TorchSection};
 use serde::Serialize;
@@ -41,6 +41,10 @@ pub struct ProcEntry {
     pub python: Option<PythonSection>,
     /// `stats`' `torch` section.
     pub torch: Option<TorchSection>,
+    /// Its socket exists but asking it failed (no answer in time, an
+    /// error): not a process without an endpoint, but a failed one.
+    #[serde(skip)]
+    pub failure: Option<Failure>,
 }
 
 /// A cgroup's charge and the processes in it, read at one moment.
@@ -86,6 +90,7 @@ fn entry(pid: i32, cgroup: String) -> Option<ProcEntry> {
         allocator: None,
         python: None,
         torch: None,
+        failure: None,
     };
     match discover::shim_loaded(pid) {
         Ok(true) => e.shim = "yes",
@@ -118,7 +123,11 @@ fn entry(pid: i32, cgroup: String) -> Option<ProcEntry> {
             e.python = s.python;
             e.torch = s.torch;
         }
-        Err(f) => e.reason = Some(f.message),
+        Err(f) => {
+            e.reason = Some(f.message.clone());
+            // "No endpoint" is a file nobody listens on: none to fail.
+            e.failure = (f.exit != Exit::NoEndpoint).then_some(f);
+        }
     }
     Some(e)
 }
@@ -259,6 +268,20 @@ pub fn notes(loc: &Location, c: &Charge) -> Vec<String> {
             "{unshimmed} process(es) run without the shim: their heaps are in `other anonymous`, which no purge reaches"
         ));
     }
+    let blind: Vec<String> = c
+        .processes
+        .iter()
+        .filter(|p| p.shim != "no" && p.allocator.is_none() && p.pid != std::process::id() as i32)
+        .map(|p| p.pid.to_string())
+        .collect();
+    if !blind.is_empty() {
+        n.push(format!(
+            "shimmed process(es) {} gave no allocator figures (see their reason): their heaps, free pages \
+             included, are counted in `other anonymous`, though a purge would reach them once their endpoint \
+             answers (MEMSHIM_CONTROL=on, or as their user or root)",
+            blind.join(", ")
+        ));
+    }
     if c.hidden > 0 {
         n.push(format!(
             "{} process(es) of the cgroup are outside this pid namespace and not listed",
@@ -301,6 +324,7 @@ mod tests {
                 ..Default::default()
             }),
             torch: None,
+            failure: None,
         }
     }
 

@@ -241,3 +241,68 @@ fn a_read_only_cgroup_filesystem_is_exit_8_says_what_to_do_and_changes_nothing()
     );
     let _ = std::fs::remove_file(file);
 }
+
+#[test]
+fn a_thread_id_is_refused_and_a_shimmed_process_that_does_not_answer_fails_reclaim() {
+    let Some(cg) = TestCgroup::new("stopped") else {
+        return;
+    };
+    let src = "import time\nprint('ready', flush=True)\nwhile True: time.sleep(0.05)\n";
+    let start = || {
+        let mut c = cg
+            .cmd(python(), ["-c", src])
+            .shimmed()
+            .env("MEMSHIM_CONTROL", "on")
+            .spawn();
+        c.wait_for_line("ready", Duration::from_secs(30));
+        memshim_tests::control::wait_endpoint(c.pid());
+        c
+    };
+    let (a, b) = (start(), start());
+    let (ap, bp) = (a.pid(), b.pid());
+
+    // A thread id (the shim's thread of `a`) is not taken for a process.
+    let tid = std::fs::read_dir(format!("/proc/{ap}/task"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .find(|&t| t != ap)
+        .expect("a second thread");
+    for cmd in ["cgroup", "reclaim"] {
+        let o = ctl_run(&[cmd, &tid.to_string()]);
+        assert_eq!(o.code, 3, "{cmd}: {o:?}");
+        assert!(
+            o.stderr.contains(&format!("a thread of process {ap}")),
+            "{cmd}: {o:?}"
+        );
+    }
+
+    // A stopped process's socket accepts but nothing answers: its purge
+    // failed, it was not "skipped", and reclaim did not do its whole job.
+    assert_eq!(Cmd::new("kill", ["-STOP", &bp.to_string()]).run().code, 0);
+    let (code, v) = ctl_json(&["reclaim", &ap.to_string()]);
+    assert_eq!(Cmd::new("kill", ["-CONT", &bp.to_string()]).run().code, 0);
+    assert_eq!(code, 1, "{v}");
+    let entry = |list: &str| {
+        v[list]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pid"] == bp)
+            .cloned()
+    };
+    assert!(entry("skipped").is_none(), "{v}");
+    assert!(
+        entry("purge").is_some_and(|p| p["error"].is_object()),
+        "{v}"
+    );
+    assert!(
+        v["purge"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["pid"] == ap && p["result"].is_object()),
+        "{v}"
+    );
+    drop((a, b));
+}

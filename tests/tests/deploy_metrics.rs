@@ -233,6 +233,49 @@ fn metrics_asks_at_most_max_processes() {
 }
 
 #[test]
+fn processes_that_do_not_answer_do_not_hide_the_others_from_a_scrape() {
+    let light = || {
+        let mut c = Cmd::new(
+            python(),
+            [
+                "-c",
+                "import sys\nprint('ready', flush=True)\nsys.stdin.read()\n",
+            ],
+        )
+        .shimmed()
+        .env("MEMSHIM_CONTROL", "on")
+        .spawn();
+        c.wait_for_line("ready", Duration::from_secs(60));
+        c
+    };
+    // Started first, so they usually come first in pid order.
+    let stuck: Vec<Child> = (0..3).map(|_| light()).collect();
+    let fine = light();
+    for c in stuck.iter().chain([&fine]) {
+        metrics_listing(c.pid());
+    }
+    let signal = |sig: &str| {
+        for c in &stuck {
+            assert_eq!(Cmd::new("kill", [sig, &c.pid().to_string()]).run().code, 0);
+        }
+    };
+    // A stopped process's socket accepts, and nothing answers.
+    signal("-STOP");
+    let o = Cmd::new(
+        ctl(),
+        ["metrics", "--timeout-ms", "1500", "--deadline-ms", "2500"],
+    )
+    .run();
+    signal("-CONT");
+    assert_eq!(o.code, 0, "{o:?}");
+    let up = |pid: i32| sample(&o.stdout, &format!("memshim_up{{pid=\"{pid}\""));
+    assert_eq!(up(fine.pid()), Some(1.0), "{}", o.stdout);
+    for c in &stuck {
+        assert_eq!(up(c.pid()), Some(0.0), "{}", o.stdout);
+    }
+}
+
+#[test]
 fn serve_answers_metrics_refuses_the_rest_and_keeps_no_state() {
     let h = holder();
     metrics_listing(h.pid());
@@ -245,6 +288,11 @@ fn serve_answers_metrics_refuses_the_rest_and_keeps_no_state() {
     );
     assert_eq!(http(&addr, "GET", "/nope").0, 404);
     assert_eq!(http(&addr, "POST", "/metrics").0, 405);
+    let mut c = std::net::TcpStream::connect(&addr).unwrap();
+    write!(c, "PUT / HTTP/1.0\r\n\r\n").unwrap();
+    let mut resp = String::new();
+    let _ = std::io::Read::read_to_string(&mut c, &mut resp);
+    assert!(resp.contains("\r\nAllow: GET, HEAD\r\n"), "{resp}");
     assert_eq!(
         http(&addr, "POST", &format!("/purge?pid={}", h.pid())).0,
         404,
@@ -288,6 +336,57 @@ fn serve_answers_metrics_refuses_the_rest_and_keeps_no_state() {
         rss1 < rss0 + 4096,
         "RSS grew from {rss0} kB to {rss1} kB over 300 scrapes"
     );
+}
+
+#[test]
+fn serve_is_not_held_by_slow_or_silent_clients() {
+    use std::io::Read;
+    use std::net::TcpStream;
+    use std::time::Instant;
+    let (_s, addr) = serve(&[]);
+    // Connections that send nothing: a server that served one connection
+    // at a time waited 5 s on each in turn.
+    let silent: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+    // A client that sends its request head one byte a second: with a
+    // timeout per read, it held the server for a minute.
+    let drip = std::thread::spawn({
+        let addr = addr.clone();
+        move || {
+            let mut c = TcpStream::connect(&addr).unwrap();
+            let t0 = Instant::now();
+            let head = format!("GET /metrics HTTP/1.0\r\nX-Pad: {}\r\n\r\n", "a".repeat(40));
+            for b in head.bytes() {
+                if c.write_all(&[b]).is_err() || t0.elapsed() > Duration::from_secs(20) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+            let mut resp = Vec::new();
+            let _ = c.read_to_end(&mut resp);
+            (t0.elapsed(), String::from_utf8_lossy(&resp).into_owned())
+        }
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let t0 = Instant::now();
+    assert_eq!(http(&addr, "GET", "/metrics").0, 200);
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_secs(15),
+        "a scrape beside 4 silent connections and a slow one took {took:?}"
+    );
+    let (took, resp) = drip.join().unwrap();
+    // The head's 5 s are counted from the connection, not per read; the
+    // answer may be lost to the reset of a connection with unread bytes.
+    assert!(
+        took < Duration::from_secs(15),
+        "the slow client was served for {took:?}: {resp:.80}"
+    );
+    assert!(
+        resp.is_empty() || resp.starts_with("HTTP/1.1 408"),
+        "{resp:.80}"
+    );
+    drop(silent);
 }
 
 #[test]

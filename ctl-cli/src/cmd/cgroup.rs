@@ -354,6 +354,7 @@ mod tests {
             }),
             python: None,
             torch: None,
+            failure: None,
         };
         let c = Charge {
             memory,

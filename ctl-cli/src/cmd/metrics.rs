@@ -3,10 +3,12 @@
 //! stable contract, documented in docs/deploy.md ("Metrics").
 //!
 //! Collection is bounded: at most `max_processes` processes, each asked once
-//! with a per-process time limit, the whole scrape under a deadline. Nothing
-//! is kept between runs.
+//! with a per-process time limit, [`ASKERS`] at a time, the whole scrape
+//! under a deadline. Nothing is kept between runs.
 
 use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use memshim_proto::client::Connection;
@@ -561,30 +563,53 @@ fn reachable() -> Vec<(Proc, String)> {
         .collect()
 }
 
+/// Processes asked at once by one scrape.
+pub const ASKERS: usize = 8;
+
 /// Discovers and asks every reachable shimmed process, within `limits`.
 pub fn collect(limits: &Limits) -> (Vec<ProcSample>, ScrapeInfo) {
     let t0 = Instant::now();
     let deadline = t0 + Duration::from_millis(limits.deadline_ms);
     let found = reachable();
-    let mut samples = vec![];
-    let mut skipped = 0;
-    for (p, comm) in &found {
-        let now = Instant::now();
-        if samples.len() >= limits.max_processes || now >= deadline {
-            skipped += 1;
-            continue;
+    let asked = &found[..found.len().min(limits.max_processes)];
+    // Processes are asked [`ASKERS`] at a time, so that a few that do not
+    // answer (stopped, swapped out) each hold one asker for `--timeout-ms`
+    // instead of using up the deadline of everyone after them.
+    let next = AtomicUsize::new(0);
+    let answers: Vec<Mutex<Option<ProcSample>>> = asked.iter().map(|_| Mutex::new(None)).collect();
+    let ask = || {
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let now = Instant::now();
+            if i >= asked.len() || now >= deadline {
+                return;
+            }
+            let (p, comm) = &asked[i];
+            let budget = Duration::from_millis(limits.timeout_ms).min(deadline - now);
+            let sample = ProcSample {
+                pid: p.pid,
+                command: comm.clone(),
+                stats: ask_stats(p, budget),
+            };
+            if let Ok(mut slot) = answers[i].lock() {
+                *slot = Some(sample);
+            }
         }
-        let budget = Duration::from_millis(limits.timeout_ms).min(deadline - now);
-        let stats = ask_stats(p, budget);
-        samples.push(ProcSample {
-            pid: p.pid,
-            command: comm.clone(),
-            stats,
-        });
-    }
+    };
+    std::thread::scope(|sc| {
+        for _ in 1..ASKERS.min(asked.len()) {
+            // Without another thread, this one asks them all.
+            let _ = std::thread::Builder::new().spawn_scoped(sc, ask);
+        }
+        ask();
+    });
+    let samples: Vec<ProcSample> = answers
+        .into_iter()
+        .filter_map(|m| m.into_inner().ok().flatten())
+        .collect();
     let info = ScrapeInfo {
         found: found.len(),
-        skipped,
+        skipped: found.len() - samples.len(),
         duration: t0.elapsed(),
     };
     (samples, info)

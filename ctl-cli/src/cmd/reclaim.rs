@@ -66,12 +66,19 @@ pub fn run(a: ReclaimArgs) -> Result<Exit, Failure> {
     let mut purges: Vec<Outcome<PurgeResult>> = vec![];
     let mut skipped = vec![];
     for p in &before.processes {
-        if p.endpoint {
-            let result =
+        // A process whose socket did not answer `stats` a moment ago
+        // failed; it is not asked again (it would cost another timeout).
+        let result = if p.endpoint {
+            Some(
                 Client::open(p.pid).and_then(|mut c| match c.request(&Request::Purge)? {
                     Reply::Purge(r) => Ok(r),
                     other => Err(c.unexpected(&other)),
-                });
+                }),
+            )
+        } else {
+            p.failure.clone().map(Err)
+        };
+        if let Some(result) = result {
             // A process that exited meanwhile has nothing left to purge.
             let gone = result.as_ref().is_err_and(|f| f.exit == Exit::NotFound)
                 && std::fs::metadata(format!("/proc/{}", p.pid)).is_err();

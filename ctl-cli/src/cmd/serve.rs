@@ -1,6 +1,7 @@
 //! `memshim-ctl serve --listen ADDR`: `/metrics` over HTTP for Prometheus,
-//! node_exporter style. Std-only HTTP/1.0-style server: one connection at a
-//! time, `Connection: close`, request head capped at 8 KiB and 5 s, each
+//! node_exporter style. Std-only HTTP/1.0-style server: a thread per
+//! connection, at most [`MAX_CONNECTIONS`] at once (more get 503 at once),
+//! `Connection: close`, request head capped at 8 KiB and 5 s in all, each
 //! scrape bounded by [`Limits`]. Nothing is kept between requests.
 //!
 //! It takes no actions, except `POST /purge?pid=N` when started with
@@ -12,7 +13,9 @@
 use crate::out::{errln, outln};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::exit::{Exit, Failure};
 
@@ -32,7 +35,32 @@ pub struct ServeArgs {
 }
 
 const MAX_HEAD: usize = 8 * 1024;
+/// The whole request head must arrive within this, and each write of the
+/// answer must progress within it.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections served at once. A client that opens connections and sends
+/// nothing holds one each for at most [`IO_TIMEOUT`]; Prometheus scrapes
+/// one at a time.
+pub const MAX_CONNECTIONS: usize = 16;
+
+/// A stream whose reads all end by one deadline: a client that sends a
+/// byte every few seconds cannot hold a connection past it (a timeout per
+/// read would let it).
+struct ByDeadline<'a> {
+    s: &'a TcpStream,
+    until: Instant,
+}
+
+impl Read for ByDeadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        self.s.set_read_timeout(Some(left))?;
+        (&mut &*self.s).read(buf)
+    }
+}
 
 /// A parsed request head.
 #[derive(Debug, PartialEq, Eq)]
@@ -100,6 +128,7 @@ fn respond(s: &mut TcpStream, code: u16, ctype: &str, body: &str, head_only: boo
         403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        408 => "Request Timeout",
         431 => "Request Header Fields Too Large",
         502 => "Bad Gateway",
         503 => "Service Unavailable",
@@ -177,11 +206,42 @@ fn purge(head: &Head) -> (u16, String) {
     }
 }
 
+/// One of the [`MAX_CONNECTIONS`], given back when dropped (also when the
+/// connection's thread panics or cannot be started).
+struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// 405 with the methods that path takes.
+fn not_allowed(s: &mut TcpStream, allow: &str) {
+    let body = "method not allowed\n";
+    let _ = write!(
+        s,
+        "HTTP/1.1 405 Method Not Allowed\r\nAllow: {allow}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = s.flush();
+}
+
 fn handle(mut s: TcpStream, a: &ServeArgs) {
-    let _ = s.set_read_timeout(Some(IO_TIMEOUT));
     let _ = s.set_write_timeout(Some(IO_TIMEOUT));
-    let head = match read_head(&mut s) {
+    let until = Instant::now() + IO_TIMEOUT;
+    let head = match read_head(ByDeadline { s: &s, until }) {
         Ok(h) => h,
+        Err(_) if Instant::now() >= until => {
+            return respond(
+                &mut s,
+                408,
+                "text/plain",
+                "request head not sent within 5 s\n",
+                false,
+            );
+        }
         Err((code, msg)) => return respond(&mut s, code, "text/plain", &format!("{msg}\n"), false),
     };
     let get = head.method == "GET" || head.method == "HEAD";
@@ -210,7 +270,8 @@ fn handle(mut s: TcpStream, a: &ServeArgs) {
             let (code, body) = purge(&head);
             respond(&mut s, code, "application/json", &body, false)
         }
-        "/metrics" | "/" => respond(&mut s, 405, "text/plain", "method not allowed\n", false),
+        "/metrics" | "/" => not_allowed(&mut s, "GET, HEAD"),
+        "/purge" if a.enable_purge => not_allowed(&mut s, "POST"),
         _ => respond(
             &mut s,
             404,
@@ -250,9 +311,26 @@ pub fn run(a: ServeArgs) -> Result<Exit, Failure> {
         .unwrap_or_else(|_| a.listen.to_string());
     // A banner for a person; a server whose stdout is closed keeps serving.
     let _ = outln!("serving http://{addr}/metrics");
+    let a = Arc::new(a);
+    let busy = Arc::new(AtomicUsize::new(0));
     for conn in l.incoming() {
         match conn {
-            Ok(s) => handle(s, &a),
+            Ok(mut s) => {
+                if busy.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
+                    busy.fetch_sub(1, Ordering::AcqRel);
+                    let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
+                    respond(&mut s, 503, "text/plain", "too many connections\n", false);
+                    continue;
+                }
+                let (a, slot) = (Arc::clone(&a), Slot(Arc::clone(&busy)));
+                // A failed spawn drops the closure, and with it the slot.
+                let _ = std::thread::Builder::new()
+                    .name("serve-conn".into())
+                    .spawn(move || {
+                        let _slot = slot;
+                        handle(s, &a);
+                    });
+            }
             Err(e) => {
                 // EMFILE and friends: back off briefly instead of spinning.
                 errln!("memshim-ctl: serve: accept: {e}");
