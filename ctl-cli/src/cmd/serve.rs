@@ -287,7 +287,11 @@ pub fn run(a: ServeArgs) -> Result<Exit, Failure> {
     if a.enable_purge && !a.listen.ip().is_loopback() {
         // A usage error (exit 2), like every other bad combination of options.
         use clap::CommandFactory;
-        crate::cli::Cli::command()
+        let mut cli = crate::cli::Cli::command();
+        // `serve`'s own usage line, as clap prints for its other errors.
+        let serve = cli.find_subcommand_mut("serve").cloned().unwrap_or_default();
+        serve
+            .bin_name("memshim-ctl serve")
             .error(
                 clap::error::ErrorKind::ArgumentConflict,
                 format!(
