@@ -75,7 +75,7 @@ pub fn read(loc: &Location, pid: Option<i32>) -> Result<Charge, Failure> {
 
 fn entry(pid: i32, cgroup: String) -> Option<ProcEntry> {
     let p = discover::read_proc(pid).ok()?;
-    let [rss_anon, rss_file, rss_shmem] = discover::rss_parts(pid);
+    let [rss_anon, rss_file, rss_shmem] = discover::rss_parts(&p);
     let mut e = ProcEntry {
         pid,
         cgroup,

@@ -39,6 +39,8 @@ pub struct Proc {
     pub pidns: u64,
     /// `VmRSS` in bytes.
     pub rss: u64,
+    /// Where its address space, environment and root are read ([`view`]).
+    pub view: PathBuf,
 }
 
 /// A `/proc`, `/sys` or cgroup file as text. Not `read_to_string`: what the
@@ -59,30 +61,44 @@ fn proc_path(pid: i32, file: &str) -> PathBuf {
 }
 
 /// The `/proc` directory that shows `pid`'s address space, environment,
-/// command line, root and mount namespace: `/proc/<pid>`, or, when its
-/// main thread has ended with `pthread_exit` while other threads run on,
-/// `/proc/<pid>/task/<tid>` of a thread still running. The main thread is a
-/// zombie then, and those files of it read empty or fail (`maps` is empty,
-/// `environ` gives `ESRCH`, `status` has no `VmRSS`).
+/// command line, executable, root and mount namespace: `/proc/<pid>`, or,
+/// when its main thread has ended with `pthread_exit` while other threads
+/// run on, `/proc/<pid>/task/<tid>` of a thread still running. The main
+/// thread is a zombie then, and those files of it read empty or fail
+/// (`maps` is empty, `environ` gives `ESRCH`, `status` has no `VmRSS`).
 pub fn view(pid: i32) -> PathBuf {
-    let leader = proc_path(pid, "");
-    let zombie = |dir: &Path| {
-        read_text(dir.join("stat"))
-            .ok()
-            .and_then(|s| Some(matches!(stat_fields(&s)?.next(), Some("Z" | "X" | "x"))))
-    };
-    if zombie(&leader) != Some(true) {
+    let leader = read_text(proc_path(pid, "stat")).unwrap_or_default();
+    view_from(pid, &leader)
+}
+
+/// [`view`], given the main thread's `stat` line.
+fn view_from(pid: i32, leader_stat: &str) -> PathBuf {
+    let leader = PathBuf::from(format!("/proc/{pid}"));
+    if !exited(leader_stat) {
         return leader;
     }
+    running_task(pid).unwrap_or(leader)
+}
+
+/// Whether a `stat` line is a thread's that is a zombie, dead, or exiting
+/// (`PF_EXITING`, set as the kernel starts to tear a thread down, before it
+/// closes its descriptors and long before it is a zombie).
+fn exited(stat: &str) -> bool {
+    const PF_EXITING: u64 = 0x4;
+    let mut fields = stat_fields(stat);
+    let state = fields.as_mut().and_then(|f| f.next());
+    // `flags` is field 9, the 6th after the state (field 3).
+    let flags: u64 = fields.and_then(|mut f| f.nth(5)?.parse().ok()).unwrap_or(0);
+    matches!(state, Some("Z" | "X" | "x")) || flags & PF_EXITING != 0
+}
+
+/// `/proc/<pid>/task/<tid>` of a thread of `pid` that has not exited.
+fn running_task(pid: i32) -> Option<PathBuf> {
     std::fs::read_dir(proc_path(pid, "task"))
-        .ok()
-        .and_then(|tasks| {
-            tasks
-                .flatten()
-                .map(|t| t.path())
-                .find(|t| zombie(t) == Some(false))
-        })
-        .unwrap_or(leader)
+        .ok()?
+        .flatten()
+        .map(|t| t.path())
+        .find(|t| read_text(t.join("stat")).is_ok_and(|stat| !exited(&stat)))
 }
 
 /// The fields of a `stat` line from field 3 (the state) on: those after
@@ -122,8 +138,8 @@ pub fn read_proc(pid: i32) -> Result<Proc, Failure> {
     let threads = status_fields(&status, "Threads")
         .and_then(|f| f.first().and_then(|s| s.parse().ok()))
         .unwrap_or(0);
-    let view = view(pid);
-    let live_status = (view != proc_path(pid, ""))
+    let view = view_from(pid, &stat);
+    let live_status = (view != Path::new(&format!("/proc/{pid}")))
         .then(|| read_text(view.join("status")).ok())
         .flatten();
     let rss = status_fields(live_status.as_deref().unwrap_or(&status), "VmRSS")
@@ -161,6 +177,7 @@ pub fn read_proc(pid: i32) -> Result<Proc, Failure> {
         starttime: parse_starttime(&stat).unwrap_or(0),
         pidns,
         rss,
+        view,
     })
 }
 
@@ -213,23 +230,7 @@ pub fn all_threads_exited(pid: i32) -> bool {
 
 /// [`all_threads_exited`], given the main thread's `stat` line.
 fn threads_exited(pid: i32, leader_stat: &str) -> bool {
-    const PF_EXITING: u64 = 0x4;
-    let exited = |stat: &str| {
-        let mut fields = stat_fields(stat);
-        let state = fields.as_mut().and_then(|f| f.next());
-        // `flags` is field 9, the 6th after the state (field 3).
-        let flags: u64 = fields.and_then(|mut f| f.nth(5)?.parse().ok()).unwrap_or(0);
-        matches!(state, Some("Z" | "X" | "x")) || flags & PF_EXITING != 0
-    };
-    if !exited(leader_stat) {
-        return false;
-    }
-    let Ok(tasks) = std::fs::read_dir(proc_path(pid, "task")) else {
-        return true;
-    };
-    !tasks
-        .flatten()
-        .any(|t| read_text(t.path().join("stat")).is_ok_and(|stat| !exited(&stat)))
+    exited(leader_stat) && running_task(pid).is_none()
 }
 
 /// Whether `p` has stopped running, or stops within `limit`. A dying
@@ -251,8 +252,8 @@ pub fn exits_within(p: &Proc, limit: std::time::Duration) -> bool {
 }
 
 /// `RssAnon`, `RssFile` and `RssShmem` of `/proc/<pid>/status`, in bytes.
-pub fn rss_parts(pid: i32) -> [Option<u64>; 3] {
-    let status = read_text(view(pid).join("status")).unwrap_or_default();
+pub fn rss_parts(p: &Proc) -> [Option<u64>; 3] {
+    let status = read_text(p.view.join("status")).unwrap_or_default();
     ["RssAnon", "RssFile", "RssShmem"].map(|k| {
         status_fields(&status, k)?
             .first()?
@@ -277,15 +278,22 @@ pub fn all_pids() -> Vec<i32> {
 
 /// Whether the process's `maps` ([`view`]) maps libmemshim.so.
 pub fn shim_loaded(pid: i32) -> io::Result<bool> {
-    let maps = std::fs::read(view(pid).join("maps"))?;
+    let mut maps = std::fs::read(proc_path(pid, "maps"))?;
+    if maps.is_empty() {
+        // A kernel thread, or a main thread gone with `pthread_exit`.
+        let v = view(pid);
+        if v != Path::new(&format!("/proc/{pid}")) {
+            maps = std::fs::read(v.join("maps"))?;
+        }
+    }
     Ok(maps
         .split(|&b| b == b'\n')
         .any(|l| l.ends_with(b"/libmemshim.so") || l.ends_with(b"/libmemshim.so (deleted)")))
 }
 
 /// A `MEMSHIM_*` variable of the process's initial environment, if readable.
-pub fn environ_var(pid: i32, key: &str) -> Option<String> {
-    let env = std::fs::read(view(pid).join("environ")).ok()?;
+pub fn environ_var(p: &Proc, key: &str) -> Option<String> {
+    let env = std::fs::read(p.view.join("environ")).ok()?;
     let prefix = format!("{key}=");
     env.split(|&b| b == 0).find_map(|kv| {
         kv.strip_prefix(prefix.as_bytes())
@@ -317,11 +325,12 @@ pub fn map_uid(map: &str, uid: u32) -> Option<u32> {
     })
 }
 
-/// Whether `pid` is in our mount namespace (true when that cannot be read).
-pub fn same_mount_ns(pid: i32) -> bool {
+/// Whether the process whose `/proc` directory is `view` ([`view`]) is in our
+/// mount namespace (true when that cannot be read).
+pub fn same_mount_ns(view: &Path) -> bool {
     match (
         std::fs::read_link("/proc/self/ns/mnt"),
-        std::fs::read_link(view(pid).join("ns/mnt")),
+        std::fs::read_link(view.join("ns/mnt")),
     ) {
         (Ok(a), Ok(b)) => a == b,
         _ => true,
@@ -349,14 +358,14 @@ impl SocketLoc {
 
 /// The socket directory the shim in `p` uses, and how we reach it.
 pub fn socket_loc(p: &Proc) -> SocketLoc {
-    let dir_inside = environ_var(p.pid, "MEMSHIM_SOCKET_DIR")
+    let dir_inside = environ_var(p, "MEMSHIM_SOCKET_DIR")
         .filter(|d| endpoint::valid_socket_dir(d.as_bytes()))
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(endpoint::default_socket_dir(uid_inside(p.pid, p.uid))));
-    let dir = if same_mount_ns(p.pid) {
+    let dir = if same_mount_ns(&p.view) {
         dir_inside.clone()
     } else {
-        view(p.pid)
+        p.view
             .join("root")
             .join(dir_inside.strip_prefix("/").unwrap_or(&dir_inside))
     };
@@ -448,7 +457,7 @@ pub fn control_mode(value: Option<&str>) -> &'static str {
 
 /// Why the endpoint of a shimmed process is not there, for a person.
 pub fn why_no_endpoint(p: &Proc, loc: &SocketLoc) -> (String, String) {
-    let control = control_mode(environ_var(p.pid, "MEMSHIM_CONTROL").as_deref());
+    let control = control_mode(environ_var(p, "MEMSHIM_CONTROL").as_deref());
     if control == "off" {
         return (
             "MEMSHIM_CONTROL=off: this process has no control endpoint".into(),

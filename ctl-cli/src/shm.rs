@@ -86,7 +86,8 @@ fn shm_mount(mountinfo: &str) -> Option<(String, String)> {
 /// there is the very mount we see (mountinfo is readable without ptrace
 /// rights), else through `/proc/<pid>/root` (needs them).
 fn dev_shm_of(pid: i32) -> Option<PathBuf> {
-    let theirs = crate::discover::read_text(format!("/proc/{pid}/mountinfo")).ok();
+    let view = discover::view(pid);
+    let theirs = crate::discover::read_text(view.join("mountinfo")).ok();
     let ours = crate::discover::read_text("/proc/self/mountinfo").ok();
     let (theirs, ours) = (
         theirs.as_deref().and_then(shm_mount),
@@ -95,13 +96,13 @@ fn dev_shm_of(pid: i32) -> Option<PathBuf> {
     if theirs.is_some() && theirs == ours {
         return Some(PathBuf::from("/dev/shm"));
     }
-    let via_root = PathBuf::from(format!("/proc/{pid}/root/dev/shm"));
+    let via_root = view.join("root/dev/shm");
     if std::fs::metadata(&via_root).is_ok() {
         return Some(via_root);
     }
     // No /dev/shm mount on either side (a plain directory) in one mount
     // namespace.
-    (theirs.is_none() && ours.is_none() && discover::same_mount_ns(pid))
+    (theirs.is_none() && ours.is_none() && discover::same_mount_ns(&view))
         .then(|| PathBuf::from("/dev/shm"))
 }
 
@@ -177,7 +178,7 @@ fn is_kernel_thread(pid: i32) -> bool {
 /// open their files). Unknown counts as yes. `/proc/<pid>/mountinfo` is
 /// readable where its maps and descriptors are not.
 fn sees_any(pid: i32, devs: &BTreeSet<(u64, u64)>) -> bool {
-    let Ok(mi) = crate::discover::read_text(format!("/proc/{pid}/mountinfo")) else {
+    let Ok(mi) = crate::discover::read_text(discover::view(pid).join("mountinfo")) else {
         return true;
     };
     mi.lines().any(|l| {
@@ -226,13 +227,15 @@ pub fn scan(pids: &[i32]) -> ShmReport {
                 continue;
             }
             let mut denied = false;
-            match crate::discover::read_text(format!("/proc/{pid}/maps")) {
+            // A running thread's files, if the main thread has exited.
+            let base = discover::view(pid);
+            match crate::discover::read_text(base.join("maps")) {
                 Ok(maps) => {
                     for (dev, ino, range, gone) in maps.lines().filter_map(maps_entry) {
                         if !devs.contains(&dev) {
                             continue;
                         }
-                        let link = format!("/proc/{pid}/map_files/{range}");
+                        let link = base.join("map_files").join(range).display().to_string();
                         match std::fs::metadata(&link) {
                             Ok(m) if gone || m.nlink() == 0 => {
                                 note_deleted(&mut deleted, &m, pid, &link);
@@ -255,7 +258,7 @@ pub fn scan(pids: &[i32]) -> ShmReport {
                 Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => denied = true,
                 Err(_) => continue, // exited meanwhile
             }
-            match std::fs::read_dir(format!("/proc/{pid}/fd")) {
+            match std::fs::read_dir(base.join("fd")) {
                 Ok(rd) => {
                     for e in rd.flatten() {
                         let Ok(m) = std::fs::metadata(e.path()) else {

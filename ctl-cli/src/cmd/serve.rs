@@ -1,8 +1,11 @@
 //! `memshim-ctl serve --listen ADDR`: `/metrics` over HTTP for Prometheus,
 //! node_exporter style. Std-only HTTP/1.0-style server: a thread per
-//! connection, at most [`MAX_CONNECTIONS`] at once (more get 503 at once),
-//! `Connection: close`, request head capped at 8 KiB and 5 s in all, each
-//! scrape bounded by [`Limits`]. Nothing is kept between requests.
+//! connection, at most [`MAX_CONNECTIONS`] at once, `Connection: close`,
+//! request head capped at 8 KiB and 5 s in all, one scrape at a time, each
+//! bounded by [`Limits`]. When every slot is taken, the connection that has
+//! waited longest for its request head is closed to make room (silent
+//! clients cannot lock scrapes out); with none waiting, the new one gets
+//! 503. Nothing is kept between requests.
 //!
 //! It takes no actions, except `POST /purge?pid=N` when started with
 //! `--enable-purge`, which is refused unless the listen address is loopback
@@ -13,8 +16,10 @@
 use crate::out::{errln, outln};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::VecDeque;
+use std::net::Shutdown;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::exit::{Exit, Failure};
@@ -38,9 +43,7 @@ const MAX_HEAD: usize = 8 * 1024;
 /// The whole request head must arrive within this, and each write of the
 /// answer must progress within it.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
-/// Connections served at once. A client that opens connections and sends
-/// nothing holds one each for at most [`IO_TIMEOUT`]; Prometheus scrapes
-/// one at a time.
+/// Connections served at once. Prometheus scrapes one at a time.
 pub const MAX_CONNECTIONS: usize = 16;
 
 /// A stream whose reads all end by one deadline: a client that sends a
@@ -52,13 +55,20 @@ struct ByDeadline<'a> {
 }
 
 impl Read for ByDeadline<'_> {
+    /// Fails with `TimedOut` only once the deadline has passed (a socket
+    /// timeout may fire a little early).
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let left = self.until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(std::io::ErrorKind::TimedOut.into());
+        loop {
+            let left = self.until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(std::io::ErrorKind::TimedOut.into());
+            }
+            self.s.set_read_timeout(Some(left))?;
+            match (&mut &*self.s).read(buf) {
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                other => return other,
+            }
         }
-        self.s.set_read_timeout(Some(left))?;
-        (&mut &*self.s).read(buf)
     }
 }
 
@@ -206,13 +216,70 @@ fn purge(head: &Head) -> (u16, String) {
     }
 }
 
-/// One of the [`MAX_CONNECTIONS`], given back when dropped (also when the
-/// connection's thread panics or cannot be started).
-struct Slot(Arc<AtomicUsize>);
+/// What the connections share.
+struct Server {
+    args: ServeArgs,
+    /// Connections being served.
+    busy: AtomicUsize,
+    /// Those still waiting for their request head, oldest first.
+    waiting: Mutex<VecDeque<(u64, TcpStream)>>,
+    next_id: AtomicU64,
+    /// One scrape at a time: concurrent requests cannot multiply the work
+    /// a scrape makes on the host.
+    scrape: Mutex<()>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Server {
+    /// Takes a slot for the new connection `s`: a free one, or that of the
+    /// connection that has waited longest for its head (closed here), and
+    /// registers `s` as waiting for its head. Its id, or `None` when every
+    /// slot is answering a request.
+    fn admit(&self, s: &TcpStream) -> Option<u64> {
+        let mut waiting = lock(&self.waiting);
+        if self.busy.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
+            let Some((_, oldest)) = waiting.pop_front() else {
+                self.busy.fetch_sub(1, Ordering::AcqRel);
+                return None;
+            };
+            // Its thread sees the end of the stream and gives its slot
+            // back; until then one more than the limit runs.
+            let _ = oldest.shutdown(Shutdown::Both);
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        if let Ok(c) = s.try_clone() {
+            waiting.push_back((id, c));
+        }
+        Some(id)
+    }
+}
+
+/// A taken slot of connection `.1`, given back when dropped (also when
+/// the connection's thread cannot be started).
+struct Slot(Arc<Server>, u64);
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        lock(&self.0.waiting).retain(|(i, _)| *i != self.1);
+        self.0.busy.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Ends a refused connection without a reset: what the client already
+/// sent is read and dropped (a close with unread bytes makes the kernel
+/// reset the connection, and the client may then not see the answer).
+fn close_gently(s: TcpStream) {
+    let _ = s.shutdown(Shutdown::Write);
+    if s.set_nonblocking(true).is_ok() {
+        let mut sink = [0u8; 4096];
+        for _ in 0..16 {
+            if !matches!((&s).read(&mut sink), Ok(n) if n > 0) {
+                break;
+            }
+        }
     }
 }
 
@@ -228,28 +295,34 @@ fn not_allowed(s: &mut TcpStream, allow: &str) {
     let _ = s.flush();
 }
 
-fn handle(mut s: TcpStream, a: &ServeArgs) {
+/// Serves connection `id`, which [`Server::admit`] registered as waiting
+/// for its head.
+fn handle(mut s: TcpStream, id: u64, server: &Server) {
+    let a = &server.args;
     let _ = s.set_write_timeout(Some(IO_TIMEOUT));
     let until = Instant::now() + IO_TIMEOUT;
-    let head = match read_head(ByDeadline { s: &s, until }) {
+    let head = read_head(ByDeadline { s: &s, until });
+    lock(&server.waiting).retain(|(i, _)| *i != id);
+    let head = match head {
         Ok(h) => h,
         Err(_) if Instant::now() >= until => {
-            return respond(
-                &mut s,
-                408,
-                "text/plain",
-                "request head not sent within 5 s\n",
-                false,
-            );
+            respond(&mut s, 408, "text/plain", "request head not sent within 5 s\n", false);
+            return close_gently(s);
         }
-        Err((code, msg)) => return respond(&mut s, code, "text/plain", &format!("{msg}\n"), false),
+        Err((code, msg)) => {
+            respond(&mut s, code, "text/plain", &format!("{msg}\n"), false);
+            return close_gently(s);
+        }
     };
     let get = head.method == "GET" || head.method == "HEAD";
     let head_only = head.method == "HEAD";
     match head.path.as_str() {
         "/metrics" if get => {
-            let (samples, info) = collect(&a.limits);
-            let body = render(&samples, &info);
+            let body = {
+                let _one = lock(&server.scrape);
+                let (samples, info) = collect(&a.limits);
+                render(&samples, &info)
+            };
             respond(
                 &mut s,
                 200,
@@ -315,24 +388,29 @@ pub fn run(a: ServeArgs) -> Result<Exit, Failure> {
         .unwrap_or_else(|_| a.listen.to_string());
     // A banner for a person; a server whose stdout is closed keeps serving.
     let _ = outln!("serving http://{addr}/metrics");
-    let a = Arc::new(a);
-    let busy = Arc::new(AtomicUsize::new(0));
+    let server = Arc::new(Server {
+        args: a,
+        busy: AtomicUsize::new(0),
+        waiting: Mutex::new(VecDeque::new()),
+        next_id: AtomicU64::new(0),
+        scrape: Mutex::new(()),
+    });
     for conn in l.incoming() {
         match conn {
             Ok(mut s) => {
-                if busy.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
-                    busy.fetch_sub(1, Ordering::AcqRel);
+                let Some(id) = server.admit(&s) else {
                     let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
                     respond(&mut s, 503, "text/plain", "too many connections\n", false);
+                    close_gently(s);
                     continue;
-                }
-                let (a, slot) = (Arc::clone(&a), Slot(Arc::clone(&busy)));
+                };
+                let slot = Slot(Arc::clone(&server), id);
                 // A failed spawn drops the closure, and with it the slot.
                 let _ = std::thread::Builder::new()
                     .name("serve-conn".into())
                     .spawn(move || {
-                        let _slot = slot;
-                        handle(s, &a);
+                        let slot = slot;
+                        handle(s, id, &slot.0);
                     });
             }
             Err(e) => {
