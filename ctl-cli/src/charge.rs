@@ -47,6 +47,14 @@ pub struct ProcEntry {
     pub failure: Option<Failure>,
 }
 
+impl ProcEntry {
+    /// The shim is or may be loaded (its maps could not be read), but
+    /// there are no allocator figures: its free pages are not told apart.
+    pub fn figures_missing(&self) -> bool {
+        self.shim != "no" && self.allocator.is_none()
+    }
+}
+
 /// A cgroup's charge and the processes in it, read at one moment.
 #[derive(Debug, Clone)]
 pub struct Charge {
@@ -271,14 +279,14 @@ pub fn notes(loc: &Location, c: &Charge) -> Vec<String> {
     let blind: Vec<String> = c
         .processes
         .iter()
-        .filter(|p| p.shim != "no" && p.allocator.is_none() && p.pid != std::process::id() as i32)
+        .filter(|p| p.figures_missing())
         .map(|p| p.pid.to_string())
         .collect();
     if !blind.is_empty() {
         n.push(format!(
-            "shimmed process(es) {} gave no allocator figures (see their reason): their heaps, free pages \
-             included, are counted in `other anonymous`, though a purge would reach them once their endpoint \
-             answers (MEMSHIM_CONTROL=on, or as their user or root)",
+            "pid(s) {} have or may have the shim but gave no allocator figures (see their reason): their heaps, \
+             free pages included, are counted in `other anonymous`, though a purge may reach them once their \
+             endpoint answers (MEMSHIM_CONTROL=on, or as their user or root)",
             blind.join(", ")
         ));
     }

@@ -281,7 +281,17 @@ fn a_thread_id_is_refused_and_a_shimmed_process_that_does_not_answer_fails_recla
     // failed, it was not "skipped", and reclaim did not do its whole job.
     assert_eq!(Cmd::new("kill", ["-STOP", &bp.to_string()]).run().code, 0);
     let (code, v) = ctl_json(&["reclaim", &ap.to_string()]);
+    // `cgroup` says whose heap it cannot break down.
+    let (ccode, c) = ctl_json(&["cgroup", &ap.to_string()]);
     assert_eq!(Cmd::new("kill", ["-CONT", &bp.to_string()]).run().code, 0);
+    assert_eq!(ccode, 0, "{c}");
+    assert!(
+        c["notes"].as_array().unwrap().iter().any(|n| n
+            .as_str()
+            .unwrap()
+            .contains(&format!("pid(s) {bp} have or may have the shim"))),
+        "{c}"
+    );
     assert_eq!(code, 1, "{v}");
     let entry = |list: &str| {
         v[list]

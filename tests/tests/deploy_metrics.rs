@@ -348,7 +348,9 @@ fn serve_is_not_held_by_slow_or_silent_clients() {
     // (16): a server that served one connection at a time waited 5 s on each
     // in turn; one that refused connections beyond its limit refused the
     // scrape.
-    let silent: Vec<TcpStream> = (0..20).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+    let silent: Vec<TcpStream> = (0..20)
+        .map(|_| TcpStream::connect(&addr).unwrap())
+        .collect();
     // A client that sends its request head one byte a second: with a
     // timeout per read, it held the server for a minute.
     let drip = std::thread::spawn({

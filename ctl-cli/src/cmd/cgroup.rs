@@ -231,10 +231,7 @@ pub fn processes_lines(procs: &[ProcEntry]) -> String {
     {
         out += &format!("  {l}\n");
     }
-    for p in procs
-        .iter()
-        .filter(|p| p.shim != "no" && p.allocator.is_none())
-    {
+    for p in procs.iter().filter(|p| p.figures_missing()) {
         out += &format!(
             "  pid {}: no allocator figures: {}\n",
             p.pid,

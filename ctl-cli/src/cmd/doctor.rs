@@ -292,8 +292,9 @@ pub fn diagnose(pid: i32, endpoint: impl FnOnce(i32) -> Endpoint) -> Result<Diag
                     Level::Problem,
                     "socket_dir",
                     format!(
-                        "shim loaded from {lib}; it cannot create its control socket: {why}. Remove it (the \
-                         shim re-creates the directory within 5 s), or set MEMSHIM_SOCKET_DIR to another place"
+                        "shim loaded from {lib}; it cannot create its control socket: {why}. If \
+                         MEMSHIM_SOCKET_DIR names it, point the variable at a directory of the process's user; \
+                         otherwise remove it (the shim re-creates the directory within 5 s)"
                     ),
                 ),
                 None => add(

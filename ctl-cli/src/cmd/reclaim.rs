@@ -126,7 +126,20 @@ pub fn run(a: ReclaimArgs) -> Result<Exit, Failure> {
             "{}",
             human(&loc, &purges, &skipped, &kernel, &before, &after)
         )?;
-        super::print_failures(&purges, &[], exit);
+        let kernel_failed: Vec<Failure> = (kernel.outcome == "unsupported")
+            .then(|| {
+                Failure::new(
+                    Exit::Failed,
+                    a.pid,
+                    format!(
+                        "the kernel cannot reclaim this cgroup's page cache here: {} does not exist",
+                        kernel.file
+                    ),
+                )
+            })
+            .into_iter()
+            .collect();
+        super::print_failures(&purges, &kernel_failed, exit);
     }
     Ok(exit)
 }

@@ -14,10 +14,10 @@
 //! (against DNS rebinding).
 
 use crate::out::{errln, outln};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::Shutdown;
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -65,7 +65,11 @@ impl Read for ByDeadline<'_> {
             }
             self.s.set_read_timeout(Some(left))?;
             match (&mut &*self.s).read(buf) {
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
                 other => return other,
             }
         }
@@ -306,7 +310,13 @@ fn handle(mut s: TcpStream, id: u64, server: &Server) {
     let head = match head {
         Ok(h) => h,
         Err(_) if Instant::now() >= until => {
-            respond(&mut s, 408, "text/plain", "request head not sent within 5 s\n", false);
+            respond(
+                &mut s,
+                408,
+                "text/plain",
+                "request head not sent within 5 s\n",
+                false,
+            );
             return close_gently(s);
         }
         Err((code, msg)) => {
@@ -362,7 +372,10 @@ pub fn run(a: ServeArgs) -> Result<Exit, Failure> {
         use clap::CommandFactory;
         let mut cli = crate::cli::Cli::command();
         // `serve`'s own usage line, as clap prints for its other errors.
-        let serve = cli.find_subcommand_mut("serve").cloned().unwrap_or_default();
+        let serve = cli
+            .find_subcommand_mut("serve")
+            .cloned()
+            .unwrap_or_default();
         serve
             .bin_name("memshim-ctl serve")
             .error(

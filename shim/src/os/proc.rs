@@ -103,12 +103,29 @@ pub fn leader_exited() -> bool {
         .unwrap_or(false)
 }
 
-/// Resident set size in bytes (the second field of `statm`, [`ADDRESS_SPACE`]).
+/// `/proc/self/task/<tid>/<name>` of the calling thread, NUL-terminated.
+/// `/proc/self/<name>` is the main thread's, whose address-space files
+/// read empty (`statm` all zeros, `status` without `VmRSS`) and
+/// `smaps_rollup` fails once it has ended with `pthread_exit` while other
+/// threads run on; the calling thread shares the same address space.
+/// (`/proc/thread-self` is the same, from Linux 3.17 only.)
+fn own_task_file(name: &str) -> super::StackBuf<64> {
+    let mut path = super::StackBuf::<64>::new();
+    let _ = core::fmt::Write::write_fmt(
+        &mut path,
+        format_args!("/proc/self/task/{}/{name}\0", super::thread::gettid()),
+    );
+    path
+}
+
+/// Resident set size in bytes (the second field of [`own_task_file`]
+/// `statm`).
 pub fn rss_bytes() -> u64 {
+    let path = own_task_file("statm");
     let mut buf = [0u8; 128];
-    let Some(len) = ADDRESS_SPACE
-        .iter()
-        .find_map(|[statm, ..]| read_file(statm, &mut buf).filter(|&n| n > 0))
+    let Some(len) = CStr::from_bytes_with_nul(path.as_bytes())
+        .ok()
+        .and_then(|p| read_file(p, &mut buf))
     else {
         return 0;
     };
@@ -120,6 +137,16 @@ pub fn rss_bytes() -> u64 {
     pages * super::page_size() as u64
 }
 
+/// [`own_task_file`] `name` as text (bytes that are not UTF-8, as in a
+/// thread name that `prctl` set, read as U+FFFD).
+fn own_task_text(name: &str) -> Option<String> {
+    let path = own_task_file(name);
+    let path = core::str::from_utf8(path.as_bytes().strip_suffix(b"\0")?).ok()?;
+    std::fs::read(path)
+        .ok()
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+}
+
 /// A `Key:   123 kB` line of a status-like file, in bytes.
 fn kb_field(text: &str, key: &str) -> Option<u64> {
     text.lines().find_map(|l| {
@@ -129,7 +156,7 @@ fn kb_field(text: &str, key: &str) -> Option<u64> {
     })
 }
 
-/// The memory lines of `status` ([`ADDRESS_SPACE`]), in bytes (about 20 µs).
+/// The memory lines of [`own_task_file`] `status`, in bytes (about 20 µs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Memory {
     /// `VmRSS`.
@@ -144,39 +171,9 @@ pub struct Memory {
     pub swap: Option<u64>,
 }
 
-/// Where the calling thread reads this process's address-space figures:
-/// `statm`, `status` and `smaps_rollup`, first through `/proc/thread-self`.
-/// `/proc/self` names the main thread, whose files read empty (and
-/// `smaps_rollup` fails) once it has ended with `pthread_exit` while other
-/// threads run on; `/proc/thread-self` (Linux 3.17) names the calling
-/// thread, which shares the same address space.
-const ADDRESS_SPACE: [[&CStr; 3]; 2] = [
-    [
-        c"/proc/thread-self/statm",
-        c"/proc/thread-self/status",
-        c"/proc/thread-self/smaps_rollup",
-    ],
-    [
-        c"/proc/self/statm",
-        c"/proc/self/status",
-        c"/proc/self/smaps_rollup",
-    ],
-];
-
-/// The first of [`ADDRESS_SPACE`]'s files number `which` that reads with
-/// `key` in it.
-fn address_space_text(which: usize, key: &str) -> Option<String> {
-    ADDRESS_SPACE.iter().find_map(|files| {
-        let path = files[which].to_str().ok()?;
-        std::fs::read_to_string(path)
-            .ok()
-            .filter(|t| t.contains(key))
-    })
-}
-
 /// Reads [`Memory`].
 pub fn memory() -> Memory {
-    let status = address_space_text(1, "VmRSS:").unwrap_or_default();
+    let status = own_task_text("status").unwrap_or_default();
     Memory {
         rss: kb_field(&status, "VmRSS").unwrap_or(0),
         anon: kb_field(&status, "RssAnon"),
@@ -186,10 +183,10 @@ pub fn memory() -> Memory {
     }
 }
 
-/// PSS in bytes from `smaps_rollup` ([`ADDRESS_SPACE`]), which walks every page table
+/// PSS in bytes from [`own_task_file`] `smaps_rollup`, which walks every page table
 /// (about 16 ms of this process's CPU per resident GiB).
 pub fn pss() -> Option<u64> {
-    address_space_text(2, "Pss:").and_then(|s| kb_field(&s, "Pss"))
+    own_task_text("smaps_rollup").and_then(|s| kb_field(&s, "Pss"))
 }
 
 #[cfg(test)]
