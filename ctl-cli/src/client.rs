@@ -132,6 +132,16 @@ impl Client {
                 format!("{e} from {}", path.display()),
             )
             .hint("use a memshim-ctl of the same release as the library"),
+            _ if e.timed_out() && discover::stopped(self.proc.pid) => Failure::new(
+                Exit::Failed,
+                Some(self.proc.pid),
+                format!(
+                    "{}: {e}: the process is stopped (SIGSTOP, a job-control stop or a debugger), so nothing \
+                     in it runs",
+                    path.display()
+                ),
+            )
+            .hint(format!("continue it (`kill -CONT {}`) and ask again", self.proc.pid)),
             _ => Failure::new(
                 Exit::Failed,
                 Some(self.proc.pid),

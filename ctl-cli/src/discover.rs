@@ -228,6 +228,14 @@ pub fn all_threads_exited(pid: i32) -> bool {
     read_text(proc_path(pid, "stat")).map_or(true, |stat| threads_exited(pid, &stat))
 }
 
+/// Whether `pid` is stopped (state `T`, or `t` under a tracer): its
+/// threads run nothing, the shim's included, until it continues.
+pub fn stopped(pid: i32) -> bool {
+    read_text(proc_path(pid, "stat"))
+        .ok()
+        .is_some_and(|s| matches!(stat_fields(&s).and_then(|mut f| f.next()), Some("T" | "t")))
+}
+
 /// [`all_threads_exited`], given the main thread's `stat` line.
 fn threads_exited(pid: i32, leader_stat: &str) -> bool {
     exited(leader_stat) && running_task(pid).is_none()

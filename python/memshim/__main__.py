@@ -53,10 +53,12 @@ def ctl_main():
 
 def main(argv=None):
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help", "help"):
+    if not args:
+        # A usage error: on stderr, like memshim-ctl's own.
+        sys.stderr.write(USAGE)
+        return 2
+    if args[0] in ("-h", "--help", "help"):
         sys.stdout.write(USAGE)
-        if not args:
-            return 2
         sys.stdout.write("\nmemshim-ctl's commands:\n\n")
         return exec_ctl(["--help"])
     if args[0] in ("-V", "--version", "version"):

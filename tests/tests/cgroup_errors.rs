@@ -303,7 +303,9 @@ fn a_thread_id_is_refused_and_a_shimmed_process_that_does_not_answer_fails_recla
     };
     assert!(entry("skipped").is_none(), "{v}");
     assert!(
-        entry("purge").is_some_and(|p| p["error"].is_object()),
+        entry("purge").is_some_and(|p| p["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("the process is stopped"))),
         "{v}"
     );
     assert!(

@@ -47,6 +47,45 @@ fn verbose_reports_interposed_yes_for_an_ordinary_program() {
 }
 
 #[test]
+fn a_non_pie_program_that_takes_mallocs_address_is_interposed() {
+    // Its `malloc` in the global scope is its own PLT slot; the shim must
+    // not take that for a malloc of the program's own and stay inert (no
+    // thread, no endpoint: what Debian's python3 got).
+    let f = fixture("nopie_malloc_ptr", &["-fno-pie", "-no-pie"]);
+    let elf = std::fs::read(&f).unwrap();
+    assert_eq!(elf[16], 2, "not built as ET_EXEC (non-PIE)");
+    let o = Cmd::new(&f, [""; 0])
+        .shimmed()
+        .env("MEMSHIM_VERBOSE", "1")
+        .run();
+    assert_eq!((o.code, o.stdout.as_str()), (0, "ok\n"), "{o:?}");
+    assert!(o.stderr.contains("interposed=yes"), "{o:?}");
+}
+
+#[test]
+fn a_non_pie_python_is_interposed_and_its_api_says_so() {
+    // Debian's and Ubuntu's /usr/bin/python3 are not PIE and take malloc's
+    // address: the same case as above, in the Python API too.
+    let py = std::path::Path::new("/usr/bin/python3");
+    let Ok(elf) = std::fs::read(py) else {
+        eprintln!("SKIP: no /usr/bin/python3");
+        return;
+    };
+    if elf.get(16) != Some(&2) {
+        eprintln!("SKIP: /usr/bin/python3 is PIE here");
+        return;
+    }
+    let api = memshim_tests::root().join("python");
+    let o = Cmd::new(py, ["-c", "import memshim; print(memshim.is_preloaded())"])
+        .shimmed()
+        .env("PYTHONPATH", &api)
+        .env("MEMSHIM_VERBOSE", "1")
+        .run();
+    assert_eq!((o.code, o.stdout.as_str()), (0, "True\n"), "{o:?}");
+    assert!(o.stderr.contains("interposed=yes"), "{o:?}");
+}
+
+#[test]
 fn a_shared_sanitizer_runtime_loaded_after_the_shim_leaves_it_inert() {
     // A sanitizer must own malloc; a shared runtime loaded after the shim
     // does not (ASan with `verify_asan_link_order=0`, TSan). Such a process

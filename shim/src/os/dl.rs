@@ -17,6 +17,34 @@ pub fn global(name: &CStr) -> *mut c_void {
     unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }
 }
 
+/// The global definition of `name`, or `None` where the global scope
+/// answers with a non-PIE executable's "canonical PLT" entry: an executable
+/// built without PIE that takes a function's address (CPython takes
+/// `malloc`'s) gets an undefined symbol with a value, its PLT slot, so that
+/// function pointers compare equal everywhere. `dlsym` returns that slot,
+/// which lies in the executable, though every call through it reaches the
+/// definition the loader bound it to: not an answer to whose `malloc` is
+/// in use.
+pub fn global_definition(name: &CStr) -> Option<*mut c_void> {
+    /// `dladdr1`'s request for the matching symbol table entry.
+    const RTLD_DL_SYMENT: libc::c_int = 1;
+    let p = global(name);
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: dladdr1 fills the Dl_info we pass and points `sym` at the
+    // matching entry of a loaded object's symbol table (or leaves it null);
+    // Dl_info is plain data, valid when zeroed.
+    let undefined = unsafe {
+        let mut info: libc::Dl_info = core::mem::zeroed();
+        let mut sym: *mut c_void = core::ptr::null_mut();
+        libc::dladdr1(p, &mut info, &mut sym, RTLD_DL_SYMENT) != 0
+            && !sym.is_null()
+            && (*(sym as *const libc::Elf64_Sym)).st_shndx == 0 // SHN_UNDEF
+    };
+    (!undefined).then_some(p)
+}
+
 /// Whether a loaded object's file name (its last path component) starts
 /// with one of `prefixes`. Walks the loader's list (`dl_iterate_phdr`),
 /// which, unlike a `dlsym` that fails, builds no error message: no

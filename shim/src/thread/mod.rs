@@ -69,9 +69,22 @@ fn detect_interposition() -> bool {
     // definition too, so the test always passed (an executable with its own
     // malloc, or a dlopen'ed shim, read as interposed). `STATE` is a local
     // static, so its address is never interposed.
-    let global = os::dl::global(c"malloc");
+    //
+    // A non-PIE executable that takes the address of `malloc` (CPython
+    // does; Debian's and Ubuntu's python3 are not PIE) answers the lookup
+    // with its own PLT slot ([`os::dl::global_definition`]); the first
+    // member of the family it does not take the address of then tells whose
+    // allocator its calls reach. A process has one allocator for all of
+    // them: the shim defines every one, and so does any allocator that
+    // replaces malloc.
     let here = &raw const STATE as usize;
-    if global.is_null() || !os::dl::same_object(global as usize, here) {
+    let Some(global) = FAMILY
+        .iter()
+        .find_map(|name| os::dl::global_definition(name))
+    else {
+        return false;
+    };
+    if !os::dl::same_object(global as usize, here) {
         return false;
     }
     // A sanitizer runtime linked into the executable defines the global
@@ -84,6 +97,17 @@ fn detect_interposition() -> bool {
     // (bench/FINDINGS-issue15.md).
     !os::dl::any_loaded(&SANITIZER_RUNTIMES)
 }
+
+/// Members of the malloc family, asked in this order for whose definition
+/// is global (see [`detect_interposition`]).
+const FAMILY: [&core::ffi::CStr; 6] = [
+    c"malloc",
+    c"free",
+    c"calloc",
+    c"realloc",
+    c"malloc_usable_size",
+    c"posix_memalign",
+];
 
 /// File-name prefixes of the sanitizer runtimes' shared libraries (GCC's,
 /// then LLVM's).
