@@ -398,7 +398,11 @@ fn serve_purge_endpoint_is_loopback_only_and_needs_its_header() {
     let o = Cmd::new(ctl(), ["serve", "--listen", "0.0.0.0:0", "--enable-purge"]).run();
     assert_eq!(o.code, 2, "a usage error: {o:?}");
     assert!(o.stderr.contains("loopback"), "{}", o.stderr);
-    assert!(o.stderr.contains("Usage: memshim-ctl serve"), "{}", o.stderr);
+    assert!(
+        o.stderr.contains("Usage: memshim-ctl serve"),
+        "{}",
+        o.stderr
+    );
 
     let h = holder();
     metrics_listing(h.pid());

@@ -40,8 +40,8 @@ pub struct ServeArgs {
 }
 
 const MAX_HEAD: usize = 8 * 1024;
-/// The whole request head must arrive within this, and each write of the
-/// answer must progress within it.
+/// The whole request head must arrive within this, and the whole answer
+/// must be written within it.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections served at once. Prometheus scrapes one at a time.
 pub const MAX_CONNECTIONS: usize = 16;
@@ -148,15 +148,40 @@ fn respond(s: &mut TcpStream, code: u16, ctype: &str, body: &str, head_only: boo
         503 => "Service Unavailable",
         _ => "Error",
     };
-    let _ = write!(
-        s,
+    let mut answer = format!(
         "HTTP/1.1 {code} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
     if !head_only {
-        let _ = s.write_all(body.as_bytes());
+        answer += body;
     }
-    let _ = s.flush();
+    send(s, answer.as_bytes());
+}
+
+/// Writes a whole answer within [`IO_TIMEOUT`]: a client that reads slowly
+/// cannot hold its connection, and one of the [`MAX_CONNECTIONS`], past
+/// that (a timeout per write would let it).
+fn send(s: &TcpStream, bytes: &[u8]) {
+    let until = Instant::now() + IO_TIMEOUT;
+    let mut left = bytes;
+    while !left.is_empty() {
+        let t = until.saturating_duration_since(Instant::now());
+        if t.is_zero() || s.set_write_timeout(Some(t)).is_err() {
+            return;
+        }
+        match (&mut &*s).write(left) {
+            Ok(0) => return,
+            Ok(n) => left = &left[n..],
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
+                ) => {}
+            Err(_) => return,
+        }
+    }
 }
 
 /// A `Host` header naming a loopback address (with or without port).
@@ -290,20 +315,18 @@ fn close_gently(s: TcpStream) {
 /// 405 with the methods that path takes.
 fn not_allowed(s: &mut TcpStream, allow: &str) {
     let body = "method not allowed\n";
-    let _ = write!(
-        s,
+    let answer = format!(
         "HTTP/1.1 405 Method Not Allowed\r\nAllow: {allow}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\
          Connection: close\r\n\r\n{body}",
         body.len()
     );
-    let _ = s.flush();
+    send(s, answer.as_bytes());
 }
 
 /// Serves connection `id`, which [`Server::admit`] registered as waiting
 /// for its head.
 fn handle(mut s: TcpStream, id: u64, server: &Server) {
     let a = &server.args;
-    let _ = s.set_write_timeout(Some(IO_TIMEOUT));
     let until = Instant::now() + IO_TIMEOUT;
     let head = read_head(ByDeadline { s: &s, until });
     lock(&server.waiting).retain(|(i, _)| *i != id);
@@ -412,7 +435,6 @@ pub fn run(a: ServeArgs) -> Result<Exit, Failure> {
         match conn {
             Ok(mut s) => {
                 let Some(id) = server.admit(&s) else {
-                    let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
                     respond(&mut s, 503, "text/plain", "too many connections\n", false);
                     close_gently(s);
                     continue;
