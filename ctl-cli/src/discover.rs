@@ -451,6 +451,18 @@ pub fn unsafe_dir(dir: &Path, uid: u32) -> Option<String> {
     None
 }
 
+/// Why the shim cannot create the socket directory `dir`: its parent does
+/// not exist (the shim creates only the last component).
+pub fn missing_parent(dir: &Path) -> Option<String> {
+    let parent = dir.parent().filter(|d| !d.exists())?;
+    Some(format!(
+        "the socket directory {} cannot be created: its parent {} does not exist (the shim creates only the last \
+         component)",
+        dir.display(),
+        parent.display()
+    ))
+}
+
 /// The mode a `MEMSHIM_CONTROL` value gives the shim, spelled as in the
 /// docs: `"on"` and `"off"` for any of the library's boolean spellings
 /// (any case), `"auto"` for `auto`, an unset and an invalid value (the
@@ -488,6 +500,16 @@ pub fn why_no_endpoint(p: &Proc, loc: &SocketLoc) -> (String, String) {
             ),
         );
     }
+    if p.view != Path::new(&format!("/proc/{}", p.pid)) {
+        return (
+            "its main thread has ended with pthread_exit: the shim's thread then stops for good, so that the \
+             process's exit (atexit handlers, stdio's flush) runs on one of the program's own threads"
+                .into(),
+            "none: memory still goes back as the program allocates and frees (decay); `memshim-ctl list` and \
+             `cgroup` still show the process"
+                .into(),
+        );
+    }
     let has_thread = std::fs::read_dir(proc_path(p.pid, "task"))
         .map(|rd| {
             rd.flatten()
@@ -499,7 +521,21 @@ pub fn why_no_endpoint(p: &Proc, loc: &SocketLoc) -> (String, String) {
             "the shim's thread is not running (it stops when the process has been single-threaded for a while, and \
              never runs where the shim does not interpose malloc)"
                 .into(),
-            "set MEMSHIM_CONTROL=on, or check with MEMSHIM_VERBOSE=1 that the shim interposes".into(),
+            format!(
+                "`memshim-ctl doctor {}` tells whether the shim interposes (a program with its own malloc, a \
+                 sanitizer); if it does, MEMSHIM_CONTROL=on keeps the thread",
+                p.pid
+            ),
+        );
+    }
+    if let Some(why) = missing_parent(&loc.dir) {
+        let parent = loc.dir.parent().unwrap_or(Path::new("/"));
+        return (
+            why,
+            format!(
+                "create {} (the shim binds within 5 s), or point MEMSHIM_SOCKET_DIR elsewhere",
+                parent.display()
+            ),
         );
     }
     // The thread runs: its socket is missing, or a file nobody listens on
@@ -520,6 +556,16 @@ pub fn shimmed(pid: i32) -> Result<Proc, Failure> {
     let p = read_proc(pid)?;
     match shim_loaded(pid) {
         Ok(true) => Ok(p),
+        // A zombie's maps read empty, shim or not.
+        Ok(false) if all_threads_exited(pid) => Err(Failure::new(
+            Exit::NotFound,
+            Some(pid),
+            format!(
+                "the process has exited (a zombie its parent has not reaped: {})",
+                p.command
+            ),
+        )
+        .hint("nothing is left to ask; its parent reaps it with wait()")),
         Ok(false) => Err(Failure::new(
             Exit::NotFound,
             Some(pid),

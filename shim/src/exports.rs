@@ -245,6 +245,22 @@ export!(
     }
 );
 export!(
+    /// `pthread_exit`: when the main thread ends with it while other threads
+    /// run on, the shim's threads stop first and for good, so that the
+    /// application's last thread is the process's last, the one glibc runs
+    /// `exit(0)` on (thread/mod.rs, `before_pthread_exit`).
+    fn pthread_exit(retval: *mut c_void) -> ! {
+        thread::before_pthread_exit();
+        match os::thread::real_pthread_exit() {
+            Some(real) => real(retval),
+            // Not reached: glibc defines it. End this thread as the kernel would.
+            None => loop {
+                libc::syscall(libc::SYS_exit, 0);
+            },
+        }
+    }
+);
+export!(
     /// `unshare`: `CLONE_NEWUSER` (and `CLONE_VM`/`CLONE_SIGHAND`/`CLONE_THREAD`)
     /// need a single-threaded caller; a process alone but for the shim's
     /// thread gets it stopped first, as for `fork`.

@@ -13,6 +13,20 @@ use std::time::Duration;
 /// The line every failing command's stderr ends with, for exit 3.
 const EXIT_3: &str = "  (exit 3; see docs/troubleshooting.md)\n";
 
+/// Waits until process `pid` has a thread named `memshim`.
+fn wait_for_shim_thread(pid: i32) {
+    wait_until(Duration::from_secs(10), || {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .ok()?
+            .flatten()
+            .any(|t| {
+                std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "memshim")
+            })
+            .then_some(())
+    })
+    .expect("the shim's thread");
+}
+
 const NOBODY: &[&str] = &["--reuid=65534", "--regid=65534", "--clear-groups"];
 
 /// `memshim-ctl args` with its stdout on `out`.
@@ -163,7 +177,7 @@ fn doctor_says_permission_and_zombie_with_their_codes() {
     // A child that has exited and that its parent has not reaped.
     let src = "import os, sys\npid = os.fork()\nif pid == 0: os._exit(0)\n\
                print('child', pid, flush=True)\nsys.stdin.read()\n";
-    let mut parent = Cmd::new(python(), ["-c", src]).spawn();
+    let mut parent = Cmd::new(python(), ["-c", src]).shimmed().spawn();
     let line = parent.wait_for_line("child", Duration::from_secs(30));
     let child: i32 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
     wait_until(Duration::from_secs(10), || {
@@ -176,6 +190,10 @@ fn doctor_says_permission_and_zombie_with_their_codes() {
     let o = Cmd::new(ctl(), ["doctor", &child.to_string()]).run();
     assert_eq!(o.code, 3, "{o:?}");
     assert!(o.stderr.contains("has exited"), "{o:?}");
+    // A zombie's maps read empty: not "libmemshim.so is not loaded".
+    let o = Cmd::new(ctl(), ["stats", &child.to_string()]).run();
+    assert_eq!(o.code, 3, "{o:?}");
+    assert!(o.stderr.contains("the process has exited"), "{o:?}");
 }
 
 #[test]
@@ -198,6 +216,22 @@ fn run_refuses_a_library_that_is_not_one_and_arena_counts_the_shim_refuses() {
         .run();
     assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
     assert!(marker.exists());
+    // A path LD_PRELOAD would split (at a space or a colon) is refused.
+    let spaced = dir.join("a b.so");
+    let o = Cmd::new("cp", [shim().as_path(), spaced.as_path()]).run();
+    assert_eq!(o.code, 0, "{o:?}");
+    std::fs::remove_file(&marker).unwrap();
+    let o = Cmd::new(ctl(), ["run", "--", "sh", "-c", &touch])
+        .env("MEMSHIM_LIB", &spaced)
+        .run();
+    assert_eq!(o.code, 3, "{o:?}");
+    assert!(o.stderr.contains("cannot be preloaded"), "{o:?}");
+    assert!(!marker.exists(), "the command ran without the shim");
+    // A dry run shows what it would do, and does not do it.
+    let o = Cmd::new(ctl(), ["run", "--dry-run", "--", "sh", "-c", &touch]).run();
+    assert_eq!(o.code, 0, "{o:?}");
+    assert!(o.stderr.contains("LD_PRELOAD="), "{o:?}");
+    assert!(!marker.exists(), "--dry-run ran the command");
     // What `run` accepts, the shim takes without a warning; one more is a
     // usage error.
     let o = Cmd::new(ctl(), ["run", "--narenas", "4094", "--", "true"]).run();
@@ -219,16 +253,7 @@ fn a_socket_dir_that_is_a_file_is_no_endpoint_and_a_problem_for_doctor() {
         .env("MEMSHIM_SOCKET_DIR", &file)
         .spawn();
     let pid = host.pid();
-    wait_until(Duration::from_secs(10), || {
-        std::fs::read_dir(format!("/proc/{pid}/task"))
-            .ok()?
-            .flatten()
-            .any(|t| {
-                std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "memshim")
-            })
-            .then_some(())
-    })
-    .expect("the shim's thread");
+    wait_for_shim_thread(pid);
     let o = Cmd::new(ctl(), ["stats", &pid.to_string()]).run();
     assert_eq!(o.code, 4, "{o:?}");
     assert!(
@@ -236,6 +261,23 @@ fn a_socket_dir_that_is_a_file_is_no_endpoint_and_a_problem_for_doctor() {
             .contains(&format!("{} is not a directory", file.display())),
         "{o:?}"
     );
+    let o = Cmd::new(ctl(), ["doctor", &pid.to_string()]).run();
+    assert_eq!(o.code, 1, "{o:?}");
+    assert!(o.stdout.contains("socket_dir"), "{o:?}");
+    drop(host);
+    // A directory whose parent does not exist: the shim creates only the
+    // last component.
+    let deeper = dir.join("nope/deeper");
+    let host = Cmd::new("sleep", ["60"])
+        .shimmed()
+        .env("MEMSHIM_CONTROL", "on")
+        .env("MEMSHIM_SOCKET_DIR", &deeper)
+        .spawn();
+    let pid = host.pid();
+    wait_for_shim_thread(pid);
+    let o = Cmd::new(ctl(), ["stats", &pid.to_string()]).run();
+    assert_eq!(o.code, 4, "{o:?}");
+    assert!(o.stderr.contains("does not exist"), "{o:?}");
     let o = Cmd::new(ctl(), ["doctor", &pid.to_string()]).run();
     assert_eq!(o.code, 1, "{o:?}");
     assert!(o.stdout.contains("socket_dir"), "{o:?}");

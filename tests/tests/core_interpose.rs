@@ -37,6 +37,7 @@ const GOLDEN_EXPORTS: &[&str] = &[
     "memalign",
     "posix_memalign",
     "pthread_create",
+    "pthread_exit",
     "pvalloc",
     "realloc",
     "reallocarray",

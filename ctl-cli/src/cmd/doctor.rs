@@ -525,10 +525,12 @@ pub fn cuda_notes(t: &memshim_proto::TorchSection) -> Vec<String> {
 }
 
 /// Why the shim of `pid` refuses its socket directory (a symbolic link,
-/// not a directory, another owner, open to others), if it does.
+/// not a directory, another owner, open to others) or cannot create it (no
+/// parent), if so.
 fn refused_dir(pid: i32) -> Option<String> {
     let p = discover::read_proc(pid).ok()?;
-    discover::unsafe_dir(&discover::socket_loc(&p).dir, p.uid)
+    let dir = discover::socket_loc(&p).dir;
+    discover::unsafe_dir(&dir, p.uid).or_else(|| discover::missing_parent(&dir))
 }
 
 /// Asks the control endpoint of `pid` for `stats`, if it has a socket.

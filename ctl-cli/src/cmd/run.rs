@@ -36,7 +36,7 @@ pub struct RunArgs {
     /// MEMSHIM_VERBOSE=1: the shim prints its effective settings at start-up
     #[arg(long)]
     pub verbose: bool,
-    /// Print the library and environment chosen, then run
+    /// Print the library and environment chosen (on stderr), and run nothing
     #[arg(long)]
     pub dry_run: bool,
     /// The command and its arguments (after `--`), passed on untouched
@@ -72,6 +72,25 @@ pub struct Located {
 /// Finds libmemshim.so: `MEMSHIM_LIB`, else beside the real path of this
 /// executable (`../lib/` of an installed tree, or the same directory of a
 /// `target/release` build tree). The error lists every place looked at.
+/// `lib`, if `LD_PRELOAD` can name it: ld.so splits that variable at
+/// spaces, tabs, newlines and colons, so a path with one of them would be
+/// preloaded as pieces that are not files, and the command would run
+/// without the shim (and with two "cannot be preloaded" lines on stderr).
+fn preloadable(lib: Located) -> Result<Located, String> {
+    let bytes = lib.path.as_os_str().as_encoded_bytes();
+    if bytes
+        .iter()
+        .any(|b| matches!(b, b' ' | b'\t' | b'\n' | b':'))
+    {
+        return Err(format!(
+            "{} cannot be preloaded: LD_PRELOAD splits paths at spaces and colons; install the library, or \
+             link it, at a path without them and point MEMSHIM_LIB there",
+            lib.path.display()
+        ));
+    }
+    Ok(lib)
+}
+
 pub fn locate_library(env_lib: Option<&OsStr>, exe: Option<&Path>) -> Result<Located, String> {
     if let Some(p) = env_lib.filter(|p| !p.is_empty()) {
         let p = Path::new(p);
@@ -207,6 +226,7 @@ pub fn shim_env(a: &RunArgs) -> Vec<(&'static str, String)> {
 pub fn run(a: RunArgs) -> Result<Exit, Failure> {
     let exe = std::env::current_exe().ok();
     let lib = locate_library(std::env::var_os("MEMSHIM_LIB").as_deref(), exe.as_deref())
+        .and_then(preloadable)
         .map_err(|e| Failure::new(Exit::NotFound, None, e).hint("nothing was run"))?;
     let preload = prepend_preload(&lib.path, std::env::var_os("LD_PRELOAD").as_deref());
     let vars = shim_env(&a);
@@ -221,6 +241,11 @@ pub fn run(a: RunArgs) -> Result<Exit, Failure> {
         for (k, v) in &vars {
             errln!("memshim-ctl: run: {k}={v}");
         }
+        errln!(
+            "memshim-ctl: run: dry run: {} not run",
+            prog.to_string_lossy()
+        );
+        return Ok(Exit::Ok);
     }
     let mut cmd = Command::new(prog);
     cmd.args(args).env("LD_PRELOAD", &preload);

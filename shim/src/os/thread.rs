@@ -36,6 +36,22 @@ pub fn real_pthread_create() -> Option<PthreadCreate> {
     (p != 0).then(|| unsafe { core::mem::transmute::<usize, PthreadCreate>(p) })
 }
 
+/// glibc's `pthread_exit`.
+pub type PthreadExit = unsafe extern "C" fn(*mut c_void) -> !;
+
+static REAL_PTHREAD_EXIT: AtomicUsize = AtomicUsize::new(0);
+
+/// glibc's `pthread_exit` (the next definition after ours), looked up once.
+pub fn real_pthread_exit() -> Option<PthreadExit> {
+    let mut p = REAL_PTHREAD_EXIT.load(Acquire);
+    if p == 0 {
+        p = super::dl::next(c"pthread_exit");
+        REAL_PTHREAD_EXIT.store(p, Release);
+    }
+    // SAFETY: a non-null result of dlsym("pthread_exit") has this type.
+    (p != 0).then(|| unsafe { core::mem::transmute::<usize, PthreadExit>(p) })
+}
+
 /// Where a new thread's stack comes from.
 #[derive(Clone, Copy, Debug)]
 pub enum Stack {

@@ -77,6 +77,8 @@ pub(super) extern "C" fn parent() {
 /// Async-signal-safe.
 pub(super) extern "C" fn child() {
     let _e = KeepErrno::new();
+    // The forking thread is the child's main thread.
+    super::LEADER_GONE.store(false, core::sync::atomic::Ordering::Relaxed);
     crate::jemalloc::postfork_child();
     os::fd::after_fork_child();
     os::spawner::after_fork_child();
@@ -121,7 +123,20 @@ pub(super) fn stop_if_alone_but_for_us() {
     }
     wait_while_starting();
     if STATE.phase() == Phase::Running {
-        stop_now();
+        stop_now(true);
+    }
+}
+
+/// The main thread is ending with `pthread_exit` ([`super::LEADER_GONE`]):
+/// stops the shim's threads (bounded, as for a fork), whatever the mode and
+/// however many threads the application still has.
+pub(super) fn stop_for_good() {
+    if !matches!(STATE.phase(), Phase::Running | Phase::Starting) {
+        return;
+    }
+    wait_while_starting();
+    if STATE.phase() == Phase::Running {
+        stop_now(false);
     }
 }
 
@@ -132,9 +147,10 @@ fn wait_while_starting() {
 }
 
 /// Asks the thread to stop, wakes it, waits until it has exited and been
-/// joined and the kernel no longer counts it, or gives up after
-/// [`STOP_WAIT_MS`] (the last step after [`GONE_WAIT_MS`]).
-fn stop_now() {
+/// joined and (with `alone`: the caller is the application's only thread)
+/// the kernel no longer counts it, or gives up after [`STOP_WAIT_MS`] (the
+/// last step after [`GONE_WAIT_MS`]).
+fn stop_now(alone: bool) {
     STATE.ask_stop(true);
     wake::wake();
     if !os::time::wait_while(STOP_WAIT_MS, Duration::from_micros(200), || {
@@ -153,6 +169,9 @@ fn stop_now() {
     // the kernel takes it off the process's thread list; until then
     // `unshare(CLONE_NEWUSER)` fails with EINVAL and CPython counts two
     // threads at fork.
+    if !alone {
+        return;
+    }
     os::time::wait_while(GONE_WAIT_MS, Duration::from_micros(50), || {
         os::proc::thread_count().is_some_and(|n| n > 1)
     });

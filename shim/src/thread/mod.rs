@@ -32,11 +32,36 @@ use crate::control::Facts;
 use crate::options::{self, Control};
 use crate::os::thread::NoCancel;
 use crate::os::{self, KeepErrno};
+use core::sync::atomic::AtomicBool;
+use core::sync::atomic::Ordering::Relaxed;
 use state::{Phase, STATE};
 
 /// May this process start the shim's thread at all?
 fn eligible() -> bool {
-    STATE.interposed() && options::control() != Control::Off && STATE.pid() == os::getpid()
+    STATE.interposed()
+        && options::control() != Control::Off
+        && STATE.pid() == os::getpid()
+        && !LEADER_GONE.load(Relaxed)
+}
+
+/// The main thread has ended with `pthread_exit` (our wrapper saw it): the
+/// shim's threads have stopped and do not start again in this process.
+/// glibc runs `exit(0)`, with the `atexit` handlers, static destructors and
+/// stdio's flush, on the process's last thread; were that the shim's
+/// thread, it would run them in the shim's own descriptor table, after the
+/// application's table went with its last thread: buffered output and
+/// every write of those handlers would be lost.
+pub(super) static LEADER_GONE: AtomicBool = AtomicBool::new(false);
+
+/// Our `pthread_exit`, before glibc's.
+pub fn before_pthread_exit() {
+    if os::thread::gettid() != os::getpid() || STATE.pid() != os::getpid() {
+        return; // not the main thread
+    }
+    let _e = KeepErrno::new();
+    let _nc = NoCancel::new();
+    LEADER_GONE.store(true, Relaxed);
+    fork::stop_for_good();
 }
 
 /// Starts the shim's thread if it is not running. Called from our

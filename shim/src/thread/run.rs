@@ -261,14 +261,17 @@ fn try_stop(own: &mut Held) -> bool {
     if !STATE.move_phase(Phase::Running, Phase::Stopping) {
         return false;
     }
-    if os::proc::thread_count().is_some_and(|n| n > 1 + our_threads()) {
+    // Application threads keep us, unless the main thread has ended with
+    // `pthread_exit` (then we must not outlive them: mod.rs, LEADER_GONE).
+    let gone = super::LEADER_GONE.load(core::sync::atomic::Ordering::Relaxed);
+    if !gone && os::proc::thread_count().is_some_and(|n| n > 1 + our_threads()) {
         STATE.set_phase(Phase::Running);
         return false;
     }
     own.close();
     STATE.set_phase(Phase::Idle);
     // A thread created while we were stopping wants us back.
-    if STATE.wanted() && STATE.move_phase(Phase::Idle, Phase::Running) {
+    if !gone && STATE.wanted() && STATE.move_phase(Phase::Idle, Phase::Running) {
         *own = Held::open();
         return false;
     }

@@ -41,6 +41,20 @@ pub fn main_thread_exits_first(level: Level) {
             );
         }
     }
+    // What the process's exit writes (stdio's flush, an atexit handler)
+    // reaches its stdout: glibc runs exit(0) on the last thread, which must
+    // be the application's, in the application's descriptor table.
+    for mode in ["auto", "on"] {
+        let o = Cmd::new(&exe, ["flush"])
+            .shimmed()
+            .env("MEMSHIM_CONTROL", mode)
+            .run_timeout(Duration::from_secs(30));
+        assert_eq!(
+            (o.code, o.stdout.as_str(), o.stderr.as_str()),
+            (0, "worker done\natexit ran\n", ""),
+            "mode {mode}"
+        );
+    }
     figures(
         level,
         "main_thread_exits_first",
