@@ -481,6 +481,14 @@ fn compose_conf() {
     if let Some(n) = auto_narenas() {
         let _ = write!(s, ",narenas:{n}");
     }
+    //    Under an address-space limit (`ulimit -v`: RLIMIT_AS; RLIMIT_DATA,
+    //    which counts private writable mappings), what jemalloc keeps for
+    //    reuse after returning its pages (`retain`) still counts against the
+    //    limit, though it holds no memory: a later large allocation then
+    //    fails where glibc's, which unmaps, succeeds. There, unmap too.
+    if os::raw::limited(libc::RLIMIT_AS) || os::raw::limited(libc::RLIMIT_DATA) {
+        let _ = write!(s, ",retain:false");
+    }
     // 2. Configuration written for a stock jemalloc.
     let stock = ["MALLOC_CONF", "_RJEM_MALLOC_CONF"];
     let values = os::env::vars(&stock.map(str::as_bytes));

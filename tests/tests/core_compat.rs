@@ -283,3 +283,27 @@ fn closing_all_descriptors_never_lets_the_shim_touch_a_reused_one() {
         "file ok 3\n",
     );
 }
+
+#[test]
+fn under_an_address_space_limit_freed_memory_makes_room_as_with_glibc() {
+    // jemalloc keeps address space for reuse after returning its pages
+    // (`retain`); under RLIMIT_AS that space still counts, and a later large
+    // allocation failed where glibc's succeeds. The shim turns `retain` off
+    // when such a limit is set.
+    let f = fixture("as_limit", &[]);
+    for limit in ["--as=1073741824", "--data=1073741824"] {
+        let args = [limit, "--", f.to_str().unwrap()];
+        let plain = Cmd::new("prlimit", args).run();
+        assert_eq!(
+            (plain.code, plain.stdout.as_str()),
+            (0, "600 ok\n700 ok\n"),
+            "{limit}: {plain:?}"
+        );
+        let o = Cmd::new("prlimit", args).shimmed().run();
+        assert_eq!(
+            (o.code, o.stdout.as_str(), o.stderr.as_str()),
+            (0, plain.stdout.as_str(), ""),
+            "{limit}"
+        );
+    }
+}

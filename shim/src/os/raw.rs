@@ -194,6 +194,26 @@ pub fn gettid() -> i32 {
     unsafe { syscall4(libc::SYS_gettid as usize, 0, 0, 0, 0) as i32 }
 }
 
+/// Whether `resource` (`RLIMIT_AS`, `RLIMIT_DATA`) has a soft limit
+/// (`prlimit64` on this process; false if it cannot be read).
+pub fn limited(resource: u32) -> bool {
+    let mut old = libc::rlimit64 {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: pid 0 is this process; no new limit; `old` is writable.
+    let r = unsafe {
+        syscall4(
+            libc::SYS_prlimit64 as usize,
+            0,
+            resource as usize,
+            0,
+            &mut old as *mut libc::rlimit64 as usize,
+        )
+    };
+    result(r).is_ok() && old.rlim_cur != libc::RLIM64_INFINITY
+}
+
 /// The number of CPUs in this thread's affinity mask (`sched_getaffinity`),
 /// at least 1.
 pub fn affinity_cpus() -> u32 {
