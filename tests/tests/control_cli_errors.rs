@@ -243,7 +243,10 @@ fn run_refuses_a_library_that_is_not_one_and_arena_counts_the_shim_refuses() {
 
 #[test]
 fn a_socket_dir_that_is_a_file_is_no_endpoint_and_a_problem_for_doctor() {
-    let dir = memshim_tests::scratch().join(format!("cli-sockfile-{}", std::process::id()));
+    // Under /tmp, not the checkout: MEMSHIM_SOCKET_DIR may be at most 72
+    // bytes (a longer one is refused for the default), and a checkout's
+    // path may be long.
+    let dir = std::path::PathBuf::from(format!("/tmp/ms-sockdir-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("not-a-dir");
     std::fs::write(&file, "").unwrap();
