@@ -352,6 +352,8 @@ sys.stdin.readline()
 
 #[test]
 fn a_process_whose_main_thread_has_exited_is_listed_and_says_why_it_has_no_endpoint() {
+    // It lists: not beside the tests that plant files `list` would touch.
+    let _alone = DEFAULT_DIR_LIST.lock().unwrap_or_else(|e| e.into_inner());
     // Once `main` calls pthread_exit, the shim's thread stops for good (the
     // process's exit must run on a thread of the program's), and the main
     // thread is a zombie whose /proc files for the address space read empty:
