@@ -71,9 +71,23 @@ pub fn view(pid: i32) -> PathBuf {
     view_from(pid, &leader)
 }
 
+/// `/proc/<pid>`: the main thread's directory, which [`view`] is unless
+/// that thread has ended.
+fn main_dir(pid: i32) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}"))
+}
+
+impl Proc {
+    /// Its main thread has ended with `pthread_exit` while others run on
+    /// ([`view`] is another thread's directory).
+    pub fn main_thread_gone(&self) -> bool {
+        self.view != main_dir(self.pid)
+    }
+}
+
 /// [`view`], given the main thread's `stat` line.
 fn view_from(pid: i32, leader_stat: &str) -> PathBuf {
-    let leader = PathBuf::from(format!("/proc/{pid}"));
+    let leader = main_dir(pid);
     if !exited(leader_stat) {
         return leader;
     }
@@ -139,7 +153,7 @@ pub fn read_proc(pid: i32) -> Result<Proc, Failure> {
         .and_then(|f| f.first().and_then(|s| s.parse().ok()))
         .unwrap_or(0);
     let view = view_from(pid, &stat);
-    let live_status = (view != Path::new(&format!("/proc/{pid}")))
+    let live_status = (view != main_dir(pid))
         .then(|| read_text(view.join("status")).ok())
         .flatten();
     let rss = status_fields(live_status.as_deref().unwrap_or(&status), "VmRSS")
@@ -290,7 +304,7 @@ pub fn shim_loaded(pid: i32) -> io::Result<bool> {
     if maps.is_empty() {
         // A kernel thread, or a main thread gone with `pthread_exit`.
         let v = view(pid);
-        if v != Path::new(&format!("/proc/{pid}")) {
+        if v != main_dir(pid) {
             maps = std::fs::read(v.join("maps"))?;
         }
     }
@@ -500,7 +514,7 @@ pub fn why_no_endpoint(p: &Proc, loc: &SocketLoc) -> (String, String) {
             ),
         );
     }
-    if p.view != Path::new(&format!("/proc/{}", p.pid)) {
+    if p.main_thread_gone() {
         return (
             "its main thread has ended with pthread_exit: the shim's thread then stops for good, so that the \
              process's exit (atexit handlers, stdio's flush) runs on one of the program's own threads"

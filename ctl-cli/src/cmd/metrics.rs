@@ -7,7 +7,6 @@
 //! under a deadline. Nothing is kept between runs.
 
 use std::fmt::Write as _;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -576,37 +575,41 @@ pub fn collect(limits: &Limits) -> (Vec<ProcSample>, ScrapeInfo) {
     // answer (stopped, swapped out) each hold one asker for `--timeout-ms`
     // instead of using up the deadline of everyone after them.
     let next = AtomicUsize::new(0);
-    let answers: Vec<Mutex<Option<ProcSample>>> = asked.iter().map(|_| Mutex::new(None)).collect();
+    // One asker: the (index, sample) of each process it took, in turn.
     let ask = || {
+        let mut mine = vec![];
         loop {
             let i = next.fetch_add(1, Ordering::Relaxed);
             let now = Instant::now();
             if i >= asked.len() || now >= deadline {
-                return;
+                return mine;
             }
             let (p, comm) = &asked[i];
             let budget = Duration::from_millis(limits.timeout_ms).min(deadline - now);
-            let sample = ProcSample {
-                pid: p.pid,
-                command: comm.clone(),
-                stats: ask_stats(p, budget),
-            };
-            if let Ok(mut slot) = answers[i].lock() {
-                *slot = Some(sample);
-            }
+            let stats = ask_stats(p, budget);
+            mine.push((
+                i,
+                ProcSample {
+                    pid: p.pid,
+                    command: comm.clone(),
+                    stats,
+                },
+            ));
         }
     };
-    std::thread::scope(|sc| {
-        for _ in 1..ASKERS.min(asked.len()) {
-            // Without another thread, this one asks them all.
-            let _ = std::thread::Builder::new().spawn_scoped(sc, ask);
+    let mut answers = std::thread::scope(|sc| {
+        // Without another thread, this one asks them all.
+        let helpers: Vec<_> = (1..ASKERS.min(asked.len()))
+            .filter_map(|_| std::thread::Builder::new().spawn_scoped(sc, ask).ok())
+            .collect();
+        let mut all = ask();
+        for h in helpers {
+            all.extend(h.join().unwrap_or_default());
         }
-        ask();
+        all
     });
-    let samples: Vec<ProcSample> = answers
-        .into_iter()
-        .filter_map(|m| m.into_inner().ok().flatten())
-        .collect();
+    answers.sort_unstable_by_key(|(i, _)| *i);
+    let samples: Vec<ProcSample> = answers.into_iter().map(|(_, s)| s).collect();
     let info = ScrapeInfo {
         found: found.len(),
         skipped: found.len() - samples.len(),

@@ -135,7 +135,12 @@ pub fn read_head(r: impl Read) -> Result<Head, (u16, &'static str)> {
     })
 }
 
-fn respond(s: &mut TcpStream, code: u16, ctype: &str, body: &str, head_only: bool) {
+fn respond(s: &TcpStream, code: u16, ctype: &str, body: &str, head_only: bool) {
+    respond_with(s, code, "", ctype, body, head_only);
+}
+
+/// [`respond`] with `headers` (each line ending in `\r\n`) added.
+fn respond_with(s: &TcpStream, code: u16, headers: &str, ctype: &str, body: &str, head_only: bool) {
     let reason = match code {
         200 => "OK",
         400 => "Bad Request",
@@ -149,7 +154,7 @@ fn respond(s: &mut TcpStream, code: u16, ctype: &str, body: &str, head_only: boo
         _ => "Error",
     };
     let mut answer = format!(
-        "HTTP/1.1 {code} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {code} {reason}\r\n{headers}Content-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
     if !head_only {
@@ -313,19 +318,21 @@ fn close_gently(s: TcpStream) {
 }
 
 /// 405 with the methods that path takes.
-fn not_allowed(s: &mut TcpStream, allow: &str) {
-    let body = "method not allowed\n";
-    let answer = format!(
-        "HTTP/1.1 405 Method Not Allowed\r\nAllow: {allow}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\
-         Connection: close\r\n\r\n{body}",
-        body.len()
+fn not_allowed(s: &TcpStream, allow: &str) {
+    let headers = format!("Allow: {allow}\r\n");
+    respond_with(
+        s,
+        405,
+        &headers,
+        "text/plain",
+        "method not allowed\n",
+        false,
     );
-    send(s, answer.as_bytes());
 }
 
 /// Serves connection `id`, which [`Server::admit`] registered as waiting
 /// for its head.
-fn handle(mut s: TcpStream, id: u64, server: &Server) {
+fn handle(s: TcpStream, id: u64, server: &Server) {
     let a = &server.args;
     let until = Instant::now() + IO_TIMEOUT;
     let head = read_head(ByDeadline { s: &s, until });
@@ -334,7 +341,7 @@ fn handle(mut s: TcpStream, id: u64, server: &Server) {
         Ok(h) => h,
         Err(_) if Instant::now() >= until => {
             respond(
-                &mut s,
+                &s,
                 408,
                 "text/plain",
                 "request head not sent within 5 s\n",
@@ -343,7 +350,7 @@ fn handle(mut s: TcpStream, id: u64, server: &Server) {
             return close_gently(s);
         }
         Err((code, msg)) => {
-            respond(&mut s, code, "text/plain", &format!("{msg}\n"), false);
+            respond(&s, code, "text/plain", &format!("{msg}\n"), false);
             return close_gently(s);
         }
     };
@@ -357,7 +364,7 @@ fn handle(mut s: TcpStream, id: u64, server: &Server) {
                 render(&samples, &info)
             };
             respond(
-                &mut s,
+                &s,
                 200,
                 "text/plain; version=0.0.4; charset=utf-8",
                 &body,
@@ -365,7 +372,7 @@ fn handle(mut s: TcpStream, id: u64, server: &Server) {
             )
         }
         "/" if get => respond(
-            &mut s,
+            &s,
             200,
             "text/html; charset=utf-8",
             "<html><head><title>memshim</title></head><body><h1>memshim-ctl serve</h1>\
@@ -374,17 +381,11 @@ fn handle(mut s: TcpStream, id: u64, server: &Server) {
         ),
         "/purge" if head.method == "POST" && a.enable_purge => {
             let (code, body) = purge(&head);
-            respond(&mut s, code, "application/json", &body, false)
+            respond(&s, code, "application/json", &body, false)
         }
-        "/metrics" | "/" => not_allowed(&mut s, "GET, HEAD"),
-        "/purge" if a.enable_purge => not_allowed(&mut s, "POST"),
-        _ => respond(
-            &mut s,
-            404,
-            "text/plain",
-            "not found: try /metrics\n",
-            false,
-        ),
+        "/metrics" | "/" => not_allowed(&s, "GET, HEAD"),
+        "/purge" if a.enable_purge => not_allowed(&s, "POST"),
+        _ => respond(&s, 404, "text/plain", "not found: try /metrics\n", false),
     }
 }
 
@@ -433,9 +434,9 @@ pub fn run(a: ServeArgs) -> Result<Exit, Failure> {
     });
     for conn in l.incoming() {
         match conn {
-            Ok(mut s) => {
+            Ok(s) => {
                 let Some(id) = server.admit(&s) else {
-                    respond(&mut s, 503, "text/plain", "too many connections\n", false);
+                    respond(&s, 503, "text/plain", "too many connections\n", false);
                     close_gently(s);
                     continue;
                 };

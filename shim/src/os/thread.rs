@@ -23,15 +23,21 @@ pub type PthreadCreate = unsafe extern "C" fn(
 
 static REAL_PTHREAD_CREATE: AtomicUsize = AtomicUsize::new(0);
 
-/// glibc's `pthread_create`, found with `dlsym(RTLD_NEXT)` (ours comes first
-/// in the search order). Resolved by the constructor, or on first use if a
-/// library constructor creates a thread before ours runs.
-pub fn real_pthread_create() -> Option<PthreadCreate> {
-    let mut p = REAL_PTHREAD_CREATE.load(Acquire);
+/// `dlsym(RTLD_NEXT, name)` (glibc's definition: ours comes first in the
+/// search order), looked up once into `slot`; 0 if there is none.
+fn next_once(slot: &AtomicUsize, name: &CStr) -> usize {
+    let mut p = slot.load(Acquire);
     if p == 0 {
-        p = super::dl::next(c"pthread_create");
-        REAL_PTHREAD_CREATE.store(p, Release);
+        p = super::dl::next(name);
+        slot.store(p, Release);
     }
+    p
+}
+
+/// glibc's `pthread_create`. Resolved by the constructor, or on first use if
+/// a library constructor creates a thread before ours runs.
+pub fn real_pthread_create() -> Option<PthreadCreate> {
+    let p = next_once(&REAL_PTHREAD_CREATE, c"pthread_create");
     // SAFETY: a non-null result of dlsym("pthread_create") has this type.
     (p != 0).then(|| unsafe { core::mem::transmute::<usize, PthreadCreate>(p) })
 }
@@ -41,13 +47,9 @@ pub type PthreadExit = unsafe extern "C" fn(*mut c_void) -> !;
 
 static REAL_PTHREAD_EXIT: AtomicUsize = AtomicUsize::new(0);
 
-/// glibc's `pthread_exit` (the next definition after ours), looked up once.
+/// glibc's `pthread_exit`.
 pub fn real_pthread_exit() -> Option<PthreadExit> {
-    let mut p = REAL_PTHREAD_EXIT.load(Acquire);
-    if p == 0 {
-        p = super::dl::next(c"pthread_exit");
-        REAL_PTHREAD_EXIT.store(p, Release);
-    }
+    let p = next_once(&REAL_PTHREAD_EXIT, c"pthread_exit");
     // SAFETY: a non-null result of dlsym("pthread_exit") has this type.
     (p != 0).then(|| unsafe { core::mem::transmute::<usize, PthreadExit>(p) })
 }
