@@ -237,7 +237,11 @@ export!(
         // Before a second thread exists (jemalloc.rs, "Lazy initialisation").
         crate::jemalloc::ensure_init();
         thread::before_app_thread_create();
-        let rc = real(t, attr, start, arg);
+        let mut rc = real(t, attr, start, arg);
+        if rc == libc::EAGAIN {
+            // At a limit of threads, where the shim's may hold the slot.
+            rc = thread::retry_with_room(|| real(t, attr, start, arg));
+        }
         if rc == 0 {
             thread::after_app_thread_created();
         }
@@ -277,6 +281,70 @@ export!(
         thread::before_setns(nstype);
         libc::syscall(libc::SYS_setns, fd as libc::c_long, nstype as libc::c_long) as c_int
     }
+);
+
+/// The set*id functions: glibc's, with the shim's threads stopped around
+/// the call (thread/mod.rs, `around_setxid`, says why). glibc's own is
+/// found once, with `dlsym(RTLD_NEXT)`.
+macro_rules! setxid {
+    ($(#[$m:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?)) => {
+        export!(
+            $(#[$m])*
+            fn $name($($arg: $ty),*) -> c_int {
+                static REAL: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
+                let name = concat!(stringify!($name), "\0").as_bytes();
+                let p = os::dl::next_once(&REAL, core::ffi::CStr::from_bytes_with_nul_unchecked(name));
+                if p == 0 {
+                    // Not reached: glibc defines it.
+                    *libc::__errno_location() = libc::ENOSYS;
+                    return -1;
+                }
+                // SAFETY: glibc's function of this name has this type.
+                let real = core::mem::transmute::<usize, unsafe extern "C" fn($($ty),*) -> c_int>(p);
+                thread::around_setxid(|| real($($arg),*))
+            }
+        );
+    };
+}
+setxid!(
+    /// `setuid`
+    fn setuid(uid: libc::uid_t)
+);
+setxid!(
+    /// `setgid`
+    fn setgid(gid: libc::gid_t)
+);
+setxid!(
+    /// `seteuid`
+    fn seteuid(uid: libc::uid_t)
+);
+setxid!(
+    /// `setegid`
+    fn setegid(gid: libc::gid_t)
+);
+setxid!(
+    /// `setreuid`
+    fn setreuid(ruid: libc::uid_t, euid: libc::uid_t)
+);
+setxid!(
+    /// `setregid`
+    fn setregid(rgid: libc::gid_t, egid: libc::gid_t)
+);
+setxid!(
+    /// `setresuid`
+    fn setresuid(ruid: libc::uid_t, euid: libc::uid_t, suid: libc::uid_t)
+);
+setxid!(
+    /// `setresgid`
+    fn setresgid(rgid: libc::gid_t, egid: libc::gid_t, sgid: libc::gid_t)
+);
+setxid!(
+    /// `setgroups`
+    fn setgroups(n: libc::size_t, groups: *const libc::gid_t)
+);
+setxid!(
+    /// `initgroups`: calls glibc's `setgroups` inside glibc, past ours.
+    fn initgroups(user: *const c_char, group: libc::gid_t)
 );
 
 /// `dlopen`: clears `RTLD_DEEPBIND` (if enabled, and counts it) and

@@ -8,7 +8,8 @@ use std::process::Command;
 /// Every symbol libmemshim.so defines for the dynamic linker (issue 2,
 /// "Interposed surface"; `dlopen` for `RTLD_DEEPBIND` clearing, `pthread_create` for the
 /// thread rule, `unshare` and `setns` so a namespace change by a process
-/// alone but for the shim's thread finds it stopped). A change here is a
+/// alone but for the shim's thread finds it stopped, `pthread_exit` and
+/// the set*id functions, which stop it too: core_threads.rs). A change here is a
 /// change to the product's ABI.
 const GOLDEN_EXPORTS: &[&str] = &[
     "__libc_calloc",
@@ -26,6 +27,7 @@ const GOLDEN_EXPORTS: &[&str] = &[
     "free",
     "free_aligned_sized",
     "free_sized",
+    "initgroups",
     "mallinfo",
     "mallinfo2",
     "malloc",
@@ -41,7 +43,16 @@ const GOLDEN_EXPORTS: &[&str] = &[
     "pvalloc",
     "realloc",
     "reallocarray",
+    "setegid",
+    "seteuid",
+    "setgid",
+    "setgroups",
     "setns",
+    "setregid",
+    "setresgid",
+    "setresuid",
+    "setreuid",
+    "setuid",
     "unshare",
     "valloc",
 ];

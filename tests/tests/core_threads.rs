@@ -207,6 +207,104 @@ fn control_on_starts_the_thread_in_a_single_threaded_process() {
     assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
 }
 
+/// glibc gives every thread the new ids of a set*id call and aborts the
+/// process if one fails where the caller succeeded. Capabilities belong to
+/// a thread: after `capset` on the main thread, a shim thread created
+/// before it had no CAP_SETGID, and `setresgid` aborted the process
+/// (SIGABRT, nothing on stderr). `setpriv --reuid --regid` drops root this
+/// way.
+#[test]
+fn dropping_root_with_capabilities_kept_works_while_the_shim_thread_runs() {
+    let exe = memshim_tests::fixture("setxid_caps", &[]);
+    // A joined thread leaves the shim's thread running (auto); `on` runs it
+    // from the start.
+    for (control, joined) in [("auto", "1"), ("on", "0"), ("on", "1")] {
+        let o = Cmd::new(&exe, [joined])
+            .shimmed()
+            .env("MEMSHIM_CONTROL", control)
+            .run();
+        assert_eq!(
+            (o.code, o.stdout.as_str(), o.stderr.as_str()),
+            (0, "uid=65534 gid=65534\n", ""),
+            "MEMSHIM_CONTROL={control}, thread first: {joined}: {o:?}"
+        );
+    }
+    let o = Cmd::new(
+        "setpriv",
+        [
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "id",
+            "-u",
+        ],
+    )
+    .shimmed()
+    .env("MEMSHIM_CONTROL", "on")
+    .run();
+    assert_eq!(
+        (o.code, o.stdout.as_str(), o.stderr.as_str()),
+        (0, "65534\n", ""),
+        "{o:?}"
+    );
+    // The shim's thread comes back after the call, started by the caller
+    // with its new credentials.
+    let mut ch = Cmd::new(&exe, ["0", "wait"])
+        .shimmed()
+        .env("MEMSHIM_CONTROL", "on")
+        .spawn();
+    ch.wait_for_line("dropped", T);
+    let pid = ch.pid();
+    assert!(
+        wait_until(T, || has_memshim(pid).then_some(())).is_some(),
+        "{:?}",
+        thread_names(pid)
+    );
+    let o = ch.finish(T);
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+}
+
+/// The shim's thread takes a slot of the process's thread limit
+/// (RLIMIT_NPROC counts a uid's threads; a pids cgroup's `pids.max` too).
+/// A program that creates exactly as many threads as its limit allows lost
+/// its last one to it (EAGAIN). Now the shim's thread makes room.
+#[test]
+fn a_program_at_its_thread_limit_gets_every_thread_it_gets_without_the_shim() {
+    let exe = memshim_tests::fixture("nproc_limit", &[]);
+    // A uid of its own: RLIMIT_NPROC counts every process of the uid.
+    let run = |shim: Option<&str>| {
+        let exe = exe.to_str().expect("UTF-8 path");
+        let args = [
+            "--reuid=54321",
+            "--regid=54321",
+            "--clear-groups",
+            "prlimit",
+            "--nproc=5",
+            exe,
+            "4",
+        ];
+        let mut c = Cmd::new("setpriv", args);
+        if let Some(control) = shim {
+            c = c.shimmed().env("MEMSHIM_CONTROL", control);
+        }
+        c.run()
+    };
+    let plain = run(None);
+    assert_eq!(
+        (plain.code, plain.stdout.as_str()),
+        (0, "created 4 of 4\n"),
+        "{plain:?}"
+    );
+    for control in ["auto", "on"] {
+        let o = run(Some(control));
+        assert_eq!(
+            (o.code, o.stdout.as_str(), o.stderr.as_str()),
+            (0, "created 4 of 4\n", ""),
+            "MEMSHIM_CONTROL={control}: {o:?}"
+        );
+    }
+}
+
 #[test]
 fn fork_while_alone_but_for_the_shim_thread_leaves_both_single_threaded() {
     let mut ch = thread_rule(&[]);

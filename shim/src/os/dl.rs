@@ -3,12 +3,24 @@
 //! fork handler (`dlsym` takes the loader's lock and may allocate).
 
 use core::ffi::{CStr, c_void};
+use core::sync::atomic::{AtomicUsize, Ordering::*};
 
 /// The next definition of `name` after this library (`RTLD_NEXT`), as an
 /// address; 0 if none.
 pub fn next(name: &CStr) -> usize {
     // SAFETY: dlsym with a NUL-terminated name.
     unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) as usize }
+}
+
+/// [`next`], looked up once into `slot` (glibc's definition of a function
+/// we export too: ours comes first in the search order); 0 if none.
+pub fn next_once(slot: &AtomicUsize, name: &CStr) -> usize {
+    let mut p = slot.load(Acquire);
+    if p == 0 {
+        p = next(name);
+        slot.store(p, Release);
+    }
+    p
 }
 
 /// The global definition of `name` (`RTLD_DEFAULT`), null if none.

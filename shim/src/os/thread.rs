@@ -11,7 +11,7 @@
 //!   out of a call that is not a cancellation point.
 
 use core::ffi::{CStr, c_int, c_void};
-use core::sync::atomic::{AtomicUsize, Ordering::*};
+use core::sync::atomic::AtomicUsize;
 
 /// The signature of `pthread_create`.
 pub type PthreadCreate = unsafe extern "C" fn(
@@ -23,21 +23,10 @@ pub type PthreadCreate = unsafe extern "C" fn(
 
 static REAL_PTHREAD_CREATE: AtomicUsize = AtomicUsize::new(0);
 
-/// `dlsym(RTLD_NEXT, name)` (glibc's definition: ours comes first in the
-/// search order), looked up once into `slot`; 0 if there is none.
-fn next_once(slot: &AtomicUsize, name: &CStr) -> usize {
-    let mut p = slot.load(Acquire);
-    if p == 0 {
-        p = super::dl::next(name);
-        slot.store(p, Release);
-    }
-    p
-}
-
 /// glibc's `pthread_create`. Resolved by the constructor, or on first use if
 /// a library constructor creates a thread before ours runs.
 pub fn real_pthread_create() -> Option<PthreadCreate> {
-    let p = next_once(&REAL_PTHREAD_CREATE, c"pthread_create");
+    let p = super::dl::next_once(&REAL_PTHREAD_CREATE, c"pthread_create");
     // SAFETY: a non-null result of dlsym("pthread_create") has this type.
     (p != 0).then(|| unsafe { core::mem::transmute::<usize, PthreadCreate>(p) })
 }
@@ -49,7 +38,7 @@ static REAL_PTHREAD_EXIT: AtomicUsize = AtomicUsize::new(0);
 
 /// glibc's `pthread_exit`.
 pub fn real_pthread_exit() -> Option<PthreadExit> {
-    let p = next_once(&REAL_PTHREAD_EXIT, c"pthread_exit");
+    let p = super::dl::next_once(&REAL_PTHREAD_EXIT, c"pthread_exit");
     // SAFETY: a non-null result of dlsym("pthread_exit") has this type.
     (p != 0).then(|| unsafe { core::mem::transmute::<usize, PthreadExit>(p) })
 }

@@ -34,7 +34,7 @@
 //! and a pending cancel acting in a fork handler would unwind the thread
 //! out of `fork()`, which is not one.
 
-use super::state::{Phase, STATE};
+use super::state::{Phase, STATE, Stop};
 use super::{run, wake};
 use crate::options::{self, Control};
 use crate::os::thread::NoCancel;
@@ -140,26 +140,39 @@ pub(super) fn stop_for_good() {
     }
 }
 
+/// Stops the shim's threads (whatever the application's threads, in every
+/// mode) and waits until they are gone; they may start again. Returns
+/// whether they stopped ([`stop_now`] gives up on a busy thread).
+pub(super) fn stop_for_a_while() -> bool {
+    if !matches!(STATE.phase(), Phase::Running | Phase::Starting) {
+        return false;
+    }
+    wait_while_starting();
+    STATE.phase() == Phase::Running && stop_now(false)
+}
+
 fn wait_while_starting() {
     os::time::wait_while(START_WAIT_MS, Duration::from_micros(100), || {
         STATE.phase() == Phase::Starting
     });
 }
 
-/// Asks the thread to stop, wakes it, waits until it has exited and been
-/// joined and (with `alone`: the caller is the application's only thread)
-/// the kernel no longer counts it, or gives up after [`STOP_WAIT_MS`] (the
-/// last step after [`GONE_WAIT_MS`]).
-fn stop_now(alone: bool) {
-    STATE.ask_stop(true);
+/// Asks the thread to stop (with `alone`, the caller being the
+/// application's only thread: if that is still so; else whatever the
+/// application's threads), wakes it, waits until it has exited and been
+/// joined and (with `alone`) the kernel no longer counts it, or gives up
+/// after [`STOP_WAIT_MS`] (the last step after [`GONE_WAIT_MS`]). Returns
+/// whether it stopped.
+fn stop_now(alone: bool) -> bool {
+    STATE.ask_stop(if alone { Stop::IfAlone } else { Stop::Always });
     wake::wake();
     if !os::time::wait_while(STOP_WAIT_MS, Duration::from_micros(200), || {
         STATE.phase() != Phase::Idle
     }) {
         // Busy (for example waiting for a lock the forking thread holds):
         // go ahead with the thread still there rather than risk a deadlock.
-        STATE.ask_stop(false);
-        return;
+        STATE.ask_stop(Stop::No);
+        return false;
     }
     let t = STATE.take_handle();
     if t != 0 {
@@ -169,10 +182,10 @@ fn stop_now(alone: bool) {
     // the kernel takes it off the process's thread list; until then
     // `unshare(CLONE_NEWUSER)` fails with EINVAL and CPython counts two
     // threads at fork.
-    if !alone {
-        return;
+    if alone {
+        os::time::wait_while(GONE_WAIT_MS, Duration::from_micros(50), || {
+            os::proc::thread_count().is_some_and(|n| n > 1)
+        });
     }
-    os::time::wait_while(GONE_WAIT_MS, Duration::from_micros(50), || {
-        os::proc::thread_count().is_some_and(|n| n > 1)
-    });
+    true
 }

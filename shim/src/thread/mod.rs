@@ -250,6 +250,73 @@ pub fn before_setns(nstype: i32) {
     }
 }
 
+/// Longest time our `pthread_create` retries, after stopping the shim's
+/// threads, a creation that failed for want of a slot: the kernel frees
+/// the slot of a joined thread a moment after the join returns.
+const ROOM_WAIT_MS: u64 = 50;
+
+/// Our `pthread_create`, when glibc's failed with EAGAIN. The process may
+/// be at its limit of threads (`RLIMIT_NPROC`, a pids cgroup's
+/// `pids.max`), where the shim's threads hold slots the program counted
+/// on: they stop, and `create` is tried again until it gets a slot or
+/// [`ROOM_WAIT_MS`] have passed. They start again with the program's next
+/// thread, where there is room (a start that finds none gives up
+/// silently). Returns `create`'s last result.
+pub fn retry_with_room(mut create: impl FnMut() -> i32) -> i32 {
+    if !ours_run_here() {
+        return libc::EAGAIN;
+    }
+    {
+        let _e = KeepErrno::new();
+        let _nc = NoCancel::new();
+        if !fork::stop_for_a_while() {
+            return libc::EAGAIN;
+        }
+    }
+    let mut rc = create();
+    os::time::wait_while(ROOM_WAIT_MS, core::time::Duration::from_micros(200), || {
+        rc == libc::EAGAIN && {
+            rc = create();
+            rc == libc::EAGAIN
+        }
+    });
+    rc
+}
+
+/// Our set*id functions (`setuid`, `setresgid`, `setgroups`, …), around
+/// glibc's. glibc gives every thread of the process the new ids (its
+/// "setxid" signal) and aborts the process when a thread's change fails
+/// where the caller's succeeded. Capabilities belong to a thread: a program
+/// that keeps them across `setresuid` and raises them again with `capset`
+/// (`setpriv --reuid --regid` does) has them on the calling thread only,
+/// so a shim's thread created before would fail the `setresgid` that
+/// follows, and the process would abort. The shim's threads stop for the
+/// call and start again after it, created by the caller, with its
+/// credentials.
+pub fn around_setxid(call: impl FnOnce() -> libc::c_int) -> libc::c_int {
+    if !ours_run_here() {
+        return call();
+    }
+    let stopped = {
+        let _e = KeepErrno::new();
+        let _nc = NoCancel::new();
+        fork::stop_for_a_while()
+    };
+    let rc = call();
+    if stopped && eligible() {
+        let _e = KeepErrno::new();
+        let _nc = NoCancel::new();
+        arm();
+    }
+    rc
+}
+
+/// Whether the shim's threads run (or start) in this process: not in a
+/// `vfork` child, which shares the parent's memory and must leave it alone.
+fn ours_run_here() -> bool {
+    matches!(STATE.phase(), Phase::Running | Phase::Starting) && STATE.pid() == os::getpid()
+}
+
 /// What the control endpoint reports about the thread and the process.
 fn facts() -> Facts {
     Facts {

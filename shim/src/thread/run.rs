@@ -27,7 +27,7 @@
 //! inside `mallctl`.
 
 use super::pressure::{self, Watcher};
-use super::state::{Phase, STATE};
+use super::state::{Phase, STATE, Stop};
 use super::wake::Wake;
 use crate::options::{self, Control, FdTable};
 use crate::os::{self, ResetTo, spawner, thread::Stack};
@@ -210,7 +210,8 @@ extern "C" fn main(_: *mut c_void) -> *mut c_void {
             }
             own.wake = Wake::open();
         }
-        if STATE.take_stop() && try_stop(&mut own) {
+        let asked = STATE.take_stop();
+        if asked != Stop::No && try_stop(&mut own, asked == Stop::Always) {
             return finish();
         }
         let facts = super::facts();
@@ -232,7 +233,7 @@ extern "C" fn main(_: *mut c_void) -> *mut c_void {
         cuda_idle.tick(now);
         let threads = os::proc::thread_count();
         let alone = threads.is_some_and(|n| n <= 1 + our_threads());
-        if alone && os::proc::leader_exited() && try_stop(&mut own) {
+        if alone && os::proc::leader_exited() && try_stop(&mut own, false) {
             // Every thread of the application has ended (its main thread
             // with pthread_exit). Without us the process would have exited;
             // returning lets glibc's last-thread exit(0) happen, in any
@@ -243,7 +244,7 @@ extern "C" fn main(_: *mut c_void) -> *mut c_void {
         if options::control() == Control::Auto {
             if alone {
                 let since = *alone_since.get_or_insert(now);
-                if now.saturating_sub(since) >= alone_grace_ms(dirty) && try_stop(&mut own) {
+                if now.saturating_sub(since) >= alone_grace_ms(dirty) && try_stop(&mut own, false) {
                     return finish();
                 }
             } else {
@@ -253,17 +254,19 @@ extern "C" fn main(_: *mut c_void) -> *mut c_void {
     }
 }
 
-/// Leaves the loop unless the process created a thread meanwhile. Returns
-/// true if the thread must exit now (its endpoint and wake pipe are closed;
-/// the spawner still runs until [`finish`]).
-fn try_stop(own: &mut Held) -> bool {
+/// Leaves the loop unless the process created a thread meanwhile (with
+/// `always`: in any case, [`Stop::Always`]). Returns true if the thread
+/// must exit now (its endpoint and wake pipe are closed; the spawner still
+/// runs until [`finish`]).
+fn try_stop(own: &mut Held, always: bool) -> bool {
     STATE.clear_wanted();
     if !STATE.move_phase(Phase::Running, Phase::Stopping) {
         return false;
     }
     // Application threads keep us, unless the main thread has ended with
-    // `pthread_exit` (then we must not outlive them: mod.rs, LEADER_GONE).
-    let gone = super::LEADER_GONE.load(core::sync::atomic::Ordering::Relaxed);
+    // `pthread_exit` (then we must not outlive them: mod.rs, LEADER_GONE)
+    // or the stop is asked for whatever they are.
+    let gone = always || super::LEADER_GONE.load(core::sync::atomic::Ordering::Relaxed);
     if !gone && os::proc::thread_count().is_some_and(|n| n > 1 + our_threads()) {
         STATE.set_phase(Phase::Running);
         return false;

@@ -22,13 +22,27 @@ pub enum Phase {
     Stopping = 3,
 }
 
+/// A request to the thread to stop now.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u8)]
+pub enum Stop {
+    /// None (or withdrawn).
+    No = 0,
+    /// Stop if the process is alone but for the shim's threads (a fork or
+    /// a namespace change by the process's only thread).
+    IfAlone = 1,
+    /// Stop whatever the application's threads (a set*id call, a thread
+    /// limit, a main thread that ended).
+    Always = 2,
+}
+
 /// The state. One instance: [`STATE`].
 pub struct State {
     phase: AtomicU8,
     /// The process created a thread since the shim's thread last looked.
     wanted: AtomicBool,
-    /// A fork or namespace handler asks the thread to stop now.
-    stop: AtomicBool,
+    /// A [`Stop`] request to the thread.
+    stop: AtomicU8,
     /// pthread_t of the last shim thread started (joinable), 0 if none.
     handle: AtomicUsize,
     /// getpid() of the process this state belongs to.
@@ -56,7 +70,7 @@ pub struct State {
 pub static STATE: State = State {
     phase: AtomicU8::new(Phase::Idle as u8),
     wanted: AtomicBool::new(false),
-    stop: AtomicBool::new(false),
+    stop: AtomicU8::new(Stop::No as u8),
     handle: AtomicUsize::new(0),
     pid: AtomicI32::new(0),
     ctor_done: AtomicBool::new(false),
@@ -106,14 +120,18 @@ impl State {
         self.wanted.load(Acquire)
     }
 
-    /// Asks the thread to stop (or withdraws the request).
-    pub fn ask_stop(&self, yes: bool) {
-        self.stop.store(yes, Release);
+    /// Asks the thread to stop (or withdraws the request: [`Stop::No`]).
+    pub fn ask_stop(&self, how: Stop) {
+        self.stop.store(how as u8, Release);
     }
 
     /// Takes a pending stop request.
-    pub fn take_stop(&self) -> bool {
-        self.stop.swap(false, AcqRel)
+    pub fn take_stop(&self) -> Stop {
+        match self.stop.swap(Stop::No as u8, AcqRel) {
+            1 => Stop::IfAlone,
+            2 => Stop::Always,
+            _ => Stop::No,
+        }
     }
 
     /// Records the handle of a newly started thread.
@@ -201,7 +219,7 @@ impl State {
         self.start_ms.store(now_ms, Relaxed);
         self.starts.store(0, Relaxed);
         self.handle.store(0, Relaxed);
-        self.stop.store(false, Relaxed);
+        self.stop.store(Stop::No as u8, Relaxed);
         self.wanted.store(false, Relaxed);
         self.pending.store(false, Relaxed);
         self.wake.store(0, Relaxed);
