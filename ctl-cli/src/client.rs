@@ -142,6 +142,26 @@ impl Client {
                 ),
             )
             .hint(format!("continue it (`kill -CONT {}`) and ask again", self.proc.pid)),
+            // The shim's thread closed its socket under us: it stops when
+            // the process has been single-threaded for a while. The
+            // connection was still waiting in its queue, so it breaks.
+            _ if connection_lost(e)
+                && matches!(
+                    memshim_proto::client::connect(&self.loc.dir, &self.loc.name),
+                    Err(ConnectError::Missing | ConnectError::Refused)
+                ) =>
+            {
+                let (why, hint) = discover::why_no_endpoint(&self.proc, &self.loc);
+                Failure::new(
+                    Exit::NoEndpoint,
+                    Some(self.proc.pid),
+                    format!(
+                        "{}: {e}: the shim's thread stopped listening while memshim-ctl talked to it; {why}",
+                        path.display()
+                    ),
+                )
+                .hint(hint)
+            }
             _ => Failure::new(
                 Exit::Failed,
                 Some(self.proc.pid),
@@ -182,6 +202,19 @@ impl Client {
             Some(self.proc.pid),
             format!("unexpected {kind:?} answer"),
         )
+    }
+}
+
+/// Whether the server's side of the connection went away (rather than the
+/// answer being late or garbled).
+fn connection_lost(e: &ClientError) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
+    match e {
+        ClientError::Closed => true,
+        ClientError::Write(e) | ClientError::Read(e) => {
+            matches!(e.kind(), BrokenPipe | ConnectionReset | ConnectionAborted)
+        }
+        ClientError::Undecodable(_) => false,
     }
 }
 

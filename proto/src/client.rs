@@ -2,9 +2,7 @@
 //! (also to paths longer than `sun_path`), `hello`, one request at a time,
 //! bounded waits. Feature `client`; the library does not build it.
 
-use crate::{
-    HelloReply, MAX_RESPONSE_BYTES, PROTOCOL_VERSION, Reply, Request, Response, SUN_PATH_MAX,
-};
+use crate::{HelloReply, MAX_RESPONSE_BYTES, PROTOCOL_VERSION, Reply, Request, Response};
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -44,16 +42,34 @@ fn classify(e: io::Error) -> ConnectError {
     }
 }
 
-/// Connects to `dir/name`. A path longer than `sun_path` is reached through
-/// the directory's descriptor, `/proc/self/fd/<dirfd>/<name>`.
+/// Connects to `dir/name`, which must be a socket itself: a symbolic link
+/// is never followed, so a process's user cannot point memshim-ctl (run
+/// by root, say) at another socket by planting a link in its own socket
+/// directory. The file is opened without following links (`O_PATH |
+/// O_NOFOLLOW`), checked to be a socket, and connected to through that
+/// descriptor (`/proc/self/fd/<n>`), so it cannot be swapped in between;
+/// this also reaches paths longer than `sun_path`.
 pub fn connect(dir: &Path, name: &str) -> Result<UnixStream, ConnectError> {
-    let full = dir.join(name);
-    if full.as_os_str().len() <= SUN_PATH_MAX {
-        return UnixStream::connect(&full).map_err(classify);
-    }
-    let handle = std::fs::File::open(dir).map_err(classify)?;
     use std::os::fd::AsRawFd;
-    let via = PathBuf::from(format!("/proc/self/fd/{}/{name}", handle.as_raw_fd()));
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW)
+        .open(dir.join(name))
+        .map_err(classify)?;
+    let kind = file.metadata().map_err(classify)?.file_type();
+    if !kind.is_socket() {
+        let what = if kind.is_symlink() {
+            "a symbolic link"
+        } else {
+            "another kind of file"
+        };
+        return Err(ConnectError::Other(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("not a socket but {what}; not followed"),
+        )));
+    }
+    let via = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
     UnixStream::connect(&via).map_err(classify)
 }
 

@@ -302,6 +302,40 @@ fn close_range_round(table: &str) {
     let _ = std::fs::remove_file(&app_path);
 }
 
+/// Asked again and again while the shim's thread stops (the process has
+/// been alone for the decay time plus a second), `stats` answers (0) or
+/// says the endpoint is gone (4). A connection the thread had not
+/// accepted when it closed its socket broke with "writing the request:
+/// Broken pipe" and exit 1, once in each such run.
+#[test]
+fn asking_while_the_shim_thread_stops_gives_exit_0_or_4_only() {
+    let mut child = Cmd::new(fixture("thread_rule", &[]), [""; 0])
+        .shimmed()
+        .env("MEMSHIM_DIRTY_DECAY_MS", "0")
+        .spawn();
+    child.wait_for_line("ready", Duration::from_secs(10));
+    let pid = child.pid();
+    child.send("spawn");
+    child.wait_for_line("spawned", Duration::from_secs(10));
+    wait_endpoint(pid);
+    child.send("release");
+    child.wait_for_line("joined", Duration::from_secs(10));
+    let pid_s = pid.to_string();
+    let mut asked = 0;
+    let gone = wait_until(Duration::from_secs(15), || {
+        asked += 1;
+        let o = ctl_run(&["stats", &pid_s]);
+        assert!(matches!(o.code, 0 | 4), "ask {asked}: {o:?}");
+        (o.code == 4).then_some(())
+    });
+    assert!(
+        gone.is_some(),
+        "the shim's thread never stopped ({asked} asks)"
+    );
+    let out = child.finish(Duration::from_secs(10));
+    assert_eq!((out.code, out.stderr.as_str()), (0, ""));
+}
+
 #[test]
 fn the_socket_goes_when_the_shim_thread_stops_and_comes_back_with_a_new_thread() {
     let script = r#"

@@ -127,6 +127,39 @@ fn a_symlinked_socket_dir_is_refused() {
     std::fs::remove_dir_all(&target).unwrap();
 }
 
+/// A process's user may replace its socket with a symbolic link to any
+/// socket (one only root may reach, say); memshim-ctl run by root then
+/// sent its `hello` there. It now connects only to a socket file itself.
+#[test]
+fn memshim_ctl_never_follows_a_symbolic_link_in_place_of_a_socket() {
+    let dir = scratch_dir("lnk");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let victim_dir = scratch_dir("vic");
+    std::fs::create_dir(&victim_dir).unwrap();
+    let victim = std::os::unix::net::UnixListener::bind(victim_dir.join("v.sock")).unwrap();
+    victim.set_nonblocking(true).unwrap();
+    // Single-threaded under `auto`: no shim thread re-creates the socket.
+    let mut ch = Cmd::new(fixture("deploy_wait", &[]), [""; 0])
+        .shimmed()
+        .env("MEMSHIM_SOCKET_DIR", &dir)
+        .spawn();
+    ch.wait_for_line("ready", Duration::from_secs(10));
+    let pid = ch.pid();
+    let planted = socket_in(&dir, pid);
+    std::os::unix::fs::symlink(victim_dir.join("v.sock"), &planted).unwrap();
+    let o = ctl_run(&["stats", &pid.to_string()]);
+    assert_ne!(o.code, 0, "{o:?}");
+    assert!(o.stderr.contains("symbolic link"), "{o:?}");
+    assert!(
+        matches!(victim.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "memshim-ctl connected to the socket the link points at"
+    );
+    drop(ch);
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&victim_dir);
+}
+
 #[test]
 fn a_socket_dir_precreated_by_another_uid_is_refused() {
     if !is_root() {

@@ -219,6 +219,37 @@ fn doctor_sees_a_healthy_single_threaded_process_waiting_for_its_second_thread()
     assert!(finding(&o, "endpoint_not_started"), "{}", o.stdout);
 }
 
+/// Under `MEMSHIM_CONTROL=on` a single-threaded process without the
+/// shim's thread is a fork child (it starts the thread with its own first
+/// `pthread_create`); doctor said to set MEMSHIM_CONTROL=on, which it is.
+#[test]
+fn doctor_explains_a_fork_child_under_control_on() {
+    let mut ch = Cmd::new(fixture("deploy_wait", &[]), ["fork"])
+        .env("LD_PRELOAD", shim())
+        .env("MEMSHIM_CONTROL", "on")
+        .spawn();
+    let line = ch.wait_for_line("ready", Duration::from_secs(60));
+    let child: i32 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let o = doctor(child);
+    assert_eq!(o.code, 0, "{o:?}");
+    assert!(finding(&o, "endpoint_not_started"), "{}", o.stdout);
+    assert!(o.stdout.contains("fork child"), "{}", o.stdout);
+    assert!(!o.stdout.contains("Set MEMSHIM_CONTROL=on"), "{}", o.stdout);
+}
+
+/// A process whose main thread ended with `pthread_exit` has no endpoint
+/// for good; doctor gives that reason, as `stats` does.
+#[test]
+fn doctor_explains_why_a_process_whose_main_thread_exited_has_no_endpoint() {
+    let mut ch = Cmd::new(fixture("main_exits", &[]), ["stdin"])
+        .env("LD_PRELOAD", shim())
+        .spawn();
+    ch.wait_for_line("ready", Duration::from_secs(60));
+    let o = doctor(ch.pid());
+    assert!(finding(&o, "endpoint_absent"), "{}", o.stdout);
+    assert!(o.stdout.contains("pthread_exit"), "{}", o.stdout);
+}
+
 #[test]
 fn doctor_finds_a_multithreaded_process_answering_on_its_socket() {
     let ch = start(
@@ -297,6 +328,8 @@ fn doctor_explains_a_program_with_its_own_malloc() {
     let o = doctor(ch.pid());
     assert_eq!(o.code, 1, "{o:?}");
     assert!(finding(&o, "own_malloc"), "{}", o.stdout);
+    // Not "waiting for its second thread": the shim never serves it.
+    assert!(!finding(&o, "endpoint_not_started"), "{}", o.stdout);
     // With a thread of its own it still gets no shim thread and no endpoint:
     // the shim sees that the executable's malloc wins and stays inert
     // (thread/mod.rs), and doctor still explains why.

@@ -278,6 +278,17 @@ pub fn diagnose(pid: i32, endpoint: impl FnOnce(i32) -> Endpoint) -> Result<Diag
                 "control_off",
                 format!("shim loaded from {lib}; MEMSHIM_CONTROL=off, so it has no thread and no control socket"),
             ),
+            // The problem above is why: the shim does not interpose here.
+            Endpoint::Absent if san.is_some() || valgrind || own_malloc => {}
+            Endpoint::Absent if p.threads == Some(1) && control == "on" => add(
+                Level::Note,
+                "endpoint_not_started",
+                format!(
+                    "shim loaded from {lib}; the process is single-threaded although MEMSHIM_CONTROL=on starts \
+                     the shim's thread at once: it is the fork child of a shimmed process, which starts the \
+                     thread and control socket with its own first pthread_create"
+                ),
+            ),
             Endpoint::Absent if p.threads == Some(1) => add(
                 Level::Note,
                 "endpoint_not_started",
@@ -300,11 +311,18 @@ pub fn diagnose(pid: i32, endpoint: impl FnOnce(i32) -> Endpoint) -> Result<Diag
                 None => add(
                     Level::Note,
                     "endpoint_absent",
-                    format!(
-                        "shim loaded from {lib}, but no control socket was found for pid {pid} \
-                         (the thread starts with the process's second thread and stops after an idle spell; \
-                         or MEMSHIM_SOCKET_DIR differs from the caller's)"
-                    ),
+                    match crate::discover::read_proc(pid) {
+                        Ok(dp) => {
+                            let loc = crate::discover::socket_loc(&dp);
+                            let (why, hint) = crate::discover::why_no_endpoint(&dp, &loc);
+                            format!("shim loaded from {lib}, but no control socket answers for pid {pid}: {why} ({hint})")
+                        }
+                        Err(_) => format!(
+                            "shim loaded from {lib}, but no control socket was found for pid {pid} \
+                             (the thread starts with the process's second thread and stops after an idle spell; \
+                             or MEMSHIM_SOCKET_DIR differs from the caller's)"
+                        ),
+                    },
                 ),
             },
             Endpoint::Unreachable(why) => {
@@ -442,6 +460,12 @@ pub fn host_lines(h: &host::HostFacts) -> Vec<String> {
         h.thp_defrag.as_deref().unwrap_or("unknown")
     ));
     match &h.cgroup {
+        // Its files unreadable (the memory hierarchy is not mounted here):
+        // no figure, not "unlimited".
+        Some(c) if c.memory_current.is_none() && c.memory_max.is_none() => v.push(format!(
+            "cgroup     v{} {}: its memory figures are not readable here",
+            c.version, c.path
+        )),
         Some(c) => {
             let cur = c.memory_current.map(bytes).unwrap_or_else(|| "?".into());
             let max = c
