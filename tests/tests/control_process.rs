@@ -302,6 +302,50 @@ fn close_range_round(table: &str) {
     let _ = std::fs::remove_file(&app_path);
 }
 
+/// After the program `chroot`s, the shim's paths name files inside the new
+/// root: it took its socket for lost, closed it, and made its directory
+/// there (`<jail>/tmp/memshim-0`). It keeps serving through the socket
+/// outside and leaves the program's new root alone.
+#[test]
+fn a_program_that_chroots_keeps_its_endpoint_and_gets_nothing_in_its_new_root() {
+    if !default_dir().ends_with("memshim-0") {
+        eprintln!("SKIP: chroot needs root");
+        return;
+    }
+    let jail = std::path::PathBuf::from(format!("/tmp/msh-jail-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&jail);
+    std::fs::create_dir_all(jail.join("tmp")).unwrap();
+    // Directly under /tmp, which the new root has too: a directory of its
+    // own, so the file the process leaves (it cannot remove it from inside
+    // its new root) goes with it.
+    let dir = memshim_tests::stress::private_socket_dir("chroot");
+    let mut child = Cmd::new(fixture("chroot_later", &[]), [jail.to_str().unwrap()])
+        .shimmed()
+        .env("MEMSHIM_SOCKET_DIR", &dir)
+        .spawn();
+    child.wait_for_line("ready", Duration::from_secs(10));
+    let pid = child.pid();
+    wait_endpoint(pid);
+    child.send("go");
+    child.wait_for_line("chrooted", Duration::from_secs(10));
+    // A few of the thread's ticks (250 ms each).
+    std::thread::sleep(Duration::from_millis(800));
+    let o = ctl_run(&["stats", &pid.to_string()]);
+    assert_eq!(o.code, 0, "{o:?}");
+    let made: Vec<_> = std::fs::read_dir(jail.join("tmp"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(
+        made.is_empty(),
+        "the shim made {made:?} in the program's new root"
+    );
+    drop(child);
+    let _ = std::fs::remove_dir_all(&jail);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Asked again and again while the shim's thread stops (the process has
 /// been alone for the decay time plus a second), `stats` answers (0) or
 /// says the endpoint is gone (4). A connection the thread had not

@@ -139,6 +139,8 @@ pub struct Endpoint {
     bound: Option<Bound>,
     starttime: u64,
     pidns: u64,
+    /// The root directory when the endpoint was opened ([`sock::root_id`]).
+    root: Option<(u64, u64)>,
     retry_at_ms: u64,
     /// Failed attempts since the last success.
     failures: u32,
@@ -164,6 +166,7 @@ impl Endpoint {
             bound: None,
             starttime: os::proc::starttime(),
             pidns: os::proc::pid_namespace(),
+            root: sock::root_id(),
             retry_at_ms: 0,
             failures: 0,
             paused_until_ms: 0,
@@ -394,6 +397,13 @@ impl Endpoint {
         let listener_lost = self.listener.as_ref().is_some_and(|l| l.fd().is_none());
         if listener_lost && let Some(l) = self.listener.take() {
             l.forget();
+        }
+        // The program has `chroot`ed: our paths now name files inside its
+        // new root. The listener still serves through the socket file
+        // outside, where memshim-ctl finds it; re-creating the socket (or
+        // its directory) inside the program's new root is not ours to do.
+        if sock::root_id() != self.root {
+            return;
         }
         let file_lost = self
             .bound
