@@ -92,23 +92,25 @@ impl Int {
 /// A text setting: bytes written once, during [`load`] (single-threaded:
 /// jemalloc holds its init lock, or the constructor runs), and only read
 /// afterwards.
-pub struct Text(UnsafeCell<[u8; TEXT_MAX + 1]>, AtomicU32);
+pub struct Text<const N: usize = { TEXT_MAX + 1 }>(UnsafeCell<[u8; N]>, AtomicU32);
 
 /// Longest text value kept.
 const TEXT_MAX: usize = 2048;
 
 // SAFETY: written only before LOADED is published with Release, read after
 // an Acquire load of LOADED (the accessors check it).
-unsafe impl Sync for Text {}
+unsafe impl<const N: usize> Sync for Text<N> {}
 
-impl Text {
-    const fn new() -> Text {
-        Text(UnsafeCell::new([0; TEXT_MAX + 1]), AtomicU32::new(0))
+impl<const N: usize> Text<N> {
+    const fn new() -> Text<N> {
+        Text(UnsafeCell::new([0; N]), AtomicU32::new(0))
     }
+    /// Keeps at most `N - 1` bytes and a NUL.
+    ///
     /// # Safety
     /// Only during `load`, before `LOADED` is set.
     unsafe fn set(&self, bytes: &[u8]) {
-        let n = bytes.len().min(TEXT_MAX);
+        let n = bytes.len().min(N - 1);
         // SAFETY: the caller guarantees exclusive access.
         let buf = unsafe { &mut *self.0.get() };
         buf[..n].copy_from_slice(&bytes[..n]);
@@ -393,7 +395,20 @@ pub fn valid_raw_conf(v: &[u8]) -> bool {
 // --- loading ------------------------------------------------------------------
 
 static LOADED: AtomicBool = AtomicBool::new(false);
-static JEMALLOC_CONF: Text = Text::new();
+/// Longest composed configuration: memshim's defaults and knobs, and up to
+/// 2048 bytes from each of `MALLOC_CONF`, `_RJEM_MALLOC_CONF` and
+/// `MEMSHIM_MALLOC_CONF` (it was kept in 2048 bytes, which could cut a
+/// long one in the middle of a value).
+const CONF_MAX: usize = 8192;
+static JEMALLOC_CONF: Text<{ CONF_MAX + 1 }> = Text::new();
+
+/// Where [`compose_conf`] writes: a static, not the stack. It runs at the
+/// first `malloc`, on whatever stack the program has (a small `ulimit -s`
+/// overflowed with the buffer there).
+struct Scratch(UnsafeCell<StackBuf<CONF_MAX>>);
+// SAFETY: used only inside `load`, single-threaded, before LOADED is set.
+unsafe impl Sync for Scratch {}
+static SCRATCH: Scratch = Scratch(UnsafeCell::new(StackBuf::new()));
 /// The composed string holds options written by the user (`MALLOC_CONF`,
 /// `_RJEM_MALLOC_CONF`, `MEMSHIM_MALLOC_CONF`), which only jemalloc checks.
 static RAW_CONF: AtomicBool = AtomicBool::new(false);
@@ -457,8 +472,10 @@ pub fn load() {
 
 /// Builds the string jemalloc parses (see the module docs for the order).
 fn compose_conf() {
-    let mut s = StackBuf::<8192>::new();
-    let sep = |s: &mut StackBuf<8192>| {
+    // SAFETY: single-threaded, before LOADED is published (`load`).
+    let s = unsafe { &mut *SCRATCH.0.get() };
+    s.clear();
+    let sep = |s: &mut StackBuf<CONF_MAX>| {
         if !s.as_bytes().is_empty() && s.as_bytes().last() != Some(&b',') {
             s.push(b",");
         }
@@ -495,7 +512,7 @@ fn compose_conf() {
     for (name, v) in stock.into_iter().zip(values) {
         if let Some(v) = v.filter(|v| !v.is_empty()) {
             if valid_raw_conf(v) {
-                sep(&mut s);
+                sep(s);
                 s.push(v);
                 RAW_CONF.store(true, Relaxed);
             } else {
@@ -514,17 +531,17 @@ fn compose_conf() {
         ("muzzy_decay_ms", &MUZZY_DECAY_MS),
     ] {
         if slot.is_set() {
-            sep(&mut s);
+            sep(s);
             let _ = write!(s, "{key}:{}", slot.get());
         }
     }
     if NARENAS.get() != 0 {
-        sep(&mut s);
+        sep(s);
         let _ = write!(s, "narenas:{}", NARENAS.get());
     }
     // 4. Expert override.
     if !MALLOC_CONF.get().is_empty() {
-        sep(&mut s);
+        sep(s);
         s.push(MALLOC_CONF.get());
         RAW_CONF.store(true, Relaxed);
     }

@@ -349,6 +349,20 @@ fn valid_values_take_effect() {
     }
 }
 
+/// `MALLOC_CONF` may hold up to 2048 bytes, and so may
+/// `MEMSHIM_MALLOC_CONF`; the composed string was kept in 2048 bytes, so a
+/// long `MALLOC_CONF` cut off the override after it (here: narenas 8, not 5).
+#[test]
+fn a_long_malloc_conf_does_not_cut_off_what_comes_after_it() {
+    let long = vec!["dirty_decay_ms:1000"; 100].join(",");
+    assert!((1900..2048).contains(&long.len()));
+    let v = verbose(&[
+        ("MALLOC_CONF", long.as_str()),
+        ("MEMSHIM_MALLOC_CONF", "narenas:5"),
+    ]);
+    assert!(v.contains("narenas=5 "), "expected narenas=5 in\n{v}");
+}
+
 #[test]
 fn settings_are_in_force_before_main_and_before_library_constructors() {
     let lib = fixture("early_junk_lib", &["-shared", "-fPIC"]);

@@ -238,6 +238,11 @@ impl<const N: usize> StackBuf<N> {
         self.len += n;
     }
 
+    /// Forgets what was written.
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
     /// The bytes written so far.
     pub fn as_bytes(&self) -> &[u8] {
         // SAFETY: the first `len` bytes were written by `push`.
