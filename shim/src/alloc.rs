@@ -24,6 +24,23 @@ static PAGE: AtomicUsize = AtomicUsize::new(0);
 /// glibc's version, so the shim answers as the host's glibc would.
 static ALIGNED_ALLOC_STRICT: AtomicBool = AtomicBool::new(false);
 
+type ReallocFn = unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void;
+
+/// The process's `realloc` where another allocator owns the process (0
+/// while ours does). glibc's `reallocarray` calls the process's `realloc`,
+/// so a replacement malloc needs no `reallocarray` of its own; ours would
+/// hand the program jemalloc's memory where everything else is the other
+/// allocator's: an executable with its own malloc, or valgrind, which
+/// rewrites calls to our `realloc` but (3.19, Debian 12's) not to our
+/// `reallocarray`, and the program crashed at the next `free`.
+static FOREIGN_REALLOC: AtomicUsize = AtomicUsize::new(0);
+
+/// Start-up, where our malloc is not the process's: `reallocarray` then
+/// calls `realloc`, the process's (constructor).
+pub fn not_ours(realloc: *mut c_void) {
+    FOREIGN_REALLOC.store(realloc as usize, Relaxed);
+}
+
 /// Start-up: reads glibc's version (constructor).
 pub fn init() {
     ALIGNED_ALLOC_STRICT.store(crate::os::dl::glibc_version() >= (2, 38), Relaxed);
@@ -112,8 +129,18 @@ pub unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
 #[inline]
 pub unsafe fn reallocarray(p: *mut c_void, n: usize, size: usize) -> *mut c_void {
     match n.checked_mul(size) {
-        // SAFETY: as `realloc`.
-        Some(total) => unsafe { realloc(p, total) },
+        Some(total) => match FOREIGN_REALLOC.load(Relaxed) {
+            0 => {
+                // SAFETY: as `realloc`.
+                unsafe { realloc(p, total) }
+            }
+            f => {
+                // SAFETY: `f` is the process's `realloc` (`not_ours`).
+                let f = unsafe { core::mem::transmute::<usize, ReallocFn>(f) };
+                // SAFETY: as `realloc`.
+                unsafe { f(p, total) }
+            }
+        },
         None => {
             set_errno(libc::ENOMEM);
             ptr::null_mut()

@@ -223,8 +223,8 @@ pub fn diagnose(pid: i32, endpoint: impl FnOnce(i32) -> Endpoint) -> Result<Diag
         add(
             Level::Problem,
             "valgrind",
-            "runs under valgrind, which replaces malloc itself; the shim cannot help and may confuse the report. \
-             Start valgrind runs with `env -u LD_PRELOAD`."
+            "runs under valgrind, which replaces malloc itself; the shim stays inert here (no thread, no control \
+             socket). Start valgrind runs with `env -u LD_PRELOAD`."
                 .into(),
         );
     }

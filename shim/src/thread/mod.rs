@@ -120,7 +120,9 @@ fn detect_interposition() -> bool {
     // lookup that fails builds an error message with `malloc`, which cost
     // every exec of a program that never allocates about 25 us
     // (bench/FINDINGS-issue15.md).
-    !os::dl::any_loaded(&SANITIZER_RUNTIMES)
+    // Valgrind's tools replace the malloc family by rewriting calls to
+    // our entry points; its preloads name it.
+    !os::dl::any_loaded(&MALLOC_OWNERS)
 }
 
 /// Members of the malloc family, asked in this order for whose definition
@@ -134,9 +136,9 @@ const FAMILY: [&core::ffi::CStr; 6] = [
     c"posix_memalign",
 ];
 
-/// File-name prefixes of the sanitizer runtimes' shared libraries (GCC's,
-/// then LLVM's).
-const SANITIZER_RUNTIMES: [&[u8]; 8] = [
+/// File-name prefixes of the shared libraries of runtimes that own malloc:
+/// the sanitizers' (GCC's, then LLVM's) and valgrind's preloads.
+const MALLOC_OWNERS: [&[u8]; 9] = [
     b"libasan.",
     b"libtsan.",
     b"libmsan.",
@@ -145,6 +147,7 @@ const SANITIZER_RUNTIMES: [&[u8]; 8] = [
     b"libclang_rt.tsan",
     b"libclang_rt.msan",
     b"libclang_rt.hwasan",
+    b"vgpreload_",
 ];
 
 /// Constructor.
@@ -155,6 +158,9 @@ pub fn on_load() {
     options::load();
     options::warn_unknown();
     let interposed = detect_interposition();
+    if !interposed {
+        crate::alloc::not_ours(os::dl::global(c"realloc"));
+    }
     STATE.on_load(os::getpid(), os::time::monotonic_ms(), interposed);
     let _ = os::thread::real_pthread_create();
     // The spawner lives as long as the shim's thread: out of the automatic
