@@ -58,16 +58,15 @@ pub fn connect(dir: &Path, name: &str) -> Result<UnixStream, ConnectError> {
         .open(dir.join(name))
         .map_err(classify)?;
     let kind = file.metadata().map_err(classify)?.file_type();
-    if !kind.is_socket() {
-        let what = if kind.is_symlink() {
-            "a symbolic link"
-        } else {
-            "another kind of file"
-        };
+    if kind.is_symlink() {
         return Err(ConnectError::Other(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("not a socket but {what}; not followed"),
+            "a symbolic link, not a socket; not followed",
         )));
+    }
+    if !kind.is_socket() {
+        // Nobody can listen on it: as a socket file nobody listens on.
+        return Err(ConnectError::Refused);
     }
     let via = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
     UnixStream::connect(&via).map_err(classify)

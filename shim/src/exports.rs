@@ -293,7 +293,12 @@ macro_rules! setxid {
             fn $name($($arg: $ty),*) -> c_int {
                 static REAL: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
                 let name = concat!(stringify!($name), "\0").as_bytes();
-                let p = os::dl::next_once(&REAL, core::ffi::CStr::from_bytes_with_nul_unchecked(name));
+                // Looked up at the first call, not at every exec: `dlsym` takes
+                // the loader's lock (a fork child gets it reset by glibc).
+                let p = {
+                    let _e = os::KeepErrno::new();
+                    os::dl::next_once(&REAL, core::ffi::CStr::from_bytes_with_nul_unchecked(name))
+                };
                 if p == 0 {
                     // Not reached: glibc defines it.
                     *libc::__errno_location() = libc::ENOSYS;

@@ -304,8 +304,9 @@ fn close_range_round(table: &str) {
 
 /// After the program `chroot`s, the shim's paths name files inside the new
 /// root: it took its socket for lost, closed it, and made its directory
-/// there (`<jail>/tmp/memshim-0`). It keeps serving through the socket
-/// outside and leaves the program's new root alone.
+/// there (`<jail>/tmp/...`). It keeps serving through the socket outside
+/// and leaves the program's new root alone, also when its thread starts
+/// again after the `chroot` (here: the next thread after an idle spell).
 #[test]
 fn a_program_that_chroots_keeps_its_endpoint_and_gets_nothing_in_its_new_root() {
     if !default_dir().ends_with("memshim-0") {
@@ -315,31 +316,71 @@ fn a_program_that_chroots_keeps_its_endpoint_and_gets_nothing_in_its_new_root() 
     let jail = std::path::PathBuf::from(format!("/tmp/msh-jail-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&jail);
     std::fs::create_dir_all(jail.join("tmp")).unwrap();
+    let made = || -> Vec<_> {
+        std::fs::read_dir(jail.join("tmp"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .collect()
+    };
     // Directly under /tmp, which the new root has too: a directory of its
     // own, so the file the process leaves (it cannot remove it from inside
     // its new root) goes with it.
     let dir = memshim_tests::stress::private_socket_dir("chroot");
-    let mut child = Cmd::new(fixture("chroot_later", &[]), [jail.to_str().unwrap()])
-        .shimmed()
-        .env("MEMSHIM_SOCKET_DIR", &dir)
-        .spawn();
-    child.wait_for_line("ready", Duration::from_secs(10));
+    let start = || {
+        let mut c = Cmd::new(fixture("chroot_later", &[]), [jail.to_str().unwrap()])
+            .shimmed()
+            .env("MEMSHIM_SOCKET_DIR", &dir)
+            // Ticks every 50 ms; alone for 1.2 s, the thread stops.
+            .env("MEMSHIM_DIRTY_DECAY_MS", "200")
+            .spawn();
+        c.wait_for_line("ready", Duration::from_secs(10));
+        c
+    };
+    let ask = |c: &mut Child, cmd: &str, reply: &str| {
+        c.send(cmd);
+        c.wait_for_line(reply, Duration::from_secs(10));
+    };
+
+    // The thread runs on through the chroot.
+    let mut child = start();
     let pid = child.pid();
+    ask(&mut child, "live", "live");
     wait_endpoint(pid);
-    child.send("go");
-    child.wait_for_line("chrooted", Duration::from_secs(10));
-    // A few of the thread's ticks (250 ms each).
+    ask(&mut child, "go", "chrooted");
     std::thread::sleep(Duration::from_millis(800));
     let o = ctl_run(&["stats", &pid.to_string()]);
     assert_eq!(o.code, 0, "{o:?}");
-    let made: Vec<_> = std::fs::read_dir(jail.join("tmp"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .collect();
     assert!(
-        made.is_empty(),
-        "the shim made {made:?} in the program's new root"
+        made().is_empty(),
+        "the shim made {:?} in the program's new root",
+        made()
+    );
+    drop(child);
+
+    // The thread stops, the program chroots, then starts a thread.
+    let mut child = start();
+    let pid = child.pid();
+    ask(&mut child, "brief", "joined");
+    wait_endpoint(pid);
+    wait_until(Duration::from_secs(10), || {
+        (threads(pid) == 1).then_some(())
+    })
+    .expect("the shim's thread stopped after the idle spell");
+    ask(&mut child, "go", "chrooted");
+    ask(&mut child, "live", "live");
+    wait_until(Duration::from_secs(10), || {
+        thread_names(pid)
+            .iter()
+            .any(|n| n == "memshim")
+            .then_some(())
+    })
+    .expect("the shim's thread started again");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        made().is_empty(),
+        "the shim made {:?} in the program's new root",
+        made()
     );
     drop(child);
     let _ = std::fs::remove_dir_all(&jail);

@@ -207,6 +207,31 @@ fn control_on_starts_the_thread_in_a_single_threaded_process() {
     assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
 }
 
+/// Copies of `files` in a fresh directory under /tmp that every uid can
+/// reach: a checkout may lie under a directory only root can enter, and a
+/// process that runs as another uid must still open the shim and its own
+/// executable. Returns the directory and the copies' paths.
+fn reachable_by_any_uid(
+    tag: &str,
+    files: &[std::path::PathBuf],
+) -> (std::path::PathBuf, Vec<String>) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::path::PathBuf::from(format!("/tmp/msh-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let copies = files
+        .iter()
+        .map(|f| {
+            let to = dir.join(f.file_name().unwrap());
+            std::fs::copy(f, &to).unwrap();
+            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
+            to.to_str().unwrap().to_owned()
+        })
+        .collect();
+    (dir, copies)
+}
+
 /// glibc gives every thread the new ids of a set*id call and aborts the
 /// process if one fails where the caller succeeded. Capabilities belong to
 /// a thread: after `capset` on the main thread, a shim thread created
@@ -215,12 +240,23 @@ fn control_on_starts_the_thread_in_a_single_threaded_process() {
 /// way.
 #[test]
 fn dropping_root_with_capabilities_kept_works_while_the_shim_thread_runs() {
-    let exe = memshim_tests::fixture("setxid_caps", &[]);
+    if !memshim_tests::cgroups::is_root() {
+        eprintln!("SKIP: dropping root needs root");
+        return;
+    }
+    let (dir, copies) = reachable_by_any_uid(
+        "setxid",
+        &[
+            memshim_tests::fixture("setxid_caps", &[]),
+            memshim_tests::shim(),
+        ],
+    );
+    let (exe, lib) = (&copies[0], &copies[1]);
     // A joined thread leaves the shim's thread running (auto); `on` runs it
     // from the start.
     for (control, joined) in [("auto", "1"), ("on", "0"), ("on", "1")] {
-        let o = Cmd::new(&exe, [joined])
-            .shimmed()
+        let o = Cmd::new(exe, [joined])
+            .env("LD_PRELOAD", lib)
             .env("MEMSHIM_CONTROL", control)
             .run();
         assert_eq!(
@@ -239,7 +275,7 @@ fn dropping_root_with_capabilities_kept_works_while_the_shim_thread_runs() {
             "-u",
         ],
     )
-    .shimmed()
+    .env("LD_PRELOAD", lib)
     .env("MEMSHIM_CONTROL", "on")
     .run();
     assert_eq!(
@@ -249,8 +285,8 @@ fn dropping_root_with_capabilities_kept_works_while_the_shim_thread_runs() {
     );
     // The shim's thread comes back after the call, started by the caller
     // with its new credentials.
-    let mut ch = Cmd::new(&exe, ["0", "wait"])
-        .shimmed()
+    let mut ch = Cmd::new(exe, ["0", "wait"])
+        .env("LD_PRELOAD", lib)
         .env("MEMSHIM_CONTROL", "on")
         .spawn();
     ch.wait_for_line("dropped", T);
@@ -262,6 +298,7 @@ fn dropping_root_with_capabilities_kept_works_while_the_shim_thread_runs() {
     );
     let o = ch.finish(T);
     assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The shim's thread takes a slot of the process's thread limit
@@ -270,22 +307,36 @@ fn dropping_root_with_capabilities_kept_works_while_the_shim_thread_runs() {
 /// its last one to it (EAGAIN). Now the shim's thread makes room.
 #[test]
 fn a_program_at_its_thread_limit_gets_every_thread_it_gets_without_the_shim() {
-    let exe = memshim_tests::fixture("nproc_limit", &[]);
-    // A uid of its own: RLIMIT_NPROC counts every process of the uid.
+    if !memshim_tests::cgroups::is_root() {
+        eprintln!("SKIP: running as another uid needs root");
+        return;
+    }
+    let (dir, copies) = reachable_by_any_uid(
+        "nproc",
+        &[
+            memshim_tests::fixture("nproc_limit", &[]),
+            memshim_tests::shim(),
+        ],
+    );
+    let (exe, lib) = (&copies[0], &copies[1]);
+    // A uid of its own (RLIMIT_NPROC counts every process of the uid),
+    // different for each run of the suite on one host. The limit is set
+    // while still root; setpriv then becomes the uid and runs the program.
+    let uid = 50_000 + std::process::id() % 10_000;
+    let (reuid, regid) = (format!("--reuid={uid}"), format!("--regid={uid}"));
     let run = |shim: Option<&str>| {
-        let exe = exe.to_str().expect("UTF-8 path");
         let args = [
-            "--reuid=54321",
-            "--regid=54321",
-            "--clear-groups",
-            "prlimit",
             "--nproc=5",
-            exe,
+            "setpriv",
+            reuid.as_str(),
+            regid.as_str(),
+            "--clear-groups",
+            exe.as_str(),
             "4",
         ];
-        let mut c = Cmd::new("setpriv", args);
+        let mut c = Cmd::new("prlimit", args);
         if let Some(control) = shim {
-            c = c.shimmed().env("MEMSHIM_CONTROL", control);
+            c = c.env("LD_PRELOAD", lib).env("MEMSHIM_CONTROL", control);
         }
         c.run()
     };
@@ -303,6 +354,7 @@ fn a_program_at_its_thread_limit_gets_every_thread_it_gets_without_the_shim() {
             "MEMSHIM_CONTROL={control}: {o:?}"
         );
     }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

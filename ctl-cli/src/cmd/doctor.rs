@@ -285,8 +285,9 @@ pub fn diagnose(pid: i32, endpoint: impl FnOnce(i32) -> Endpoint) -> Result<Diag
                 "endpoint_not_started",
                 format!(
                     "shim loaded from {lib}; the process is single-threaded although MEMSHIM_CONTROL=on starts \
-                     the shim's thread at once: it is the fork child of a shimmed process, which starts the \
-                     thread and control socket with its own first pthread_create"
+                     the shim's thread at once: most likely it is the fork child of a shimmed process, which \
+                     starts the thread and control socket with its own first pthread_create (or the thread \
+                     gave its slot to the program at a limit of threads)"
                 ),
             ),
             Endpoint::Absent if p.threads == Some(1) => add(

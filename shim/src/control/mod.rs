@@ -34,7 +34,7 @@ mod socket;
 
 use crate::os::{self, fd::Owned, sock};
 use conn::{Conn, Next};
-use core::sync::atomic::{AtomicBool, Ordering::*};
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use memshim_proto::ErrorCode;
 use std::ffi::CString;
 
@@ -139,7 +139,8 @@ pub struct Endpoint {
     bound: Option<Bound>,
     starttime: u64,
     pidns: u64,
-    /// The root directory when the endpoint was opened ([`sock::root_id`]).
+    /// The process's root directory when an endpoint was first opened
+    /// ([`first_root`]).
     root: Option<(u64, u64)>,
     retry_at_ms: u64,
     /// Failed attempts since the last success.
@@ -147,6 +148,27 @@ pub struct Endpoint {
     /// The listener is not polled before this (out of descriptors).
     paused_until_ms: u64,
     pause_ms: u64,
+}
+
+/// (st_dev, st_ino) of the root directory the first endpoint of this
+/// process (or of the parent it was forked from) opened under, recorded
+/// then. Every endpoint compares the current root with it: a program that
+/// `chroot`s after that gets no socket, nor socket directory, inside its
+/// new root, also from a thread started again later (after a set*id call,
+/// or a new thread of its own). A thread's writes only; read by threads
+/// of the shim.
+static ROOT: AtomicU64 = AtomicU64::new(0);
+static ROOT_INO: AtomicU64 = AtomicU64::new(0);
+static ROOT_SET: AtomicBool = AtomicBool::new(false);
+
+fn first_root() -> Option<(u64, u64)> {
+    if !ROOT_SET.load(Acquire) {
+        let (dev, ino) = sock::root_id()?;
+        ROOT.store(dev, Relaxed);
+        ROOT_INO.store(ino, Relaxed);
+        ROOT_SET.store(true, Release);
+    }
+    Some((ROOT.load(Relaxed), ROOT_INO.load(Relaxed)))
 }
 
 fn now_ms() -> u64 {
@@ -166,7 +188,7 @@ impl Endpoint {
             bound: None,
             starttime: os::proc::starttime(),
             pidns: os::proc::pid_namespace(),
-            root: sock::root_id(),
+            root: first_root(),
             retry_at_ms: 0,
             failures: 0,
             paused_until_ms: 0,
@@ -179,6 +201,13 @@ impl Endpoint {
     fn bind(&mut self) {
         if EXITING.load(Acquire) {
             return;
+        }
+        // The program has `chroot`ed since: our paths would name files
+        // inside its new root (on_tick).
+        if sock::root_id() != self.root {
+            return self.fail(format_args!(
+                "control socket not created: the program changed its root directory (chroot)"
+            ));
         }
         let dir = socket::dir();
         let dirfd = match sock::ensure_dir(&dir) {

@@ -43,6 +43,39 @@ pub fn real_pthread_exit() -> Option<PthreadExit> {
     (p != 0).then(|| unsafe { core::mem::transmute::<usize, PthreadExit>(p) })
 }
 
+/// Whether thread `tid` of this process has the calling thread's
+/// capabilities (effective, permitted and inheritable sets; `capget`).
+/// False if either cannot be read.
+pub fn same_capabilities(tid: i32) -> bool {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, PartialEq, Eq, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    // _LINUX_CAPABILITY_VERSION_3: two `Data`, for capabilities 0-31 and 32-63.
+    const VERSION_3: u32 = 0x2008_0522;
+    let get = |pid: i32| -> Option<[Data; 2]> {
+        let mut h = Header {
+            version: VERSION_3,
+            pid,
+        };
+        let mut d = [Data::default(); 2];
+        // SAFETY: capget with a valid header and room for version 3's two
+        // data structs.
+        let rc = unsafe { libc::syscall(libc::SYS_capget, &raw mut h, d.as_mut_ptr()) };
+        (rc == 0).then_some(d)
+    };
+    let _e = super::KeepErrno::new();
+    matches!((get(0), get(tid)), (Some(a), Some(b)) if a == b)
+}
+
 /// Where a new thread's stack comes from.
 #[derive(Clone, Copy, Debug)]
 pub enum Stack {

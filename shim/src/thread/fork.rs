@@ -174,6 +174,9 @@ fn stop_now(alone: bool) -> bool {
         STATE.ask_stop(Stop::No);
         return false;
     }
+    // A thread that went Idle by itself (an idle spell) left the request
+    // untaken: the next thread must not take it for its own.
+    STATE.ask_stop(Stop::No);
     let t = STATE.take_handle();
     if t != 0 {
         os::thread::join(t);

@@ -258,8 +258,9 @@ pub fn before_setns(nstype: i32) {
 
 /// Longest time our `pthread_create` retries, after stopping the shim's
 /// threads, a creation that failed for want of a slot: the kernel frees
-/// the slot of a joined thread a moment after the join returns.
-const ROOM_WAIT_MS: u64 = 50;
+/// the slot of a joined thread a moment after the join returns (later on a
+/// loaded machine).
+const ROOM_WAIT_MS: u64 = 200;
 
 /// Our `pthread_create`, when glibc's failed with EAGAIN. The process may
 /// be at its limit of threads (`RLIMIT_NPROC`, a pids cgroup's
@@ -272,15 +273,15 @@ pub fn retry_with_room(mut create: impl FnMut() -> i32) -> i32 {
     if !ours_run_here() {
         return libc::EAGAIN;
     }
-    {
-        let _e = KeepErrno::new();
-        let _nc = NoCancel::new();
-        if !fork::stop_for_a_while() {
-            return libc::EAGAIN;
-        }
+    // The waits sleep (`nanosleep` is a cancellation point), and
+    // `pthread_create` is not one.
+    let _e = KeepErrno::new();
+    let _nc = NoCancel::new();
+    if !fork::stop_for_a_while() {
+        return libc::EAGAIN;
     }
     let mut rc = create();
-    os::time::wait_while(ROOM_WAIT_MS, core::time::Duration::from_micros(200), || {
+    os::time::wait_while(ROOM_WAIT_MS, core::time::Duration::from_millis(1), || {
         rc == libc::EAGAIN && {
             rc = create();
             rc == libc::EAGAIN
@@ -298,7 +299,9 @@ pub fn retry_with_room(mut create: impl FnMut() -> i32) -> i32 {
 /// so a shim's thread created before would fail the `setresgid` that
 /// follows, and the process would abort. The shim's threads stop for the
 /// call and start again after it, created by the caller, with its
-/// credentials.
+/// credentials. Only then: where the caller's capabilities are the shim
+/// thread's (a plain `setuid` by root, `seteuid` toggles), every thread
+/// takes the change, and the thread stays.
 pub fn around_setxid(call: impl FnOnce() -> libc::c_int) -> libc::c_int {
     if !ours_run_here() {
         return call();
@@ -306,7 +309,10 @@ pub fn around_setxid(call: impl FnOnce() -> libc::c_int) -> libc::c_int {
     let stopped = {
         let _e = KeepErrno::new();
         let _nc = NoCancel::new();
-        fork::stop_for_a_while()
+        let same = STATE
+            .wake()
+            .is_some_and(|(tid, _)| os::thread::same_capabilities(tid));
+        !same && fork::stop_for_a_while()
     };
     let rc = call();
     if stopped && eligible() {
