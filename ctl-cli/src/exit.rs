@@ -3,7 +3,7 @@
 //! | code | meaning |
 //! |------|---------|
 //! | 0 | success |
-//! | 1 | some of several targets failed, or an unexpected error |
+//! | 1 | some of several targets failed (all of them for the same kind of reason: that reason's code), or an unexpected error |
 //! | 2 | usage error (bad arguments; clap's own code) |
 //! | 3 | no such process (also: a thread's id, a process that exited mid-request, `--all` that found none), or the shim is not loaded in it |
 //! | 4 | the shim is loaded but its control endpoint is not running |

@@ -161,6 +161,34 @@ fn all_that_reaches_nobody_did_nothing() {
     }
 }
 
+/// Several targets that all fail for the same kind of reason exit with that
+/// reason's code (it was 1, "some of several failed", which told a script
+/// nothing); a mix of reasons, or of success and failure, is still 1.
+#[test]
+fn several_targets_failing_alike_give_their_code_and_a_mix_gives_1() {
+    for cmd in ["purge", "release"] {
+        let o = Cmd::new(ctl(), [cmd, "999999998", "999999999"]).run();
+        assert_eq!(o.code, 3, "{cmd}: {o:?}");
+    }
+    // No such process (3) beside a process without the shim (3 too, "not
+    // loaded"), then beside one whose shim has no endpoint (4): mixed.
+    let plain = Cmd::new("sleep", ["30"]).spawn();
+    let lone = Cmd::new("sleep", ["30"]).shimmed().spawn();
+    let (p, l) = (plain.pid().to_string(), lone.pid().to_string());
+    wait_until(Duration::from_secs(10), || {
+        std::fs::read_to_string(format!("/proc/{l}/maps"))
+            .ok()?
+            .contains("libmemshim")
+            .then_some(())
+    })
+    .expect("the shim is mapped");
+    let o = Cmd::new(ctl(), ["purge", "999999999", &p]).run();
+    assert_eq!(o.code, 3, "{o:?}");
+    let o = Cmd::new(ctl(), ["purge", "999999999", &l]).run();
+    assert_eq!(o.code, 1, "{o:?}");
+    drop((plain, lone));
+}
+
 #[test]
 fn doctor_says_permission_and_zombie_with_their_codes() {
     let heap = start_heap(&[]);

@@ -72,8 +72,9 @@ pub struct Outcome<T> {
 /// `--all` every shimmed process whose endpoint is up (others are skipped,
 /// and listed by `memshim-ctl list`). Returns the outcomes and the exit
 /// status: 0 if all succeeded; the target's own code if there was exactly
-/// one; 1 if some of several failed. `--all` that finds no target is a
-/// failure of its own (exit 3): nothing was done.
+/// one, or if every one failed for the same kind of reason (`purge 999998
+/// 999999`: 3); 1 if some of several failed. `--all` that finds no target
+/// is a failure of its own (exit 3): nothing was done.
 pub fn for_targets<T>(
     t: &Targets,
     mut f: impl FnMut(&mut Client) -> Result<T, Failure>,
@@ -120,7 +121,7 @@ pub fn for_targets<T>(
     let failed: Vec<&Failure> = out.iter().filter_map(|o| o.result.as_ref().err()).collect();
     let exit = match (failed.len(), out.len()) {
         (0, _) => Exit::Ok,
-        (1, 1) => failed[0].exit,
+        (n, m) if n == m && failed.iter().all(|f| f.exit == failed[0].exit) => failed[0].exit,
         _ => Exit::Failed,
     };
     Ok((out, exit))
