@@ -92,25 +92,23 @@ impl Int {
 /// A text setting: bytes written once, during [`load`] (single-threaded:
 /// jemalloc holds its init lock, or the constructor runs), and only read
 /// afterwards.
-pub struct Text<const N: usize = { TEXT_MAX + 1 }>(UnsafeCell<[u8; N]>, AtomicU32);
+pub struct Text(UnsafeCell<[u8; TEXT_MAX + 1]>, AtomicU32);
 
 /// Longest text value kept.
 const TEXT_MAX: usize = 2048;
 
 // SAFETY: written only before LOADED is published with Release, read after
 // an Acquire load of LOADED (the accessors check it).
-unsafe impl<const N: usize> Sync for Text<N> {}
+unsafe impl Sync for Text {}
 
-impl<const N: usize> Text<N> {
-    const fn new() -> Text<N> {
-        Text(UnsafeCell::new([0; N]), AtomicU32::new(0))
+impl Text {
+    const fn new() -> Text {
+        Text(UnsafeCell::new([0; TEXT_MAX + 1]), AtomicU32::new(0))
     }
-    /// Keeps at most `N - 1` bytes and a NUL.
-    ///
     /// # Safety
     /// Only during `load`, before `LOADED` is set.
     unsafe fn set(&self, bytes: &[u8]) {
-        let n = bytes.len().min(N - 1);
+        let n = bytes.len().min(TEXT_MAX);
         // SAFETY: the caller guarantees exclusive access.
         let buf = unsafe { &mut *self.0.get() };
         buf[..n].copy_from_slice(&bytes[..n]);
@@ -400,15 +398,25 @@ static LOADED: AtomicBool = AtomicBool::new(false);
 /// `MEMSHIM_MALLOC_CONF` (it was kept in 2048 bytes, which could cut a
 /// long one in the middle of a value).
 const CONF_MAX: usize = 8192;
-static JEMALLOC_CONF: Text<{ CONF_MAX + 1 }> = Text::new();
 
-/// Where [`compose_conf`] writes: a static, not the stack. It runs at the
-/// first `malloc`, on whatever stack the program has (a small `ulimit -s`
-/// overflowed with the buffer there).
-struct Scratch(UnsafeCell<StackBuf<CONF_MAX>>);
-// SAFETY: used only inside `load`, single-threaded, before LOADED is set.
-unsafe impl Sync for Scratch {}
-static SCRATCH: Scratch = Scratch(UnsafeCell::new(StackBuf::new()));
+/// jemalloc's configuration, NUL-terminated: composed by [`compose_conf`]
+/// in place, once, and only read afterwards. A static, not the stack:
+/// composing runs at the first `malloc`, on whatever stack the program has
+/// (a small `ulimit -s` overflowed with the buffer there).
+struct Composed(UnsafeCell<StackBuf<{ CONF_MAX + 1 }>>, AtomicU32);
+// SAFETY: written only in `load` (single-threaded, before LOADED is
+// published with Release); the length is published after the bytes.
+unsafe impl Sync for Composed {}
+static JEMALLOC_CONF: Composed = Composed(UnsafeCell::new(StackBuf::new()), AtomicU32::new(0));
+
+impl Composed {
+    /// The composed bytes (without the NUL).
+    fn get(&self) -> &[u8] {
+        let n = self.1.load(Acquire) as usize;
+        // SAFETY: the first `n` bytes were written before `n` was published.
+        unsafe { &(*self.0.get()).as_bytes()[..n] }
+    }
+}
 /// The composed string holds options written by the user (`MALLOC_CONF`,
 /// `_RJEM_MALLOC_CONF`, `MEMSHIM_MALLOC_CONF`), which only jemalloc checks.
 static RAW_CONF: AtomicBool = AtomicBool::new(false);
@@ -473,9 +481,9 @@ pub fn load() {
 /// Builds the string jemalloc parses (see the module docs for the order).
 fn compose_conf() {
     // SAFETY: single-threaded, before LOADED is published (`load`).
-    let s = unsafe { &mut *SCRATCH.0.get() };
+    let s = unsafe { &mut *JEMALLOC_CONF.0.get() };
     s.clear();
-    let sep = |s: &mut StackBuf<CONF_MAX>| {
+    let sep = |s: &mut StackBuf<{ CONF_MAX + 1 }>| {
         if !s.as_bytes().is_empty() && s.as_bytes().last() != Some(&b',') {
             s.push(b",");
         }
@@ -551,8 +559,11 @@ fn compose_conf() {
             show(pair),
         ));
     }
-    // SAFETY: single-threaded, before LOADED is published.
-    unsafe { JEMALLOC_CONF.set(s.as_bytes()) };
+    // Room for the NUL; no setting holds one (they come from the
+    // environment).
+    s.truncate(CONF_MAX);
+    let n = s.as_cstr().map_or(0, |c| c.to_bytes().len());
+    JEMALLOC_CONF.1.store(n as u32, Release);
 }
 
 /// Largest `tcache_max` this build's jemalloc accepts (from `build.rs`).
@@ -644,7 +655,8 @@ fn auto_narenas() -> Option<u32> {
 /// settings first if needed). For `exports::wrap_secure_getenv`.
 pub fn jemalloc_conf_ptr() -> *const c_char {
     load();
-    JEMALLOC_CONF.0.get().cast()
+    // SAFETY: `load` composed it (NUL-terminated) and nothing writes it again.
+    unsafe { (*JEMALLOC_CONF.0.get()).as_ptr().cast() }
 }
 
 // --- accessors ----------------------------------------------------------------

@@ -243,6 +243,16 @@ impl<const N: usize> StackBuf<N> {
         self.len = 0;
     }
 
+    /// Keeps the first `n` bytes at most.
+    pub fn truncate(&mut self, n: usize) {
+        self.len = self.len.min(n);
+    }
+
+    /// Where the bytes start.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.buf.as_ptr().cast()
+    }
+
     /// The bytes written so far.
     pub fn as_bytes(&self) -> &[u8] {
         // SAFETY: the first `len` bytes were written by `push`.
