@@ -298,6 +298,21 @@ fn dropping_root_with_capabilities_kept_works_while_the_shim_thread_runs() {
     );
     let o = ch.finish(T);
     assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    // Only a call whose caller has other capabilities than the shim's
+    // thread stops it: a call every thread can make leaves it alone.
+    let o = Cmd::new(exe, ["tids"])
+        .env("LD_PRELOAD", lib)
+        .env("MEMSHIM_CONTROL", "on")
+        .run();
+    assert_eq!(
+        (o.code, o.stdout.as_str(), o.stderr.as_str()),
+        (
+            0,
+            "plain: same thread\nuid=65534 gid=65534\ndrop: other thread\n",
+            ""
+        ),
+        "{o:?}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
