@@ -147,7 +147,7 @@ impl Client {
             // connection was still waiting in its queue, so it breaks.
             _ if connection_lost(e)
                 && matches!(
-                    memshim_proto::client::connect(&self.loc.dir, &self.loc.name),
+                    connect(&self.loc.dir, &self.loc.name),
                     Err(ConnectError::Missing | ConnectError::Refused)
                 ) =>
             {

@@ -34,7 +34,7 @@ mod socket;
 
 use crate::os::{self, fd::Owned, sock};
 use conn::{Conn, Next};
-use core::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use core::sync::atomic::{AtomicBool, Ordering::*};
 use memshim_proto::ErrorCode;
 use std::ffi::CString;
 
@@ -155,20 +155,15 @@ pub struct Endpoint {
 /// then. Every endpoint compares the current root with it: a program that
 /// `chroot`s after that gets no socket, nor socket directory, inside its
 /// new root, also from a thread started again later (after a set*id call,
-/// or a new thread of its own). A thread's writes only; read by threads
-/// of the shim.
-static ROOT: AtomicU64 = AtomicU64::new(0);
-static ROOT_INO: AtomicU64 = AtomicU64::new(0);
-static ROOT_SET: AtomicBool = AtomicBool::new(false);
+/// or a new thread of its own). Set on the shim's thread only.
+static ROOT: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
 
 fn first_root() -> Option<(u64, u64)> {
-    if !ROOT_SET.load(Acquire) {
-        let (dev, ino) = sock::root_id()?;
-        ROOT.store(dev, Relaxed);
-        ROOT_INO.store(ino, Relaxed);
-        ROOT_SET.store(true, Release);
+    if let Some(r) = ROOT.get() {
+        return Some(*r);
     }
-    Some((ROOT.load(Relaxed), ROOT_INO.load(Relaxed)))
+    let r = sock::root_id()?;
+    Some(*ROOT.get_or_init(|| r))
 }
 
 fn now_ms() -> u64 {

@@ -82,30 +82,26 @@ pub fn ensure_dir(dir: &CStr) -> Result<Owned, DirError> {
     Ok(d)
 }
 
-/// (st_dev, st_ino) of the file at `path` without following symbolic
-/// links, if it is a socket.
-pub fn socket_file_id(path: &CStr) -> Option<(u64, u64)> {
+/// `lstat` of `path`, keeping errno.
+fn lstat(path: &CStr) -> Option<libc::stat> {
     let _e = KeepErrno::new();
     // SAFETY: `st` is a valid out-pointer.
     let mut st: libc::stat = unsafe { core::mem::zeroed() };
     // SAFETY: `path` is NUL-terminated.
-    if unsafe { libc::lstat(path.as_ptr(), &mut st) } != 0 {
-        return None;
-    }
+    (unsafe { libc::lstat(path.as_ptr(), &mut st) } == 0).then_some(st)
+}
+
+/// (st_dev, st_ino) of the file at `path` without following symbolic
+/// links, if it is a socket.
+pub fn socket_file_id(path: &CStr) -> Option<(u64, u64)> {
+    let st = lstat(path)?;
     (st.st_mode & libc::S_IFMT == libc::S_IFSOCK).then_some((st.st_dev, st.st_ino))
 }
 
 /// (st_dev, st_ino) of this thread's root directory: it changes when the
 /// program `chroot`s.
 pub fn root_id() -> Option<(u64, u64)> {
-    let _e = KeepErrno::new();
-    // SAFETY: `st` is a valid out-pointer.
-    let mut st: libc::stat = unsafe { core::mem::zeroed() };
-    // SAFETY: a NUL-terminated literal.
-    if unsafe { libc::stat(c"/".as_ptr(), &mut st) } != 0 {
-        return None;
-    }
-    Some((st.st_dev, st.st_ino))
+    lstat(c"/").map(|st| (st.st_dev, st.st_ino))
 }
 
 /// Removes `path` (our own socket name in our own directory).

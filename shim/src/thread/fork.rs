@@ -121,40 +121,25 @@ pub(super) fn stop_if_alone_but_for_us() {
         }
         Some(_) => return,
     }
-    wait_while_starting();
-    if STATE.phase() == Phase::Running {
-        stop_now(true);
-    }
+    stop_once_started(true);
 }
 
-/// The main thread is ending with `pthread_exit` ([`super::LEADER_GONE`]):
-/// stops the shim's threads (bounded, as for a fork), whatever the mode and
-/// however many threads the application still has.
-pub(super) fn stop_for_good() {
-    if !matches!(STATE.phase(), Phase::Running | Phase::Starting) {
-        return;
-    }
-    wait_while_starting();
-    if STATE.phase() == Phase::Running {
-        stop_now(false);
-    }
+/// Stops the shim's threads (bounded, as for a fork) whatever the mode and
+/// however many threads the application has: for a main thread ending with
+/// `pthread_exit` (they stay stopped: [`super::LEADER_GONE`]), a set*id
+/// call or a thread limit (they may start again). Returns whether they
+/// stopped ([`stop_now`] gives up on a busy thread).
+pub(super) fn stop_regardless() -> bool {
+    matches!(STATE.phase(), Phase::Running | Phase::Starting) && stop_once_started(false)
 }
 
-/// Stops the shim's threads (whatever the application's threads, in every
-/// mode) and waits until they are gone; they may start again. Returns
-/// whether they stopped ([`stop_now`] gives up on a busy thread).
-pub(super) fn stop_for_a_while() -> bool {
-    if !matches!(STATE.phase(), Phase::Running | Phase::Starting) {
-        return false;
-    }
-    wait_while_starting();
-    STATE.phase() == Phase::Running && stop_now(false)
-}
-
-fn wait_while_starting() {
+/// Waits (bounded) for a starting thread to reach its loop, then
+/// [`stop_now`]s it if it runs.
+fn stop_once_started(alone: bool) -> bool {
     os::time::wait_while(START_WAIT_MS, Duration::from_micros(100), || {
         STATE.phase() == Phase::Starting
     });
+    STATE.phase() == Phase::Running && stop_now(alone)
 }
 
 /// Asks the thread to stop (with `alone`, the caller being the

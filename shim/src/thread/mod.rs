@@ -61,7 +61,7 @@ pub fn before_pthread_exit() {
     let _e = KeepErrno::new();
     let _nc = NoCancel::new();
     LEADER_GONE.store(true, Relaxed);
-    fork::stop_for_good();
+    fork::stop_regardless();
 }
 
 /// Starts the shim's thread if it is not running. Called from our
@@ -277,7 +277,7 @@ pub fn retry_with_room(mut create: impl FnMut() -> i32) -> i32 {
     // `pthread_create` is not one.
     let _e = KeepErrno::new();
     let _nc = NoCancel::new();
-    if !fork::stop_for_a_while() {
+    if !fork::stop_regardless() {
         return libc::EAGAIN;
     }
     let mut rc = create();
@@ -312,7 +312,7 @@ pub fn around_setxid(call: impl FnOnce() -> libc::c_int) -> libc::c_int {
         let same = STATE
             .wake()
             .is_some_and(|(tid, _)| os::thread::same_capabilities(tid));
-        !same && fork::stop_for_a_while()
+        !same && fork::stop_regardless()
     };
     let rc = call();
     if stopped && eligible() {
