@@ -584,6 +584,19 @@ pub fn wait_until<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Opt
     }
 }
 
+/// Waits (at most 5 s) until `pid` has libmemshim.so mapped: a process
+/// just spawned under the shim is still exec'ing before that, and
+/// memshim-ctl would call it unshimmed. Panics if it never is.
+pub fn wait_shim_mapped(pid: i32) {
+    wait_until(Duration::from_secs(5), || {
+        std::fs::read_to_string(format!("/proc/{pid}/maps"))
+            .ok()?
+            .contains("libmemshim.so")
+            .then_some(())
+    })
+    .unwrap_or_else(|| panic!("libmemshim.so never mapped in pid {pid}"));
+}
+
 /// A `key:` line of `/proc/<pid>/status`, in kB or count.
 pub fn proc_status(pid: i32, key: &str) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

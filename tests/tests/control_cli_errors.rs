@@ -175,13 +175,7 @@ fn several_targets_failing_alike_give_their_code_and_a_mix_gives_1() {
     let plain = Cmd::new("sleep", ["30"]).spawn();
     let lone = Cmd::new("sleep", ["30"]).shimmed().spawn();
     let (p, l) = (plain.pid().to_string(), lone.pid().to_string());
-    wait_until(Duration::from_secs(10), || {
-        std::fs::read_to_string(format!("/proc/{l}/maps"))
-            .ok()?
-            .contains("libmemshim")
-            .then_some(())
-    })
-    .expect("the shim is mapped");
+    memshim_tests::wait_shim_mapped(lone.pid());
     let o = Cmd::new(ctl(), ["purge", "999999999", &p]).run();
     assert_eq!(o.code, 3, "{o:?}");
     let o = Cmd::new(ctl(), ["purge", "999999999", &l]).run();

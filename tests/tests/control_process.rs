@@ -195,13 +195,7 @@ fn a_socket_from_an_earlier_process_with_the_same_pid_is_never_used() {
         .env("MEMSHIM_SOCKET_DIR", &dir)
         .spawn();
     let pid = cat.pid();
-    wait_until(Duration::from_secs(5), || {
-        std::fs::read_to_string(format!("/proc/{pid}/maps"))
-            .ok()?
-            .contains("libmemshim.so")
-            .then_some(())
-    })
-    .unwrap();
+    wait_shim_mapped(pid);
     {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new().mode(0o700).create(&dir).unwrap();

@@ -179,13 +179,7 @@ fn list_explains_why_a_shimmed_process_has_no_endpoint() {
         .spawn();
     let pid = cat.pid();
     for p in [pid, off.pid()] {
-        wait_until(Duration::from_secs(5), || {
-            std::fs::read_to_string(format!("/proc/{p}/maps"))
-                .ok()?
-                .contains("libmemshim.so")
-                .then_some(())
-        })
-        .unwrap();
+        wait_shim_mapped(p);
     }
     let (_, list) = ctl_json(&["list"]);
     let find = |p: i32| {
