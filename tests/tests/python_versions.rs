@@ -95,6 +95,46 @@ fn two_hundred_exits_under_request_fire_on_every_installed_cpython() {
     }
 }
 
+/// A server whose main script returns while a non-daemon thread serves on
+/// (the interpreter waits for it in `threading._shutdown`), after a first
+/// job registered the exit gate: `gc` still collects, for as long as the
+/// thread serves. The gate once hooked `threading._register_atexit`, whose
+/// functions run before those threads are joined: every later `gc` and
+/// `release` answered "shutting down" (3.9, 3.10, 3.12, 3.13; and 3.11 without
+/// a site hook that imports `atexit`, hence `-S`).
+#[test]
+fn gc_works_after_the_main_script_returns_while_a_thread_serves() {
+    for_each_cpython(2, |v, exe| {
+        let dir = socket_dir(&format!("main-ends-{v}"));
+        let script = fixture_py("py_main_ends.py");
+        let mut child = Cmd::new(&exe, [std::ffi::OsStr::new("-S"), script.as_os_str()])
+            .shimmed()
+            .env("MEMSHIM_CONTROL", "on")
+            .env("MEMSHIM_SOCKET_DIR", &dir)
+            .spawn();
+        let ready = child.wait_for_line("ready:", Duration::from_secs(30));
+        assert!(ready.contains("atexit=False"), "{v}: {ready}");
+        let sock = socket_of(&dir, child.pid());
+        assert!(
+            matches!(ok(request(&sock, &Request::Gc)), Reply::Gc(_)),
+            "{v}: the first gc, while the main script runs"
+        );
+        ask(&mut child, "end-main");
+        ask(&mut child, "alloc");
+        assert!(ask(&mut child, "fin").contains("count=0"), "{v}");
+        let r = request(&sock, &Request::Gc);
+        assert!(
+            matches!(&r, memshim_proto::Response::Ok(Reply::Gc(_))),
+            "{v}: gc after the main script returned: {r:?}"
+        );
+        let fin = ask(&mut child, "fin");
+        assert!(field::<u32>(&fin, "count") >= 1000, "{v}: {fin}");
+        child.send("quit");
+        let out = child.finish(Duration::from_secs(30));
+        assert_eq!((out.code, out.stderr.as_str()), (0, ""), "{v}");
+    });
+}
+
 fn no_python(r: memshim_proto::Response) -> bool {
     matches!(r, memshim_proto::Response::Ok(Reply::Stats(s)) if s.python.is_none()
         && s.python_unavailable == Some(PythonUnavailable::NoPython))

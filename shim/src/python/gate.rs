@@ -15,25 +15,30 @@
 //! calls [`close`]: it shuts the gate and waits until nothing is in flight.
 //!
 //! The hook is registered from the first job that runs, with the earliest
-//! of these that the process offers without importing anything:
+//! of these that the process offers:
 //!
 //! 1. `atexit.register(hook)` if the program imported `atexit` (anything
-//!    that imports `logging`, `torch`, `multiprocessing`, ... does), or
-//!    `threading._register_atexit(hook)` (3.9+) if it imported `threading`.
-//!    Both run before the runtime is marked finalizing, with the GIL held;
-//!    the hook releases the GIL while it waits, so a job thread queued for
-//!    the GIL gets it, sees the gate shut and leaves (a job that already
-//!    started finishes first, bounded by [`CLOSE_WAIT_MS`]).
+//!    that imports `logging`, `torch`, `multiprocessing`, ... does). Its
+//!    functions run after the non-daemon threads have been joined and
+//!    before the runtime is marked finalizing, with the GIL held; the hook
+//!    releases the GIL while it waits, so a job thread queued for the GIL
+//!    gets it, sees the gate shut and leaves (a job that already started
+//!    finishes first, bounded by [`CLOSE_WAIT_MS`]).
 //! 2. Otherwise the C-level `PyUnstable_AtExit` (3.13) / `_Py_AtExit`
 //!    (3.12): runs while the interpreter is cleared, after the runtime is
 //!    marked finalizing; a job thread still waiting for the GIL is ended by
 //!    CPython within one switch interval, which the wait sees.
+//! 3. A 3.8-3.11 program that did not import `atexit` offers neither:
+//!    there the first job imports `atexit` (a builtin) and registers with
+//!    it.
 //!
-//! A 3.8-3.11 program that imports neither `atexit` nor `threading` offers
-//! neither: there the first job imports `atexit` (a builtin) and registers
-//! with it. Until the first job has registered a hook, a job thread relies
-//! on its `Py_IsFinalizing()` check just before it creates its thread state
-//! (docs/python.md, "Shutdown", names the window that leaves).
+//! Not `threading._register_atexit`: its functions run when the main
+//! script has returned but *before* the non-daemon threads are joined, so
+//! a server whose worker threads outlive the main script would have the
+//! gate shut for the rest of its life. Until the first job has registered
+//! a hook, a job thread relies on its `Py_IsFinalizing()` check just before
+//! it creates its thread state (docs/python.md, "Shutdown", names the
+//! window that leaves).
 
 use super::ffi::{self, METH_NOARGS, PyMethodDef, PyObject};
 use super::object::Py;
@@ -46,7 +51,7 @@ static CLOSED: AtomicBool = AtomicBool::new(false);
 static IN_FLIGHT: AtomicU32 = AtomicU32::new(0);
 
 const NO_HOOK: u8 = 0;
-/// `atexit` or `threading`: runs before the runtime is marked finalizing.
+/// `atexit`: runs before the runtime is marked finalizing.
 const EARLY_HOOK: u8 = 1;
 /// `PyUnstable_AtExit` / `_Py_AtExit`: runs while the interpreter is cleared.
 const LATE_HOOK: u8 = 2;
@@ -92,8 +97,8 @@ fn close() {
     });
 }
 
-/// The early hook (`atexit` / `threading._register_atexit`): main thread,
-/// GIL held, before finalization.
+/// The early hook (`atexit`): main thread, GIL held, after the non-daemon
+/// threads are joined and before finalization.
 unsafe extern "C" fn early_hook(_self: *mut PyObject, _unused: *mut PyObject) -> *mut PyObject {
     let Some(api) = ffi::resolved() else {
         close();
@@ -133,26 +138,22 @@ static HOOK_DEF: PyMethodDef = PyMethodDef {
 /// not done yet. Failures are cleared and retried next job.
 ///
 /// The only module it may import is `atexit`, a builtin: a 3.8-3.11
-/// program that imported neither `atexit` nor `threading` offers no hook
-/// that runs before its interpreter is torn down, and without one a job
-/// thread that asks for the interpreter as it exits could find it freed
-/// (docs/python.md, "Shutdown"). After the import, `'atexit'` is in
-/// `sys.modules`; nothing else of the program changes.
+/// program that did not import it offers no hook that runs before its
+/// interpreter is torn down, and without one a job thread that asks for
+/// the interpreter as it exits could find it freed (docs/python.md,
+/// "Shutdown"). After the import, `'atexit'` is in `sys.modules`; nothing
+/// else of the program changes.
 pub fn ensure_hook(py: &Py) {
     if HOOK.load(SeqCst) == EARLY_HOOK {
         return;
     }
-    // The early hooks are the better ones; a process that imports `atexit`
-    // or `threading` after we settled for the late hook gets one too
-    // (closing twice is harmless).
+    // The early hook is the better one; a 3.12+ process that imports
+    // `atexit` after we settled for the late hook gets it too (closing
+    // twice is harmless).
     let api = py.api();
     let registrar = py
         .imported(c"atexit")
         .and_then(|m| py.attr(&m, c"register").ok())
-        .or_else(|| {
-            py.imported(c"threading")
-                .and_then(|m| py.attr(&m, c"_register_atexit").ok())
-        })
         .or_else(|| {
             if api.at_exit.is_some() {
                 return None; // 3.12+: the late hook below protects as well
