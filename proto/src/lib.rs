@@ -48,7 +48,8 @@ pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 /// Longest response line a client should accept, `\n` included.
 pub const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
 /// Milliseconds a connection may stay without sending a complete request before
-/// the server closes it.
+/// the server closes it (counted from the accept or from the end of the last
+/// answer; what arrived while the server was busy elsewhere is read first).
 pub const IDLE_TIMEOUT_MS: u64 = 5000;
 
 /// A request: one JSON object on one line, discriminated by `"op"`.

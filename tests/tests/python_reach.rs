@@ -283,3 +283,51 @@ fn python_requests_left_by_a_client_that_hung_up_do_not_hold_up_the_next() {
     assert_eq!((out.code, out.stderr.as_str()), (0, ""), "{v}");
     eprintln!("python_reach: {v}: answered {took:?} after a client left 9 Python requests behind");
 }
+
+/// A `gc` that waits its full 5 s for a held GIL keeps the shim's thread
+/// busy; the connections it did not read meanwhile are not timed out for
+/// it. Before, their 5 s ran from the start of the loop turn: a client
+/// that had said hello just before and sent its request while the thread
+/// waited got "no complete request within 5000 ms" (exit 6 in
+/// memshim-ctl), and the `gc`'s own connection was closed right after its
+/// answer, so a next request on it got the same.
+#[test]
+fn a_long_request_does_not_time_out_the_clients_it_kept_waiting() {
+    let Some((v, exe)) = cpythons().into_iter().next_back() else {
+        eprintln!("SKIP: no pyenv CPython");
+        return;
+    };
+    let dir = socket_dir("reach-kept-waiting");
+    let (mut child, sock, _) = enter(&exe, "gilheld", &dir, 'S');
+    child.labelled(&format!("CPython {v}, GIL held in a C call"));
+    let mut waiting = memshim_tests::endpoint::Conn::open(&sock).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let slow = {
+        let sock = sock.clone();
+        std::thread::spawn(move || {
+            let mut c = memshim_tests::endpoint::Conn::open(&sock).unwrap();
+            let t = Instant::now();
+            let gc = c.request(&Request::Gc).unwrap();
+            let took = t.elapsed();
+            (gc, took, c.request(&Request::Purge))
+        })
+    };
+    // Sent while the shim's thread waits for the GIL on the other's behalf.
+    std::thread::sleep(Duration::from_millis(1000));
+    let r = waiting.request(&Request::Purge);
+    assert!(
+        matches!(&r, Ok(Response::Ok(Reply::Purge(_)))),
+        "{v}: a request sent during another client's long gc: {r:?}"
+    );
+    let (gc, took, next) = slow.join().unwrap();
+    assert!(
+        is_busy(&gc) && took >= Duration::from_secs(5),
+        "{v}: {gc:?} after {took:?}"
+    );
+    assert!(
+        matches!(&next, Ok(Response::Ok(Reply::Purge(_)))),
+        "{v}: the next request on the gc's connection: {next:?}"
+    );
+    let out = child.finish(Duration::from_secs(30));
+    assert_eq!((out.code, out.stderr.as_str()), (0, ""), "{v}");
+}

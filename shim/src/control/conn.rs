@@ -121,7 +121,7 @@ impl Conn {
     }
 
     /// Readable or writable (or hung up): do one bounded turn.
-    pub fn turn(&mut self, now_ms: u64, ctx: &Ctx<'_>) -> Next {
+    pub fn turn(&mut self, ctx: &Ctx<'_>) -> Next {
         let Some(fd) = self.fd() else {
             return Next::Close;
         };
@@ -147,7 +147,7 @@ impl Conn {
                 Err(_) => return Next::Close,
             }
         }
-        self.serve(now_ms, ctx);
+        self.serve(ctx);
         if self.flush(fd) == Next::Close {
             return Next::Close;
         }
@@ -159,8 +159,10 @@ impl Conn {
         }
     }
 
-    /// Answers up to `MAX_REQUESTS_PER_TURN` complete lines.
-    pub fn serve(&mut self, now_ms: u64, ctx: &Ctx<'_>) {
+    /// Answers up to `MAX_REQUESTS_PER_TURN` complete lines. The deadline
+    /// runs from the end of each answer, not from the start of the turn: a
+    /// request may take seconds (`gc` waits up to 5 s for the GIL).
+    pub fn serve(&mut self, ctx: &Ctx<'_>) {
         for _ in 0..MAX_REQUESTS_PER_TURN {
             if self.close_after_output {
                 return;
@@ -181,7 +183,7 @@ impl Conn {
             }
             let response = self.answer(&line, ctx);
             self.respond(&response, false);
-            self.deadline_ms = now_ms + IDLE_TIMEOUT_MS;
+            self.deadline_ms = super::now_ms() + IDLE_TIMEOUT_MS;
         }
     }
 

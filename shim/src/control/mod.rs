@@ -166,7 +166,7 @@ fn first_root() -> Option<(u64, u64)> {
     Some(*ROOT.get_or_init(|| r))
 }
 
-fn now_ms() -> u64 {
+pub(super) fn now_ms() -> u64 {
     os::time::monotonic_ms()
 }
 
@@ -303,12 +303,11 @@ impl Endpoint {
 
     /// Serves what `poll` reported on the entries of [`Endpoint::poll_fds`].
     pub fn on_events(&mut self, polled: &[libc::pollfd], facts: &Facts) {
-        let now = now_ms();
         let ctx = self.ctx(facts);
         let listener = self.listener.as_ref().and_then(Owned::fd);
         for p in polled.iter().filter(|p| p.revents != 0) {
             if Some(p.fd) == listener {
-                self.accept_some(now, &ctx);
+                self.accept_some(&ctx);
                 continue;
             }
             let Some(i) = self
@@ -318,16 +317,15 @@ impl Endpoint {
             else {
                 continue;
             };
-            let next = self.conns[i]
-                .as_mut()
-                .map_or(Next::Close, |c| c.turn(now, &ctx));
+            let next = self.conns[i].as_mut().map_or(Next::Close, |c| c.turn(&ctx));
             if next == Next::Close {
                 self.conns[i] = None;
             }
         }
     }
 
-    fn accept_some(&mut self, now: u64, ctx: &Ctx<'_>) {
+    fn accept_some(&mut self, ctx: &Ctx<'_>) {
+        let now = now_ms();
         for _ in 0..MAX_ACCEPTS_PER_TURN {
             let (Some(listener), Some(b)) = (self.listener.as_ref(), self.bound.as_ref()) else {
                 return;
@@ -365,7 +363,7 @@ impl Endpoint {
                          control socket, and the request came from {who}"
                     );
                     let mut c = Conn::refused(sock, now, ErrorCode::PermissionDenied, &msg);
-                    let _ = c.turn(now, ctx);
+                    let _ = c.turn(ctx);
                     self.conns[slot] = Some(c);
                 }
             }
@@ -408,13 +406,24 @@ impl Endpoint {
             } else if now >= c.deadline_ms && c.is_draining() {
                 *slot = None;
             } else if now >= c.deadline_ms {
-                let msg = format!(
-                    "no complete request within {} ms; closing",
-                    memshim_proto::IDLE_TIMEOUT_MS
-                );
-                c.send_final(ErrorCode::Timeout, &msg);
-                *slot = None;
-            } else if c.has_backlog() && c.turn(now, &ctx) == Next::Close {
+                // Past its deadline; but the loop may have spent that time
+                // on another client's long request (a `gc` waits up to 5 s
+                // for the GIL) without reading this one. What it sent is
+                // served now, which moves the deadline, before it is given
+                // up on.
+                match c.turn(&ctx) {
+                    Next::Close => *slot = None,
+                    Next::Keep if now >= c.deadline_ms => {
+                        let msg = format!(
+                            "no complete request within {} ms; closing",
+                            memshim_proto::IDLE_TIMEOUT_MS
+                        );
+                        c.send_final(ErrorCode::Timeout, &msg);
+                        *slot = None;
+                    }
+                    Next::Keep => {}
+                }
+            } else if c.has_backlog() && c.turn(&ctx) == Next::Close {
                 *slot = None;
             }
         }
