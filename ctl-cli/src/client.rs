@@ -43,6 +43,11 @@ impl Client {
     pub fn open_proc(p: Proc) -> Result<Client, Failure> {
         let loc = discover::socket_loc(&p);
         let path = loc.path();
+        // Asking would only wait out the time limit: `list`, `cgroup`,
+        // `reclaim` ask each process in turn.
+        if discover::shim_thread_stopped(p.pid) {
+            return Err(stopped(p.pid, &path.display().to_string()));
+        }
         let conn = match Connection::open(&loc.dir, &loc.name, SHORT) {
             Ok(c) => c,
             // Found a moment ago, gone now: its socket is missing or stale.
@@ -50,6 +55,10 @@ impl Client {
                 return Err(exited(&p, &path.display().to_string(), "no answer"));
             }
             Err(ConnectError::Missing) => {
+                let (why, hint) = discover::why_no_endpoint(&p, &loc);
+                return Err(Failure::new(Exit::NoEndpoint, Some(p.pid), why).hint(hint));
+            }
+            Err(ConnectError::Refused) if discover::not_a_socket(&path).is_some() => {
                 let (why, hint) = discover::why_no_endpoint(&p, &loc);
                 return Err(Failure::new(Exit::NoEndpoint, Some(p.pid), why).hint(hint));
             }
@@ -132,16 +141,9 @@ impl Client {
                 format!("{e} from {}", path.display()),
             )
             .hint("use a memshim-ctl of the same release as the library"),
-            _ if e.timed_out() && discover::stopped(self.proc.pid) => Failure::new(
-                Exit::Failed,
-                Some(self.proc.pid),
-                format!(
-                    "{}: {e}: the process is stopped (SIGSTOP, a job-control stop or a debugger), so nothing \
-                     in it runs",
-                    path.display()
-                ),
-            )
-            .hint(format!("continue it (`kill -CONT {}`) and ask again", self.proc.pid)),
+            _ if e.timed_out() && discover::stopped(self.proc.pid) => {
+                stopped(self.proc.pid, &format!("{}: {e}", path.display()))
+            }
             // The shim's thread closed its socket under us: it stops when
             // the process has been single-threaded for a while. The
             // connection was still waiting in its queue, so it breaks.
@@ -219,6 +221,19 @@ fn connection_lost(e: &ClientError) -> bool {
 }
 
 /// The failure for a process that exited while memshim-ctl talked to it.
+/// The failure for a process that is stopped: `what` is the socket, or
+/// what failed on it.
+fn stopped(pid: i32, what: &str) -> Failure {
+    Failure::new(
+        Exit::Failed,
+        Some(pid),
+        format!(
+            "{what}: the process is stopped (SIGSTOP, a job-control stop or a debugger), so nothing in it runs"
+        ),
+    )
+    .hint(format!("continue it (`kill -CONT {pid}`) and ask again"))
+}
+
 fn exited(p: &Proc, path: &str, what: &str) -> Failure {
     Failure::new(
         Exit::NotFound,

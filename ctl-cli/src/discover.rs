@@ -167,17 +167,15 @@ pub fn read_proc(pid: i32) -> Result<Proc, Failure> {
                 .filter(|p| !p.is_empty())
                 .map(|p| String::from_utf8_lossy(p).into_owned())
                 .collect();
-            parts
-                .join(" ")
-                .chars()
-                .map(|c| if c.is_control() { ' ' } else { c })
-                .collect()
+            printable(&parts.join(" "))
         }
         _ => format!(
             "[{}]",
-            status_fields(&status, "Name")
-                .map(|f| f.join(" "))
-                .unwrap_or_default()
+            printable(
+                &status_fields(&status, "Name")
+                    .map(|f| f.join(" "))
+                    .unwrap_or_default()
+            )
         ),
     };
     use std::os::unix::fs::MetadataExt;
@@ -193,6 +191,15 @@ pub fn read_proc(pid: i32) -> Result<Proc, Failure> {
         rss,
         view,
     })
+}
+
+/// A process's name or command line as it may be shown: control
+/// characters (newlines, terminal escapes), which any process can put in
+/// its own, become spaces.
+pub fn printable(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
 }
 
 /// `/proc/<tid>` exists for every thread, though `ls /proc` lists only
@@ -248,6 +255,38 @@ pub fn stopped(pid: i32) -> bool {
     read_text(proc_path(pid, "stat"))
         .ok()
         .is_some_and(|s| matches!(stat_fields(&s).and_then(|mut f| f.next()), Some("T" | "t")))
+}
+
+/// Whether the shim's threads of `pid` (named `memshim`) are all stopped
+/// (state `T`, or `t` under a tracer), seen twice 20 ms apart so that a
+/// tracer's momentary syscall stops do not count: nothing in the process
+/// will answer until it continues. False where it has no such thread.
+pub fn shim_thread_stopped(pid: i32) -> bool {
+    let look = || {
+        let Ok(rd) = std::fs::read_dir(proc_path(pid, "task")) else {
+            return false;
+        };
+        let mut seen = false;
+        for t in rd.flatten() {
+            if !read_text(t.path().join("comm")).is_ok_and(|c| c.trim() == "memshim") {
+                continue;
+            }
+            let state = read_text(t.path().join("stat")).ok().and_then(|s| {
+                stat_fields(&s)
+                    .and_then(|mut f| f.next())
+                    .map(str::to_owned)
+            });
+            if !matches!(state.as_deref(), Some("T" | "t")) {
+                return false;
+            }
+            seen = true;
+        }
+        seen
+    };
+    look() && {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        look()
+    }
 }
 
 /// [`all_threads_exited`], given the main thread's `stat` line.
@@ -552,6 +591,9 @@ pub fn why_no_endpoint(p: &Proc, loc: &SocketLoc) -> (String, String) {
             ),
         );
     }
+    if let Some(blocked) = blocked_socket(&loc.path()) {
+        return blocked;
+    }
     // The thread runs: its socket is missing, or a file nobody listens on
     // (the thread is binding it again).
     let why = if std::fs::symlink_metadata(loc.path()).is_ok() {
@@ -563,6 +605,43 @@ pub fn why_no_endpoint(p: &Proc, loc: &SocketLoc) -> (String, String) {
         why,
         "the endpoint may be starting (retry in a few seconds); MEMSHIM_VERBOSE=1 shows why it failed".into(),
     )
+}
+
+/// What occupies a socket's path when it is not a socket (nor a symbolic
+/// link, which the client refuses by itself): "a regular file", "a
+/// directory", ... The shim never removes a file it did not make, so it
+/// cannot bind there until someone does.
+pub fn not_a_socket(path: &Path) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    let t = std::fs::symlink_metadata(path).ok()?.file_type();
+    Some(if t.is_socket() || t.is_symlink() {
+        return None;
+    } else if t.is_file() {
+        "a regular file"
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else {
+        "a device file"
+    })
+}
+
+/// Why, and what to do, when something other than a socket occupies the
+/// socket's path ([`not_a_socket`]).
+pub fn blocked_socket(path: &Path) -> Option<(String, String)> {
+    let kind = not_a_socket(path)?;
+    Some((
+        format!(
+            "{} is {kind}, not a socket: the shim never removes a file it did not make, so it cannot bind its \
+             socket there",
+            path.display()
+        ),
+        format!(
+            "remove it (`rm {}`); the shim then binds its socket within a few seconds",
+            path.display()
+        ),
+    ))
 }
 
 /// Resolves `pid` to a process with the shim loaded.

@@ -310,6 +310,158 @@ fn a_socket_dir_that_is_a_file_is_no_endpoint_and_a_problem_for_doctor() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A regular file put where a live process's socket was: the shim never
+/// removes a file it did not make, so the endpoint stays down until the
+/// file goes. `stats` and `doctor` say so (they said "binds its socket
+/// again shortly", and `doctor` exited 0), and removing the file heals it.
+#[test]
+fn a_file_in_place_of_the_socket_is_named_and_a_problem_for_doctor() {
+    let dir = std::path::PathBuf::from(format!("/tmp/ms-squat-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let host = Cmd::new("sleep", ["60"])
+        .shimmed()
+        .env("MEMSHIM_CONTROL", "on")
+        .env("MEMSHIM_SOCKET_DIR", &dir)
+        .spawn();
+    let pid = host.pid();
+    wait_for_shim_thread(pid);
+    let sock = wait_until(Duration::from_secs(15), || {
+        memshim_tests::endpoint::socket_path(&dir, pid)
+    })
+    .expect("no socket");
+    let o = Cmd::new(ctl(), ["stats", &pid.to_string()])
+        .env("MEMSHIM_SOCKET_DIR", &dir)
+        .run();
+    assert_eq!(o.code, 0, "{o:?}");
+    std::fs::remove_file(&sock).unwrap();
+    std::fs::write(&sock, "squatter\n").unwrap();
+    let o = Cmd::new(ctl(), ["stats", &pid.to_string()])
+        .env("MEMSHIM_SOCKET_DIR", &dir)
+        .run();
+    assert_eq!(o.code, 4, "{o:?}");
+    assert!(
+        o.stderr.contains("is a regular file, not a socket") && o.stderr.contains("rm "),
+        "{o:?}"
+    );
+    let o = Cmd::new(ctl(), ["doctor", &pid.to_string()])
+        .env("MEMSHIM_SOCKET_DIR", &dir)
+        .run();
+    assert_eq!(o.code, 1, "{o:?}");
+    assert!(o.stdout.contains("socket_blocked"), "{o:?}");
+    std::fs::remove_file(&sock).unwrap();
+    let healed = wait_until(Duration::from_secs(15), || {
+        let o = Cmd::new(ctl(), ["stats", &pid.to_string()])
+            .env("MEMSHIM_SOCKET_DIR", &dir)
+            .run();
+        (o.code == 0).then_some(())
+    });
+    assert!(
+        healed.is_some(),
+        "the endpoint did not come back once the file was removed"
+    );
+    drop(host);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Any process can put newlines and terminal escapes in its own name (here
+/// through its executable's file name, which `comm` and `exe` show):
+/// `doctor` prints neither (it printed both raw, so a process could forge
+/// lines of root's report or drive root's terminal), as `list` did not.
+#[test]
+fn doctor_never_prints_control_characters_from_a_process_name() {
+    let dir = memshim_tests::scratch().join(format!("cli-ctlchars-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("ev\nil\u{1b}[31mX");
+    let o = Cmd::new("cp", [std::path::Path::new("/bin/sleep"), exe.as_path()]).run();
+    assert_eq!(o.code, 0, "{o:?}");
+    let host = Cmd::new(&exe, ["60"])
+        .shimmed()
+        .env("MEMSHIM_CONTROL", "on")
+        .spawn();
+    let pid = host.pid();
+    memshim_tests::control::wait_endpoint(pid);
+    let o = Cmd::new(ctl(), ["doctor", &pid.to_string()]).run();
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    assert!(
+        !o.stdout.contains('\u{1b}') && o.stdout.contains(&format!("pid {pid} (ev il [31mX)\n")),
+        "{o:?}"
+    );
+    let o = Cmd::new(ctl(), ["list"]).run();
+    assert_eq!(o.code, 0, "{o:?}");
+    assert!(!o.stdout.contains('\u{1b}'), "{o:?}");
+    drop(host);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A stopped process (SIGSTOP, Ctrl-Z, a debugger) cannot answer: it is
+/// reported as stopped at once instead of after the 5 s time limit, which
+/// `list`, `cgroup` and `reclaim` paid for each stopped process in turn
+/// (`list` took 80 s with 16 of them). Continued, it answers again.
+#[test]
+fn stopped_processes_are_reported_without_waiting_out_the_time_limit() {
+    let hosts: Vec<_> = (0..3)
+        .map(|_| {
+            Cmd::new("sleep", ["60"])
+                .shimmed()
+                .env("MEMSHIM_CONTROL", "on")
+                .spawn()
+        })
+        .collect();
+    let pids: Vec<String> = hosts.iter().map(|h| h.pid().to_string()).collect();
+    for h in &hosts {
+        memshim_tests::control::wait_endpoint(h.pid());
+    }
+    let signal = |sig: &str| {
+        for p in &pids {
+            assert_eq!(Cmd::new("kill", [sig, p.as_str()]).run().code, 0);
+        }
+    };
+    signal("-STOP");
+    for p in &pids {
+        let all_stopped = || {
+            let rd = std::fs::read_dir(format!("/proc/{p}/task")).ok()?;
+            rd.flatten()
+                .all(|t| {
+                    std::fs::read_to_string(t.path().join("stat"))
+                        .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, f)| f.starts_with('T')))
+                })
+                .then_some(())
+        };
+        wait_until(Duration::from_secs(10), all_stopped).expect("stopped");
+    }
+    let t = std::time::Instant::now();
+    let o = Cmd::new(ctl(), ["stats", &pids[0]]).run();
+    let one = t.elapsed();
+    let t = std::time::Instant::now();
+    let (code, list) = memshim_tests::control::ctl_json(&["list"]);
+    let all = t.elapsed();
+    signal("-CONT");
+    assert_eq!(o.code, 1, "{o:?}");
+    assert!(o.stderr.contains("the process is stopped"), "{o:?}");
+    assert!(one < Duration::from_secs(4), "stats waited {one:?}");
+    assert_eq!(code, 0, "{list}");
+    for p in &pids {
+        let me = list["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["pid"].as_i64() == p.parse::<i64>().ok())
+            .cloned();
+        assert!(
+            me.is_some_and(|e| e["endpoint"] == false
+                && e["reason"].as_str().is_some_and(|r| r.contains("stopped"))),
+            "{p}: {list}"
+        );
+    }
+    assert!(
+        all < Duration::from_secs(10),
+        "list waited {all:?} for 3 stopped processes"
+    );
+    let o = Cmd::new(ctl(), ["stats", &pids[0]]).run();
+    assert_eq!(o.code, 0, "continued: {o:?}");
+    drop(hosts);
+}
+
 #[test]
 fn a_process_whose_name_is_not_utf8_is_found_like_any_other() {
     // The kernel cuts `comm` at 15 bytes: an executable named with 14 ASCII

@@ -102,16 +102,16 @@ struct Proc {
 
 fn read_proc(pid: i32) -> Result<Proc, Failure> {
     let base = PathBuf::from(format!("/proc/{pid}"));
-    let comm = crate::discover::read_text(base.join("comm"))
-        .map_err(|e| {
-            Failure::new(
-                Exit::NotFound,
-                Some(pid),
-                format!("no such process (/proc/{pid}: {e})"),
-            )
-        })?
-        .trim()
-        .to_owned();
+    let comm = crate::discover::read_text(base.join("comm")).map_err(|e| {
+        Failure::new(
+            Exit::NotFound,
+            Some(pid),
+            format!("no such process (/proc/{pid}: {e})"),
+        )
+    })?;
+    // Shown on the terminal: any process can put newlines and escape
+    // sequences in its own name (and in its executable's file name).
+    let comm = crate::discover::printable(comm.strip_suffix('\n').unwrap_or(&comm));
     let status = crate::discover::read_text(base.join("status")).unwrap_or_default();
     crate::discover::not_a_thread(pid, &status)?;
     let field = |k: &str| {
@@ -131,7 +131,7 @@ fn read_proc(pid: i32) -> Result<Proc, Failure> {
     }
     let parent_comm = field("PPid:")
         .and_then(|p| crate::discover::read_text(format!("/proc/{p}/comm")).ok())
-        .map(|c| c.trim().to_owned());
+        .map(|c| crate::discover::printable(c.trim()));
     // Address space, environment and executable: a running thread's, if
     // the main thread has ended with `pthread_exit`.
     let base = crate::discover::view(pid);
@@ -198,7 +198,7 @@ pub fn diagnose(pid: i32, endpoint: impl FnOnce(i32) -> Endpoint) -> Result<Diag
     let exe_name = p
         .exe
         .as_ref()
-        .map(|e| e.display().to_string())
+        .map(|e| crate::discover::printable(&e.display().to_string()))
         .unwrap_or_else(|| p.comm.clone());
 
     if maps.is_none() {
@@ -258,6 +258,10 @@ pub fn diagnose(pid: i32, endpoint: impl FnOnce(i32) -> Endpoint) -> Result<Diag
             );
         }
         let control = crate::discover::control_mode(env(&p, "MEMSHIM_CONTROL"));
+        let blocked = discover::read_proc(pid)
+            .ok()
+            .and_then(|dp| discover::blocked_socket(&discover::socket_loc(&dp).path()))
+            .map(|(why, hint)| format!("{why} ({hint})"));
         match endpoint(pid) {
             Endpoint::Answered { interposed: false, .. } => add(
                 Level::Problem,
@@ -298,6 +302,11 @@ pub fn diagnose(pid: i32, endpoint: impl FnOnce(i32) -> Endpoint) -> Result<Diag
                      the shim's thread and control socket start only with its second thread. \
                      Set MEMSHIM_CONTROL=on to reach it anyway."
                 ),
+            ),
+            Endpoint::Absent if blocked.is_some() => add(
+                Level::Problem,
+                "socket_blocked",
+                format!("shim loaded from {lib}; {}", blocked.clone().unwrap_or_default()),
             ),
             Endpoint::Absent => match refused_dir(pid) {
                 Some(why) => add(
