@@ -164,6 +164,19 @@ impl Client {
                 )
                 .hint(hint)
             }
+            // ... and listens again already: the thread started again with
+            // the process's next thread, or an `exec` replaced the program
+            // (the socket's name stays the same).
+            _ if connection_lost(e) => Failure::new(
+                Exit::NoEndpoint,
+                Some(self.proc.pid),
+                format!(
+                    "{}: {e}: the shim's thread stopped listening while memshim-ctl talked to it, and listens \
+                     again (it started again with a new thread, or the process exec'ed); the request got no answer",
+                    path.display()
+                ),
+            )
+            .hint("ask again"),
             _ => Failure::new(
                 Exit::Failed,
                 Some(self.proc.pid),
@@ -220,7 +233,6 @@ fn connection_lost(e: &ClientError) -> bool {
     }
 }
 
-/// The failure for a process that exited while memshim-ctl talked to it.
 /// The failure for a process that is stopped: `what` is the socket, or
 /// what failed on it.
 fn stopped(pid: i32, what: &str) -> Failure {
@@ -234,6 +246,7 @@ fn stopped(pid: i32, what: &str) -> Failure {
     .hint(format!("continue it (`kill -CONT {pid}`) and ask again"))
 }
 
+/// The failure for a process that exited while memshim-ctl talked to it.
 fn exited(p: &Proc, path: &str, what: &str) -> Failure {
     Failure::new(
         Exit::NotFound,
