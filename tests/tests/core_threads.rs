@@ -296,8 +296,18 @@ fn dropping_root_with_capabilities_kept_works_while_the_shim_thread_runs() {
         "{:?}",
         thread_names(pid)
     );
+    // Its socket moved to the new uid's directory, and goes at the normal
+    // exit (the destructor removed the path bound first, which the process
+    // could no longer reach, and left the new one).
+    let new_dir = std::path::Path::new("/tmp/memshim-65534");
+    let moved = wait_until(T, || memshim_tests::endpoint::socket_path(new_dir, pid));
+    assert!(moved.is_some(), "no socket in {}", new_dir.display());
     let o = ch.finish(T);
     assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    assert!(
+        !moved.unwrap().exists(),
+        "the socket in the new uid's directory outlived a normal exit"
+    );
     // Only a call whose caller has other capabilities than the shim's
     // thread stops it: a call every thread can make leaves it alone.
     let o = Cmd::new(exe, ["tids"])

@@ -3,9 +3,11 @@
 //! socket is"), and the path allocation-free code (the destructor) reaches
 //! it by. The system calls are in `os::sock`.
 
+use crate::os;
 use crate::os::ResetTo;
-use crate::os::{self, StackBuf};
-use core::sync::atomic::{AtomicBool, AtomicI32, Ordering::*};
+use core::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicU8, AtomicU32, AtomicUsize, Ordering::*, fence,
+};
 use memshim_proto::endpoint::{self, SUN_PATH_MAX, SocketName};
 use std::ffi::CString;
 
@@ -118,15 +120,16 @@ pub fn remove_stale(dir: &CString, dirfd: i32, pidns: u64) {
 }
 
 /// The path of the socket file this process has bound, for the destructor
-/// (which must not allocate). Written once per process, before
-/// `BOUND_PID` names it; the path never changes within a process.
-struct BoundPath(core::cell::UnsafeCell<StackBuf<192>>);
-
-// SAFETY: written only while BOUND_PID is not this process's pid (nobody
-// reads it then), read only after an Acquire load shows it is.
-unsafe impl Sync for BoundPath {}
-
-static BOUND_PATH: BoundPath = BoundPath(core::cell::UnsafeCell::new(StackBuf::new()));
+/// (which must not allocate). It changes within a process when a set*id
+/// call moves the socket to the new uid's directory, so it is a seqlock:
+/// the shim's thread (the only writer) makes `BOUND_SEQ` odd while it
+/// writes; the destructor copies the bytes and keeps the copy only if the
+/// sequence was even and unchanged around it. Bytes are atomics, so a
+/// read that races a write is a wrong copy, thrown away, never a data race.
+const BOUND_CAP: usize = 192;
+static BOUND_PATH: [AtomicU8; BOUND_CAP] = [const { AtomicU8::new(0) }; BOUND_CAP];
+static BOUND_LEN: AtomicUsize = AtomicUsize::new(0);
+static BOUND_SEQ: AtomicU32 = AtomicU32::new(0);
 /// getpid() of the process whose path `BOUND_PATH` holds.
 static BOUND_PID: AtomicI32 = AtomicI32::new(0);
 /// The file exists now (bound and not yet removed).
@@ -135,11 +138,29 @@ static BOUND_NOW: AtomicBool = AtomicBool::new(false);
 /// Records that `path` is bound now (shim's thread).
 pub fn record_bound(path: &CString) {
     let pid = os::getpid();
-    if BOUND_PID.load(Acquire) != pid {
-        // SAFETY: BOUND_PID is not ours: no reader looks at the buffer.
-        let b = unsafe { &mut *BOUND_PATH.0.get() };
-        *b = StackBuf::new();
-        b.push(path.as_bytes());
+    let bytes = path.as_bytes();
+    let same = BOUND_PID.load(Acquire) == pid
+        && BOUND_LEN.load(Relaxed) == bytes.len()
+        && bytes
+            .iter()
+            .zip(&BOUND_PATH)
+            .all(|(b, a)| a.load(Relaxed) == *b);
+    if !same {
+        let seq = BOUND_SEQ.load(Relaxed);
+        BOUND_SEQ.store(seq.wrapping_add(1), Relaxed);
+        fence(Release);
+        // A path that does not fit is not recorded: the destructor leaves
+        // it (the next bind in that directory removes it as stale).
+        let n = if bytes.len() < BOUND_CAP {
+            bytes.len()
+        } else {
+            0
+        };
+        for (a, b) in BOUND_PATH.iter().zip(&bytes[..n]) {
+            a.store(*b, Relaxed);
+        }
+        BOUND_LEN.store(n, Relaxed);
+        BOUND_SEQ.store(seq.wrapping_add(2), Release);
         BOUND_PID.store(pid, Release);
     }
     BOUND_NOW.store(true, Release);
@@ -157,10 +178,24 @@ pub fn unlink_at_exit() {
     if !BOUND_NOW.load(Acquire) || BOUND_PID.load(Acquire) != os::getpid() {
         return;
     }
-    // SAFETY: BOUND_PID is ours: the buffer is complete and not written again.
-    let b = unsafe { &mut *BOUND_PATH.0.get() };
-    if let Some(p) = b.as_cstr() {
-        os::sock::unlink(p);
+    let mut copy = [0u8; BOUND_CAP];
+    for _ in 0..4 {
+        let seq = BOUND_SEQ.load(Acquire);
+        let n = BOUND_LEN.load(Relaxed).min(BOUND_CAP - 1);
+        for (c, a) in copy.iter_mut().zip(&BOUND_PATH[..n]) {
+            *c = a.load(Relaxed);
+        }
+        copy[n] = 0;
+        fence(Acquire);
+        if seq & 1 == 0 && BOUND_SEQ.load(Relaxed) == seq {
+            if n > 0
+                && let Ok(p) = core::ffi::CStr::from_bytes_until_nul(&copy)
+            {
+                os::sock::unlink(p);
+            }
+            return;
+        }
+        core::hint::spin_loop();
     }
 }
 
