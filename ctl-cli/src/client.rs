@@ -21,6 +21,37 @@ const LONG: Duration = Duration::from_secs(60);
 /// process that is still running after it makes that error wait this long.
 const GONE_WAIT: Duration = Duration::from_secs(1);
 
+/// How many times a connection closed with `busy` before its `hello` was
+/// read is made again ([`Client::open_proc`]).
+const EVICTED_RETRIES: u32 = 5;
+
+/// The pause before connecting again after `busy`: longer with each
+/// attempt, spread by pid and time so that a burst does not come back at
+/// once.
+fn pause_before_retry(attempt: u32) {
+    let spread = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::from(d.subsec_nanos()))
+        ^ u64::from(std::process::id());
+    std::thread::sleep(Duration::from_millis(
+        10 + spread % 40 + 50 * u64::from(attempt),
+    ));
+}
+
+/// Why [`Client::open_once`] has no connection.
+enum Opened {
+    /// The endpoint closed it with `busy` (too many connections at once).
+    Evicted(Failure),
+    /// Anything else.
+    Failed(Failure),
+}
+
+impl From<Failure> for Opened {
+    fn from(f: Failure) -> Opened {
+        Opened::Failed(f)
+    }
+}
+
 /// An open, greeted connection.
 pub struct Client {
     conn: Connection,
@@ -39,28 +70,50 @@ impl Client {
         Client::open_proc(p)
     }
 
-    /// Connects to an already resolved process.
+    /// Connects to an already resolved process. A burst of clients beyond
+    /// the endpoint's 16 connections gets the oldest closed with `busy`
+    /// before its `hello` was read (docs/protocol.md); such a client
+    /// connects again after a short pause, spread by pid and time, up to
+    /// [`EVICTED_RETRIES`] times.
     pub fn open_proc(p: Proc) -> Result<Client, Failure> {
+        let mut attempt = 0;
+        loop {
+            match Client::open_once(p.clone()) {
+                Err(Opened::Evicted(_)) if attempt < EVICTED_RETRIES => {
+                    attempt += 1;
+                    pause_before_retry(attempt);
+                }
+                Err(Opened::Evicted(f) | Opened::Failed(f)) => return Err(f),
+                Ok(c) => return Ok(c),
+            }
+        }
+    }
+
+    fn open_once(p: Proc) -> Result<Client, Opened> {
         let loc = discover::socket_loc(&p);
         let path = loc.path();
         // Asking would only wait out the time limit: `list`, `cgroup`,
         // `reclaim` ask each process in turn.
         if discover::shim_thread_stopped(p.pid) {
-            return Err(stopped(p.pid, &path.display().to_string()));
+            return Err(stopped(p.pid, &path.display().to_string()).into());
         }
         let conn = match Connection::open(&loc.dir, &loc.name, SHORT) {
             Ok(c) => c,
             // Found a moment ago, gone now: its socket is missing or stale.
             Err(ConnectError::Missing | ConnectError::Refused) if !discover::still_running(&p) => {
-                return Err(exited(&p, &path.display().to_string(), "no answer"));
+                return Err(exited(&p, &path.display().to_string(), "no answer").into());
             }
             Err(ConnectError::Missing) => {
                 let (why, hint) = discover::why_no_endpoint(&p, &loc);
-                return Err(Failure::new(Exit::NoEndpoint, Some(p.pid), why).hint(hint));
+                return Err(Failure::new(Exit::NoEndpoint, Some(p.pid), why)
+                    .hint(hint)
+                    .into());
             }
             Err(ConnectError::Refused) if discover::not_a_socket(&path).is_some() => {
                 let (why, hint) = discover::why_no_endpoint(&p, &loc);
-                return Err(Failure::new(Exit::NoEndpoint, Some(p.pid), why).hint(hint));
+                return Err(Failure::new(Exit::NoEndpoint, Some(p.pid), why)
+                    .hint(hint)
+                    .into());
             }
             Err(ConnectError::Refused) => {
                 // The file outlived its listener: the program this process
@@ -76,17 +129,19 @@ impl Client {
                         path.display()
                     ),
                 )
-                .hint(hint));
+                .hint(hint)
+                .into());
             }
             Err(ConnectError::Permission) => {
-                return Err(discover::permission(&p, &path.display().to_string()));
+                return Err(discover::permission(&p, &path.display().to_string()).into());
             }
             Err(ConnectError::Other(e)) => {
                 return Err(Failure::new(
                     Exit::Failed,
                     Some(p.pid),
                     format!("connecting to {}: {e}", path.display()),
-                ));
+                )
+                .into());
             }
         };
         let pid = p.pid;
@@ -109,8 +164,11 @@ impl Client {
         let client = Some(format!("memshim-ctl {}", env!("CARGO_PKG_VERSION")));
         match c.conn.hello(client).map_err(|e| c.io_failure(&e))? {
             Ok(h) => c.hello = h,
-            Err(Response::Error(e)) => return Err(remote_failure(pid, &e)),
-            Err(Response::Ok(other)) => return Err(c.unexpected(&other)),
+            Err(Response::Error(e)) if e.code == memshim_proto::ErrorCode::Busy => {
+                return Err(Opened::Evicted(remote_failure(pid, &e)));
+            }
+            Err(Response::Error(e)) => return Err(remote_failure(pid, &e).into()),
+            Err(Response::Ok(other)) => return Err(c.unexpected(&other).into()),
         }
         if !discover::hello_matches(&c.hello, &c.proc) {
             return Err(Failure::new(
@@ -124,7 +182,8 @@ impl Client {
                     c.proc.nspid,
                     c.proc.starttime
                 ),
-            ));
+            )
+            .into());
         }
         Ok(c)
     }
@@ -185,13 +244,26 @@ impl Client {
         }
     }
 
-    /// Sends `req` and waits for its answer.
+    /// Sends `req` and waits for its answer. A connection closed with
+    /// `busy` (a burst of clients beyond the endpoint's 16 connections)
+    /// was closed unread, so the request did not run: it is sent again on
+    /// a new connection, as in [`Client::open_proc`].
     pub fn request(&mut self, req: &Request) -> Result<Reply, Failure> {
         let slow = matches!(req, Request::Gc | Request::EmptyCache | Request::Release);
-        self.conn.set_timeout(if slow { LONG } else { SHORT });
-        match self.conn.request(req).map_err(|e| self.io_failure(&e))? {
-            Response::Ok(r) => Ok(r),
-            Response::Error(e) => Err(remote_failure(self.proc.pid, &e)),
+        let mut attempt = 0;
+        loop {
+            self.conn.set_timeout(if slow { LONG } else { SHORT });
+            match self.conn.request(req).map_err(|e| self.io_failure(&e))? {
+                Response::Ok(r) => return Ok(r),
+                Response::Error(e)
+                    if e.code == memshim_proto::ErrorCode::Busy && attempt < EVICTED_RETRIES =>
+                {
+                    attempt += 1;
+                    pause_before_retry(attempt);
+                    *self = Client::open_proc(self.proc.clone())?;
+                }
+                Response::Error(e) => return Err(remote_failure(self.proc.pid, &e)),
+            }
         }
     }
 
