@@ -363,21 +363,31 @@ fn a_file_in_place_of_the_socket_is_named_and_a_problem_for_doctor() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Any process can put newlines and terminal escapes in its own name (here
-/// through its executable's file name, which `comm` and `exe` show):
-/// `doctor` prints neither (it printed both raw, so a process could forge
-/// lines of root's report or drive root's terminal), as `list` did not.
-#[test]
-fn doctor_never_prints_control_characters_from_a_process_name() {
-    let dir = memshim_tests::scratch().join(format!("cli-ctlchars-{}", std::process::id()));
+/// `sleep 60` under the shim (`MEMSHIM_CONTROL=on`) as an executable named
+/// `name`, in a scratch directory of its own (returned, to remove).
+fn sleep_named(tag: &str, name: &str) -> (std::path::PathBuf, memshim_tests::Child) {
+    let dir = memshim_tests::scratch().join(format!("{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join("ev\nil\u{1b}[31mX");
+    let exe = dir.join(name);
+    // Copied by `cp`, not by this multi-threaded process: a descriptor open
+    // for writing here could leak into a child forked meanwhile, and the
+    // exec below would fail with ETXTBSY.
     let o = Cmd::new("cp", [std::path::Path::new("/bin/sleep"), exe.as_path()]).run();
     assert_eq!(o.code, 0, "{o:?}");
     let host = Cmd::new(&exe, ["60"])
         .shimmed()
         .env("MEMSHIM_CONTROL", "on")
         .spawn();
+    (dir, host)
+}
+
+/// Any process can put newlines and terminal escapes in its own name (here
+/// through its executable's file name, which `comm` and `exe` show):
+/// `doctor` prints neither (it printed both raw, so a process could forge
+/// lines of root's report or drive root's terminal), as `list` did not.
+#[test]
+fn doctor_never_prints_control_characters_from_a_process_name() {
+    let (dir, host) = sleep_named("cli-ctlchars", "ev\nil\u{1b}[31mX");
     let pid = host.pid();
     memshim_tests::control::wait_endpoint(pid);
     let o = Cmd::new(ctl(), ["doctor", &pid.to_string()]).run();
@@ -466,18 +476,7 @@ fn stopped_processes_are_reported_without_waiting_out_the_time_limit() {
 fn a_process_whose_name_is_not_utf8_is_found_like_any_other() {
     // The kernel cuts `comm` at 15 bytes: an executable named with 14 ASCII
     // bytes and a two-byte character gets a `comm` ending in half of it.
-    let dir = memshim_tests::scratch().join(format!("cli-utf8-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join("model-servers-\u{fc}");
-    // Copied by `cp`, not by this multi-threaded process: a descriptor open
-    // for writing here could leak into a child forked meanwhile, and the
-    // exec below would fail with ETXTBSY.
-    let o = Cmd::new("cp", [std::path::Path::new("/bin/sleep"), exe.as_path()]).run();
-    assert_eq!(o.code, 0, "{o:?}");
-    let host = Cmd::new(&exe, ["60"])
-        .shimmed()
-        .env("MEMSHIM_CONTROL", "on")
-        .spawn();
+    let (dir, host) = sleep_named("cli-utf8", "model-servers-\u{fc}");
     let pid = host.pid();
     let comm = wait_until(Duration::from_secs(10), || {
         std::fs::read(format!("/proc/{pid}/comm"))

@@ -381,6 +381,17 @@ fn a_program_that_chroots_keeps_its_endpoint_and_gets_nothing_in_its_new_root() 
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The `thread_rule` fixture under the shim, with no decay time: its
+/// shim thread stops a second after the process is alone again.
+fn thread_rule_without_decay() -> Child {
+    let mut child = Cmd::new(fixture("thread_rule", &[]), [""; 0])
+        .shimmed()
+        .env("MEMSHIM_DIRTY_DECAY_MS", "0")
+        .spawn();
+    child.wait_for_line("ready", Duration::from_secs(10));
+    child
+}
+
 /// Asked again and again while the shim's thread stops (the process has
 /// been alone for the decay time plus a second), `stats` answers (0) or
 /// says the endpoint is gone (4). A connection the thread had not
@@ -388,11 +399,7 @@ fn a_program_that_chroots_keeps_its_endpoint_and_gets_nothing_in_its_new_root() 
 /// Broken pipe" and exit 1, once in each such run.
 #[test]
 fn asking_while_the_shim_thread_stops_gives_exit_0_or_4_only() {
-    let mut child = Cmd::new(fixture("thread_rule", &[]), [""; 0])
-        .shimmed()
-        .env("MEMSHIM_DIRTY_DECAY_MS", "0")
-        .spawn();
-    child.wait_for_line("ready", Duration::from_secs(10));
+    let mut child = thread_rule_without_decay();
     let pid = child.pid();
     child.send("spawn");
     child.wait_for_line("spawned", Duration::from_secs(10));
@@ -424,11 +431,7 @@ fn asking_while_the_shim_thread_stops_gives_exit_0_or_4_only() {
 fn asking_while_the_shim_thread_stops_and_starts_again_gives_exit_0_or_4_only() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
-    let mut child = Cmd::new(fixture("thread_rule", &[]), [""; 0])
-        .shimmed()
-        .env("MEMSHIM_DIRTY_DECAY_MS", "0")
-        .spawn();
-    child.wait_for_line("ready", Duration::from_secs(10));
+    let mut child = thread_rule_without_decay();
     let pid = child.pid();
     let pid_s = pid.to_string();
     let stop = Arc::new(AtomicBool::new(false));
