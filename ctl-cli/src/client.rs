@@ -23,19 +23,19 @@ const GONE_WAIT: Duration = Duration::from_secs(1);
 
 /// How many times a connection closed with `busy` before its `hello` was
 /// read is made again ([`Client::open_proc`]).
-const EVICTED_RETRIES: u32 = 5;
+const EVICTED_RETRIES: u32 = 8;
 
-/// The pause before connecting again after `busy`: longer with each
-/// attempt, spread by pid and time so that a burst does not come back at
+/// The pause before connecting again after `busy`: doubling from 50 ms
+/// to at most 500 ms (about 3 s over [`EVICTED_RETRIES`] attempts), plus up
+/// to 40 ms spread by pid and time so that a burst does not come back at
 /// once.
 fn pause_before_retry(attempt: u32) {
     let spread = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::from(d.subsec_nanos()))
         ^ u64::from(std::process::id());
-    std::thread::sleep(Duration::from_millis(
-        10 + spread % 40 + 50 * u64::from(attempt),
-    ));
+    let base = (25u64 << attempt.min(5)).min(500);
+    std::thread::sleep(Duration::from_millis(base + spread % 40));
 }
 
 /// Why [`Client::open_once`] has no connection.
@@ -230,8 +230,9 @@ impl Client {
                 Exit::NoEndpoint,
                 Some(self.proc.pid),
                 format!(
-                    "{}: {e}: the shim's thread stopped listening while memshim-ctl talked to it, and listens \
-                     again (it started again with a new thread, or the process exec'ed); the request got no answer",
+                    "{}: {e}: the connection broke while the process runs, and its socket listens again (the \
+                     shim's thread stopped and started again with a new thread, or the process exec'ed); the \
+                     request got no answer",
                     path.display()
                 ),
             )

@@ -257,12 +257,21 @@ pub fn stopped(pid: i32) -> bool {
         .is_some_and(|s| matches!(stat_fields(&s).and_then(|mut f| f.next()), Some("T" | "t")))
 }
 
-/// Whether the shim's threads of `pid` (named `memshim`) are all stopped
-/// (state `T`, or `t` under a tracer), seen twice 20 ms apart so that a
-/// tracer's momentary syscall stops do not count: nothing in the process
-/// will answer until it continues. False where it has no such thread.
+/// Whether `pid` is in a group stop (SIGSTOP, Ctrl-Z: state `T`), its
+/// shim's threads (named `memshim`) included, seen twice 20 ms apart:
+/// nothing in it answers until it continues. A tracer's stops (`t`: gdb,
+/// and profilers such as py-spy, which stop a process for a moment many
+/// times a second) do not count here; a request to such a process waits
+/// for its time limit and then says it is stopped. Cheap where the main
+/// thread runs: only a stopped one has its threads looked at.
 pub fn shim_thread_stopped(pid: i32) -> bool {
     let look = || {
+        let main_stopped = read_text(proc_path(pid, "stat"))
+            .ok()
+            .is_some_and(|s| stat_fields(&s).and_then(|mut f| f.next()) == Some("T"));
+        if !main_stopped {
+            return false;
+        }
         let Ok(rd) = std::fs::read_dir(proc_path(pid, "task")) else {
             return false;
         };
@@ -276,7 +285,7 @@ pub fn shim_thread_stopped(pid: i32) -> bool {
                     .and_then(|mut f| f.next())
                     .map(str::to_owned)
             });
-            if !matches!(state.as_deref(), Some("T" | "t")) {
+            if state.as_deref() != Some("T") {
                 return false;
             }
             seen = true;
@@ -639,9 +648,23 @@ pub fn blocked_socket(path: &Path) -> Option<(String, String)> {
         ),
         format!(
             "remove it (`rm {}`); the shim then binds its socket within a few seconds",
-            path.display()
+            shell_quoted(&path.display().to_string())
         ),
     ))
+}
+
+/// `s` as one shell word: as it is where it has only characters no shell
+/// treats specially, else in single quotes (a path another user chose goes
+/// into a command we suggest).
+pub fn shell_quoted(s: &str) -> String {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-+:@%,=".contains(&b))
+    {
+        s.to_owned()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
 }
 
 /// Resolves `pid` to a process with the shim loaded.

@@ -119,9 +119,15 @@ impl Failure {
             // The message below still says what failed.
             let _ = outln!("{doc}");
         }
-        errln!("memshim-ctl: error: {}", self.line());
+        // Messages name paths and names that other users' processes chose
+        // (their MEMSHIM_SOCKET_DIR, their comm): no control characters
+        // reach the terminal.
+        errln!(
+            "memshim-ctl: error: {}",
+            crate::discover::printable(&self.line())
+        );
         if let Some(h) = &self.hint {
-            errln!("  hint: {h}");
+            errln!("  hint: {}", crate::discover::printable(h));
         }
         errln!("{}", self.exit.line());
         self.exit.into()

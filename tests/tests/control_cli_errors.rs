@@ -333,8 +333,11 @@ fn a_file_in_place_of_the_socket_is_named_and_a_problem_for_doctor() {
         .env("MEMSHIM_SOCKET_DIR", &dir)
         .run();
     assert_eq!(o.code, 0, "{o:?}");
-    std::fs::remove_file(&sock).unwrap();
-    std::fs::write(&sock, "squatter\n").unwrap();
+    // Put over the socket in one step: between a removal and a write the
+    // shim could bind its socket there again.
+    let squatter = dir.with_extension("squatter");
+    std::fs::write(&squatter, "squatter\n").unwrap();
+    std::fs::rename(&squatter, &sock).unwrap();
     let o = Cmd::new(ctl(), ["stats", &pid.to_string()])
         .env("MEMSHIM_SOCKET_DIR", &dir)
         .run();

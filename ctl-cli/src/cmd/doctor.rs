@@ -632,7 +632,12 @@ pub fn run(a: DoctorArgs) -> Result<Exit, Failure> {
                 Level::Note => "note",
                 Level::Problem => "problem",
             };
-            outln!("{tag:<10} {}: {}", f.code, f.message)?;
+            // Findings quote paths and values the process chose.
+            outln!(
+                "{tag:<10} {}: {}",
+                f.code,
+                crate::discover::printable(&f.message)
+            )?;
         }
         for l in host_lines(&d.host) {
             outln!("{l}")?;

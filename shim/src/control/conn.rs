@@ -39,11 +39,13 @@ pub struct Conn {
     pub deadline_ms: u64,
     /// Monotonic ms of the accept, for eviction order.
     pub accepted_ms: u64,
+    /// The endpoint's wake-up that accepted it (not evicted during it).
+    pub accepted_wakeup: u64,
 }
 
 impl Conn {
     /// A new connection.
-    pub fn new(sock: Owned, now_ms: u64) -> Conn {
+    pub fn new(sock: Owned, now_ms: u64, wakeup: u64) -> Conn {
         Conn {
             sock,
             input: Vec::new(),
@@ -55,13 +57,14 @@ impl Conn {
             draining: false,
             deadline_ms: now_ms + IDLE_TIMEOUT_MS,
             accepted_ms: now_ms,
+            accepted_wakeup: wakeup,
         }
     }
 
     /// A connection that is refused with `code`: it gets one error line,
     /// and is closed when the client closes or after one second.
-    pub fn refused(sock: Owned, now_ms: u64, code: ErrorCode, message: &str) -> Conn {
-        let mut c = Conn::new(sock, now_ms);
+    pub fn refused(sock: Owned, now_ms: u64, wakeup: u64, code: ErrorCode, message: &str) -> Conn {
+        let mut c = Conn::new(sock, now_ms, wakeup);
         c.respond(&Response::Error(ErrorReply::new(code, message)), false);
         c.draining = true;
         c.deadline_ms = now_ms + DRAIN_MS;

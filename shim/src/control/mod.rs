@@ -17,7 +17,8 @@
 //!
 //! Never blocking the thread: every descriptor is nonblocking, each wake-up
 //! does bounded work (accepts, bytes read, requests answered), at most
-//! [`MAX_CONNS`] connections are held (a new one evicts the oldest), a
+//! [`MAX_CONNS`] connections are held (a new one evicts the oldest of an
+//! earlier wake-up), a
 //! connection that sends no complete request within `IDLE_TIMEOUT_MS` is
 //! closed, and a request line is at most `MAX_REQUEST_BYTES`. Out of
 //! descriptors, the listener is left alone for a while instead of being
@@ -148,6 +149,9 @@ pub struct Endpoint {
     /// The listener is not polled before this (out of descriptors).
     paused_until_ms: u64,
     pause_ms: u64,
+    /// Wake-ups served so far ([`Endpoint::on_events`]); a connection
+    /// accepted in the current one is not evicted (see [`Endpoint::slot_for_new`]).
+    wakeups: u64,
 }
 
 /// (st_dev, st_ino) of the root directory the first endpoint of this
@@ -188,6 +192,7 @@ impl Endpoint {
             failures: 0,
             paused_until_ms: 0,
             pause_ms: PAUSE_MIN_MS,
+            wakeups: 0,
         };
         e.bind();
         Some(e)
@@ -301,13 +306,18 @@ impl Endpoint {
         }
     }
 
-    /// Serves what `poll` reported on the entries of [`Endpoint::poll_fds`].
+    /// Serves what `poll` reported on the entries of [`Endpoint::poll_fds`]:
+    /// the connections first, then new ones. In a burst of more clients
+    /// than [`MAX_CONNS`], those accepted at the last wake-up are read (their
+    /// `hello` is waiting) before new ones may take their slots.
     pub fn on_events(&mut self, polled: &[libc::pollfd], facts: &Facts) {
         let ctx = self.ctx(facts);
+        self.wakeups += 1;
         let listener = self.listener.as_ref().and_then(Owned::fd);
+        let mut accept = false;
         for p in polled.iter().filter(|p| p.revents != 0) {
             if Some(p.fd) == listener {
-                self.accept_some(&ctx);
+                accept = true;
                 continue;
             }
             let Some(i) = self
@@ -322,11 +332,19 @@ impl Endpoint {
                 self.conns[i] = None;
             }
         }
+        if accept {
+            self.accept_some(&ctx);
+        }
     }
 
     fn accept_some(&mut self, ctx: &Ctx<'_>) {
         let now = now_ms();
         for _ in 0..MAX_ACCEPTS_PER_TURN {
+            // Every slot holds a connection accepted at this wake-up: the
+            // rest wait in the listener's backlog for the next one.
+            let Some(slot) = self.slot_for_new() else {
+                return;
+            };
             let (Some(listener), Some(b)) = (self.listener.as_ref(), self.bound.as_ref()) else {
                 return;
             };
@@ -350,11 +368,13 @@ impl Endpoint {
             if !sock.fd().is_some_and(|fd| sock::bound_to(fd, &b.addr)) {
                 continue;
             }
-            let slot = self.free_slot();
+            if let Some(old) = self.conns[slot].take() {
+                old.send_final(ErrorCode::Busy, "too many connections; this one was closed");
+            }
             let me = os::euid();
             match sock.fd().and_then(sock::peer_uid) {
                 Some(uid) if uid == me || uid == 0 => {
-                    self.conns[slot] = Some(Conn::new(sock, now));
+                    self.conns[slot] = Some(Conn::new(sock, now, self.wakeups));
                 }
                 peer => {
                     let who = peer.map_or("an unknown uid".to_owned(), |u| format!("uid {u}"));
@@ -362,7 +382,8 @@ impl Endpoint {
                         "permission denied: this process runs as uid {me}; only uid {me} or root may use its \
                          control socket, and the request came from {who}"
                     );
-                    let mut c = Conn::refused(sock, now, ErrorCode::PermissionDenied, &msg);
+                    let mut c =
+                        Conn::refused(sock, now, self.wakeups, ErrorCode::PermissionDenied, &msg);
                     let _ = c.turn(ctx);
                     self.conns[slot] = Some(c);
                 }
@@ -370,18 +391,21 @@ impl Endpoint {
         }
     }
 
-    /// A free connection slot, evicting the oldest connection if need be.
-    fn free_slot(&mut self) -> usize {
+    /// The slot for a new connection: a free one, or else the oldest
+    /// connection's if it was accepted at an earlier wake-up (the caller
+    /// evicts it with `busy`). `None` when every connection is new: a
+    /// connection is read at least once before a newer one may evict it.
+    fn slot_for_new(&self) -> Option<usize> {
         if let Some(i) = self.conns.iter().position(Option::is_none) {
-            return i;
+            return Some(i);
         }
-        let oldest = (0..MAX_CONNS)
+        (0..MAX_CONNS)
+            .filter(|&i| {
+                self.conns[i]
+                    .as_ref()
+                    .is_some_and(|c| c.accepted_wakeup < self.wakeups)
+            })
             .min_by_key(|&i| self.conns[i].as_ref().map_or(0, |c| c.accepted_ms))
-            .unwrap_or(0);
-        if let Some(old) = self.conns[oldest].take() {
-            old.send_final(ErrorCode::Busy, "too many connections; this one was closed");
-        }
-        oldest
     }
 
     /// Housekeeping on every loop turn: descriptors the application took

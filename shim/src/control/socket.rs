@@ -195,11 +195,19 @@ pub fn unlink_at_exit() {
             }
             return;
         }
-        core::hint::spin_loop();
+        // The writer is mid-write (or was preempted there): let it finish.
+        std::thread::yield_now();
     }
 }
 
 /// Fork child: no socket file of its own yet. Async-signal-safe.
 pub fn after_fork_child() {
     BOUND_NOW.reset_to(false);
+    // A fork that caught the writer mid-write leaves an odd sequence and a
+    // path half written: even again and empty (the child writes its own).
+    let seq = BOUND_SEQ.load(Relaxed);
+    if seq & 1 == 1 {
+        BOUND_LEN.store(0, Relaxed);
+        BOUND_SEQ.store(seq.wrapping_add(1), Release);
+    }
 }
