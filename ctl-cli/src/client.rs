@@ -109,28 +109,24 @@ impl Client {
                     .hint(hint)
                     .into());
             }
-            Err(ConnectError::Refused) if discover::not_a_socket(&path).is_some() => {
-                let (why, hint) = discover::why_no_endpoint(&p, &loc);
-                return Err(Failure::new(Exit::NoEndpoint, Some(p.pid), why)
-                    .hint(hint)
-                    .into());
-            }
             Err(ConnectError::Refused) => {
-                // The file outlived its listener: the program this process
-                // ran before an `exec` left it (the name stays the same), or
-                // the shim's thread is stopping this instant.
                 let (why, hint) = discover::why_no_endpoint(&p, &loc);
-                return Err(Failure::new(
-                    Exit::NoEndpoint,
-                    Some(p.pid),
+                // Not a socket at all: `why` names what is there. Else the
+                // file outlived its listener: the program this process ran
+                // before an `exec` left it (the name stays the same), or
+                // the shim's thread is stopping this instant.
+                let why = if discover::not_a_socket(&path).is_some() {
+                    why
+                } else {
                     format!(
                         "{} is left over, nobody listens on it (from before an exec, or a thread that was \
                          stopping); {why}",
                         path.display()
-                    ),
-                )
-                .hint(hint)
-                .into());
+                    )
+                };
+                return Err(Failure::new(Exit::NoEndpoint, Some(p.pid), why)
+                    .hint(hint)
+                    .into());
             }
             Err(ConnectError::Permission) => {
                 return Err(discover::permission(&p, &path.display().to_string()).into());

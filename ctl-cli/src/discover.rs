@@ -249,12 +249,23 @@ pub fn all_threads_exited(pid: i32) -> bool {
     read_text(proc_path(pid, "stat")).map_or(true, |stat| threads_exited(pid, &stat))
 }
 
+/// The state letter (field 3) of the `stat` file in `task`, a
+/// `/proc/<pid>` or `/proc/<pid>/task/<tid>` directory.
+fn state_in(task: &Path) -> Option<String> {
+    let stat = read_text(task.join("stat")).ok()?;
+    stat_fields(&stat)?.next().map(str::to_owned)
+}
+
+/// Whether the task directory `task` is a thread of the shim's (named
+/// `memshim`).
+fn is_shim_thread(task: &Path) -> bool {
+    read_text(task.join("comm")).is_ok_and(|c| c.trim() == "memshim")
+}
+
 /// Whether `pid` is stopped (state `T`, or `t` under a tracer): its
 /// threads run nothing, the shim's included, until it continues.
 pub fn stopped(pid: i32) -> bool {
-    read_text(proc_path(pid, "stat"))
-        .ok()
-        .is_some_and(|s| matches!(stat_fields(&s).and_then(|mut f| f.next()), Some("T" | "t")))
+    matches!(state_in(&main_dir(pid)).as_deref(), Some("T" | "t"))
 }
 
 /// Whether `pid` is in a group stop (SIGSTOP, Ctrl-Z: state `T`), its
@@ -266,26 +277,15 @@ pub fn stopped(pid: i32) -> bool {
 /// thread runs: only a stopped one has its threads looked at.
 pub fn shim_thread_stopped(pid: i32) -> bool {
     let look = || {
-        let main_stopped = read_text(proc_path(pid, "stat"))
-            .ok()
-            .is_some_and(|s| stat_fields(&s).and_then(|mut f| f.next()) == Some("T"));
-        if !main_stopped {
+        if state_in(&main_dir(pid)).as_deref() != Some("T") {
             return false;
         }
         let Ok(rd) = std::fs::read_dir(proc_path(pid, "task")) else {
             return false;
         };
         let mut seen = false;
-        for t in rd.flatten() {
-            if !read_text(t.path().join("comm")).is_ok_and(|c| c.trim() == "memshim") {
-                continue;
-            }
-            let state = read_text(t.path().join("stat")).ok().and_then(|s| {
-                stat_fields(&s)
-                    .and_then(|mut f| f.next())
-                    .map(str::to_owned)
-            });
-            if state.as_deref() != Some("T") {
+        for t in rd.flatten().map(|t| t.path()).filter(|t| is_shim_thread(t)) {
+            if state_in(&t).as_deref() != Some("T") {
                 return false;
             }
             seen = true;
@@ -573,10 +573,7 @@ pub fn why_no_endpoint(p: &Proc, loc: &SocketLoc) -> (String, String) {
         );
     }
     let has_thread = std::fs::read_dir(proc_path(p.pid, "task"))
-        .map(|rd| {
-            rd.flatten()
-                .any(|t| read_text(t.path().join("comm")).is_ok_and(|c| c.trim() == "memshim"))
-        })
+        .map(|rd| rd.flatten().any(|t| is_shim_thread(&t.path())))
         .unwrap_or(true);
     if !has_thread {
         return (

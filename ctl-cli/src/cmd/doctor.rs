@@ -258,10 +258,6 @@ pub fn diagnose(pid: i32, endpoint: impl FnOnce(i32) -> Endpoint) -> Result<Diag
             );
         }
         let control = crate::discover::control_mode(env(&p, "MEMSHIM_CONTROL"));
-        let blocked = discover::read_proc(pid)
-            .ok()
-            .and_then(|dp| discover::blocked_socket(&discover::socket_loc(&dp).path()))
-            .map(|(why, hint)| format!("{why} ({hint})"));
         match endpoint(pid) {
             Endpoint::Answered { interposed: false, .. } => add(
                 Level::Problem,
@@ -303,21 +299,8 @@ pub fn diagnose(pid: i32, endpoint: impl FnOnce(i32) -> Endpoint) -> Result<Diag
                      Set MEMSHIM_CONTROL=on to reach it anyway."
                 ),
             ),
-            Endpoint::Absent if blocked.is_some() => add(
-                Level::Problem,
-                "socket_blocked",
-                format!("shim loaded from {lib}; {}", blocked.clone().unwrap_or_default()),
-            ),
-            Endpoint::Absent => match refused_dir(pid) {
-                Some(why) => add(
-                    Level::Problem,
-                    "socket_dir",
-                    format!(
-                        "shim loaded from {lib}; it cannot create its control socket: {why}. If \
-                         MEMSHIM_SOCKET_DIR names it, point the variable at a directory of the process's user; \
-                         otherwise remove it (the shim re-creates the directory within 5 s)"
-                    ),
-                ),
+            Endpoint::Absent => match socket_problem(pid) {
+                Some((code, why)) => add(Level::Problem, code, format!("shim loaded from {lib}; {why}")),
                 None => add(
                     Level::Note,
                     "endpoint_absent",
@@ -558,13 +541,26 @@ pub fn cuda_notes(t: &memshim_proto::TorchSection) -> Vec<String> {
     out
 }
 
-/// Why the shim of `pid` refuses its socket directory (a symbolic link,
-/// not a directory, another owner, open to others) or cannot create it (no
-/// parent), if so.
-fn refused_dir(pid: i32) -> Option<String> {
+/// What keeps the shim of `pid` from having its control socket, as a
+/// finding (code, text), if anything does: something other than a socket
+/// at its path (`socket_blocked`), or a socket directory it refuses (a
+/// symbolic link, not a directory, another owner, open to others) or
+/// cannot create (no parent) (`socket_dir`).
+fn socket_problem(pid: i32) -> Option<(&'static str, String)> {
     let p = discover::read_proc(pid).ok()?;
-    let dir = discover::socket_loc(&p).dir;
-    discover::unsafe_dir(&dir, p.uid).or_else(|| discover::missing_parent(&dir))
+    let loc = discover::socket_loc(&p);
+    if let Some((why, hint)) = discover::blocked_socket(&loc.path()) {
+        return Some(("socket_blocked", format!("{why} ({hint})")));
+    }
+    let why =
+        discover::unsafe_dir(&loc.dir, p.uid).or_else(|| discover::missing_parent(&loc.dir))?;
+    Some((
+        "socket_dir",
+        format!(
+            "it cannot create its control socket: {why}. If MEMSHIM_SOCKET_DIR names it, point the variable at \
+             a directory of the process's user; otherwise remove it (the shim re-creates the directory within 5 s)"
+        ),
+    ))
 }
 
 /// Asks the control endpoint of `pid` for `stats`, if it has a socket.
