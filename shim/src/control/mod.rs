@@ -399,13 +399,13 @@ impl Endpoint {
         if let Some(i) = self.conns.iter().position(Option::is_none) {
             return Some(i);
         }
-        (0..MAX_CONNS)
-            .filter(|&i| {
-                self.conns[i]
-                    .as_ref()
-                    .is_some_and(|c| c.accepted_wakeup < self.wakeups)
-            })
-            .min_by_key(|&i| self.conns[i].as_ref().map_or(0, |c| c.accepted_ms))
+        self.conns
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| Some((c.as_ref()?, i)))
+            .filter(|(c, _)| c.accepted_wakeup < self.wakeups)
+            .min_by_key(|(c, _)| c.accepted_ms)
+            .map(|(_, i)| i)
     }
 
     /// Housekeeping on every loop turn: descriptors the application took
