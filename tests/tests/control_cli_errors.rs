@@ -16,15 +16,14 @@ const EXIT_3: &str = "  (exit 3; see docs/troubleshooting.md)\n";
 /// Waits until process `pid` has a thread named `memshim`.
 fn wait_for_shim_thread(pid: i32) {
     wait_until(Duration::from_secs(10), || {
-        std::fs::read_dir(format!("/proc/{pid}/task"))
-            .ok()?
-            .flatten()
-            .any(|t| {
-                std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "memshim")
-            })
-            .then_some(())
+        (!memshim_tests::control::shim_tids(pid).is_empty()).then_some(())
     })
     .expect("the shim's thread");
+}
+
+/// `exe 60` (a `sleep`) under the shim with its endpoint on from the start.
+fn sleeper(exe: impl AsRef<std::ffi::OsStr>) -> Cmd {
+    Cmd::new(exe, ["60"]).shimmed().env("MEMSHIM_CONTROL", "on")
 }
 
 const NOBODY: &[&str] = &["--reuid=65534", "--regid=65534", "--clear-groups"];
@@ -272,11 +271,7 @@ fn a_socket_dir_that_is_a_file_is_no_endpoint_and_a_problem_for_doctor() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("not-a-dir");
     std::fs::write(&file, "").unwrap();
-    let host = Cmd::new("sleep", ["60"])
-        .shimmed()
-        .env("MEMSHIM_CONTROL", "on")
-        .env("MEMSHIM_SOCKET_DIR", &file)
-        .spawn();
+    let host = sleeper("sleep").env("MEMSHIM_SOCKET_DIR", &file).spawn();
     let pid = host.pid();
     wait_for_shim_thread(pid);
     let o = Cmd::new(ctl(), ["stats", &pid.to_string()]).run();
@@ -293,11 +288,7 @@ fn a_socket_dir_that_is_a_file_is_no_endpoint_and_a_problem_for_doctor() {
     // A directory whose parent does not exist: the shim creates only the
     // last component.
     let deeper = dir.join("nope/deeper");
-    let host = Cmd::new("sleep", ["60"])
-        .shimmed()
-        .env("MEMSHIM_CONTROL", "on")
-        .env("MEMSHIM_SOCKET_DIR", &deeper)
-        .spawn();
+    let host = sleeper("sleep").env("MEMSHIM_SOCKET_DIR", &deeper).spawn();
     let pid = host.pid();
     wait_for_shim_thread(pid);
     let o = Cmd::new(ctl(), ["stats", &pid.to_string()]).run();
@@ -318,11 +309,7 @@ fn a_socket_dir_that_is_a_file_is_no_endpoint_and_a_problem_for_doctor() {
 fn a_file_in_place_of_the_socket_is_named_and_a_problem_for_doctor() {
     let dir = std::path::PathBuf::from(format!("/tmp/ms-squat-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let host = Cmd::new("sleep", ["60"])
-        .shimmed()
-        .env("MEMSHIM_CONTROL", "on")
-        .env("MEMSHIM_SOCKET_DIR", &dir)
-        .spawn();
+    let host = sleeper("sleep").env("MEMSHIM_SOCKET_DIR", &dir).spawn();
     let pid = host.pid();
     wait_for_shim_thread(pid);
     let sock = wait_until(Duration::from_secs(15), || {
@@ -377,10 +364,7 @@ fn sleep_named(tag: &str, name: &str) -> (std::path::PathBuf, memshim_tests::Chi
     // exec below would fail with ETXTBSY.
     let o = Cmd::new("cp", [std::path::Path::new("/bin/sleep"), exe.as_path()]).run();
     assert_eq!(o.code, 0, "{o:?}");
-    let host = Cmd::new(&exe, ["60"])
-        .shimmed()
-        .env("MEMSHIM_CONTROL", "on")
-        .spawn();
+    let host = sleeper(&exe).spawn();
     (dir, host)
 }
 
@@ -412,14 +396,7 @@ fn doctor_never_prints_control_characters_from_a_process_name() {
 /// (`list` took 80 s with 16 of them). Continued, it answers again.
 #[test]
 fn stopped_processes_are_reported_without_waiting_out_the_time_limit() {
-    let hosts: Vec<_> = (0..3)
-        .map(|_| {
-            Cmd::new("sleep", ["60"])
-                .shimmed()
-                .env("MEMSHIM_CONTROL", "on")
-                .spawn()
-        })
-        .collect();
+    let hosts: Vec<_> = (0..3).map(|_| sleeper("sleep").spawn()).collect();
     let pids: Vec<String> = hosts.iter().map(|h| h.pid().to_string()).collect();
     for h in &hosts {
         memshim_tests::control::wait_endpoint(h.pid());

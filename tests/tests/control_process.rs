@@ -450,24 +450,16 @@ fn asking_while_the_shim_thread_stops_and_starts_again_gives_exit_0_or_4_only() 
             })
         })
         .collect();
-    let shim_thread = || {
-        std::fs::read_dir(format!("/proc/{pid}/task"))
-            .map(|rd| {
-                rd.flatten().any(|t| {
-                    std::fs::read_to_string(t.path().join("comm"))
-                        .is_ok_and(|c| c.trim() == "memshim")
-                })
-            })
-            .unwrap_or(false)
-    };
     for _ in 0..6 {
         child.send("spawn");
         child.wait_for_line("spawned", Duration::from_secs(10));
         wait_endpoint(pid);
         child.send("release");
         child.wait_for_line("joined", Duration::from_secs(10));
-        wait_until(Duration::from_secs(15), || (!shim_thread()).then_some(()))
-            .expect("the shim's thread never stopped");
+        wait_until(Duration::from_secs(15), || {
+            shim_tids(pid).is_empty().then_some(())
+        })
+        .expect("the shim's thread never stopped");
     }
     stop.store(true, Ordering::Relaxed);
     for a in askers {

@@ -207,29 +207,26 @@ fn control_on_starts_the_thread_in_a_single_threaded_process() {
     assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
 }
 
-/// Copies of `files` in a fresh directory under /tmp that every uid can
-/// reach: a checkout may lie under a directory only root can enter, and a
-/// process that runs as another uid must still open the shim and its own
-/// executable. Returns the directory and the copies' paths.
-fn reachable_by_any_uid(
-    tag: &str,
-    files: &[std::path::PathBuf],
-) -> (std::path::PathBuf, Vec<String>) {
+/// Copies of the fixture `fixture` and of the shim in a fresh directory
+/// under /tmp that every uid can reach: a checkout may lie under a
+/// directory only root can enter, and a process that runs as another uid
+/// must still open the shim and its own executable. Returns the directory
+/// and the two copies' paths.
+fn reachable_by_any_uid(tag: &str, fixture: &str) -> (std::path::PathBuf, String, String) {
     use std::os::unix::fs::PermissionsExt;
     let dir = std::path::PathBuf::from(format!("/tmp/msh-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir(&dir).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let copies = files
-        .iter()
-        .map(|f| {
-            let to = dir.join(f.file_name().unwrap());
-            std::fs::copy(f, &to).unwrap();
-            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
-            to.to_str().unwrap().to_owned()
-        })
-        .collect();
-    (dir, copies)
+    let copy = |f: std::path::PathBuf| {
+        let to = dir.join(f.file_name().unwrap());
+        std::fs::copy(&f, &to).unwrap();
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
+        to.to_str().unwrap().to_owned()
+    };
+    let exe = copy(memshim_tests::fixture(fixture, &[]));
+    let lib = copy(memshim_tests::shim());
+    (dir, exe, lib)
 }
 
 /// glibc gives every thread the new ids of a set*id call and aborts the
@@ -244,19 +241,12 @@ fn dropping_root_with_capabilities_kept_works_while_the_shim_thread_runs() {
         eprintln!("SKIP: dropping root needs root");
         return;
     }
-    let (dir, copies) = reachable_by_any_uid(
-        "setxid",
-        &[
-            memshim_tests::fixture("setxid_caps", &[]),
-            memshim_tests::shim(),
-        ],
-    );
-    let (exe, lib) = (&copies[0], &copies[1]);
+    let (dir, exe, lib) = reachable_by_any_uid("setxid", "setxid_caps");
     // A joined thread leaves the shim's thread running (auto); `on` runs it
     // from the start.
     for (control, joined) in [("auto", "1"), ("on", "0"), ("on", "1")] {
-        let o = Cmd::new(exe, [joined])
-            .env("LD_PRELOAD", lib)
+        let o = Cmd::new(&exe, [joined])
+            .env("LD_PRELOAD", &lib)
             .env("MEMSHIM_CONTROL", control)
             .run();
         assert_eq!(
@@ -275,7 +265,7 @@ fn dropping_root_with_capabilities_kept_works_while_the_shim_thread_runs() {
             "-u",
         ],
     )
-    .env("LD_PRELOAD", lib)
+    .env("LD_PRELOAD", &lib)
     .env("MEMSHIM_CONTROL", "on")
     .run();
     assert_eq!(
@@ -285,8 +275,8 @@ fn dropping_root_with_capabilities_kept_works_while_the_shim_thread_runs() {
     );
     // The shim's thread comes back after the call, started by the caller
     // with its new credentials.
-    let mut ch = Cmd::new(exe, ["0", "wait"])
-        .env("LD_PRELOAD", lib)
+    let mut ch = Cmd::new(&exe, ["0", "wait"])
+        .env("LD_PRELOAD", &lib)
         .env("MEMSHIM_CONTROL", "on")
         .spawn();
     ch.wait_for_line("dropped", T);
@@ -310,8 +300,8 @@ fn dropping_root_with_capabilities_kept_works_while_the_shim_thread_runs() {
     );
     // Only a call whose caller has other capabilities than the shim's
     // thread stops it: a call every thread can make leaves it alone.
-    let o = Cmd::new(exe, ["tids"])
-        .env("LD_PRELOAD", lib)
+    let o = Cmd::new(&exe, ["tids"])
+        .env("LD_PRELOAD", &lib)
         .env("MEMSHIM_CONTROL", "on")
         .run();
     assert_eq!(
@@ -336,14 +326,7 @@ fn a_program_at_its_thread_limit_gets_every_thread_it_gets_without_the_shim() {
         eprintln!("SKIP: running as another uid needs root");
         return;
     }
-    let (dir, copies) = reachable_by_any_uid(
-        "nproc",
-        &[
-            memshim_tests::fixture("nproc_limit", &[]),
-            memshim_tests::shim(),
-        ],
-    );
-    let (exe, lib) = (&copies[0], &copies[1]);
+    let (dir, exe, lib) = reachable_by_any_uid("nproc", "nproc_limit");
     // A uid of its own (RLIMIT_NPROC counts every process of the uid),
     // different for each run of the suite on one host. The limit is set
     // while still root; setpriv then becomes the uid and runs the program.
@@ -361,7 +344,7 @@ fn a_program_at_its_thread_limit_gets_every_thread_it_gets_without_the_shim() {
         ];
         let mut c = Cmd::new("prlimit", args);
         if let Some(control) = shim {
-            c = c.env("LD_PRELOAD", lib).env("MEMSHIM_CONTROL", control);
+            c = c.env("LD_PRELOAD", &lib).env("MEMSHIM_CONTROL", control);
         }
         c.run()
     };

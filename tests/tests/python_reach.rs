@@ -83,6 +83,24 @@ fn enter(
     (child, sock, threads)
 }
 
+/// The newest installed CPython, [`enter`]ed in `state` (its main thread
+/// sleeping in the kernel) with a socket directory named `tag`, labelled
+/// `what` in failure messages: (version, process, socket, thread names).
+/// `None`, with a SKIP line, without one.
+fn enter_newest(
+    state: &str,
+    tag: &str,
+    what: &str,
+) -> Option<(&'static str, memshim_tests::Child, PathBuf, String)> {
+    let Some((v, exe)) = cpythons().into_iter().next_back() else {
+        eprintln!("SKIP: no pyenv CPython");
+        return None;
+    };
+    let (mut child, sock, threads) = enter(&exe, state, &socket_dir(tag), 'S');
+    child.labelled(&format!("CPython {v}, {what}"));
+    Some((v, child, sock, threads))
+}
+
 /// The latencies (ms) of stats, gc, gc, empty_cache, release in one state.
 fn serve_in_state(v: &str, exe: &Path, state: &str, kernel: char) -> Vec<u128> {
     let dir = socket_dir(&format!("reach-{v}-{state}"));
@@ -244,13 +262,11 @@ fn a_gil_held_for_the_whole_wait_answers_busy_and_nothing_runs_later() {
 #[test]
 fn python_requests_left_by_a_client_that_hung_up_do_not_hold_up_the_next() {
     use std::io::Write;
-    let Some((v, exe)) = cpythons().into_iter().next_back() else {
-        eprintln!("SKIP: no pyenv CPython");
+    let Some((v, mut child, sock, threads)) =
+        enter_newest("sleep", "reach-left-behind", "main thread in sleep")
+    else {
         return;
     };
-    let dir = socket_dir("reach-left-behind");
-    let (mut child, sock, threads) = enter(&exe, "sleep", &dir, 'S');
-    child.labelled(&format!("CPython {v}, main thread in sleep"));
     {
         let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
         let mut lines = String::from("{\"op\":\"hello\",\"version\":1}\n");
@@ -293,13 +309,11 @@ fn python_requests_left_by_a_client_that_hung_up_do_not_hold_up_the_next() {
 /// answer, so a next request on it got the same.
 #[test]
 fn a_long_request_does_not_time_out_the_clients_it_kept_waiting() {
-    let Some((v, exe)) = cpythons().into_iter().next_back() else {
-        eprintln!("SKIP: no pyenv CPython");
+    let Some((v, child, sock, _)) =
+        enter_newest("gilheld", "reach-kept-waiting", "GIL held in a C call")
+    else {
         return;
     };
-    let dir = socket_dir("reach-kept-waiting");
-    let (mut child, sock, _) = enter(&exe, "gilheld", &dir, 'S');
-    child.labelled(&format!("CPython {v}, GIL held in a C call"));
     let mut waiting = memshim_tests::endpoint::Conn::open(&sock).unwrap();
     std::thread::sleep(Duration::from_millis(200));
     let slow = {
