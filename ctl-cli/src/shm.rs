@@ -174,20 +174,25 @@ fn is_kernel_thread(pid: i32) -> bool {
         .is_some_and(|f| f & PF_KTHREAD != 0)
 }
 
-/// Whether `pid` has a mount of one of the filesystems `devs` (so could
-/// open their files). Unknown counts as yes. `/proc/<pid>/mountinfo` is
-/// readable where its maps and descriptors are not.
-fn sees_any(pid: i32, devs: &BTreeSet<(u64, u64)>) -> bool {
-    let Ok(mi) = crate::discover::read_text(discover::view(pid).join("mountinfo")) else {
-        return true;
+/// Which of the filesystems `devs` `pid` has mounted (so could open their
+/// files): all of them when its mount table may not be read, none when
+/// the process has exited meanwhile (it holds nothing any more).
+/// `/proc/<pid>/mountinfo` is readable where its maps and descriptors are
+/// not.
+fn mounted_of(pid: i32, devs: &BTreeSet<(u64, u64)>) -> BTreeSet<(u64, u64)> {
+    let mi = match crate::discover::read_text(discover::view(pid).join("mountinfo")) {
+        Ok(mi) => mi,
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return devs.clone(),
+        // ENOENT once reaped; EINVAL while exiting (no mount namespace).
+        Err(_) => return BTreeSet::new(),
     };
-    mi.lines().any(|l| {
-        l.split(' ')
-            .nth(2)
-            .and_then(|d| d.split_once(':'))
-            .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
-            .is_some_and(|d| devs.contains(&d))
-    })
+    mi.lines()
+        .filter_map(|l| {
+            let (a, b) = l.split(' ').nth(2)?.split_once(':')?;
+            Some((a.parse().ok()?, b.parse().ok()?))
+        })
+        .filter(|d| devs.contains(d))
+        .collect()
 }
 
 /// One `maps` line's device and inode, and whether it is a deleted file.
@@ -220,6 +225,9 @@ pub fn scan(pids: &[i32]) -> ShmReport {
     let mut users: BTreeMap<(u64, u64), BTreeSet<i32>> = BTreeMap::new();
     let mut deleted: BTreeMap<(u64, u64), ShmFile> = BTreeMap::new();
     let mut unreadable = 0;
+    // The filesystems an unreadable process has mounted: their files may
+    // be that process's, the others' not.
+    let mut unsure: BTreeSet<(u64, u64)> = BTreeSet::new();
     if !dirs.is_empty() {
         let me = std::process::id() as i32;
         for pid in discover::all_pids() {
@@ -277,8 +285,12 @@ pub fn scan(pids: &[i32]) -> ShmReport {
                 Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => denied = true,
                 Err(_) => {}
             }
-            if denied && sees_any(pid, &devs) {
-                unreadable += 1;
+            if denied {
+                let seen = mounted_of(pid, &devs);
+                if !seen.is_empty() {
+                    unreadable += 1;
+                    unsure.extend(seen);
+                }
             }
         }
     }
@@ -294,7 +306,7 @@ pub fn scan(pids: &[i32]) -> ShmReport {
         }
         f.state = if !f.users.is_empty() {
             "in_use"
-        } else if unreadable > 0 {
+        } else if unsure.contains(&major_minor(key.0)) {
             "unknown"
         } else {
             "unowned"

@@ -12,6 +12,14 @@ use std::time::Duration;
 const MIB: u64 = 1 << 20;
 const NOBODY: &[&str] = &["--reuid=65534", "--regid=65534", "--clear-groups"];
 
+/// memshim-ctl run as uid 65534.
+fn as_nobody(args: &[&str]) -> Output {
+    let mut a: Vec<String> = NOBODY.iter().map(|s| s.to_string()).collect();
+    a.push(ctl().display().to_string());
+    a.extend(args.iter().map(|s| s.to_string()));
+    Cmd::new("setpriv", a).run()
+}
+
 fn json_error(o: &Output) -> serde_json::Value {
     let v: serde_json::Value = serde_json::from_str(&o.stdout)
         .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {o:?}"));
@@ -124,12 +132,6 @@ fn another_uid_may_look_but_reclaim_is_refused_with_exit_5_and_changes_nothing()
     mapper.wait_for_line("ready", Duration::from_secs(30));
     let pid = sleeper.pid().to_string();
 
-    let as_nobody = |args: &[&str]| {
-        let mut a: Vec<String> = NOBODY.iter().map(|s| s.to_string()).collect();
-        a.push(ctl().display().to_string());
-        a.extend(args.iter().map(|s| s.to_string()));
-        Cmd::new("setpriv", a).run()
-    };
     let before = cg.file_pages();
     let o = as_nobody(&["reclaim", &pid, "--json"]);
     assert_eq!(o.code, 5, "{o:?}");
@@ -190,6 +192,67 @@ fn another_uid_may_look_but_reclaim_is_refused_with_exit_5_and_changes_nothing()
     drop(mapper);
     let _ = std::fs::remove_file(&shm);
     let _ = std::fs::remove_file(file);
+}
+
+/// A process that could not be read makes only the files of filesystems
+/// it has mounted `unknown`. Seen by uid 65534: root's processes cannot be
+/// read and have the host's /dev/shm; nobody's own process, in a user and
+/// mount namespace of its own, has a private /dev/shm with a leftover.
+#[test]
+fn an_unreadable_process_leaves_the_files_of_other_filesystems_unowned() {
+    let Some(cg) = TestCgroup::new("shmscope") else {
+        return;
+    };
+    let userns = Cmd::new(
+        "setpriv",
+        NOBODY.iter().copied().chain(["unshare", "-Urm", "true"]),
+    )
+    .run();
+    if userns.code != 0 {
+        eprintln!("SKIP: uid 65534 cannot make a user namespace here: {userns:?}");
+        return;
+    }
+    let host = format!("/dev/shm/memshim-test-{}-scope", std::process::id());
+    std::fs::write(&host, vec![7u8; MIB as usize]).unwrap();
+    let root_sleeper = cg.cmd("sleep", ["600"]).spawn();
+    let script = "mount -t tmpfs -o size=16m memshim-test-scope /dev/shm \
+                  && head -c 2097152 /dev/zero > /dev/shm/leftover && echo ready && exec sleep 600";
+    let mut own = cg
+        .cmd(
+            "setpriv",
+            NOBODY
+                .iter()
+                .copied()
+                .chain(["unshare", "-Urm", "sh", "-c", script]),
+        )
+        .spawn();
+    own.wait_for_line("ready", Duration::from_secs(30));
+
+    let o = as_nobody(&["cgroup", &own.pid().to_string(), "--json"]);
+    assert_eq!(o.code, 0, "{o:?}");
+    let r: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    let state = |path: &str| {
+        r["shm"]["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["path"] == path)
+            .unwrap_or_else(|| panic!("{path} not listed: {}", r["shm"]))["state"]
+            .clone()
+    };
+    // Root's sleeper may hold the host's file: nobody cannot tell.
+    assert_eq!(state(&host), "unknown", "{}", r["shm"]);
+    // Only nobody's own process has the private tmpfs mounted.
+    assert_eq!(state("/dev/shm/leftover"), "unowned", "{}", r["shm"]);
+    assert_eq!(r["shm"]["unowned_bytes"], 2 * MIB, "{}", r["shm"]);
+    assert!(
+        r["shm"]["unreadable_processes"].as_u64().unwrap() >= 1,
+        "{}",
+        r["shm"]
+    );
+    drop(own);
+    drop(root_sleeper);
+    let _ = std::fs::remove_file(&host);
 }
 
 #[test]
