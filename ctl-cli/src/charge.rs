@@ -217,13 +217,18 @@ parts! {
 /// The parts of `c`; `shm_unowned` from the /dev/shm listing, if made.
 pub fn parts(c: &Charge, shm_unowned: Option<u64>) -> Parts {
     let m = &c.memory;
-    let alloc: Vec<&AllocatorStats> = c
+    // Each allocator's pages that may be resident (stats.md, `unmanaged`):
+    // jemalloc's `resident` plus its muzzy pages, at most the process's
+    // anonymous RSS; of those, the free ones.
+    let (resident, free) = c
         .processes
         .iter()
-        .filter_map(|p| p.allocator.as_ref())
-        .collect();
-    let resident: u64 = alloc.iter().map(|a| a.resident).sum();
-    let free: u64 = alloc.iter().map(|a| a.purgeable).sum();
+        .filter_map(|p| Some((p.allocator.as_ref()?, p.rss_anon)))
+        .map(|(a, anon): (&AllocatorStats, _)| {
+            let held = (a.resident + a.muzzy).min(anon.unwrap_or(u64::MAX));
+            (held, a.purgeable.min(held))
+        })
+        .fold((0, 0), |(r, f), (h, p)| (r + h, f + p));
     let arenas: u64 = c
         .processes
         .iter()
@@ -243,7 +248,9 @@ pub fn parts(c: &Charge, shm_unowned: Option<u64>) -> Parts {
         page_cache: p(m.page_cache, "reclaim"),
         active_file: p(m.active_file, "reclaim"),
         inactive_file: p(m.inactive_file, "reclaim"),
-        mapped_file: p(m.mapped_file, "reclaim"),
+        // The kernel counts mapped shared memory here too: no more than
+        // the page cache it is shown as part of.
+        mapped_file: p(m.mapped_file.min(m.page_cache), "reclaim"),
         dirty: p(m.dirty, "writeback"),
         writeback: p(m.writeback, "writeback"),
         shmem: p(m.shmem, "exit"),
@@ -383,5 +390,31 @@ mod tests {
             ..c
         };
         assert_eq!(parts(&c, None).anon_other.bytes, Some(0));
+    }
+
+    #[test]
+    fn an_allocator_counts_its_muzzy_pages_and_at_most_its_anonymous_rss() {
+        let memory = CgroupMemory {
+            version: 1,
+            anon: 1000,
+            ..Default::default()
+        };
+        // 3000 handed out, never written: only the 200 of RssAnon can be
+        // resident, and of those at most all are free.
+        let mut untouched = proc_with(3000, 2500, None);
+        untouched.rss_anon = Some(200);
+        // Muzzy pages (left out of jemalloc's resident) stay in RSS.
+        let mut muzzy = proc_with(50, 400, None);
+        muzzy.allocator.as_mut().unwrap().muzzy = 350;
+        muzzy.rss_anon = Some(600);
+        let c = Charge {
+            memory,
+            processes: vec![untouched, muzzy],
+            hidden: 0,
+        };
+        let p = parts(&c, None);
+        assert_eq!(p.allocator_free.bytes, Some(200 + 400));
+        assert_eq!(p.allocator_in_use.bytes, Some(0));
+        assert_eq!(p.anon_other.bytes, Some(1000 - 200 - 400));
     }
 }

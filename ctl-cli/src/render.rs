@@ -3,16 +3,18 @@
 /// Bytes for a person: `512 B`, `3.2 KiB`, `48.0 MiB`, `1.25 GiB`.
 pub fn bytes(b: u64) -> String {
     const K: f64 = 1024.0;
-    let f = b as f64;
     if b < 1024 {
-        format!("{b} B")
-    } else if f < K * K {
-        format!("{:.1} KiB", f / K)
-    } else if f < K * K * K {
-        format!("{:.1} MiB", f / (K * K))
-    } else {
-        format!("{:.2} GiB", f / (K * K * K))
+        return format!("{b} B");
     }
+    let f = b as f64;
+    // A unit serves while its figure, rounded to one decimal, stays below
+    // 1024 of it: 1 GiB less a page is "1.00 GiB", not "1024.0 MiB".
+    for (unit, div) in [("KiB", K), ("MiB", K * K)] {
+        if f / div < 1023.95 {
+            return format!("{:.1} {unit}", f / div);
+        }
+    }
+    format!("{:.2} GiB", f / (K * K * K))
 }
 
 /// An optional byte figure; `-` when unknown.
@@ -140,6 +142,10 @@ mod tests {
         assert_eq!(bytes(1536), "1.5 KiB");
         assert_eq!(bytes(48 << 20), "48.0 MiB");
         assert_eq!(bytes(5 << 29), "2.50 GiB");
+        // Rounding never writes 1024 of a unit.
+        assert_eq!(bytes((1 << 30) - 4096), "1.00 GiB");
+        assert_eq!(bytes((1 << 20) - 1), "1.0 MiB");
+        assert_eq!(bytes((1 << 20) - 60), "1023.9 KiB");
         assert_eq!(opt_bytes(None), "-");
         assert_eq!(delta(3 << 20, 1 << 20), "-2.0 MiB");
         assert_eq!(delta(1, 1), "±0 B");

@@ -214,3 +214,83 @@ fn list_explains_why_a_shimmed_process_has_no_endpoint() {
     assert_eq!(none.code, 3, "{none:?}");
     assert!(none.stderr.contains("not loaded"), "{none:?}");
 }
+
+/// Frees 96 MiB of written 1 MiB blocks (with a short dirty decay and muzzy
+/// decay -1 they become muzzy: `MADV_FREE`d, still in RSS), then hands out
+/// 1 GiB that it never writes.
+const PY_UNMANAGED: &str = r#"
+import ctypes, sys
+L = ctypes.CDLL(None)
+L.malloc.restype = ctypes.c_void_p
+L.malloc.argtypes = [ctypes.c_size_t]
+L.free.argtypes = [ctypes.c_void_p]
+print('started', flush=True)
+sys.stdin.readline()
+blocks = [L.malloc(1 << 20) for _ in range(96)]
+for b in blocks:
+    ctypes.memset(b, 1, 1 << 20)
+for b in blocks:
+    L.free(b)
+print('muzzy', flush=True)
+sys.stdin.readline()
+big = L.malloc(1 << 30)
+print('untouched', flush=True)
+sys.stdin.readline()
+"#;
+
+/// `process.unmanaged` is RSS the allocator does not hold: muzzy pages are
+/// the allocator's (jemalloc's `resident` leaves them out, RSS does not),
+/// and pages handed out but never written (which `resident` counts) do not
+/// hide the rest of RSS.
+#[test]
+fn unmanaged_counts_neither_muzzy_pages_nor_untouched_ones_against_the_program() {
+    const MIB: u64 = 1 << 20;
+    let mut child = Cmd::new(python(), ["-c", PY_UNMANAGED])
+        .shimmed()
+        .env("MEMSHIM_CONTROL", "on")
+        .env("MEMSHIM_DIRTY_DECAY_MS", "100")
+        .env("MEMSHIM_MUZZY_DECAY_MS", "-1")
+        .spawn();
+    let pid = child.pid();
+    child.wait_for_line("started", Duration::from_secs(10));
+    wait_endpoint(pid);
+    let stats = || ctl_json(&["stats", &pid.to_string()]).1;
+    let field = |s: &serde_json::Value, sec: &str, k: &str| s[sec][k].as_u64().unwrap();
+    let s0 = stats();
+
+    child.send("muzzy");
+    child.wait_for_line("muzzy", Duration::from_secs(30));
+    let s1 = wait_until(Duration::from_secs(10), || {
+        let s = stats();
+        (field(&s, "allocator", "muzzy") >= 64 * MIB).then_some(s)
+    })
+    .unwrap_or_else(|| panic!("no muzzy pages: {}", stats()["allocator"]));
+    assert!(
+        field(&s1, "process", "unmanaged") <= field(&s0, "process", "unmanaged") + 16 * MIB,
+        "muzzy pages counted as unmanaged: before {} after {}",
+        s0["process"],
+        s1["process"]
+    );
+
+    child.send("untouched");
+    child.wait_for_line("untouched", Duration::from_secs(30));
+    let s2 = stats();
+    assert!(
+        field(&s2, "allocator", "resident") >= 1 << 30,
+        "{}",
+        s2["allocator"]
+    );
+    let (file, shmem) = (
+        field(&s2, "process", "file"),
+        field(&s2, "process", "shmem"),
+    );
+    assert!(file > 0, "{}", s2["process"]);
+    assert!(
+        field(&s2, "process", "unmanaged") >= file + shmem,
+        "untouched allocator pages hid mapped files: {}",
+        s2["process"]
+    );
+    child.send("quit");
+    let out = child.finish(Duration::from_secs(10));
+    assert_eq!((out.code, out.stderr.as_str()), (0, ""));
+}

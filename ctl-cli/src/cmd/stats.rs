@@ -203,7 +203,11 @@ pub fn human(s: &StatsReport, pid: i32, command: &str) -> String {
             ),
             ("max", max, ""),
             ("anon", opt_bytes(g.anon), ""),
-            ("file", opt_bytes(g.file), "page cache, reclaimable"),
+            (
+                "file",
+                opt_bytes(g.file),
+                "page cache, tmpfs and shared memory included",
+            ),
             ("kernel", opt_bytes(g.kernel), ""),
         ]);
     }
@@ -225,7 +229,11 @@ pub fn human(s: &StatsReport, pid: i32, command: &str) -> String {
         (
             "background_purge",
             yes(c.background_purge),
-            "the shim's thread decays idle pages",
+            if c.background_purge {
+                "the shim's thread decays idle pages"
+            } else {
+                "dirty_decay_ms is -1: idle pages stay until purged"
+            },
         ),
         (
             "interposed",

@@ -101,7 +101,7 @@ pub fn stats(arenas: bool, pss: bool, ctx: &Ctx<'_>) -> Result<StatsReport, Erro
         pid: os::getpid(),
         allocator: s,
         arenas,
-        process: process(s.resident, pss),
+        process: process(s.resident + s.muzzy, pss),
         cgroup: os::cgroup::memory().map(|m| CgroupStats {
             version: m.version,
             path: m.path,
@@ -142,9 +142,15 @@ fn pressure(p: &super::PressureFacts) -> PressureStats {
     }
 }
 
-/// The `process` section. `resident` is jemalloc's figure, for `unmanaged`.
-fn process(resident: u64, pss: bool) -> ProcessStats {
+/// The `process` section. `held` is the allocator's pages that may be
+/// resident: jemalloc's `resident` (an upper bound: it counts pages never
+/// touched) plus its muzzy pages (`MADV_FREE`d, left out of `resident`
+/// but in RSS until the kernel takes them). They are all anonymous, so at
+/// most `RssAnon` of them are: `unmanaged` never hides mapped files or
+/// shared memory behind untouched allocator pages.
+fn process(held: u64, pss: bool) -> ProcessStats {
     let m = os::proc::memory();
+    let resident = m.anon.map_or(held, |a| held.min(a));
     ProcessStats {
         rss: m.rss,
         pss: if pss { os::proc::pss() } else { None },
