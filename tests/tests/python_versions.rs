@@ -135,6 +135,52 @@ fn gc_works_after_the_main_script_returns_while_a_thread_serves() {
     });
 }
 
+/// A global whose finalizer runs while the interpreter tears its modules
+/// down (after the atexit functions, when `Py_IsInitialized()` is already
+/// 0), says so, and waits there for a line on stdin.
+const TEARDOWN: &str = r#"
+import os, sys
+class Slow:
+    def __del__(self, write=os.write, read=os.read):
+        write(1, b"teardown\n")
+        read(0, 100)
+x = Slow()
+print("ready", flush=True)
+sys.stdin.readline()
+sys.exit(3)
+"#;
+
+/// A request that reaches an interpreter tearing its modules down is told
+/// "shutting down", and `release` exits 7 as `gc` does. It was told "not
+/// initialised yet" (the interpreter clears "initialized" before that
+/// stage), which `release` counts as nothing to do, exit 0.
+#[test]
+fn a_request_during_module_teardown_is_told_shutting_down() {
+    for_each_cpython(2, |v, exe| {
+        let dir = socket_dir(&format!("teardown-{v}"));
+        let mut child = Cmd::new(&exe, ["-c", TEARDOWN])
+            .shimmed()
+            .env("MEMSHIM_CONTROL", "on")
+            .env("MEMSHIM_SOCKET_DIR", &dir)
+            .spawn();
+        child.wait_for_line("ready", Duration::from_secs(30));
+        let sock = socket_of(&dir, child.pid());
+        child.send("exit");
+        child.wait_for_line("teardown", Duration::from_secs(30));
+        let r = request(&sock, &Request::Gc);
+        assert!(
+            matches!(&r, memshim_proto::Response::Error(e) if e.python == Some(PythonUnavailable::Finalizing)),
+            "{v}: gc during teardown: {r:?}"
+        );
+        let o = memshim_tests::control::ctl_run(&["release", &child.pid().to_string()]);
+        assert_eq!(o.code, 7, "{v}: release during teardown: {o:?}");
+        assert!(o.stderr.contains("shutting down"), "{v}: {o:?}");
+        child.send("bye");
+        let out = child.finish(Duration::from_secs(30));
+        assert_eq!((out.code, out.stderr.as_str()), (3, ""), "{v}");
+    });
+}
+
 fn no_python(r: memshim_proto::Response) -> bool {
     matches!(r, memshim_proto::Response::Ok(Reply::Stats(s)) if s.python.is_none()
         && s.python_unavailable == Some(PythonUnavailable::NoPython))

@@ -268,16 +268,19 @@ pub fn resolved() -> Option<&'static Api> {
 
 impl Api {
     /// `Py_IsInitialized() && !Py_IsFinalizing()`. Callable without the GIL.
+    /// Finalizing is asked first: `Py_FinalizeEx` clears "initialized" as
+    /// soon as the atexit functions have run, and the interpreter then
+    /// tears its modules down, shutting down, not yet to start.
     pub fn usable(&self) -> Result<(), memshim_proto::PythonUnavailable> {
         use memshim_proto::PythonUnavailable as U;
         // SAFETY: both are plain reads of the runtime's state, documented
         // callable at any time, without the GIL or a thread state.
         unsafe {
-            if (self.is_initialized)() == 0 {
-                return Err(U::NotInitialized);
-            }
             if self.is_finalizing.is_some_and(|f| f() != 0) {
                 return Err(U::Finalizing);
+            }
+            if (self.is_initialized)() == 0 {
+                return Err(U::NotInitialized);
             }
         }
         Ok(())
