@@ -27,8 +27,17 @@ pub fn socket_dir(test: &str) -> PathBuf {
 pub fn shimmed_python(python: &Path, script: &Path, args: &[&str], dir: &Path) -> Cmd {
     let mut a: Vec<String> = vec![script.to_string_lossy().into_owned()];
     a.extend(args.iter().map(|s| s.to_string()));
-    Cmd::new(python, a)
-        .shimmed()
+    endpoint_on(Cmd::new(python, a), dir)
+}
+
+/// `python -c code` under the shim with its control endpoint on.
+pub fn shimmed_python_c(python: &Path, code: &str, dir: &Path) -> Cmd {
+    endpoint_on(Cmd::new(python, ["-c", code]), dir)
+}
+
+/// `cmd` under the shim, its endpoint on from the start, its socket in `dir`.
+fn endpoint_on(cmd: Cmd, dir: &Path) -> Cmd {
+    cmd.shimmed()
         .env("MEMSHIM_CONTROL", "on")
         .env("MEMSHIM_SOCKET_DIR", dir)
 }

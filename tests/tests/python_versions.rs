@@ -158,11 +158,7 @@ sys.exit(3)
 fn a_request_during_module_teardown_is_told_shutting_down() {
     for_each_cpython(2, |v, exe| {
         let dir = socket_dir(&format!("teardown-{v}"));
-        let mut child = Cmd::new(&exe, ["-c", TEARDOWN])
-            .shimmed()
-            .env("MEMSHIM_CONTROL", "on")
-            .env("MEMSHIM_SOCKET_DIR", &dir)
-            .spawn();
+        let mut child = shimmed_python_c(&exe, TEARDOWN, &dir).spawn();
         child.wait_for_line("ready", Duration::from_secs(30));
         let sock = socket_of(&dir, child.pid());
         child.send("exit");
@@ -236,16 +232,11 @@ fn an_older_cpython_is_unsupported_not_absent() {
         let dir = socket_dir(&format!("old-{v}"));
         // "ready" once the interpreter runs; the version is checked before
         // the interpreter's state, so the answer is the same before it.
-        let mut child = Cmd::new(
+        let mut child = shimmed_python_c(
             &exe,
-            [
-                "-c",
-                "import sys; sys.stdout.write('ready\\n'); sys.stdout.flush(); sys.stdin.read()",
-            ],
+            "import sys; sys.stdout.write('ready\\n'); sys.stdout.flush(); sys.stdin.read()",
+            &dir,
         )
-        .shimmed()
-        .env("MEMSHIM_CONTROL", "on")
-        .env("MEMSHIM_SOCKET_DIR", &dir)
         .spawn();
         child.wait_for_line("ready", Duration::from_secs(30));
         let sock = socket_of(&dir, child.pid());
