@@ -127,6 +127,9 @@ fn entry(pid: i32, cgroup: String) -> Option<ProcEntry> {
         Ok(s) => {
             e.endpoint = true;
             e.rss = s.process.rss;
+            // The allocator's figures and the RssAnon they are capped at
+            // from one moment.
+            e.rss_anon = s.process.anon.or(e.rss_anon);
             e.allocator = Some(s.allocator);
             e.python = s.python;
             e.torch = s.torch;
@@ -225,10 +228,15 @@ pub fn parts(c: &Charge, shm_unowned: Option<u64>) -> Parts {
         .iter()
         .filter_map(|p| Some((p.allocator.as_ref()?, p.rss_anon)))
         .map(|(a, anon): (&AllocatorStats, _)| {
-            let held = (a.resident + a.muzzy).min(anon.unwrap_or(u64::MAX));
+            let held = a
+                .resident
+                .saturating_add(a.muzzy)
+                .min(anon.unwrap_or(u64::MAX));
             (held, a.purgeable.min(held))
         })
-        .fold((0, 0), |(r, f), (h, p)| (r + h, f + p));
+        .fold((0u64, 0u64), |(r, f), (h, p)| {
+            (r.saturating_add(h), f.saturating_add(p))
+        });
     let arenas: u64 = c
         .processes
         .iter()

@@ -175,16 +175,19 @@ fn is_kernel_thread(pid: i32) -> bool {
 }
 
 /// Which of the filesystems `devs` `pid` has mounted (so could open their
-/// files): all of them when its mount table may not be read, none when
-/// the process has exited meanwhile (it holds nothing any more).
-/// `/proc/<pid>/mountinfo` is readable where its maps and descriptors are
-/// not.
+/// files): none when the process has exited meanwhile (it holds nothing
+/// any more), all of them when its mount table cannot be read for another
+/// reason. `/proc/<pid>/mountinfo` is readable where its maps and
+/// descriptors are not.
 fn mounted_of(pid: i32, devs: &BTreeSet<(u64, u64)>) -> BTreeSet<(u64, u64)> {
+    use std::io::ErrorKind::{InvalidInput, NotFound};
     let mi = match crate::discover::read_text(discover::view(pid).join("mountinfo")) {
         Ok(mi) => mi,
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return devs.clone(),
         // ENOENT once reaped; EINVAL while exiting (no mount namespace).
-        Err(_) => return BTreeSet::new(),
+        Err(e) if matches!(e.kind(), NotFound | InvalidInput) || e.raw_os_error() == Some(3) => {
+            return BTreeSet::new();
+        }
+        Err(_) => return devs.clone(),
     };
     mi.lines()
         .filter_map(|l| {

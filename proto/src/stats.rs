@@ -173,8 +173,9 @@ pub struct ProcessStats {
     /// Swapped-out anonymous memory (`VmSwap`).
     #[serde(default)]
     pub swap: Option<u64>,
-    /// `max(0, rss - allocator.resident)`: memory the shim does not manage
-    /// (pymalloc arenas, direct mmap, stacks, code, ...).
+    /// `rss - min(allocator.resident + allocator.muzzy, anon)`: memory the
+    /// shim does not manage (pymalloc arenas, direct mmap, stacks, code,
+    /// ...); docs/stats.md.
     pub unmanaged: u64,
 }
 

@@ -234,6 +234,8 @@ for b in blocks:
 print('muzzy', flush=True)
 sys.stdin.readline()
 big = L.malloc(1 << 30)
+if not big:
+    raise SystemExit('malloc(1 GiB) failed')
 print('untouched', flush=True)
 sys.stdin.readline()
 "#;

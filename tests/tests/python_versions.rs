@@ -308,21 +308,47 @@ fn python_embedded_rtld_local_is_no_python() {
     assert_eq!((out.code, out.stderr.as_str()), (0, ""));
 }
 
+/// An embedder that has finalized its interpreter and runs on: "not
+/// initialised" again (CPython's "finalizing" stays set until a new
+/// `Py_Initialize`), so `release` has nothing to do and exits 0. No request
+/// reached the interpreter before, so no exit gate is involved.
 #[test]
-fn requests_before_py_initialize_run_nothing() {
-    let Some((v, exe)) = present().into_iter().last() else {
+fn an_embedded_interpreter_after_py_finalize_is_not_initialised() {
+    let Some((v, mut child, sock)) = embedder("postfini") else {
         return;
     };
+    child.send("go");
+    child.wait_for_line("up", Duration::from_secs(30));
+    child.send("x");
+    child.wait_for_line("finalized", Duration::from_secs(30));
+    let r = request(&sock, &Request::Gc);
+    assert!(
+        matches!(&r, memshim_proto::Response::Error(e) if e.python == Some(PythonUnavailable::NotInitialized)),
+        "{v}: gc after Py_FinalizeEx: {r:?}"
+    );
+    let o = memshim_tests::control::ctl_run(&["release", &child.pid().to_string()]);
+    assert_eq!(o.code, 0, "{v}: release after Py_FinalizeEx: {o:?}");
+    child.send("bye");
+    let out = child.finish(Duration::from_secs(30));
+    assert_eq!((out.code, out.stderr.as_str()), (0, ""));
+}
+
+/// `py_local` embedding the newest CPython's libpython RTLD_GLOBAL, under
+/// the shim with its endpoint on, stopped before `Py_Initialize`: (version,
+/// the program, its socket); `tag` names its socket directory (short: a
+/// socket path holds 107 bytes). None, with a SKIP line, without libpython.
+fn embedder(tag: &str) -> Option<(&'static str, memshim_tests::Child, PathBuf)> {
+    let (v, exe) = present().into_iter().last()?;
     let home = exe.parent().unwrap().parent().unwrap().to_path_buf();
     let lib = home.join(format!("lib/libpython{v}.so.1.0"));
     if !lib.exists() {
         say(format!(
-            "SKIP requests_before_py_initialize_run_nothing: {} not found",
+            "SKIP embedding ({tag}): {} not found",
             lib.display()
         ));
-        return;
+        return None;
     }
-    let dir = socket_dir("preinit");
+    let dir = socket_dir(tag);
     let mut child = Cmd::new(
         fixture("py_local", &[]),
         [lib.as_os_str(), "global".as_ref()],
@@ -334,6 +360,14 @@ fn requests_before_py_initialize_run_nothing() {
     .spawn();
     child.wait_for_line("pre-init", Duration::from_secs(30));
     let sock = socket_of(&dir, child.pid());
+    Some((v, child, sock))
+}
+
+#[test]
+fn requests_before_py_initialize_run_nothing() {
+    let Some((_, mut child, sock)) = embedder("preinit") else {
+        return;
+    };
     let not_init = |r: &memshim_proto::Response| match r {
         memshim_proto::Response::Ok(Reply::Stats(s)) => {
             s.python_unavailable == Some(PythonUnavailable::NotInitialized)

@@ -63,8 +63,8 @@ pub fn run(a: CgroupArgs) -> Result<Exit, Failure> {
     }
     if shm.unreadable_processes > 0 {
         notes.push(format!(
-            "{} process(es) that see this /dev/shm could not be read (permission denied): a file that no readable \
-             process holds is `unknown`, not `unowned`; {}",
+            "{} process(es) that see this /dev/shm could not be read (permission denied): a file on a filesystem \
+             they have mounted that no readable process holds is `unknown`, not `unowned`; {}",
             shm.unreadable_processes,
             if crate::discover::my_euid() == Some(0) {
                 crate::discover::DENIED_TO_ROOT

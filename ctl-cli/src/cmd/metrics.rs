@@ -147,7 +147,7 @@ const FAMILIES: &[(&str, &str, &str, Get)] = &[
     (
         "memshim_unmanaged_bytes",
         "gauge",
-        "Resident bytes the shim does not manage (RSS minus jemalloc resident).",
+        "Resident bytes the shim does not manage (RSS less the allocator's pages).",
         |s| vec![(vec![], s.process.unmanaged as f64)],
     ),
     (

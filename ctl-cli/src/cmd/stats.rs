@@ -121,7 +121,7 @@ pub fn human(s: &StatsReport, pid: i32, command: &str) -> String {
         (
             "resident",
             bytes(a.resident),
-            "physically resident, allocator-managed",
+            "pages in use, allocator-managed (at most)",
         ),
         ("mapped", bytes(a.mapped), ""),
         (
@@ -189,7 +189,7 @@ pub fn human(s: &StatsReport, pid: i32, command: &str) -> String {
         (
             "unmanaged",
             bytes(p.unmanaged),
-            "rss - resident: not the shim's (pymalloc, mmap, stacks, code)",
+            "not the shim's (pymalloc, mmap, stacks, code)",
         ),
     ]);
     if let Some(g) = &s.cgroup {

@@ -101,7 +101,7 @@ pub fn stats(arenas: bool, pss: bool, ctx: &Ctx<'_>) -> Result<StatsReport, Erro
         pid: os::getpid(),
         allocator: s,
         arenas,
-        process: process(s.resident + s.muzzy, pss),
+        process: process(s.resident.saturating_add(s.muzzy), pss),
         cgroup: os::cgroup::memory().map(|m| CgroupStats {
             version: m.version,
             path: m.path,

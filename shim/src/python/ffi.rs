@@ -268,18 +268,27 @@ pub fn resolved() -> Option<&'static Api> {
 
 impl Api {
     /// `Py_IsInitialized() && !Py_IsFinalizing()`. Callable without the GIL.
-    /// Finalizing is asked first: `Py_FinalizeEx` clears "initialized" as
-    /// soon as the atexit functions have run, and the interpreter then
-    /// tears its modules down, shutting down, not yet to start.
+    /// `Py_FinalizeEx` marks the runtime finalizing, then clears
+    /// "initialized" (both once the atexit functions have run), and then
+    /// tears the modules down: not initialised and finalizing is shutting
+    /// down, not yet to start. "Initialized" is read first, so a reader
+    /// between the two writes sees it still set. Finalizing stays set after
+    /// `Py_FinalizeEx` has returned, until a new `Py_Initialize`; by then
+    /// the main interpreter is gone, which is "not initialised" again.
     pub fn usable(&self) -> Result<(), memshim_proto::PythonUnavailable> {
         use memshim_proto::PythonUnavailable as U;
-        // SAFETY: both are plain reads of the runtime's state, documented
-        // callable at any time, without the GIL or a thread state.
+        // SAFETY: plain reads of the runtime's state, documented callable
+        // at any time, without the GIL or a thread state
+        // (`PyInterpreterState_Main` reads `_PyRuntime.interpreters.main`).
         unsafe {
+            let initialized = (self.is_initialized)() != 0;
             if self.is_finalizing.is_some_and(|f| f() != 0) {
+                if (self.interp_main)().is_null() {
+                    return Err(U::NotInitialized);
+                }
                 return Err(U::Finalizing);
             }
-            if (self.is_initialized)() == 0 {
+            if !initialized {
                 return Err(U::NotInitialized);
             }
         }
