@@ -221,3 +221,14 @@ pub fn uncached_file(name: &str, mib: usize) -> PathBuf {
 pub fn m(b: u64) -> String {
     format!("{:.1} MiB", mib(b))
 }
+
+/// The entry for `path` in the `shm.files` of a `memshim-ctl cgroup
+/// --json` report; panics, showing the listing, if it is not there.
+pub fn shm_file<'a>(report: &'a serde_json::Value, path: &str) -> &'a serde_json::Value {
+    report["shm"]["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == path)
+        .unwrap_or_else(|| panic!("{path} not listed: {}", report["shm"]))
+}

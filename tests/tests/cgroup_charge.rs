@@ -158,13 +158,7 @@ fn a_dev_shm_leftover_is_unowned_and_files_mapped_or_held_are_in_use() {
 
     let (code, r) = ctl_json(&["cgroup", &pid.to_string()]);
     assert_eq!(code, 0, "{r}");
-    let files = r["shm"]["files"].as_array().unwrap();
-    let file = |name: &str| {
-        files
-            .iter()
-            .find(|f| f["path"] == name)
-            .unwrap_or_else(|| panic!("{name} not listed: {}", r["shm"]))
-    };
+    let file = |name: &str| shm_file(&r, name);
     let left = file("/dev/shm/leftover");
     assert_eq!(left["state"], "unowned", "{left}");
     assert_eq!(left["bytes"], 8 * MIB, "{left}");

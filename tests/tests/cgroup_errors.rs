@@ -160,13 +160,7 @@ fn another_uid_may_look_but_reclaim_is_refused_with_exit_5_and_changes_nothing()
     let o = as_nobody(&["cgroup", &pid, "--json"]);
     assert_eq!(o.code, 0, "{o:?}");
     let r: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
-    let f = r["shm"]["files"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["path"] == shm.as_str())
-        .unwrap_or_else(|| panic!("{shm} not listed: {}", r["shm"]))
-        .clone();
+    let f = shm_file(&r, &shm);
     assert_eq!(f["state"], "unknown", "{f}");
     assert!(
         r["shm"]["unreadable_processes"].as_u64().unwrap() >= 1,
@@ -180,13 +174,7 @@ fn another_uid_may_look_but_reclaim_is_refused_with_exit_5_and_changes_nothing()
     );
     // As root: in use, by the mapper.
     let (_, r) = ctl_json(&["cgroup", &pid]);
-    let f = r["shm"]["files"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["path"] == shm.as_str())
-        .unwrap()
-        .clone();
+    let f = shm_file(&r, &shm);
     assert_eq!(f["state"], "in_use", "{f}");
     assert_eq!(f["users"][0], mapper.pid(), "{f}");
     drop(mapper);
@@ -231,15 +219,7 @@ fn an_unreadable_process_leaves_the_files_of_other_filesystems_unowned() {
     let o = as_nobody(&["cgroup", &own.pid().to_string(), "--json"]);
     assert_eq!(o.code, 0, "{o:?}");
     let r: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
-    let state = |path: &str| {
-        r["shm"]["files"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|f| f["path"] == path)
-            .unwrap_or_else(|| panic!("{path} not listed: {}", r["shm"]))["state"]
-            .clone()
-    };
+    let state = |path: &str| shm_file(&r, path)["state"].clone();
     // Root's sleeper may hold the host's file: nobody cannot tell.
     assert_eq!(state(&host), "unknown", "{}", r["shm"]);
     // Only nobody's own process has the private tmpfs mounted.
