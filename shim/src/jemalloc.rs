@@ -12,7 +12,7 @@ use core::ffi::{c_char, c_int, c_void};
 use core::fmt::Write;
 use core::ptr;
 use core::sync::atomic::{
-    AtomicBool, AtomicU32, Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed,
+    AtomicBool, AtomicU32, AtomicUsize, Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed,
     Ordering::Release,
 };
 use tikv_jemalloc_sys as sys;
@@ -318,6 +318,72 @@ fn own_arena() -> Result<u32, Error> {
         };
     }
     Ok(index)
+}
+
+// --- Large frees in the first arena -------------------------------------------
+//
+// The shim turns jemalloc's huge arena off (`oversize_threshold:0`,
+// options.rs) so that freed buffers of 8 MiB and more wait for the decay
+// like everything else, instead of being purged at once and faulted in
+// again at their next use. jemalloc 5.3.1 does this for every arena but the
+// first: arena 0 exists before the options are read, and `arena_init_huge`
+// copies the threshold into it only when the huge arena is on. So arena 0,
+// the main thread's, keeps the built-in 8 MiB: a free there that leaves
+// 8 MiB or more free in one piece (after coalescing) is purged at once
+// (`extent_record`), and a buffer of that size the main thread frees and
+// allocates again faults in every page each time (`x * 2.0 + x` on 16 MiB
+// PyTorch tensors ran 6x slower than with the pages kept, 4x slower than
+// under glibc, which keeps them).
+//
+// While the shim's thread runs, arena 0's threshold is
+// [`FIRST_ARENA_KEEPS_BELOW`] (`arena.0.oversize_threshold`), and the
+// thread's decay returns what it keeps. Not unbounded, as in the other
+// arenas: a buffer grown by `realloc` (`io.BytesIO`, a list) leaves a freed
+// copy at each step, which the next, larger step cannot reuse, and a decay
+// keeps them all for a second (`io.BytesIO` grown to 256 MiB peaked at
+// 1.27 GB instead of 0.50 GB). Where the thread does not run (a
+// single-threaded process under `MEMSHIM_CONTROL=auto`, the child of a
+// fork, `MEMSHIM_CONTROL=off`) nothing would return kept pages while the
+// process idles, so arena 0 keeps jemalloc's 8 MiB. A huge arena the user
+// turned on (their own `oversize_threshold`) keeps their threshold.
+
+/// Arena 0's threshold while the shim's thread runs: freed space below it
+/// waits for the decay, space of this size or more goes back at once. glibc
+/// draws the same line at its largest mmap threshold (32 MiB on 64-bit):
+/// it keeps freed blocks up to that size for reuse.
+const FIRST_ARENA_KEEPS_BELOW: usize = 32 << 20;
+
+/// Arena 0's threshold as jemalloc set it, saved at the first change (0
+/// until then).
+static FIRST_ARENA_THRESHOLD: AtomicUsize = AtomicUsize::new(0);
+/// Arena 0's threshold is lifted.
+static FIRST_ARENA_LIFTED: AtomicBool = AtomicBool::new(false);
+
+/// Lifts arena 0's `oversize_threshold` to [`FIRST_ARENA_KEEPS_BELOW`]
+/// (`lift`: the shim's thread starts) or puts jemalloc's back (it stops;
+/// the child of a fork). Nothing when it already is so, or when the huge
+/// arena is on.
+pub fn lift_first_arena_threshold(lift: bool) {
+    if FIRST_ARENA_LIFTED.load(Relaxed) == lift
+        || read::<usize>(b"opt.oversize_threshold\0") != Ok(0)
+    {
+        return;
+    }
+    const KEY: &[u8] = b"arena.0.oversize_threshold\0";
+    let value = if lift {
+        if FIRST_ARENA_THRESHOLD.load(Relaxed) == 0 {
+            match read::<usize>(KEY) {
+                Ok(v) if v != 0 => FIRST_ARENA_THRESHOLD.store(v, Relaxed),
+                _ => return,
+            }
+        }
+        FIRST_ARENA_KEEPS_BELOW
+    } else {
+        FIRST_ARENA_THRESHOLD.load(Relaxed)
+    };
+    if write(KEY, value).is_ok() {
+        FIRST_ARENA_LIFTED.store(lift, Relaxed);
+    }
 }
 
 /// `epoch`: refreshes the statistics snapshot that `stats.*` keys read.

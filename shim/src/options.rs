@@ -491,7 +491,9 @@ fn compose_conf() {
     // 1. memshim defaults. `oversize_threshold:0` turns off jemalloc's
     //    dedicated arena for allocations >= 8 MiB, which purges them
     //    immediately and makes tensor-sized buffers re-fault on every reuse;
-    //    with it off, large buffers follow the same decay as everything else.
+    //    with it off, large buffers follow the same decay as everything else
+    //    (in the first arena, below 32 MiB and while the shim's thread runs:
+    //    jemalloc.rs, "Large frees in the first arena").
     //    `tcache_gc_incr_bytes`: jemalloc 5.3.1 checks its thread-cache GC
     //    every 64 KiB a thread allocates (and runs it at most every 10 ms);
     //    each check reads the clock, which for 1-64 KiB allocations is every

@@ -157,3 +157,101 @@ fn decay_off_or_no_shim_thread_keeps_the_freed_heap_proving_the_mechanism_is_the
         assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{what}: {o:?}");
     }
 }
+
+/// One run of the large_reuse fixture: the main thread frees a buffer and
+/// allocates and writes one of the same size again (see the fixture).
+struct Reuse {
+    shim_thread: bool,
+    kept_mib: i64,
+    refaults: i64,
+    returned_ms: i64,
+    line: String,
+}
+
+fn reuse(args: &[&str], envs: &[(&str, &str)]) -> Reuse {
+    let mut c = Cmd::new(fixture("large_reuse", &[]), args).shimmed();
+    for (k, v) in envs {
+        c = c.env(k, v);
+    }
+    let o = c.run_timeout(T);
+    let what = format!("large_reuse {args:?} {envs:?}");
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{what}: {o:?}");
+    let line = o.stdout.trim().to_string();
+    let field = |k: &str| -> i64 {
+        line.split(' ')
+            .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{what}: no {k} in {line:?}"))
+    };
+    Reuse {
+        shim_thread: field("shim_thread") == 1,
+        kept_mib: field("kept_mib"),
+        refaults: field("refaults"),
+        returned_ms: field("returned_ms"),
+        line: format!("{what}: {line}"),
+    }
+}
+
+/// 4 KiB pages in `mib` MiB.
+fn pages(mib: i64) -> i64 {
+    mib * 256
+}
+
+#[test]
+fn while_the_shims_thread_runs_a_16_mib_buffer_the_main_thread_frees_is_reused_without_faulting_and_returned_when_idle()
+ {
+    // jemalloc 5.3.1 purges frees of 8 MiB and more at once in its first
+    // arena, the main thread's, even with its huge arena off; the shim's
+    // thread lifts that to 32 MiB, so the buffer waits for the decay.
+    for (args, envs) in [
+        (&["threaded", "shim", "16"][..], &[][..]),
+        (
+            &["alone", "shim", "16"][..],
+            &[("MEMSHIM_CONTROL", "on")][..],
+        ),
+    ] {
+        let r = reuse(args, envs);
+        eprintln!("{}", r.line);
+        assert!(r.shim_thread, "{}", r.line);
+        // Without the lift: every page again, nothing kept. Loose bounds: a
+        // decay tick may return a share if the process stalls in between.
+        assert!(
+            r.refaults < pages(16) * 3 / 4,
+            "the second buffer faulted its pages in again: {}",
+            r.line
+        );
+        assert!(r.kept_mib >= 4, "{}", r.line);
+        assert!(
+            r.returned_ms >= 0,
+            "not returned within 6 s of idling: {}",
+            r.line
+        );
+    }
+}
+
+#[test]
+fn a_large_buffer_the_main_thread_frees_goes_back_at_once_where_no_shim_thread_runs_or_from_32_mib()
+{
+    // Where nothing would return kept pages while the process idles,
+    // jemalloc's eager purge stays: alone under auto, after the shim's
+    // thread has stopped, in the child of a fork, under MEMSHIM_CONTROL=off.
+    // While the thread runs, 32 MiB and more still go at once (a buffer grown
+    // by realloc would otherwise leave every freed copy to the decay).
+    for (args, envs, thread) in [
+        (&["alone", "none", "16"][..], &[][..], false),
+        (&["stopped", "shim", "16"][..], &[][..], false),
+        (&["child", "shim", "16"][..], &[][..], false),
+        (
+            &["threaded", "none", "16"][..],
+            &[("MEMSHIM_CONTROL", "off")][..],
+            false,
+        ),
+        (&["threaded", "shim", "64"][..], &[][..], true),
+    ] {
+        let r = reuse(args, envs);
+        eprintln!("{}", r.line);
+        assert_eq!(r.shim_thread, thread, "{}", r.line);
+        assert!(r.kept_mib < 4, "the free kept its pages: {}", r.line);
+        assert_eq!(r.returned_ms, 0, "{}", r.line);
+    }
+}

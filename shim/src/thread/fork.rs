@@ -23,7 +23,10 @@
 //!
 //! In the child only the forking thread exists. The child handler does
 //! async-signal-safe work only: reset atomics, record the new pid, close
-//! inherited descriptors that are still ours (application's table only). It
+//! inherited descriptors that are still ours (application's table only),
+//! and, where the parent's shim thread had lifted it, put the first arena's
+//! large-free threshold back (one `mallctl`; the lock it takes is free in
+//! the child: jemalloc's fork functions, or no other thread). It
 //! never starts a thread; the child starts its own by the same rule, at its
 //! own first `pthread_create`. `vfork`/`posix_spawn` children run no fork
 //! handlers, and every start checks `getpid()` against the recorded pid, so
@@ -80,6 +83,8 @@ pub(super) extern "C" fn child() {
     // The forking thread is the child's main thread.
     super::LEADER_GONE.store(false, core::sync::atomic::Ordering::Relaxed);
     crate::jemalloc::postfork_child();
+    // No shim thread here to return what the first arena keeps.
+    crate::jemalloc::lift_first_arena_threshold(false);
     os::fd::after_fork_child();
     os::spawner::after_fork_child();
     STATE.after_fork_child(os::getpid(), os::time::monotonic_ms());

@@ -7,7 +7,9 @@
 //!
 //! * every tick, `arena.4096.decay` (`jemalloc::decay_all`), so pages freed
 //!   by a process that then goes idle are returned within the decay time;
-//!   jemalloc alone only decays on allocator activity;
+//!   jemalloc alone only decays on allocator activity. While it runs, frees
+//!   of 8 to 32 MiB in the first arena wait for that decay too
+//!   (`jemalloc::lift_first_arena_threshold`);
 //! * serves the control socket (`control/`): its listener and client
 //!   connections are polled here;
 //! * with `MEMSHIM_CUDA_IDLE_MS`, watches for an idle process whose CUDA
@@ -162,6 +164,8 @@ extern "C" fn main(_: *mut c_void) -> *mut c_void {
     let _ = jemalloc::use_own_arena();
     ARENA_MOVE.store(MOVE_DONE, SeqCst);
     os::time::futex_wake(&ARENA_MOVE);
+    // Before the name: a process that sees it sees the threshold lifted.
+    jemalloc::lift_first_arena_threshold(true);
     os::thread::set_name(c"memshim");
     let _ = jemalloc::disable_own_tcache();
     leave_the_application_table();
@@ -272,9 +276,12 @@ fn try_stop(own: &mut Held, always: bool) -> bool {
         return false;
     }
     own.close();
+    // While still Stopping: a thread started after Idle lifts it again.
+    jemalloc::lift_first_arena_threshold(false);
     STATE.set_phase(Phase::Idle);
     // A thread created while we were stopping wants us back.
     if !gone && STATE.wanted() && STATE.move_phase(Phase::Idle, Phase::Running) {
+        jemalloc::lift_first_arena_threshold(true);
         *own = Held::open();
         return false;
     }
