@@ -326,8 +326,9 @@ fn own_arena() -> Result<u32, Error> {
 // options.rs) so that freed buffers of 8 MiB and more wait for the decay
 // like everything else, instead of being purged at once and faulted in
 // again at their next use. jemalloc 5.3.1 does this for every arena but the
-// first: arena 0 exists before the options are read, and `arena_init_huge`
-// copies the threshold into it only when the huge arena is on. So arena 0,
+// first: arena 0 is created with the built-in threshold before
+// `arena_init_huge` turns the option into one, and that copies it into
+// arena 0 only when the huge arena is on. So arena 0,
 // the main thread's, keeps the built-in 8 MiB: a free there that leaves
 // 8 MiB or more free in one piece (after coalescing) is purged at once
 // (`extent_record`), and a buffer of that size the main thread frees and
@@ -341,14 +342,19 @@ fn own_arena() -> Result<u32, Error> {
 // arenas: a buffer grown by `realloc` (`io.BytesIO`, a list) leaves a freed
 // copy at each step, which the next, larger step cannot reuse, and a decay
 // keeps them all for a second (`io.BytesIO` grown to 256 MiB peaked at
-// 1.27 GB instead of 0.50 GB). Where the thread does not run (a
-// single-threaded process under `MEMSHIM_CONTROL=auto`, the child of a
+// 1.27 GB instead of 0.50 GB). Where the thread does not run (for example
+// a single-threaded process under `MEMSHIM_CONTROL=auto`, the child of a
 // fork, `MEMSHIM_CONTROL=off`) nothing would return kept pages while the
-// process idles, so arena 0 keeps jemalloc's 8 MiB. A huge arena the user
-// turned on (their own `oversize_threshold`) keeps their threshold.
+// process idles, so arena 0 keeps jemalloc's 8 MiB. A child made without
+// fork handlers (`_Fork`, a raw `clone`) keeps 32 MiB and starts no
+// thread, which leaves it as every other arena is, with no limit at all. A
+// huge
+// arena the user turned on (their own `oversize_threshold`) keeps their
+// threshold.
 
-/// Arena 0's threshold while the shim's thread runs: freed space below it
-/// waits for the decay, space of this size or more goes back at once. glibc
+/// Arena 0's threshold while the shim's thread runs: a free that leaves
+/// less than this free in one piece (after coalescing) waits for the decay,
+/// one that leaves this much or more goes back at once, all of it. glibc
 /// draws the same line at its largest mmap threshold (32 MiB on 64-bit):
 /// it keeps freed blocks up to that size for reuse.
 const FIRST_ARENA_KEEPS_BELOW: usize = 32 << 20;
@@ -370,19 +376,25 @@ pub fn lift_first_arena_threshold(lift: bool) {
         return;
     }
     const KEY: &[u8] = b"arena.0.oversize_threshold\0";
-    let value = if lift {
-        if FIRST_ARENA_THRESHOLD.load(Relaxed) == 0 {
-            match read::<usize>(KEY) {
-                Ok(v) if v != 0 => FIRST_ARENA_THRESHOLD.store(v, Relaxed),
-                _ => return,
-            }
+    if !lift {
+        // Written first, cleared after: a fork in between gives a child
+        // that puts it back once more, which does no harm.
+        if write(KEY, FIRST_ARENA_THRESHOLD.load(Relaxed)).is_ok() {
+            FIRST_ARENA_LIFTED.store(false, Relaxed);
         }
-        FIRST_ARENA_KEEPS_BELOW
-    } else {
-        FIRST_ARENA_THRESHOLD.load(Relaxed)
-    };
-    if write(KEY, value).is_ok() {
-        FIRST_ARENA_LIFTED.store(lift, Relaxed);
+        return;
+    }
+    if FIRST_ARENA_THRESHOLD.load(Relaxed) == 0 {
+        match read::<usize>(KEY) {
+            Ok(v) if v != 0 => FIRST_ARENA_THRESHOLD.store(v, Relaxed),
+            _ => return,
+        }
+    }
+    // Set before the write, so that a child forked by another thread
+    // meanwhile never has the lifted value without knowing it.
+    FIRST_ARENA_LIFTED.store(true, Relaxed);
+    if write(KEY, FIRST_ARENA_KEEPS_BELOW).is_err() {
+        FIRST_ARENA_LIFTED.store(false, Relaxed);
     }
 }
 

@@ -22,11 +22,12 @@
 //! the same way first.
 //!
 //! In the child only the forking thread exists. The child handler does
-//! async-signal-safe work only: reset atomics, record the new pid, close
-//! inherited descriptors that are still ours (application's table only),
-//! and, where the parent's shim thread had lifted it, put the first arena's
-//! large-free threshold back (one `mallctl`; the lock it takes is free in
-//! the child: jemalloc's fork functions, or no other thread). It
+//! async-signal-safe work only (reset atomics, record the new pid, close
+//! inherited descriptors that are still ours, application's table only),
+//! with one exception: where the parent's shim thread had lifted the first
+//! arena's large-free threshold, it puts it back with `mallctl`, which is
+//! safe here because jemalloc's child handler has just reset the lock it
+//! takes (a shim thread was running, so the fork took jemalloc's locks). It
 //! never starts a thread; the child starts its own by the same rule, at its
 //! own first `pthread_create`. `vfork`/`posix_spawn` children run no fork
 //! handlers, and every start checks `getpid()` against the recorded pid, so
@@ -77,7 +78,7 @@ pub(super) extern "C" fn parent() {
 }
 
 /// Fork child handler: the shim's threads do not exist here.
-/// Async-signal-safe.
+/// Async-signal-safe but for the first arena's threshold (module docs).
 pub(super) extern "C" fn child() {
     let _e = KeepErrno::new();
     // The forking thread is the child's main thread.
