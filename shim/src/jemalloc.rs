@@ -328,8 +328,8 @@ fn own_arena() -> Result<u32, Error> {
 // again at their next use. jemalloc 5.3.1 does this for every arena but the
 // first: arena 0 is created with the built-in threshold before
 // `arena_init_huge` turns the option into one, and that copies it into
-// arena 0 only when the huge arena is on. So arena 0,
-// the main thread's, keeps the built-in 8 MiB: a free there that leaves
+// arena 0 only when the huge arena is on. So arena 0, the main thread's,
+// keeps the built-in 8 MiB: a free there that leaves
 // 8 MiB or more free in one piece (after coalescing) is purged at once
 // (`extent_record`), and a buffer of that size the main thread frees and
 // allocates again faults in every page each time (`x * 2.0 + x` on 16 MiB
@@ -346,11 +346,10 @@ fn own_arena() -> Result<u32, Error> {
 // a single-threaded process under `MEMSHIM_CONTROL=auto`, the child of a
 // fork, `MEMSHIM_CONTROL=off`) nothing would return kept pages while the
 // process idles, so arena 0 keeps jemalloc's 8 MiB. A child made without
-// fork handlers (`_Fork`, a raw `clone`) keeps 32 MiB and starts no
-// thread, which leaves it as every other arena is, with no limit at all. A
-// huge
-// arena the user turned on (their own `oversize_threshold`) keeps their
-// threshold.
+// fork handlers (`_Fork`, a raw `clone`) keeps 32 MiB and never starts a
+// thread: its arena 0 then keeps up to that much for its own next
+// allocations, as its other arenas keep any size. A huge arena the user
+// turned on (their own `oversize_threshold`) keeps their threshold.
 
 /// Arena 0's threshold while the shim's thread runs: a free that leaves
 /// less than this free in one piece (after coalescing) waits for the decay,
