@@ -183,7 +183,8 @@ fn mounted_of(pid: i32, devs: &BTreeSet<(u64, u64)>) -> BTreeSet<(u64, u64)> {
     use std::io::ErrorKind::{InvalidInput, NotFound};
     let mi = match crate::discover::read_text(discover::view(pid).join("mountinfo")) {
         Ok(mi) => mi,
-        // ENOENT once reaped; EINVAL while exiting (no mount namespace).
+        // ENOENT once reaped; EINVAL while exiting (no mount namespace);
+        // ESRCH (3), which has no ErrorKind of its own.
         Err(e) if matches!(e.kind(), NotFound | InvalidInput) || e.raw_os_error() == Some(3) => {
             return BTreeSet::new();
         }
