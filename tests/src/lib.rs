@@ -68,6 +68,28 @@ pub fn scratch() -> PathBuf {
     d
 }
 
+/// Longest `MEMSHIM_SOCKET_DIR` the shim accepts (docs/configuration.md);
+/// a longer one is refused, with a warning, for the default directory.
+pub const SOCKET_DIR_MAX: usize = 72;
+
+/// A directory path for one test's control sockets (or one it plants a
+/// file at), `/tmp/ms-<pid>-<tag>`, with whatever a previous run left
+/// there removed; not created. Never under the checkout: its path may be
+/// long, and a socket directory may be at most [`SOCKET_DIR_MAX`] bytes
+/// (a checkout under `/tmp/tmp.XXXXXXXXXX/memshim` made
+/// `target/test-scratch/sock-reach-3.12-condition` 73 bytes long).
+pub fn socket_dir_path(tag: &str) -> PathBuf {
+    let d = PathBuf::from(format!("/tmp/ms-{}-{tag}", std::process::id()));
+    assert!(
+        d.as_os_str().len() <= SOCKET_DIR_MAX - 20,
+        "{}: leave room for a path below it within {SOCKET_DIR_MAX} bytes",
+        d.display()
+    );
+    let _ = std::fs::remove_dir_all(&d);
+    let _ = std::fs::remove_file(&d);
+    d
+}
+
 /// Compiles `tests/fixtures/<name>.c` (once per process) with `extra` flags
 /// and returns the executable (or `.so` if `extra` contains `-shared`).
 pub fn fixture(name: &str, extra: &[&str]) -> PathBuf {

@@ -2,7 +2,7 @@
 //! control socket (through `endpoint::Conn`).
 
 use crate::endpoint::Conn;
-use crate::{Child, Cmd, pyenv_pythons, root, scratch};
+use crate::{Child, Cmd, pyenv_pythons, root};
 use memshim_proto::{Reply, Request, Response};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -16,8 +16,7 @@ pub fn fixture_py(name: &str) -> PathBuf {
 /// parallel never see each other's processes.
 pub fn socket_dir(test: &str) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
-    let d = scratch().join(format!("sock-{test}"));
-    let _ = std::fs::remove_dir_all(&d);
+    let d = crate::socket_dir_path(test);
     std::fs::create_dir_all(&d).unwrap();
     std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
     d

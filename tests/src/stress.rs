@@ -134,9 +134,7 @@ pub fn socket_files(dir: &std::path::Path) -> Vec<String> {
 /// A private socket directory for one test (so counts are not disturbed by
 /// other tests running at the same time).
 pub fn private_socket_dir(tag: &str) -> std::path::PathBuf {
-    let d = std::path::PathBuf::from(format!("/tmp/msr-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+    crate::socket_dir_path(tag)
 }
 
 /// The process exists and is not a zombie.

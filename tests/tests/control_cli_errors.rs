@@ -264,10 +264,7 @@ fn run_refuses_a_library_that_is_not_one_and_arena_counts_the_shim_refuses() {
 
 #[test]
 fn a_socket_dir_that_is_a_file_is_no_endpoint_and_a_problem_for_doctor() {
-    // Under /tmp, not the checkout: MEMSHIM_SOCKET_DIR may be at most 72
-    // bytes (a longer one is refused for the default), and a checkout's
-    // path may be long.
-    let dir = std::path::PathBuf::from(format!("/tmp/ms-sockdir-{}", std::process::id()));
+    let dir = memshim_tests::socket_dir_path("sockdir");
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("not-a-dir");
     std::fs::write(&file, "").unwrap();
@@ -307,8 +304,7 @@ fn a_socket_dir_that_is_a_file_is_no_endpoint_and_a_problem_for_doctor() {
 /// again shortly", and `doctor` exited 0), and removing the file heals it.
 #[test]
 fn a_file_in_place_of_the_socket_is_named_and_a_problem_for_doctor() {
-    let dir = std::path::PathBuf::from(format!("/tmp/ms-squat-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = memshim_tests::socket_dir_path("squat");
     let host = sleeper("sleep").env("MEMSHIM_SOCKET_DIR", &dir).spawn();
     let pid = host.pid();
     wait_for_shim_thread(pid);

@@ -135,8 +135,7 @@ fn processes_with_the_same_pid_and_start_time_in_two_pid_namespaces_keep_their_o
         eprintln!("SKIP: unshare -pf does not work here");
         return;
     }
-    let dir = scratch().join(format!("sock-pidns-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = memshim_tests::socket_dir_path("pidns");
     let script = format!(
         "exec env LD_PRELOAD={} MEMSHIM_CONTROL=on MEMSHIM_SOCKET_DIR={} MEMSHIM_DIRTY_DECAY_MS=-1 {}",
         shim().display(),

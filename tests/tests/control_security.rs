@@ -14,10 +14,7 @@ fn is_root() -> bool {
 
 /// A fresh path under /tmp for this test (short: sun_path is 108 bytes).
 fn scratch_dir(tag: &str) -> PathBuf {
-    let p = PathBuf::from(format!("/tmp/msh-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&p);
-    let _ = std::fs::remove_file(&p);
-    p
+    memshim_tests::socket_dir_path(tag)
 }
 
 #[test]

@@ -138,8 +138,7 @@ fn aarch64_memshim_ctl_reads_stats_of_an_aarch64_shimmed_process() {
     let o = qemu(&ctl, ["--version"]).run();
     assert_eq!(o.stdout.trim(), format!("memshim-ctl {ver}"), "{o:?}");
 
-    let sockdir = scratch().join("aarch64-sock");
-    let _ = std::fs::remove_dir_all(&sockdir);
+    let sockdir = memshim_tests::socket_dir_path("aarch64-sock");
     let mut host = qemu(&fixture_aarch64("deploy_wait"), [""; 0])
         .env("LD_PRELOAD", &lib)
         .env("MEMSHIM_CONTROL", "on")

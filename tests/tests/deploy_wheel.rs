@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use memshim_tests::deploy::{fresh_dir, http, json_num, json_tok};
 use memshim_tests::wheel::{assert_glibc_floor, build_wheel, workspace_version};
-use memshim_tests::{Cmd, fixture, python, root, rss_bytes, scratch, wait_until};
+use memshim_tests::{Cmd, fixture, python, root, rss_bytes, wait_until};
 
 /// A venv with the wheel installed by pip, offline.
 struct Venv {
@@ -271,8 +271,7 @@ fn both_packaged_binaries_need_no_glibc_newer_than_2_17() {
 /// A Python process started by the venv's `memshim-ctl run --control on`,
 /// whose main thread keeps running bytecode; its private socket directory.
 fn python_host(v: &Venv, name: &str) -> (memshim_tests::Child, PathBuf) {
-    let sockdir = scratch().join(name);
-    let _ = std::fs::remove_dir_all(&sockdir);
+    let sockdir = memshim_tests::socket_dir_path(name);
     let child = Cmd::new(v.bin("memshim-ctl"), ["run", "--control", "on", "--"])
         .arg(v.python())
         .args([
