@@ -500,9 +500,16 @@ fn compose_conf() {
     //    few calls. Checking every 1 MiB keeps the GC's cadence in busy
     //    threads and saves about 0.7 M of the 1.8 M instructions the shim
     //    added to CPython's start-up (bench/FINDINGS-issue15.md).
+    //    `cache_oblivious:false`: jemalloc's default puts every allocation of
+    //    16 KiB and more at a random cache-line offset in one extra page
+    //    (16 KiB takes 20 KiB; the pages a written buffer touches grow by
+    //    one), and a buffer grown by `realloc` in whole pages can then
+    //    rarely grow where it lies: growing one in 1 MiB steps to 512 MiB
+    //    took 128 s instead of 6.8 s (glibc 0.9 s, with `mremap`). Without
+    //    it, large blocks are page-aligned, as glibc's mmapped chunks are.
     let _ = write!(
         s,
-        "dirty_decay_ms:{},muzzy_decay_ms:{},oversize_threshold:0,tcache_gc_incr_bytes:1048576",
+        "dirty_decay_ms:{},muzzy_decay_ms:{},oversize_threshold:0,tcache_gc_incr_bytes:1048576,cache_oblivious:false",
         DIRTY_DECAY_MS_DEFAULT, MUZZY_DECAY_MS_DEFAULT
     );
     if let Some(n) = auto_narenas() {
