@@ -153,7 +153,10 @@ DEFAULTS_NOTE = (
     "decay off (the PyTorch tuning-guide setting) never. **muzzy_decay_ms 0**: pages leave through one "
     "decay stage, so RSS falls when dirty pages are purged rather than a second delay later. "
     "**oversize_threshold 0** (no dedicated huge arena): jemalloc's 8 MiB default purges large extents "
-    "eagerly and loses the large-buffer case to glibc. **tcache_max** stays jemalloc's (32 KiB): 4 KiB "
+    "eagerly and loses the large-buffer case to glibc. **cache_oblivious off**: jemalloc's layout (ms-oblivious) "
+    "puts each block of 16 KiB and more at a random cache-line offset in one extra page, which scenario 2's "
+    "peak and idle RSS pay for, and which keeps buffers grown by realloc from growing in place "
+    "(docs/configuration.md). **tcache_max** stays jemalloc's (32 KiB): 4 KiB "
     "roughly halves what parked threads keep in scenario 2 but costs small- and medium-size throughput; "
     "larger values cannot be set in jemalloc 5.3.1 with 4 KiB pages (it caps tcache_max at 8 pages, "
     "TCACHE_LG_MAXCLASS_LIMIT = LG_USIZE_GROW_SLOW_THRESHOLD, and clips larger values silently; Debian's "
@@ -204,7 +207,7 @@ def write_report(ctx, a, machine, missing, results, durations, total, errors):
     if ctx.variants and any(s in results for s in ("s1", "s2", "s4")):
         o += ["## Choosing the defaults: trade-offs", "",
               "Each row is memshim with one knob changed from its defaults (dirty_decay_ms 1000, muzzy_decay_ms 0, "
-              "oversize_threshold 0, jemalloc's tcache_max); the decisive cases are idle return (scenario 1 "
+              "oversize_threshold 0, cache_oblivious off, jemalloc's tcache_max); the decisive cases are idle return (scenario 1 "
               "threaded, scenario 2 idle) against large-buffer and medium-size throughput (scenario 4). "
               "Throughput columns are ratios to glibc in the same run.", "",
               tradeoff(results, ctx.variants), "", DEFAULTS_NOTE, ""]

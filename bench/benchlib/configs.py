@@ -75,6 +75,10 @@ def variants():
         # No larger tcache_max variant: jemalloc 5.3.1 caps opt.tcache_max at 8 of its pages
         # (TCACHE_LG_MAXCLASS_LIMIT = LG_USIZE_GROW_SLOW_THRESHOLD = 15 with 4 KiB pages) and clips
         # larger values silently, so tcache_max:65536 reads back as 32768 and measures nothing.
+        # jemalloc's cache-oblivious layout, which the defaults turn off (cache_oblivious:false): each
+        # large block at a random cache-line offset in one extra page (docs/configuration.md).
+        Config("ms-oblivious", "memshim, cache_oblivious on (jemalloc's layout: one extra page per block of 16 KiB+)",
+               SHIM, {"MEMSHIM_MALLOC_CONF": "cache_oblivious:true"}, True),
         # One arena per CPU: less peak RSS (memory one thread frees is reused by the next sooner), but two
         # busy threads may share an arena while another sits idle (bench/FINDINGS-issue15.md, (d)).
         Config("ms-narenas1x", "memshim, one arena per CPU (auto keeps jemalloc's 4 per CPU)", SHIM,

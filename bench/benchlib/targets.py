@@ -109,7 +109,7 @@ def tradeoff(r, variants):
     """memshim defaults vs each single-knob variant, on the decisive cases."""
     names = [M] + [v.name for v in variants]
     label = {v.name: v.label for v in variants}
-    label[M] = "memshim defaults (dirty_decay_ms 1000, muzzy 0, oversize_threshold 0)"
+    label[M] = "memshim defaults (dirty_decay_ms 1000, muzzy 0, oversize_threshold 0, cache_oblivious off)"
     cols = []
     if "s1" in r and "thread" in r["s1"].get("modes", {}):
         cols.append(("s1 thread final MB", lambda n: r["s1"]["modes"]["thread"]["final"].get(n)))
