@@ -3,7 +3,7 @@
 from .configs import BASE_SHIM
 
 ALL_VARIANTS = ["ms-decay0", "ms-decay5s", "ms-decay10s", "ms-nodecay", "ms-oversize8m", "ms-tcache4k",
-                "ms-narenas1x"]
+                "ms-oblivious", "ms-narenas1x"]
 # The registry anchors (mimalloc3, jemalloc531) join the Python and start-up scenarios; mimalloc2 only
 # scenarios 1-4, to keep the full run's time in check.
 PY_CONFIGS = ["glibc", "jemalloc", "tcmalloc", "mimalloc", "mimalloc3", "jemalloc531", "memshim"] + (
