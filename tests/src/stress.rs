@@ -131,12 +131,6 @@ pub fn socket_files(dir: &std::path::Path) -> Vec<String> {
     v
 }
 
-/// A private socket directory for one test (so counts are not disturbed by
-/// other tests running at the same time).
-pub fn private_socket_dir(tag: &str) -> std::path::PathBuf {
-    crate::socket_dir_path(tag)
-}
-
 /// The process exists and is not a zombie.
 pub fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))

@@ -90,7 +90,7 @@ fn a_stale_socket_after_kill_9_is_tolerated_and_cleaned_up() {
     let _alone = DEFAULT_DIR_LIST.lock().unwrap_or_else(|e| e.into_inner());
     // A directory of its own: another test's shimmed process, binding its
     // socket in the default one, would remove this stale file first.
-    let dir = memshim_tests::stress::private_socket_dir("kill9-list");
+    let dir = memshim_tests::socket_dir_path("kill9-list");
     let mut child = start_heap(&[("MEMSHIM_SOCKET_DIR", dir.to_str().unwrap())]);
     let pid = child.pid();
     wait_endpoint(pid);
@@ -126,7 +126,7 @@ fn a_stale_socket_after_kill_9_is_tolerated_and_cleaned_up() {
 /// its own; before, every one of them stayed until `memshim-ctl list`.
 #[test]
 fn socket_files_left_by_exit_go_when_the_next_process_binds() {
-    let dir = memshim_tests::stress::private_socket_dir("leftover");
+    let dir = memshim_tests::socket_dir_path("leftover");
     // Waits until its socket is the only file there (its thread has bound
     // it and removed what the one before left), then leaves without
     // cleaning up. Exit status 3 if that never happens.
@@ -188,7 +188,7 @@ fn a_socket_from_an_earlier_process_with_the_same_pid_is_never_used() {
     let _alone = DEFAULT_DIR_LIST.lock().unwrap_or_else(|e| e.into_inner());
     // A directory of its own: another test's shimmed process binding in the
     // default one would remove the planted stale file.
-    let dir = memshim_tests::stress::private_socket_dir("same-pid");
+    let dir = memshim_tests::socket_dir_path("same-pid");
     // A live shimmed process without an endpoint (single-threaded `cat`).
     let cat = Cmd::new("cat", Vec::<String>::new())
         .shimmed()
@@ -320,7 +320,7 @@ fn a_program_that_chroots_keeps_its_endpoint_and_gets_nothing_in_its_new_root() 
     // Directly under /tmp, which the new root has too: a directory of its
     // own, so the file the process leaves (it cannot remove it from inside
     // its new root) goes with it.
-    let dir = memshim_tests::stress::private_socket_dir("chroot");
+    let dir = memshim_tests::socket_dir_path("chroot");
     let start = || {
         let mut c = Cmd::new(fixture("chroot_later", &[]), [jail.to_str().unwrap()])
             .shimmed()

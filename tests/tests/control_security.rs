@@ -3,18 +3,13 @@
 use memshim_tests::control::*;
 use memshim_tests::*;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 const NOBODY: &[&str] = &["--reuid=65534", "--regid=65534", "--clear-groups"];
 
 fn is_root() -> bool {
     default_dir().ends_with("memshim-0")
-}
-
-/// A fresh path under /tmp for this test (short: sun_path is 108 bytes).
-fn scratch_dir(tag: &str) -> PathBuf {
-    memshim_tests::socket_dir_path(tag)
 }
 
 #[test]
@@ -114,10 +109,10 @@ fn refused_dir(dir: &Path, watch_dir: &Path, expect: &str) {
 
 #[test]
 fn a_symlinked_socket_dir_is_refused() {
-    let target = scratch_dir("symt");
+    let target = socket_dir_path("symt");
     std::fs::create_dir(&target).unwrap();
     std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o700)).unwrap();
-    let link = scratch_dir("syml");
+    let link = socket_dir_path("syml");
     std::os::unix::fs::symlink(&target, &link).unwrap();
     refused_dir(&link, &target, "is a symbolic link");
     std::fs::remove_file(&link).unwrap();
@@ -129,10 +124,10 @@ fn a_symlinked_socket_dir_is_refused() {
 /// sent its `hello` there. It now connects only to a socket file itself.
 #[test]
 fn memshim_ctl_never_follows_a_symbolic_link_in_place_of_a_socket() {
-    let dir = scratch_dir("lnk");
+    let dir = socket_dir_path("lnk");
     std::fs::create_dir(&dir).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
-    let victim_dir = scratch_dir("vic");
+    let victim_dir = socket_dir_path("vic");
     std::fs::create_dir(&victim_dir).unwrap();
     let victim = std::os::unix::net::UnixListener::bind(victim_dir.join("v.sock")).unwrap();
     victim.set_nonblocking(true).unwrap();
@@ -163,7 +158,7 @@ fn a_socket_dir_precreated_by_another_uid_is_refused() {
         eprintln!("SKIP: needs root to create a directory owned by another uid");
         return;
     }
-    let dir = scratch_dir("own");
+    let dir = socket_dir_path("own");
     std::fs::create_dir(&dir).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
     std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
@@ -178,7 +173,7 @@ fn a_socket_dir_precreated_by_another_uid_is_refused() {
 
 #[test]
 fn a_socket_dir_open_to_others_is_refused_then_recreated_once_removed() {
-    let dir = scratch_dir("mode");
+    let dir = socket_dir_path("mode");
     std::fs::create_dir(&dir).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     let mut child = start_heap(&[("MEMSHIM_SOCKET_DIR", dir.to_str().unwrap())]);

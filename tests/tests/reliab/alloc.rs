@@ -5,9 +5,7 @@
 //! grow over the run.
 
 use memshim_tests::endpoint::Conn;
-use memshim_tests::stress::{
-    Level, Rng, alive, figures, memshim_threads, private_socket_dir, seed,
-};
+use memshim_tests::stress::{Level, Rng, alive, figures, memshim_threads, seed};
 use memshim_tests::*;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -86,7 +84,7 @@ pub fn run(level: Level) {
     let secs = level.secs(5, 150);
     let seed = seed();
     let exe = fixture("stress_alloc", &["-O2"]);
-    let dir = private_socket_dir("alloc");
+    let dir = memshim_tests::socket_dir_path("alloc");
     let mut child = Cmd::new(
         &exe,
         [

@@ -4,7 +4,7 @@
 //! no child inherits the shim's thread or socket, and no socket is left.
 
 use memshim_tests::endpoint::Conn;
-use memshim_tests::stress::{Level, figures, private_socket_dir, socket_files};
+use memshim_tests::stress::{Level, figures, socket_files};
 use memshim_tests::*;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -105,7 +105,7 @@ fn live_leftovers(dir: &Path) -> Vec<String> {
 
 pub fn multiprocessing(level: Level) {
     let (rounds, tasks) = level.pick((1, 40), (12, 400));
-    let dir = private_socket_dir("mp");
+    let dir = memshim_tests::socket_dir_path("mp");
     let purger = Purger::start(dir.clone());
     let script = root().join("tests/fixtures/mp_storm.py");
     let o = Cmd::new(
@@ -180,7 +180,7 @@ pub fn multiprocessing(level: Level) {
 
 pub fn spawn_loop(level: Level) {
     let n = level.pick(150, 6000);
-    let dir = private_socket_dir("spawn");
+    let dir = memshim_tests::socket_dir_path("spawn");
     let purger = Purger::start(dir.clone());
     let exe = fixture("spawn_storm", &[]);
     let o = Cmd::new(&exe, [n.to_string()])

@@ -6,7 +6,7 @@
 
 use memshim_proto::{ErrorCode, Request, parse_request};
 use memshim_tests::endpoint::{Conn, socket_path};
-use memshim_tests::stress::{Level, Rng, alive, figures, private_socket_dir, seed};
+use memshim_tests::stress::{Level, Rng, alive, figures, seed};
 use memshim_tests::*;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -175,7 +175,7 @@ pub fn live_socket(level: Level) {
     raise_nofile();
     let seed = seed();
     let mut rng = Rng::new(seed ^ 0x5EED);
-    let dir = private_socket_dir("fuzz");
+    let dir = memshim_tests::socket_dir_path("fuzz");
     let marker = std::path::Path::new("/tmp/memshim-pwned");
     let _ = std::fs::remove_file(marker);
     let prog = "import threading, time\n\

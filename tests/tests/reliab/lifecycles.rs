@@ -3,7 +3,7 @@
 //! chains, and kill -9 in the middle of a purge.
 
 use memshim_tests::endpoint::{Conn, socket_path};
-use memshim_tests::stress::{Level, Rng, alive, figures, private_socket_dir, seed, tasks};
+use memshim_tests::stress::{Level, Rng, alive, figures, seed, tasks};
 use memshim_tests::*;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
@@ -155,7 +155,7 @@ pub fn fd_closing_daemon(level: Level) {
 
 fn fd_closing_daemon_with(level: Level, table: &str) {
     let conns = level.pick(200, 5000);
-    let dir = private_socket_dir("daemon");
+    let dir = memshim_tests::socket_dir_path("daemon");
     let app_sock = format!("/tmp/msr-{}-app.sock", std::process::id());
     let exe = fixture("fd_daemon", &[]);
     let mut child = Cmd::new(&exe, [app_sock.clone(), dir.display().to_string()])
@@ -248,7 +248,7 @@ pub fn kill_9_during_purge(level: Level) {
     let rounds = level.pick(5, 60);
     let seed = seed();
     let mut rng = Rng::new(seed);
-    let dir = private_socket_dir("kill9");
+    let dir = memshim_tests::socket_dir_path("kill9");
     let prog = "import threading, time\n\
         threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n\
         bufs = [bytearray(1 << 20) for _ in range(300)]\n\
