@@ -25,6 +25,7 @@ pub mod wheel;
 
 use std::ffi::OsStr;
 use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -222,6 +223,14 @@ impl Cmd {
                 cmd.env_remove(k);
             }
         }
+        // SAFETY: the closure runs in the forked child before exec and
+        // calls only `signal`, which is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                default_signal_dispositions();
+                Ok(())
+            });
+        }
         Cmd { cmd }
     }
 
@@ -280,6 +289,25 @@ impl Cmd {
             stdout,
             pending: Vec::new(),
             label: String::new(),
+        }
+    }
+}
+
+/// Puts every standard signal's disposition back to the default, in a
+/// child about to exec. An ignored disposition survives exec, and test runs
+/// inherit some: a shell without job control starts a background command
+/// (`bash .ci/run &` in a script) with SIGINT and SIGQUIT ignored, `nohup`
+/// ignores SIGHUP, and an ignored SIGCHLD makes a child's children reap
+/// themselves. CPython then installs no KeyboardInterrupt handler, and a
+/// test that presses Ctrl-C waits for an exit that never comes. The
+/// programs under test start as from a terminal, with or without the shim;
+/// a test that wants another disposition sets it in its own `pre_exec`,
+/// which runs after this one.
+fn default_signal_dispositions() {
+    for sig in 1..32 {
+        if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+            // SAFETY: `signal` with SIG_DFL installs no handler.
+            unsafe { libc::signal(sig, libc::SIG_DFL) };
         }
     }
 }
