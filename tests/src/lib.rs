@@ -616,41 +616,12 @@ impl Child {
 }
 
 /// Where each thread of the live process `pid` waits, for the message of a
-/// test that found it hung: name, state, kernel wait channel and system call
-/// of every thread (`/proc/PID/task`), then every thread's stack from gdb
-/// where gdb is installed (at most 20 s). A hang that shows once in many
-/// runs can then be read from the one failure.
+/// test that found it hung: name, state and kernel stack of every thread
+/// ([`stress::threads_report`]), then every thread's stack from gdb where
+/// gdb is installed (at most 20 s). A hang that shows once in many runs can
+/// then be read from the one failure.
 fn thread_report(pid: i32) -> String {
-    let mut s = String::new();
-    let mut tasks: Vec<_> = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|t| t.path())
-        .collect();
-    tasks.sort();
-    for t in tasks {
-        let read = |f: &str| {
-            std::fs::read_to_string(t.join(f))
-                .unwrap_or_default()
-                .trim()
-                .to_owned()
-        };
-        let stat = read("stat");
-        // The state follows the name, which is in parentheses.
-        let state = stat
-            .rsplit(')')
-            .next()
-            .and_then(|r| r.split_whitespace().next())
-            .unwrap_or("?");
-        s += &format!(
-            "\n  thread {} {:?}: state {state}, wchan {}, syscall {}",
-            t.file_name().unwrap_or_default().to_string_lossy(),
-            read("comm"),
-            read("wchan"),
-            read("syscall")
-        );
-    }
+    let mut s = stress::threads_report(pid);
     let pid = pid.to_string();
     let gdb = Command::new("timeout")
         .args([
