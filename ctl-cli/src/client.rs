@@ -341,7 +341,10 @@ pub fn remote_failure(pid: i32, e: &memshim_proto::ErrorReply) -> Failure {
         Some(U::NoPython) => f.hint(
             "the process has no CPython in its global scope (not a Python process, or one that embeds Python RTLD_LOCAL)",
         ),
-        Some(U::Unsupported { .. }) => f.hint("the bridge supports CPython 3.8 to 3.13"),
+        Some(U::Unsupported { .. }) => f.hint(format!(
+            "the bridge supports {}",
+            memshim_proto::python_served_text()
+        )),
         _ => f,
     }
 }

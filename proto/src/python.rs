@@ -120,6 +120,21 @@ impl TorchDevice {
     }
 }
 
+/// The CPython minor versions the bridge serves, first and last (the
+/// shim's table, `shim/src/python/version.rs`, says how it serves each).
+pub const PYTHON_SERVED: ((u32, u32), (u32, u32)) = ((3, 8), (3, 15));
+
+/// [`PythonUnavailable::Unsupported`]'s `build` for a free-threaded
+/// (no-GIL) CPython, which the bridge refuses whatever its version.
+pub const FREE_THREADED_BUILD: &str = "free-threading";
+
+/// "CPython 3.8 to 3.15 (builds with a GIL)": what the bridge serves, in
+/// words, for hints and docs.
+pub fn python_served_text() -> String {
+    let ((a, b), (c, d)) = PYTHON_SERVED;
+    format!("CPython {a}.{b} to {c}.{d} (builds with a GIL)")
+}
+
 /// Why CPython could not be used for a request.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 #[serde(tag = "reason", rename_all = "snake_case")]
@@ -131,10 +146,13 @@ pub enum PythonUnavailable {
     NotInitialized,
     /// The interpreter is finalising (or has finalised).
     Finalizing,
-    /// A CPython version the bridge does not support.
+    /// A CPython version or build the bridge does not support.
     Unsupported {
-        /// The version found.
+        /// The version found (`Py_GetVersion()` up to its first space).
         version: String,
+        /// The build, when it is the reason: [`FREE_THREADED_BUILD`].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        build: Option<String>,
     },
     /// The GIL could not be had within the time limit (a C extension held
     /// it), or an earlier job is still running.
@@ -161,9 +179,14 @@ impl std::fmt::Display for PythonUnavailable {
             PythonUnavailable::Finalizing => {
                 f.write_str("the CPython interpreter is shutting down")
             }
-            PythonUnavailable::Unsupported { version } => {
-                write!(f, "CPython {version} is not supported")
-            }
+            PythonUnavailable::Unsupported {
+                version,
+                build: None,
+            } => write!(f, "CPython {version} is not supported"),
+            PythonUnavailable::Unsupported {
+                version,
+                build: Some(build),
+            } => write!(f, "CPython {version} ({build} build) is not supported"),
             PythonUnavailable::Busy { waited_ms } => {
                 write!(
                     f,

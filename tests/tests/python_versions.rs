@@ -240,7 +240,7 @@ fn an_older_cpython_is_unsupported_not_absent() {
         .spawn();
         child.wait_for_line("ready", Duration::from_secs(30));
         let sock = socket_of(&dir, child.pid());
-        let unsupported = |u: &Option<PythonUnavailable>| matches!(u, Some(PythonUnavailable::Unsupported { version }) if *version == v);
+        let unsupported = |u: &Option<PythonUnavailable>| matches!(u, Some(PythonUnavailable::Unsupported { version, .. }) if *version == v);
         let r = request(&sock, &Request::Gc);
         assert!(
             matches!(&r, memshim_proto::Response::Error(e) if unsupported(&e.python)),

@@ -129,6 +129,14 @@ pub fn join(t: libc::pthread_t) {
     unsafe { libc::pthread_join(t, core::ptr::null_mut()) };
 }
 
+/// Gives up a joinable thread of ours that will never be joined (it ends
+/// by itself, or never).
+pub fn detach(t: libc::pthread_t) {
+    // SAFETY: `t` is a joinable thread we created, neither joined nor
+    // detached before (its handle was taken once by the caller).
+    unsafe { libc::pthread_detach(t) };
+}
+
 // Not in the libc crate. glibc: PTHREAD_CANCEL_ENABLE 0, _DISABLE 1.
 unsafe extern "C" {
     fn pthread_setcancelstate(state: c_int, old: *mut c_int) -> c_int;

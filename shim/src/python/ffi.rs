@@ -2,8 +2,8 @@
 //! resolved at run time.
 //!
 //! The shim does not link against libpython: it must load into every
-//! process, and a process hosts at most one CPython of any version 3.8-3.13
-//! (or none). So each function is looked up with `dlsym(RTLD_DEFAULT, ...)`:
+//! process, and a process hosts at most one CPython of any version (or
+//! none). So each function is looked up with `dlsym(RTLD_DEFAULT, ...)`:
 //! the global scope only, which is exactly where an interpreter linked into
 //! the executable, or `dlopen`ed `RTLD_GLOBAL`, puts its symbols. An
 //! interpreter embedded `RTLD_LOCAL` is invisible there and the process is
@@ -13,18 +13,23 @@
 //! the request side in `job.rs`), never on the allocation path, in a
 //! fork handler or a constructor: `dlsym` takes the loader's lock and may
 //! allocate (its error buffer), and in the constructor a `dlopen`ed
-//! interpreter would not be there yet. A successful lookup is cached for the
-//! life of the process (a fork child has the same image, so the addresses
-//! stay right); a failed one is not, so an interpreter loaded later is found.
+//! interpreter would not be there yet. A failed lookup is not cached, so
+//! an interpreter loaded later is found. A successful one is checked at
+//! every request (one `dlsym`): an embedder that `dlclose`s its libpython
+//! unmaps every address we hold, and one that loads another in its place
+//! moves them, so the set is resolved again when `Py_GetVersion` is no
+//! longer where it was ([`api`]).
 //!
-//! Only functions whose signatures are identical in 3.8-3.13 are used, and
-//! every object is handled through functions (`Py_DecRef`, never the
-//! `Py_DECREF` macro), because the object header differs between versions
-//! and free-threaded builds. No struct of CPython's is read, except
-//! `PyMethodDef`, whose layout is part of the stable ABI.
+//! Only functions whose signatures are identical in every version the
+//! bridge serves (`version.rs`) are required; those that only some versions
+//! have are optional and say which. Every object is handled through
+//! functions (`Py_DecRef`, never the `Py_DECREF` macro), because the object
+//! header differs between versions and free-threaded builds. No struct of
+//! CPython's is read, except `PyMethodDef`, whose layout is part of the
+//! stable ABI.
 
 use core::ffi::{c_char, c_int, c_void};
-use std::sync::OnceLock;
+use core::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::*};
 
 /// An opaque CPython object.
 pub type PyObject = c_void;
@@ -52,8 +57,8 @@ unsafe impl Sync for PyMethodDef {}
 /// `METH_NOARGS`.
 pub const METH_NOARGS: c_int = 0x0004;
 
-/// `atexit_datacallbackfunc` (3.12 `_Py_AtExit`, 3.13 `PyUnstable_AtExit`).
-pub type AtExitFn = extern "C" fn(*mut c_void);
+/// A `Py_AtExit` callback.
+pub type AtExitFn = extern "C" fn();
 
 macro_rules! api {
     (required { $( $(#[$m:meta])* $field:ident : $sym:literal => fn($($arg:ty),*) -> $ret:ty; )* }
@@ -71,7 +76,7 @@ macro_rules! api {
                         let p = sym(concat!($sym, "\0"));
                         if p.is_null() { return None; }
                         // SAFETY: the symbol of this name is this C function in
-                        // every CPython 3.8-3.13 (see the module comment).
+                        // every CPython the bridge serves (see the module comment).
                         unsafe { core::mem::transmute::<*mut c_void, unsafe extern "C" fn($($arg),*) -> $ret>(p) }
                     }, )*
                     $( $ofield: {
@@ -172,6 +177,10 @@ api! {
     is_instance: "PyObject_IsInstance" => fn(*mut PyObject, *mut PyObject) -> c_int;
     /// `int PyErr_GivenExceptionMatches(PyObject *given, PyObject *exc)`.
     given_exception_matches: "PyErr_GivenExceptionMatches" => fn(*mut PyObject, *mut PyObject) -> c_int;
+    /// `int Py_AtExit(void (*)(void))`: a C function `Py_FinalizeEx` calls
+    /// last, once the interpreter is gone (at most 32 per runtime; each is
+    /// called once and dropped).
+    py_at_exit: "Py_AtExit" => fn(AtExitFn) -> c_int;
     }
     optional {
         /// `int Py_IsFinalizing(void)` (3.13) or `_Py_IsFinalizing` (3.8-3.12):
@@ -187,10 +196,18 @@ api! {
         /// `sys._debugmallocstats()` prints, to any stream; 0 if pymalloc is
         /// not in use.
         debug_malloc_stats: ["_PyObject_DebugMallocStats"] => fn(*mut libc::FILE) -> c_int;
-        /// `int PyUnstable_AtExit(PyInterpreterState *, void (*)(void *), void *)`
-        /// (3.13), `_Py_AtExit` (3.12): a C callback run while the
-        /// interpreter is cleared, before it is freed.
-        at_exit: ["PyUnstable_AtExit", "_Py_AtExit"] => fn(*mut c_void, AtExitFn, *mut c_void) -> c_int;
+        /// `PyInterpreterView *PyInterpreterView_FromMain(void)` (3.15, PEP
+        /// 788): NULL once the main interpreter is gone (or before it
+        /// exists); callable without a thread state.
+        view_from_main: ["PyInterpreterView_FromMain"] => fn() -> *mut c_void;
+        /// `void PyInterpreterView_Close(PyInterpreterView *)` (3.15).
+        view_close: ["PyInterpreterView_Close"] => fn(*mut c_void) -> ();
+        /// `PyInterpreterGuard *PyInterpreterGuard_FromView(PyInterpreterView *)`
+        /// (3.15): NULL once finalization has begun; while the guard is
+        /// held, finalization waits for it. No thread state needed.
+        guard_from_view: ["PyInterpreterGuard_FromView"] => fn(*mut c_void) -> *mut c_void;
+        /// `void PyInterpreterGuard_Close(PyInterpreterGuard *)` (3.15).
+        guard_close: ["PyInterpreterGuard_Close"] => fn(*mut c_void) -> ();
     }
 }
 
@@ -199,32 +216,43 @@ fn sym(name_nul: &str) -> *mut c_void {
     unsafe { libc::dlsym(libc::RTLD_DEFAULT, name_nul.as_ptr().cast()) }
 }
 
-static API: OnceLock<Api> = OnceLock::new();
+/// The resolved API: a leaked `Box<Api>` (null before the first
+/// resolution). Written by the shim's thread only; a set that is replaced
+/// stays allocated, so a reference handed out earlier never dangles.
+static API: AtomicPtr<Api> = AtomicPtr::new(core::ptr::null_mut());
 /// Address of `_Py_NoneStruct` (`None`), a data symbol.
-static NONE: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
+static NONE: AtomicUsize = AtomicUsize::new(0);
 /// Address of the variable `PyExc_Exception` (a `PyObject *`), a data symbol.
-static EXC_EXCEPTION: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
+static EXC_EXCEPTION: AtomicUsize = AtomicUsize::new(0);
 
-/// The interpreter's API, resolving it if not done yet. `None`: no CPython
-/// in the global scope. Call on the shim's thread only (see module comment).
+/// The interpreter's API, resolving it if not done yet or if the library
+/// that held it has gone (module comment). `None`: no CPython in the global
+/// scope. Call on the shim's thread only (see module comment); a job thread
+/// reads [`resolved`].
 pub fn api() -> Option<&'static Api> {
-    if let Some(a) = API.get() {
-        return Some(a);
-    }
-    // Cheap negative answer for the common case (no Python at all).
-    if sym("Py_IsInitialized\0").is_null() {
+    let here = sym("Py_GetVersion\0");
+    if here.is_null() {
+        // No interpreter (any more): a later one is resolved afresh.
         return None;
     }
+    if let Some(a) = resolved()
+        && a.get_version as usize == here as usize
+    {
+        return Some(a);
+    }
     let a = Api::resolve()?;
-    NONE.store(
-        sym("_Py_NoneStruct\0") as usize,
-        core::sync::atomic::Ordering::Release,
-    );
-    EXC_EXCEPTION.store(
-        sym("PyExc_Exception\0") as usize,
-        core::sync::atomic::Ordering::Release,
-    );
-    Some(API.get_or_init(|| a))
+    NONE.store(sym("_Py_NoneStruct\0") as usize, Release);
+    EXC_EXCEPTION.store(sym("PyExc_Exception\0") as usize, Release);
+    // Leaked on purpose: see `API`. A process resolves once, or once per
+    // libpython it loads.
+    let p = Box::into_raw(Box::new(a));
+    let replaced = !API.swap(p, AcqRel).is_null();
+    if replaced {
+        // Another libpython: a new runtime, with nothing of ours in it.
+        super::gate::new_runtime();
+    }
+    // SAFETY: just stored, never freed.
+    Some(unsafe { &*p })
 }
 
 /// The version of a CPython in the global scope whose API did not resolve
@@ -257,13 +285,26 @@ fn version_of(get: unsafe extern "C" fn() -> *const c_char) -> String {
 /// Whether `Py_IsInitialized` is in the global scope: a CPython is linked
 /// in or was loaded `RTLD_GLOBAL`.
 pub fn present() -> bool {
-    API.get().is_some() || !sym("Py_IsInitialized\0").is_null()
+    !sym("Py_IsInitialized\0").is_null()
 }
 
-/// The API if it was resolved before. For the job thread (`job.rs`) and the
-/// exit hooks (`gate.rs`), which run only after the shim's thread resolved it.
+/// The API as last resolved. For the job thread (`job.rs`) and the exit
+/// hooks (`gate.rs`), which run only after the shim's thread resolved it.
 pub fn resolved() -> Option<&'static Api> {
-    API.get()
+    let p = API.load(Acquire);
+    // SAFETY: null, or a leaked Box that is never freed.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+/// Whether the interpreter in the global scope is a free-threaded build:
+/// `Py_GetVersion()` says so ("... free-threading build ..."), or it exports
+/// the reference-count merge only such builds have. Read before anything
+/// else of CPython's is called (`version.rs` refuses such builds).
+pub fn free_threaded(api: &Api) -> bool {
+    // SAFETY: `Py_GetVersion` returns a static NUL-terminated string.
+    let full = unsafe { core::ffi::CStr::from_ptr((api.get_version)()) };
+    super::version::text_says_free_threaded(&full.to_string_lossy())
+        || !sym("_Py_MergeZeroLocalRefcount\0").is_null()
 }
 
 impl Api {
@@ -302,42 +343,17 @@ impl Api {
 
     /// Address of `None` (null if the symbol is missing).
     pub fn none(&self) -> *mut PyObject {
-        NONE.load(core::sync::atomic::Ordering::Acquire) as *mut PyObject
+        NONE.load(Acquire) as *mut PyObject
     }
 
     /// The class `Exception` (null if the symbol is missing).
     pub fn exception_class(&self) -> *mut PyObject {
-        let var = EXC_EXCEPTION.load(core::sync::atomic::Ordering::Acquire) as *const *mut PyObject;
+        let var = EXC_EXCEPTION.load(Acquire) as *const *mut PyObject;
         if var.is_null() {
             return core::ptr::null_mut();
         }
         // SAFETY: `var` is the address of CPython's `PyExc_Exception`
         // variable, set once at start-up and never changed.
         unsafe { *var }
-    }
-}
-
-/// (major, minor) of a version string such as "3.11.7" or "3.13.0rc1".
-pub fn major_minor(v: &str) -> Option<(u32, u32)> {
-    let mut it = v.split('.');
-    let ma = it.next()?.parse().ok()?;
-    let mi: String = it
-        .next()?
-        .chars()
-        .take_while(|c| c.is_ascii_digit())
-        .collect();
-    Some((ma, mi.parse().ok()?))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_versions() {
-        assert_eq!(major_minor("3.11.7"), Some((3, 11)));
-        assert_eq!(major_minor("3.13.0rc1"), Some((3, 13)));
-        assert_eq!(major_minor("3.14"), Some((3, 14)));
-        assert_eq!(major_minor("x"), None);
     }
 }

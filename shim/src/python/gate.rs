@@ -3,59 +3,60 @@
 //! for one beyond a job that is already running.
 //!
 //! The job thread (`job.rs`) is the only thread of ours that enters
-//! CPython, taking the GIL with a thread state of its own. That is safe while the runtime
-//! is initialised, and it ends the thread with `pthread_exit` once the
-//! runtime is finalizing (3.8-3.13); what it must never do is *begin* after
-//! the interpreter's thread-state machinery has been torn down (late in
-//! `Py_FinalizeEx`), where it would read freed memory. So a job thread
-//! counts as "in flight" from just before it is spawned until it has
-//! exited ([`enter`]; the exit is noticed by a thread-specific-data
+//! CPython, taking the GIL with a thread state of its own. A thread that
+//! asks for the GIL once the runtime is finalizing is ended (3.8 to
+//! 3.13.7), blocked for ever (3.13.8 and later, 3.14) or, under a PEP 788
+//! guard (3.15), never gets that far (`version.rs`). None of that may
+//! happen to a job thread the exit then waits for, and no job may *begin*
+//! once the interpreter's thread-state machinery is being torn down. So a
+//! job thread counts as "in flight" from just before it is spawned until
+//! it has exited ([`enter`]; the exit is noticed by a thread-specific-data
 //! destructor, which also runs when CPython ends the thread with
-//! `pthread_exit`), and a hook that runs on the main thread during shutdown
-//! calls [`close`]: it shuts the gate and waits until nothing is in flight.
+//! `pthread_exit`), and a hook calls [`close`] on the main thread before
+//! the runtime is marked finalizing: it shuts the gate and waits until
+//! nothing is in flight.
 //!
-//! The hook is registered from the first job that runs, with the earliest
-//! of these that the process offers:
-//!
-//! 1. `atexit.register(hook)` if the program imported `atexit` (anything
-//!    that imports `logging`, `torch`, `multiprocessing`, ... does). Its
-//!    functions run after the non-daemon threads have been joined and
-//!    before the runtime is marked finalizing, with the GIL held; the hook
-//!    releases the GIL while it waits, so a job thread queued for the GIL
-//!    gets it, sees the gate shut and leaves (a job that already started
-//!    finishes first, bounded by [`CLOSE_WAIT_MS`]).
-//! 2. Otherwise the C-level `PyUnstable_AtExit` (3.13) / `_Py_AtExit`
-//!    (3.12): runs while the interpreter is cleared, after the runtime is
-//!    marked finalizing; a job thread still waiting for the GIL is ended by
-//!    CPython within one switch interval, which the wait sees.
-//! 3. A 3.8-3.11 program that did not import `atexit` offers neither:
-//!    there the first job imports `atexit` (a builtin) and registers with
-//!    it.
+//! The hook is a function registered with `atexit.register` by the first
+//! job of each interpreter, on every version. `atexit`'s functions run
+//! after the non-daemon threads have been joined and before the runtime is
+//! marked finalizing, with the GIL held; the hook releases the GIL while it
+//! waits, so a job thread queued for the GIL gets it, sees the gate shut
+//! and leaves without running its job, and a job already running finishes
+//! (bounded by [`CLOSE_WAIT_MS`]). Nothing it waits for can be parked or
+//! ended: the runtime is not finalizing yet. A program that has not
+//! imported `atexit` (a builtin module) gets it imported by that first
+//! job; `'atexit'` in `sys.modules` is then the only trace the bridge
+//! leaves. (The C-level `PyUnstable_AtExit`, used before for 3.12 and 3.13
+//! programs without `atexit`, runs after the runtime is marked finalizing:
+//! on 3.13.8+ the thread it waited for could be parked for ever, and the
+//! exit waited the whole [`CLOSE_WAIT_MS`].)
 //!
 //! Not `threading._register_atexit`: its functions run when the main
 //! script has returned but *before* the non-daemon threads are joined, so
 //! a server whose worker threads outlive the main script would have the
-//! gate shut for the rest of its life. Until the first job has registered
-//! a hook, a job thread relies on its `Py_IsFinalizing()` check just before
-//! it creates its thread state (docs/python.md, "Shutdown", names the
-//! window that leaves).
+//! gate shut for the rest of its life.
+//!
+//! With the hook, the first job also registers [`finalized`] with
+//! `Py_AtExit`, which `Py_FinalizeEx` calls last, once the interpreter is
+//! gone: it opens the gate again for the next `Py_Initialize` of an
+//! embedder (whose first job registers a hook again) and forgets a job
+//! thread CPython parked. Until the first job of an interpreter has
+//! registered the hook, a job thread relies on its `Py_IsFinalizing()`
+//! check just before it creates its thread state, and on 3.15 on the
+//! guard (docs/python.md, "Shutdown", names the window that leaves).
 
 use super::ffi::{self, METH_NOARGS, PyMethodDef, PyObject};
 use super::object::Py;
 use crate::os;
 use crate::os::ResetTo;
-use core::ffi::c_void;
-use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering::SeqCst};
+use core::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
 
 static CLOSED: AtomicBool = AtomicBool::new(false);
 static IN_FLIGHT: AtomicU32 = AtomicU32::new(0);
-
-const NO_HOOK: u8 = 0;
-/// `atexit`: runs before the runtime is marked finalizing.
-const EARLY_HOOK: u8 = 1;
-/// `PyUnstable_AtExit` / `_Py_AtExit`: runs while the interpreter is cleared.
-const LATE_HOOK: u8 = 2;
-static HOOK: AtomicU8 = AtomicU8::new(NO_HOOK);
+/// The `atexit` hook is registered with the current interpreter.
+static HOOKED: AtomicBool = AtomicBool::new(false);
+/// [`finalized`] is registered with the current runtime.
+static FINALIZED_HOOKED: AtomicBool = AtomicBool::new(false);
 
 /// Longest the hook waits for a job thread in flight: one that waits for
 /// the GIL leaves at once; one that is running a job finishes it.
@@ -74,7 +75,9 @@ pub fn enter() -> bool {
 
 /// A job thread has exited (or was never started).
 pub fn leave() {
-    IN_FLIGHT.fetch_sub(1, SeqCst);
+    // Saturating: `finalized` may have written off a parked thread that
+    // then never leaves, or (3.8-3.13.7) one whose exit is still to come.
+    let _ = IN_FLIGHT.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1));
 }
 
 /// Whether shutdown has begun (the gate is shut).
@@ -83,10 +86,18 @@ pub fn closed() -> bool {
 }
 
 /// Fork child: the job thread is not in it, so nothing is in flight.
-/// (The gate and the hook are the parent's and stay: the registration is
-/// inherited by the child's interpreter.) Async-signal-safe.
+/// (The gate and the hooks are the parent's and stay: the registrations
+/// are inherited by the child's interpreter.) Async-signal-safe.
 pub fn after_fork_child() {
     IN_FLIGHT.reset_to(0);
+}
+
+/// Another libpython was loaded in place of the one we knew (`ffi::api`):
+/// nothing of ours is registered with its runtime. Shim's thread.
+pub fn new_runtime() {
+    HOOKED.store(false, SeqCst);
+    FINALIZED_HOOKED.store(false, SeqCst);
+    CLOSED.store(false, SeqCst);
 }
 
 /// Shuts the gate and waits (bounded) until nothing is in flight.
@@ -97,9 +108,9 @@ fn close() {
     });
 }
 
-/// The early hook (`atexit`): main thread, GIL held, after the non-daemon
+/// The hook (`atexit`): main thread, GIL held, after the non-daemon
 /// threads are joined and before finalization.
-unsafe extern "C" fn early_hook(_self: *mut PyObject, _unused: *mut PyObject) -> *mut PyObject {
+unsafe extern "C" fn hook(_self: *mut PyObject, _unused: *mut PyObject) -> *mut PyObject {
     let Some(api) = ffi::resolved() else {
         close();
         return core::ptr::null_mut();
@@ -122,46 +133,44 @@ unsafe extern "C" fn early_hook(_self: *mut PyObject, _unused: *mut PyObject) ->
     unsafe { (api.long_from_i64)(0) }
 }
 
-/// The late hook: main thread, while the interpreter is cleared.
-extern "C" fn late_hook(_: *mut c_void) {
-    close();
+/// `Py_AtExit`: the last step of `Py_FinalizeEx`, on the thread that
+/// finalizes; the interpreter is gone, and "initialized" stays false until
+/// a new `Py_Initialize`, so a job is refused by `Api::usable` until then.
+/// A job thread still counted is one CPython ended (its destructor is on
+/// its way) or parked for ever (3.13.8+, 3.14): it is written off, never
+/// waited for or joined.
+extern "C" fn finalized() {
+    super::job::forget_parked_worker();
+    IN_FLIGHT.store(0, SeqCst);
+    HOOKED.store(false, SeqCst);
+    FINALIZED_HOOKED.store(false, SeqCst);
+    CLOSED.store(false, SeqCst);
 }
 
 static HOOK_DEF: PyMethodDef = PyMethodDef {
     ml_name: c"memshim_exit_gate".as_ptr(),
-    ml_meth: Some(early_hook),
+    ml_meth: Some(hook),
     ml_flags: METH_NOARGS,
     ml_doc: core::ptr::null(),
 };
 
-/// Job thread, GIL held: registers the best hook the process offers, if
-/// not done yet. Failures are cleared and retried next job.
+/// Job thread, GIL held: registers the hooks with this interpreter, if not
+/// done yet. Failures are cleared and retried next job.
 ///
-/// The only module it may import is `atexit`, a builtin: a 3.8-3.11
-/// program that did not import it offers no hook that runs before its
-/// interpreter is torn down, and without one a job thread that asks for
-/// the interpreter as it exits could find it freed (docs/python.md,
-/// "Shutdown"). After the import, `'atexit'` is in `sys.modules`; nothing
-/// else of the program changes.
+/// The only module it may import is `atexit`, a builtin, and only if the
+/// program has not (module comment).
 pub fn ensure_hook(py: &Py) {
-    if HOOK.load(SeqCst) == EARLY_HOOK {
+    if HOOKED.load(SeqCst) {
         return;
     }
-    // The early hook is the better one; a 3.12+ process that imports
-    // `atexit` after we settled for the late hook gets it too (closing
-    // twice is harmless).
     let api = py.api();
     let registrar = py
         .imported(c"atexit")
-        .and_then(|m| py.attr(&m, c"register").ok())
         .or_else(|| {
-            if api.at_exit.is_some() {
-                return None; // 3.12+: the late hook below protects as well
-            }
             // SAFETY: GIL held; a plain import of a builtin module, which
             // returns a new reference or NULL with an exception (cleared
             // by `adopt`).
-            let m = unsafe {
+            unsafe {
                 py.adopt((api.import_module_level)(
                     c"atexit".as_ptr(),
                     core::ptr::null_mut(),
@@ -170,33 +179,29 @@ pub fn ensure_hook(py: &Py) {
                     0,
                 ))
             }
-            .ok()?;
-            py.attr(&m, c"register").ok()
-        });
-    if let Some(register) = registrar {
-        // SAFETY: GIL held; HOOK_DEF is static, so the function object may
-        // outlive any stack frame; NULL self/module are allowed.
-        let f = unsafe {
-            (api.cfunction_new_ex)(&HOOK_DEF, core::ptr::null_mut(), core::ptr::null_mut())
-        };
-        // SAFETY: a new reference (or NULL with an exception), ours to give.
-        if let Ok(f) = unsafe { py.adopt(f) }
-            && py.call(&register, &[f.as_ptr()]).is_ok()
-        {
-            HOOK.store(EARLY_HOOK, SeqCst);
-            return;
-        }
+            .ok()
+        })
+        .and_then(|m| py.attr(&m, c"register").ok());
+    let Some(register) = registrar else {
+        return;
+    };
+    // SAFETY: GIL held; HOOK_DEF is static, so the function object may
+    // outlive any stack frame; NULL self/module are allowed.
+    let f =
+        unsafe { (api.cfunction_new_ex)(&HOOK_DEF, core::ptr::null_mut(), core::ptr::null_mut()) };
+    // SAFETY: a new reference (or NULL with an exception), ours to give.
+    let Ok(f) = (unsafe { py.adopt(f) }) else {
+        return;
+    };
+    if py.call(&register, &[f.as_ptr()]).is_err() {
+        return;
     }
-    if HOOK.load(SeqCst) == NO_HOOK
-        && let Some(at_exit) = api.at_exit
-    {
-        // SAFETY: GIL held as the function requires; the callback is a
-        // plain function with no data.
-        let rc = unsafe { at_exit((api.interp_main)(), late_hook, core::ptr::null_mut()) };
-        if rc == 0 {
-            HOOK.store(LATE_HOOK, SeqCst);
-        } else {
-            let _ = py.take_error();
-        }
+    HOOKED.store(true, SeqCst);
+    // SAFETY: GIL held (Py_AtExit itself needs none); `finalized` is a
+    // plain function. It fails only when 32 are registered already: then
+    // an embedder's next `Py_Initialize` finds the gate shut (requests
+    // answer "shutting down"), as before this hook existed.
+    if !FINALIZED_HOOKED.load(SeqCst) && unsafe { (api.py_at_exit)(finalized) } == 0 {
+        FINALIZED_HOOKED.store(true, SeqCst);
     }
 }

@@ -32,11 +32,14 @@
 use super::ffi;
 use super::gate;
 use super::object::Py;
+use super::version::{self, LateAttach};
 use crate::os::ResetTo;
 use crate::os::{self, spawner, thread::Key, time};
 use core::cell::UnsafeCell;
 use core::ffi::c_void;
-use core::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use core::sync::atomic::{
+    AtomicI32, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst,
+};
 use memshim_proto::{
     EmptyCacheResult, GcResult, PythonSection, PythonUnavailable, ReleaseStep, TorchSection,
 };
@@ -133,14 +136,86 @@ pub fn after_fork_child() {
     gate::after_fork_child();
 }
 
+/// `gate::finalized`: the interpreter is gone, and a job thread still
+/// claiming the slot was ended by CPython or is parked for ever. Write it
+/// off: detach it (a parked thread is never joined) and free the claim.
+/// Runs on the thread that finalizes.
+pub fn forget_parked_worker() {
+    if WORKER.load(SeqCst) == 0 {
+        return;
+    }
+    // The handle first: whoever sees WORKER 0 next finds no handle to join.
+    let h = HANDLE.swap(0, SeqCst);
+    if h != 0 {
+        os::thread::detach(h as libc::pthread_t);
+    }
+    STARVED_SINCE_NS.store(0, SeqCst);
+    WORKER.store(0, SeqCst);
+}
+
+/// Whether a job thread exists (running, waiting for the GIL, or exited
+/// and not yet joined): one of the shim's threads, for the thread layer's
+/// count.
+pub fn worker_exists() -> bool {
+    WORKER.load(SeqCst) != 0 || HANDLE.load(SeqCst) != 0
+}
+
+/// Set while the thread layer wants the shim's thread to stop (a fork or
+/// a namespace change by a process alone but for us): a requester waiting
+/// for a job gives up at once instead of after its whole time limit.
+static INTERRUPTED: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// Interrupts (`true`) the requester's wait, or lets later ones wait
+/// again (`false`). Any thread; async-signal-safe.
+pub fn interrupt(on: bool) {
+    INTERRUPTED.store(on, SeqCst);
+    if on {
+        futex_wake();
+    }
+}
+
+/// Waits while the phase is `from`, at most `limit`: whether it moved
+/// (false: the time is up, or the wait was interrupted).
+fn wait_phase(from: u32, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if INTERRUPTED.load(SeqCst) {
+            return PHASE.load(SeqCst) != from;
+        }
+        if PHASE.load(SeqCst) != from {
+            return true;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        // Woken by the job thread (the phase moved), by `interrupt`, or
+        // spuriously: look again.
+        time::futex_wait(&PHASE, from, Some(left));
+    }
+}
+
 fn busy(start: Instant) -> PythonUnavailable {
     PythonUnavailable::Busy {
         waited_ms: start.elapsed().as_millis() as u64,
     }
 }
 
-/// The versions the bridge supports.
-pub const SUPPORTED: core::ops::RangeInclusive<(u32, u32)> = (3, 8)..=(3, 13);
+/// How the served interpreter treats a late attach (`version::LateAttach`
+/// as a number, for the job thread): set by the requester before it starts
+/// a job thread.
+static LATE_ATTACH: AtomicU8 = AtomicU8::new(EXITS);
+const EXITS: u8 = 0;
+const PARKS: u8 = 1;
+const GUARDED: u8 = 2;
+
+fn late_attach() -> LateAttach {
+    match LATE_ATTACH.load(SeqCst) {
+        EXITS => LateAttach::Exits,
+        PARKS => LateAttach::Parks,
+        _ => LateAttach::Guarded,
+    }
+}
 
 /// Runs `job` in the interpreter, waiting at most about `timeout` for the
 /// GIL. Shim's thread only. When it returns, the job thread has exited
@@ -160,7 +235,7 @@ static HANDLE: AtomicUsize = AtomicUsize::new(0);
 /// microseconds); one still waiting for the GIL is left to a later call.
 /// Only the shim's thread posts requests, so a job thread that has given
 /// up its claim (`WORKER` 0) outside `run` never takes it again.
-fn reap_worker() {
+pub fn reap_worker() {
     if WORKER.load(SeqCst) == 0 {
         join_worker();
     }
@@ -184,17 +259,31 @@ fn post_and_wait(job: Job, timeout: Duration) -> Outcome {
         return Err(if ffi::present() {
             PythonUnavailable::Unsupported {
                 version: ffi::unresolved_version(),
+                build: None,
             }
         } else {
             PythonUnavailable::NoPython
         });
     };
-    // The version first: `Py_GetVersion` answers before `Py_Initialize`, so
-    // an unsupported interpreter is "unsupported" from its first moment.
-    let version = api.version();
-    if !ffi::major_minor(&version).is_some_and(|v| SUPPORTED.contains(&v)) {
-        return Err(PythonUnavailable::Unsupported { version });
+    // The version and build first: `Py_GetVersion` answers before
+    // `Py_Initialize`, so an unsupported interpreter is "unsupported" from
+    // its first moment.
+    let profile = version::profile(&api.version(), ffi::free_threaded(api))?;
+    if profile.late_attach == LateAttach::Guarded && api.guard_from_view.is_none() {
+        // A 3.15 without PEP 788's functions (an early pre-release).
+        return Err(PythonUnavailable::Unsupported {
+            version: api.version(),
+            build: None,
+        });
     }
+    LATE_ATTACH.store(
+        match profile.late_attach {
+            LateAttach::Exits => EXITS,
+            LateAttach::Parks => PARKS,
+            LateAttach::Guarded => GUARDED,
+        },
+        SeqCst,
+    );
     api.usable()?;
     if gate::closed() {
         return Err(PythonUnavailable::Finalizing);
@@ -236,9 +325,7 @@ fn post_and_wait(job: Job, timeout: Duration) -> Outcome {
         // An older job thread claimed it after all: wait for it below.
     }
     let left = (start + timeout).saturating_duration_since(Instant::now());
-    if !time::futex_wait_while(&PHASE, POSTED, left)
-        && PHASE.compare_exchange(POSTED, IDLE, SeqCst, SeqCst).is_ok()
-    {
+    if !wait_phase(POSTED, left) && PHASE.compare_exchange(POSTED, IDLE, SeqCst, SeqCst).is_ok() {
         // Withdrawn: the job thread will find nothing to do.
         if WORKER.load(SeqCst) != 0 {
             STARVED_SINCE_NS.store(posted_ns, SeqCst);
@@ -249,7 +336,7 @@ fn post_and_wait(job: Job, timeout: Duration) -> Outcome {
             busy(start)
         });
     }
-    if !time::futex_wait_while(&PHASE, RUNNING, RUN_LIMIT.max(timeout)) {
+    if !wait_phase(RUNNING, RUN_LIMIT.max(timeout)) {
         // Still running: it completes on the job thread, and its result is
         // dropped by the next request.
         return Err(busy(start));
@@ -307,11 +394,14 @@ fn spawn_worker() -> Result<(), PythonUnavailable> {
     // A previous job thread has given up its claim (we hold it now): it is
     // exiting or gone.
     join_worker();
-    // CPython ends a thread with `pthread_exit` during finalization, and
-    // glibc's unwinder must then be loaded: load it here, on the shim's
-    // thread, not on the job thread at the host's exit (os/unwind.rs). A
-    // missing library makes that `pthread_exit` abort with or without us.
-    let _ = os::unwind::load();
+    // CPython 3.8-3.13.7 end a thread with `pthread_exit` during
+    // finalization, and glibc's unwinder must then be loaded: load it here,
+    // on the shim's thread, not on the job thread at the host's exit
+    // (os/unwind.rs). A missing library makes that `pthread_exit` abort
+    // with or without us. Later versions never end the thread.
+    if late_attach() == LateAttach::Exits {
+        let _ = os::unwind::load();
+    }
     match spawner::spawn_joinable(worker_main, key.as_raw() as usize) {
         Ok(handle) => {
             HANDLE.store(handle as usize, SeqCst);
@@ -379,12 +469,22 @@ fn take_one() -> bool {
     if PHASE.load(SeqCst) != POSTED {
         return true;
     }
+    // 3.15: a PEP 788 guard from before the thread state exists until it is
+    // deleted. Finalization cannot begin while it is held, so the attach
+    // below can neither be parked nor come too late; once finalization has
+    // begun, there is no guard to be had.
+    let Some(guard) = Guard::take(api) else {
+        return false;
+    };
     let Some(tstate) = new_thread_state(api) else {
+        guard.close();
         return !gate::closed();
     };
-    // Taking the GIL may block. If the runtime starts finalizing meanwhile,
-    // CPython ends this thread with pthread_exit and the key's destructor
-    // accounts for it.
+    // Taking the GIL may block. If the runtime starts finalizing meanwhile
+    // (possible only before this interpreter's first job registered the
+    // exit gate's hook, and never under a guard), CPython ends this thread
+    // with pthread_exit, and the key's destructor accounts for it, or parks
+    // it for ever, holding nothing of ours (`gate::finalized` writes it off).
     // SAFETY: `tstate` is this thread's new thread state.
     unsafe { (api.restore_thread)(tstate) };
     STARVED_SINCE_NS.store(0, SeqCst);
@@ -422,7 +522,51 @@ fn take_one() -> bool {
         (api.thread_state_clear)(tstate);
         (api.thread_state_delete_current)();
     }
+    // No call into CPython after this (but the guard's release).
+    guard.close();
     !gate::closed()
+}
+
+/// A PEP 788 interpreter guard on the main interpreter (3.15), or nothing
+/// on versions without guards. Held for one job at most: a guard never
+/// closed would keep the interpreter from finalizing for ever.
+struct Guard(*mut c_void);
+
+impl Guard {
+    /// The guard (`Some(Guard(null))` where the version has none), or
+    /// `None` if finalization has begun or the interpreter is gone.
+    fn take(api: &ffi::Api) -> Option<Guard> {
+        if late_attach() != LateAttach::Guarded {
+            return Some(Guard(core::ptr::null_mut()));
+        }
+        let (Some(from_main), Some(close_view), Some(from_view)) =
+            (api.view_from_main, api.view_close, api.guard_from_view)
+        else {
+            return None;
+        };
+        // SAFETY: PEP 788's functions need no thread state; a view is
+        // closed once the guard is taken (or not), a guard by `close`.
+        unsafe {
+            let view = from_main();
+            if view.is_null() {
+                return None;
+            }
+            let g = from_view(view);
+            close_view(view);
+            (!g.is_null()).then_some(Guard(g))
+        }
+    }
+
+    /// Closes the guard: finalization may begin.
+    fn close(self) {
+        if self.0.is_null() {
+            return;
+        }
+        if let Some(close) = ffi::resolved().and_then(|a| a.guard_close) {
+            // SAFETY: a guard from `take`, closed exactly once (by value).
+            unsafe { close(self.0) };
+        }
+    }
 }
 
 /// A thread state for this thread, created inside the fork fence.

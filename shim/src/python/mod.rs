@@ -13,6 +13,7 @@
 //! had (a C extension holding it); such a request is withdrawn atomically
 //! and never runs later.
 //!
+//! * `version.rs`: what differs between the versions served, in one table.
 //! * `ffi.rs`: the hand-declared C-API slice, resolved with `dlsym`.
 //! * `job.rs`: the request slot and the job thread.
 //! * `gate.rs`: the exit gate (no call into CPython begins once it shuts down).
@@ -32,6 +33,7 @@ mod object;
 mod pymalloc;
 mod threads;
 mod torch;
+mod version;
 
 use job::{Done, Job};
 use memshim_proto::{
@@ -115,6 +117,23 @@ pub fn cuda_idle_check(
         Done::CudaIdle(r) => Ok(r),
         _ => Err(unexpected()),
     }
+}
+
+/// Whether a job thread exists (counted with the shim's threads).
+pub fn worker_exists() -> bool {
+    job::worker_exists()
+}
+
+/// Joins the job thread if it has finished; whether none is left.
+pub fn reap_worker() -> bool {
+    job::reap_worker();
+    !job::worker_exists()
+}
+
+/// While `on`, a request waiting for a job gives up at once (the shim's
+/// thread is asked to stop). Async-signal-safe.
+pub fn interrupt(on: bool) {
+    job::interrupt(on);
 }
 
 /// Fork child handler: the job thread and any request in flight stay in

@@ -19,7 +19,11 @@
 //!
 //! `unshare(CLONE_NEWUSER)` and `setns` into a user or mount namespace need
 //! a single-threaded caller; our exported `unshare`/`setns` stop the thread
-//! the same way first.
+//! the same way first, and then wait (bounded) for a job of the Python
+//! bridge to finish, whose thread counts as the shim's. A fork does not
+//! wait for that job: a Python program forks holding the GIL, which the job
+//! needs, so the fork goes ahead with the job thread alive (it is not in
+//! the child) and CPython's "multi-threaded" warning is then true.
 //!
 //! In the child only the forking thread exists. The child handler does
 //! async-signal-safe work only (reset atomics, record the new pid, close
@@ -51,6 +55,12 @@ const START_WAIT_MS: u64 = 200;
 const STOP_WAIT_MS: u64 = 200;
 /// Longest wait, after the join, for the kernel to stop counting it.
 const GONE_WAIT_MS: u64 = 50;
+/// Longest wait, for a namespace change, for the Python bridge's job
+/// thread to finish a job and exit: the caller of `unshare`/`setns` in a
+/// Python program has released the GIL (`os.unshare`, `os.setns`), so the
+/// job can finish. A fork does not wait for it: `os.fork()` holds the GIL,
+/// which the job needs.
+const JOB_WAIT_MS: u64 = 5000;
 /// How many threads beyond the shim's and the forking one may be a thread
 /// on its way out (joined a moment ago), waited for before a fork.
 const JOINED_SLACK: u64 = 2;
@@ -96,9 +106,21 @@ pub(super) extern "C" fn child() {
     super::cuda_idle::after_fork_child();
 }
 
-/// If the process is alone but for the shim's threads (`MEMSHIM_CONTROL=auto`),
-/// stops them and waits (bounded) until they are gone.
+/// For a fork: if the process is alone but for the shim's threads
+/// (`MEMSHIM_CONTROL=auto`), stops them and waits (bounded) until they are
+/// gone. A job thread of the Python bridge counts as the shim's, but is not
+/// waited for ([`JOB_WAIT_MS`]).
 pub(super) fn stop_if_alone_but_for_us() {
+    stop_if_alone(false);
+}
+
+/// For `unshare`/`setns`: as [`stop_if_alone_but_for_us`], and then waits
+/// (bounded) for a job thread of the Python bridge to finish and exit.
+pub(super) fn stop_if_alone_for_namespace() {
+    stop_if_alone(true);
+}
+
+fn stop_if_alone(wait_for_job: bool) {
     if options::control() != Control::Auto
         || !matches!(STATE.phase(), Phase::Running | Phase::Starting)
     {
@@ -127,7 +149,14 @@ pub(super) fn stop_if_alone_but_for_us() {
         }
         Some(_) => return,
     }
-    stop_once_started(true);
+    if stop_once_started(true) && wait_for_job && crate::python::worker_exists() {
+        os::time::wait_while(JOB_WAIT_MS, Duration::from_micros(200), || {
+            !crate::python::reap_worker()
+        });
+        os::time::wait_while(GONE_WAIT_MS, Duration::from_micros(50), || {
+            os::proc::thread_count().is_some_and(|n| n > 1)
+        });
+    }
 }
 
 /// Stops the shim's threads (bounded, as for a fork) whatever the mode and
@@ -156,10 +185,14 @@ fn stop_once_started(alone: bool) -> bool {
 /// whether it stopped.
 fn stop_now(alone: bool) -> bool {
     STATE.ask_stop(if alone { Stop::IfAlone } else { Stop::Always });
+    // A request that waits for a Python job gives up at once.
+    crate::python::interrupt(true);
     wake::wake();
-    if !os::time::wait_while(STOP_WAIT_MS, Duration::from_micros(200), || {
+    let stopped = os::time::wait_while(STOP_WAIT_MS, Duration::from_micros(200), || {
         STATE.phase() != Phase::Idle
-    }) {
+    });
+    crate::python::interrupt(false);
+    if !stopped {
         // Busy (for example waiting for a lock the forking thread holds):
         // go ahead with the thread still there rather than risk a deadlock.
         STATE.ask_stop(Stop::No);

@@ -244,7 +244,7 @@ pub fn before_dlopen(file: &[u8]) {
 pub fn before_unshare(flags: i32) {
     let single = libc::CLONE_NEWUSER | libc::CLONE_VM | libc::CLONE_SIGHAND | libc::CLONE_THREAD;
     if flags & single != 0 {
-        fork::stop_if_alone_but_for_us();
+        fork::stop_if_alone_for_namespace();
     }
 }
 
@@ -252,7 +252,7 @@ pub fn before_unshare(flags: i32) {
 /// mount namespace (or an unknown kind, 0), needs a single-threaded caller.
 pub fn before_setns(nstype: i32) {
     if nstype == 0 || nstype & (libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
-        fork::stop_if_alone_but_for_us();
+        fork::stop_if_alone_for_namespace();
     }
 }
 

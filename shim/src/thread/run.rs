@@ -93,10 +93,10 @@ pub(super) fn forget_pending_start() {
     ARENA_MOVE.reset_to(MOVE_NONE);
 }
 
-/// How many threads the shim has now besides job threads: this one, and
-/// the spawner if it runs.
+/// How many threads the shim has now: this one, the spawner if it runs,
+/// and the Python bridge's job thread if one exists.
 pub(super) fn our_threads() -> u64 {
-    1 + u64::from(spawner::alive())
+    1 + u64::from(spawner::alive()) + u64::from(crate::python::worker_exists())
 }
 
 /// Tick length: a quarter of the dirty decay time, within [50 ms, 1 s].
