@@ -29,6 +29,37 @@ pub fn global(name: &CStr) -> *mut c_void {
     unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }
 }
 
+/// The definition of `name` in the process's global scope (the main
+/// program, its dependencies, preloaded libraries and whatever was
+/// `dlopen`ed `RTLD_GLOBAL`), null if none, looked up without keeping the
+/// defining library loaded.
+///
+/// `dlsym(RTLD_DEFAULT, ...)` searches the same scope, but glibc then adds
+/// a dependency from the caller's object to the one that defines the
+/// symbol, and since this library can never be unloaded (it is preloaded,
+/// and `-z nodelete`), that makes the definer unloadable too: an embedder
+/// that `dlclose`d its libpython after the shim had looked at it kept it
+/// mapped, and the next libpython it loaded bound to the old one's symbols
+/// and aborted in `Py_Initialize`. A lookup through the main program's
+/// handle searches the global scope (glibc extends the main program's
+/// search list with every `RTLD_GLOBAL` object) and adds no dependency. A
+/// library loaded `RTLD_LOCAL` is not found, as with `RTLD_DEFAULT`.
+pub fn in_global_scope(name: &CStr) -> *mut c_void {
+    static MAIN: AtomicUsize = AtomicUsize::new(0);
+    let mut h = MAIN.load(Acquire);
+    if h == 0 {
+        // SAFETY: dlopen(NULL) returns the main program's handle (which can
+        // never be unloaded); kept for the life of the process.
+        h = unsafe { libc::dlopen(core::ptr::null(), libc::RTLD_LAZY) } as usize;
+        if h == 0 {
+            return core::ptr::null_mut();
+        }
+        MAIN.store(h, Release);
+    }
+    // SAFETY: dlsym with a valid handle and a NUL-terminated name.
+    unsafe { libc::dlsym(h as *mut c_void, name.as_ptr()) }
+}
+
 /// The global definition of `name`, or `None` where the global scope
 /// answers with a non-PIE executable's "canonical PLT" entry: an executable
 /// built without PIE that takes a function's address (CPython takes

@@ -3,11 +3,12 @@
 //!
 //! The shim does not link against libpython: it must load into every
 //! process, and a process hosts at most one CPython of any version (or
-//! none). So each function is looked up with `dlsym(RTLD_DEFAULT, ...)`:
-//! the global scope only, which is exactly where an interpreter linked into
-//! the executable, or `dlopen`ed `RTLD_GLOBAL`, puts its symbols. An
-//! interpreter embedded `RTLD_LOCAL` is invisible there and the process is
-//! treated as having no Python, as the issue asks.
+//! none). So each function is looked up in the global scope only
+//! (`os::dl::in_global_scope`: what `dlsym(RTLD_DEFAULT, ...)` searches,
+//! without pinning the library that answers), which is exactly where an
+//! interpreter linked into the executable, or `dlopen`ed `RTLD_GLOBAL`,
+//! puts its symbols. An interpreter embedded `RTLD_LOCAL` is invisible
+//! there and the process is treated as having no Python.
 //!
 //! Resolution happens on the shim's own thread only (`api()` is called by
 //! the request side in `job.rs`), never on the allocation path, in a
@@ -212,8 +213,10 @@ api! {
 }
 
 fn sym(name_nul: &str) -> *mut c_void {
-    // SAFETY: `name_nul` is NUL-terminated (built with concat!(.., "\0")).
-    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name_nul.as_ptr().cast()) }
+    match core::ffi::CStr::from_bytes_with_nul(name_nul.as_bytes()) {
+        Ok(name) => crate::os::dl::in_global_scope(name),
+        Err(_) => core::ptr::null_mut(),
+    }
 }
 
 /// The resolved API: a leaked `Box<Api>` (null before the first

@@ -12,8 +12,8 @@
 //! job thread counts as "in flight" from just before it is spawned until
 //! it has exited ([`enter`]; the exit is noticed by a thread-specific-data
 //! destructor, which also runs when CPython ends the thread with
-//! `pthread_exit`), and a hook calls [`close`] on the main thread before
-//! the runtime is marked finalizing: it shuts the gate and waits until
+//! `pthread_exit`), and a hook on the main thread, before
+//! the runtime is marked finalizing, shuts the gate and waits until
 //! nothing is in flight.
 //!
 //! The hook is a function registered with `atexit.register` by the first
@@ -100,9 +100,8 @@ pub fn new_runtime() {
     CLOSED.store(false, SeqCst);
 }
 
-/// Shuts the gate and waits (bounded) until nothing is in flight.
-fn close() {
-    CLOSED.store(true, SeqCst);
+/// Waits (bounded) until nothing is in flight.
+fn wait_for_flights() {
     os::time::wait_while(CLOSE_WAIT_MS, std::time::Duration::from_micros(100), || {
         IN_FLIGHT.load(SeqCst) != 0
     });
@@ -111,13 +110,14 @@ fn close() {
 /// The hook (`atexit`): main thread, GIL held, after the non-daemon
 /// threads are joined and before finalization.
 unsafe extern "C" fn hook(_self: *mut PyObject, _unused: *mut PyObject) -> *mut PyObject {
+    // Shut before the GIL is let go below: a job thread queued for it
+    // then finds the gate shut and leaves without running its job.
+    CLOSED.store(true, SeqCst);
     let Some(api) = ffi::resolved() else {
-        close();
+        wait_for_flights();
         return core::ptr::null_mut();
     };
-    if IN_FLIGHT.load(SeqCst) == 0 {
-        close();
-    } else {
+    if IN_FLIGHT.load(SeqCst) != 0 {
         // A job thread may be queued for the GIL: let it through while we
         // wait, as any blocking call in an atexit function would.
         // SAFETY: called by CPython on this thread with the GIL held; the
@@ -125,7 +125,7 @@ unsafe extern "C" fn hook(_self: *mut PyObject, _unused: *mut PyObject) -> *mut 
         // that runs no Python code.
         unsafe {
             let ts = (api.save_thread)();
-            close();
+            wait_for_flights();
             (api.restore_thread)(ts);
         }
     }

@@ -162,7 +162,8 @@ pub fn worker_exists() -> bool {
 
 /// Set while the thread layer wants the shim's thread to stop (a fork or
 /// a namespace change by a process alone but for us): a requester waiting
-/// for a job gives up at once instead of after its whole time limit.
+/// for a job that has not started withdraws it at once instead of after its
+/// whole time limit (a job that has started is waited for).
 static INTERRUPTED: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
 
 /// Interrupts (`true`) the requester's wait, or lets later ones wait
@@ -175,11 +176,11 @@ pub fn interrupt(on: bool) {
 }
 
 /// Waits while the phase is `from`, at most `limit`: whether it moved
-/// (false: the time is up, or the wait was interrupted).
-fn wait_phase(from: u32, limit: Duration) -> bool {
+/// (false: the time is up, or, `interruptible`, the wait was interrupted).
+fn wait_phase(from: u32, limit: Duration, interruptible: bool) -> bool {
     let deadline = Instant::now() + limit;
     loop {
-        if INTERRUPTED.load(SeqCst) {
+        if interruptible && INTERRUPTED.load(SeqCst) {
             return PHASE.load(SeqCst) != from;
         }
         if PHASE.load(SeqCst) != from {
@@ -325,7 +326,11 @@ fn post_and_wait(job: Job, timeout: Duration) -> Outcome {
         // An older job thread claimed it after all: wait for it below.
     }
     let left = (start + timeout).saturating_duration_since(Instant::now());
-    if !wait_phase(POSTED, left) && PHASE.compare_exchange(POSTED, IDLE, SeqCst, SeqCst).is_ok() {
+    // A job not started yet is withdrawn when the shim's thread must stop;
+    // one that has started is waited for (its requester gets its result).
+    if !wait_phase(POSTED, left, true)
+        && PHASE.compare_exchange(POSTED, IDLE, SeqCst, SeqCst).is_ok()
+    {
         // Withdrawn: the job thread will find nothing to do.
         if WORKER.load(SeqCst) != 0 {
             STARVED_SINCE_NS.store(posted_ns, SeqCst);
@@ -336,7 +341,7 @@ fn post_and_wait(job: Job, timeout: Duration) -> Outcome {
             busy(start)
         });
     }
-    if !wait_phase(RUNNING, RUN_LIMIT.max(timeout)) {
+    if !wait_phase(RUNNING, RUN_LIMIT.max(timeout), false) {
         // Still running: it completes on the job thread, and its result is
         // dropped by the next request.
         return Err(busy(start));
@@ -463,7 +468,12 @@ fn take_one() -> bool {
     let Some(api) = ffi::resolved() else {
         return false;
     };
-    if gate::closed() || api.usable().is_err() {
+    if gate::closed() {
+        refuse(PythonUnavailable::Finalizing);
+        return false;
+    }
+    if let Err(why) = api.usable() {
+        refuse(why);
         return false;
     }
     if PHASE.load(SeqCst) != POSTED {
@@ -474,6 +484,7 @@ fn take_one() -> bool {
     // below can neither be parked nor come too late; once finalization has
     // begun, there is no guard to be had.
     let Some(guard) = Guard::take(api) else {
+        refuse(PythonUnavailable::Finalizing);
         return false;
     };
     let Some(tstate) = new_thread_state(api) else {
@@ -488,10 +499,12 @@ fn take_one() -> bool {
     // SAFETY: `tstate` is this thread's new thread state.
     unsafe { (api.restore_thread)(tstate) };
     STARVED_SINCE_NS.store(0, SeqCst);
-    if !gate::closed()
-        && PHASE
-            .compare_exchange(POSTED, RUNNING, SeqCst, SeqCst)
-            .is_ok()
+    if gate::closed() {
+        // The exit gate shut while we waited for the GIL: leave at once.
+        refuse(PythonUnavailable::Finalizing);
+    } else if PHASE
+        .compare_exchange(POSTED, RUNNING, SeqCst, SeqCst)
+        .is_ok()
     {
         // SAFETY: RUNNING: the slot is ours until we publish DONE.
         let job = unsafe { (*SLOT.job.get()).take() };
@@ -525,6 +538,24 @@ fn take_one() -> bool {
     // No call into CPython after this (but the guard's release).
     guard.close();
     !gate::closed()
+}
+
+/// Answers the posted request, if there is one, with `why` instead of
+/// running it, so its requester does not wait out its time limit. Job
+/// thread; no call into CPython.
+fn refuse(why: PythonUnavailable) {
+    if PHASE
+        .compare_exchange(POSTED, RUNNING, SeqCst, SeqCst)
+        .is_ok()
+    {
+        // SAFETY: RUNNING: the slot is ours until we publish DONE.
+        unsafe {
+            *SLOT.job.get() = None;
+            *SLOT.outcome.get() = Some(Err(why));
+        }
+        PHASE.store(DONE, SeqCst);
+        futex_wake();
+    }
 }
 
 /// A PEP 788 interpreter guard on the main interpreter (3.15), or nothing

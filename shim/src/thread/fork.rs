@@ -149,7 +149,12 @@ fn stop_if_alone(wait_for_job: bool) {
         }
         Some(_) => return,
     }
-    if stop_once_started(true) && wait_for_job && crate::python::worker_exists() {
+    let limit = if wait_for_job {
+        JOB_WAIT_MS
+    } else {
+        STOP_WAIT_MS
+    };
+    if stop_once_started(true, limit) && wait_for_job && crate::python::worker_exists() {
         os::time::wait_while(JOB_WAIT_MS, Duration::from_micros(200), || {
             !crate::python::reap_worker()
         });
@@ -165,30 +170,32 @@ fn stop_if_alone(wait_for_job: bool) {
 /// call or a thread limit (they may start again). Returns whether they
 /// stopped ([`stop_now`] gives up on a busy thread).
 pub(super) fn stop_regardless() -> bool {
-    matches!(STATE.phase(), Phase::Running | Phase::Starting) && stop_once_started(false)
+    matches!(STATE.phase(), Phase::Running | Phase::Starting)
+        && stop_once_started(false, STOP_WAIT_MS)
 }
 
 /// Waits (bounded) for a starting thread to reach its loop, then
-/// [`stop_now`]s it if it runs.
-fn stop_once_started(alone: bool) -> bool {
+/// [`stop_now`]s it if it runs, waiting at most `limit_ms` for it.
+fn stop_once_started(alone: bool, limit_ms: u64) -> bool {
     os::time::wait_while(START_WAIT_MS, Duration::from_micros(100), || {
         STATE.phase() == Phase::Starting
     });
-    STATE.phase() == Phase::Running && stop_now(alone)
+    STATE.phase() == Phase::Running && stop_now(alone, limit_ms)
 }
 
 /// Asks the thread to stop (with `alone`, the caller being the
 /// application's only thread: if that is still so; else whatever the
 /// application's threads), wakes it, waits until it has exited and been
 /// joined and (with `alone`) the kernel no longer counts it, or gives up
-/// after [`STOP_WAIT_MS`] (the last step after [`GONE_WAIT_MS`]). Returns
-/// whether it stopped.
-fn stop_now(alone: bool) -> bool {
+/// after `limit_ms` (the last step after [`GONE_WAIT_MS`]): [`STOP_WAIT_MS`],
+/// or for a namespace change [`JOB_WAIT_MS`], long enough for a Python job
+/// the thread waits for to finish. Returns whether it stopped.
+fn stop_now(alone: bool, limit_ms: u64) -> bool {
     STATE.ask_stop(if alone { Stop::IfAlone } else { Stop::Always });
     // A request that waits for a Python job gives up at once.
     crate::python::interrupt(true);
     wake::wake();
-    let stopped = os::time::wait_while(STOP_WAIT_MS, Duration::from_micros(200), || {
+    let stopped = os::time::wait_while(limit_ms, Duration::from_micros(200), || {
         STATE.phase() != Phase::Idle
     });
     crate::python::interrupt(false);
