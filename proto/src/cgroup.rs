@@ -4,14 +4,16 @@
 //!
 //! Pure functions on the kernel's text formats: no I/O, so that the shim and
 //! memshim-ctl read cgroups the same way and the tests can feed them the
-//! exact texts of both versions.
+//! exact texts of both versions. The byte-level ones (`*_bytes`, [`keyed`],
+//! [`MemoryEvents::parse`]) allocate nothing: the shim's pressure watcher
+//! reads its files into fixed buffers.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// v1 reports "no limit" as `PAGE_COUNTER_MAX` pages, a page-rounded number
 /// near 2^63; anything at or above this is no limit.
-const V1_NO_LIMIT: u64 = 1 << 62;
+pub const V1_NO_LIMIT: u64 = 1 << 62;
 
 /// Where `/proc/<pid>/cgroup` puts a process.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -148,6 +150,15 @@ pub fn named_tail(path: &str) -> Vec<&str> {
     c[last_up..].to_vec()
 }
 
+/// The files of a memory cgroup's usage and limit: (usage, limit).
+pub fn usage_and_limit_files(version: u8) -> (&'static str, &'static str) {
+    if version == 1 {
+        ("memory.usage_in_bytes", "memory.limit_in_bytes")
+    } else {
+        ("memory.current", "memory.max")
+    }
+}
+
 /// Parses a flat keyed file (`memory.stat`: `key value` lines).
 pub fn parse_flat_keyed(text: &str) -> BTreeMap<String, u64> {
     text.lines()
@@ -161,11 +172,56 @@ pub fn parse_flat_keyed(text: &str) -> BTreeMap<String, u64> {
 /// A limit file (`memory.max`, `memory.high`, `memory.limit_in_bytes`):
 /// `None` for no limit (`max`, or v1's near-2^63 value).
 pub fn parse_limit(text: &str) -> Option<u64> {
-    let t = text.trim();
-    if t == "max" {
-        return None;
+    parse_limit_bytes(text.as_bytes())
+}
+
+/// [`parse_limit`] on bytes.
+pub fn parse_limit_bytes(text: &[u8]) -> Option<u64> {
+    crate::settings::parse_u64(text.trim_ascii()).filter(|&v| v < V1_NO_LIMIT)
+}
+
+/// The value of `key` in a flat keyed file (`memory.stat`,
+/// `memory.events`: `key value` lines), without allocating.
+pub fn keyed(text: &[u8], key: &[u8]) -> Option<u64> {
+    text.split(|&b| b == b'\n').find_map(|l| {
+        let sp = l.iter().position(|&b| b == b' ')?;
+        (&l[..sp] == key)
+            .then(|| crate::settings::parse_u64(l[sp + 1..].trim_ascii()))
+            .flatten()
+    })
+}
+
+/// The key of `memory.stat` that holds the inactive page cache: what
+/// reclaim can take without the allocator's help, and what Kubernetes'
+/// working set leaves out (hierarchical `total_inactive_file` in v1).
+pub fn inactive_file_key(version: u8) -> &'static [u8] {
+    if version == 1 {
+        b"total_inactive_file"
+    } else {
+        b"inactive_file"
     }
-    t.parse().ok().filter(|&v| v < V1_NO_LIMIT)
+}
+
+/// The counters of a v2 `memory.events` file that mean pressure.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryEvents {
+    /// Times usage went over `memory.high` (reclaim, throttling).
+    pub high: u64,
+    /// Times usage was about to go over `memory.max`.
+    pub max: u64,
+    /// Times the OOM killer was invoked.
+    pub oom: u64,
+}
+
+impl MemoryEvents {
+    /// Parses v2 `memory.events` (`oom_kill` is not `oom`).
+    pub fn parse(text: &[u8]) -> MemoryEvents {
+        MemoryEvents {
+            high: keyed(text, b"high").unwrap_or(0),
+            max: keyed(text, b"max").unwrap_or(0),
+            oom: keyed(text, b"oom").unwrap_or(0),
+        }
+    }
 }
 
 /// Kubernetes' working set, as cAdvisor computes it
@@ -326,6 +382,39 @@ impl CgroupMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `memory.events` of a v2 cgroup (Linux 6.x) whose `memory.high` was
+    /// hit and whose limit was reached once.
+    const EVENTS_V2: &[u8] = b"low 0\nhigh 1423\nmax 7\noom 1\noom_kill 1\noom_group_kill 0\n";
+
+    #[test]
+    fn v2_memory_events_counters() {
+        assert_eq!(
+            MemoryEvents::parse(EVENTS_V2),
+            MemoryEvents {
+                high: 1423,
+                max: 7,
+                oom: 1
+            }
+        );
+        // `oom_kill` must not be read as `oom`, nor `low` as anything.
+        assert_eq!(
+            MemoryEvents::parse(b"oom_kill 9\nlow 3\n"),
+            MemoryEvents::default()
+        );
+        assert_eq!(MemoryEvents::parse(b""), MemoryEvents::default());
+    }
+
+    #[test]
+    fn keyed_values_and_the_inactive_page_cache_of_both_versions() {
+        let v1 = b"cache 100\nrss 5\ninactive_file 1\ntotal_cache 300\ntotal_inactive_file 250\n";
+        assert_eq!(keyed(v1, inactive_file_key(1)), Some(250));
+        let v2 = b"anon 5\nfile 300\nactive_file 50\ninactive_file 250\n";
+        assert_eq!(keyed(v2, inactive_file_key(2)), Some(250));
+        assert_eq!(keyed(b"anon 1\n", b"inactive_file"), None);
+        assert_eq!(parse_limit_bytes(b"-1"), None);
+        assert_eq!(parse_limit_bytes(b""), None);
+    }
 
     /// `memory.stat` of a v2 cgroup on Linux 6.x (a container with a model
     /// server), as the kernel prints it.

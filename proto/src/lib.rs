@@ -26,9 +26,11 @@ pub mod client;
 mod doc_examples;
 pub mod endpoint;
 mod error;
+pub mod exit;
 #[cfg(test)]
 mod golden;
 mod python;
+pub mod settings;
 mod stats;
 
 pub use actions::*;

@@ -202,6 +202,32 @@ pub struct CgroupStats {
     pub kernel: Option<u64>,
 }
 
+impl CgroupStats {
+    /// The `cgroup` section from a cgroup's files (`path`: inside the
+    /// hierarchy), with the same figures `memshim-ctl cgroup` derives.
+    pub fn from_files(path: String, f: &crate::cgroup::MemoryFiles) -> CgroupStats {
+        let m = crate::cgroup::CgroupMemory::from_files(f);
+        // `file` of memory.stat (v1 `total_cache`): page cache with tmpfs.
+        let file_key = if f.version == 1 {
+            "total_cache"
+        } else {
+            "file"
+        };
+        CgroupStats {
+            version: m.version,
+            path,
+            current: m.usage,
+            max: m.limit,
+            anon: f
+                .stat
+                .contains_key(if f.version == 1 { "total_rss" } else { "anon" })
+                .then_some(m.anon),
+            file: f.stat.get(file_key).copied(),
+            kernel: m.kernel,
+        }
+    }
+}
+
 /// Effective configuration and the shim's state.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
 pub struct ConfigState {

@@ -115,62 +115,6 @@ def _global_symbol(name):
     return fn, None
 
 
-# Members of the malloc family, asked in this order for whose definition
-# the process's calls reach (see _allocator_path).
-_FAMILY = ("malloc", "free", "calloc", "realloc", "malloc_usable_size", "posix_memalign")
-
-
-class _DlInfo(ctypes.Structure):
-    _fields_ = [
-        ("dli_fname", ctypes.c_char_p),
-        ("dli_fbase", ctypes.c_void_p),
-        ("dli_sname", ctypes.c_char_p),
-        ("dli_saddr", ctypes.c_void_p),
-    ]
-
-
-def _plt_slot(addr):
-    """Whether `addr` is a non-PIE executable's PLT slot for a function it
-    takes the address of (an undefined symbol with a value, so that function
-    pointers compare equal): the global scope answers with it, though calls
-    through it reach another library's definition."""
-    for lib in (None, "libdl.so.2"):
-        try:
-            dladdr1 = ctypes.CDLL(lib).dladdr1
-            break
-        except (OSError, AttributeError):
-            continue
-    else:
-        return False
-    dladdr1.argtypes = [
-        ctypes.c_void_p,
-        ctypes.POINTER(_DlInfo),
-        ctypes.POINTER(ctypes.c_void_p),
-        ctypes.c_int,
-    ]
-    dladdr1.restype = ctypes.c_int
-    info, sym = _DlInfo(), ctypes.c_void_p()
-    if not dladdr1(addr, ctypes.byref(info), ctypes.byref(sym), 1) or not sym.value:  # RTLD_DL_SYMENT
-        return False
-    # ElfW(Sym).st_shndx: after st_name (4 bytes) and st_info, st_other (1 each).
-    return ctypes.c_uint16.from_address(sym.value + 6).value == 0  # SHN_UNDEF
-
-
-def _allocator_path():
-    """The file whose malloc family the process's calls reach, or None.
-    Not simply `malloc`'s: a non-PIE python3 (Debian's and Ubuntu's) takes
-    malloc's address, and the global scope then answers with its own PLT
-    slot; the first member it does not take the address of tells."""
-    for name in _FAMILY:
-        fn, path = _global_symbol(name)
-        if fn is None:
-            continue
-        if _plt_slot(ctypes.cast(fn, ctypes.c_void_p).value):
-            continue
-        return path
-    return None
-
-
 def _ours(name):
     """The global `name`, if it is memshim's; else NotPreloadedError."""
     fn, path = _global_symbol(name)
@@ -183,18 +127,25 @@ def _ours(name):
             "e.g. with ctypes or dlopen): preload it instead, e.g. "
             "`python -m memshim run -- python ...` or LD_PRELOAD=%s" % (loaded, loaded)
         )
-    owner = _allocator_path()
     raise NotPreloadedError(
-        "memshim is not preloaded in this process (malloc is %s's): start the program with "
+        "memshim is not preloaded in this process: start the program with "
         "`python -m memshim run -- python ...`, `memshim-ctl run -- ...`, or "
-        "LD_PRELOAD=$(python -m memshim lib)" % (os.path.basename(owner) if owner else "the system")
+        "LD_PRELOAD=$(python -m memshim lib)"
     )
 
 
 def is_preloaded():
-    """True if memshim's allocator is this process's malloc."""
-    path = _allocator_path()
-    return bool(path) and os.path.basename(path).startswith("libmemshim")
+    """True if memshim's allocator is this process's malloc.
+
+    The library answers itself: its constructor asked the dynamic loader
+    whose malloc family the process's calls reach, and its malloc_info
+    document says ``interposed="yes"`` when that is memshim's.
+    """
+    try:
+        text = _malloc_info(_ours("malloc_info"))
+    except NotPreloadedError:
+        return False
+    return 'interposed="yes"' in text
 
 
 def _malloc_info(fn):
@@ -233,6 +184,12 @@ def stats():
     Raises :class:`NotPreloadedError` when memshim is not the process's malloc.
     """
     text = _malloc_info(_ours("malloc_info"))
+    if 'interposed="yes"' not in text:
+        raise NotPreloadedError(
+            "%s is loaded but another allocator is this process's malloc (the program, or a "
+            "sanitizer, brings its own): memshim's figures would not be the process's"
+            % (loaded_library() or "libmemshim.so")
+        )
     out = {}
     for kind, size in re.findall(r'<total type="(\w+)" size="(\d+)"/>', text):
         if kind in _TOTALS:

@@ -37,17 +37,6 @@ pub(crate) extern "C" fn resolve_real() -> usize {
     p
 }
 
-/// Called by the exported `dlopen` before glibc's while
-/// `os::spawner::WATCH` is set (see there), with `dlopen`'s `file`.
-pub(crate) extern "C" fn before_dlopen(file: *const core::ffi::c_char) {
-    if file.is_null() {
-        return;
-    }
-    // SAFETY: `dlopen`'s caller passes NULL or a NUL-terminated path.
-    let name = unsafe { core::ffi::CStr::from_ptr(file) }.to_bytes();
-    crate::thread::before_dlopen(name);
-}
-
 /// Constructor step: resolve glibc's dlopen and apply the setting.
 pub fn init() {
     resolve_real();

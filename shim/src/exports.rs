@@ -408,7 +408,7 @@ pub unsafe extern "C" fn dlopen(file: *const c_char, mode: c_int) -> *mut c_void
         real = sym crate::deepbind::REAL,
         resolve = sym crate::deepbind::resolve_real,
         watch = sym crate::os::spawner::WATCH,
-        before = sym crate::deepbind::before_dlopen,
+        before = sym before_dlopen,
     )
 }
 
@@ -578,8 +578,25 @@ keeps_errno!(mprotect, __real_mprotect, wrap_mprotect, "__wrap_mprotect",
 extern "C" fn constructor() {
     let _e = os::KeepErrno::new();
     alloc::init();
-    thread::on_load();
+    let interposed = os::interpose::detect();
+    if !interposed {
+        // `reallocarray` must then call the process's `realloc`.
+        alloc::not_ours(os::dl::global(c"realloc"));
+    }
+    thread::on_load(interposed);
     crate::deepbind::init();
+}
+
+/// Called by the exported `dlopen` before glibc's while
+/// `os::spawner::WATCH` is set (see there), with `dlopen`'s `file`: the
+/// thread layer may have to start a spawner for a CPython being loaded.
+extern "C" fn before_dlopen(file: *const c_char) {
+    if file.is_null() {
+        return;
+    }
+    // SAFETY: `dlopen`'s caller passes NULL or a NUL-terminated path.
+    let name = unsafe { core::ffi::CStr::from_ptr(file) }.to_bytes();
+    thread::before_dlopen(name);
 }
 
 extern "C" fn destructor() {

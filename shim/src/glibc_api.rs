@@ -102,13 +102,16 @@ pub fn malloc_stats() {
 }
 
 /// The XML document of `malloc_info`, in the shape of glibc's
-/// (`<malloc version=...>` with `<total>` and `<system>` elements).
+/// (`<malloc version=...>` with `<total>` and `<system>` elements), with
+/// `interposed="yes"` when this `malloc` is the process's (the constructor
+/// asked the loader: `os::interpose`); the Python package's
+/// `memshim.is_preloaded()` reads it rather than asking again.
 pub fn malloc_info_xml() -> Vec<u8> {
     let s = jemalloc::stats().unwrap_or_default();
     let mut xml = Vec::with_capacity(512);
     let _ = write!(
         xml,
-        "<malloc version=\"1\" allocator=\"memshim\" jemalloc=\"{}\">\n\
+        "<malloc version=\"1\" allocator=\"memshim\" jemalloc=\"{}\" interposed=\"{}\">\n\
          <total type=\"allocated\" size=\"{}\"/>\n\
          <total type=\"active\" size=\"{}\"/>\n\
          <total type=\"resident\" size=\"{}\"/>\n\
@@ -119,6 +122,11 @@ pub fn malloc_info_xml() -> Vec<u8> {
          <system type=\"metadata\" size=\"{}\"/>\n\
          </malloc>\n",
         jemalloc::version(),
+        if crate::os::interpose::ours() {
+            "yes"
+        } else {
+            "no"
+        },
         s.allocated,
         s.active,
         s.resident,

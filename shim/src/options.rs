@@ -1,10 +1,11 @@
-//! The `MEMSHIM_*` settings: one table, parsed once, without allocating.
+//! The values of the `MEMSHIM_*` settings: read once, without allocating.
 //!
-//! Each row of [`TABLE`] holds a variable's name, its default as the docs
-//! print it, one line of documentation, what a valid value is, and the
-//! parser (with its limits) that fills the row's value. [`load`] walks the
-//! table; adding a setting is adding a row, its value and an accessor
-//! (docs/configuration.md gets a section, a unit test checks it does).
+//! What a setting is (its name, default, documentation, what a valid value
+//! is, its parser) is `memshim_proto::settings`, shared with memshim-ctl.
+//! Each row of [`TABLE`] pairs one of those specs with the static that holds
+//! its value here. [`load`] walks the table; adding a setting is adding a
+//! spec in proto, a row here and an accessor (docs/configuration.md gets a
+//! section, a unit test checks it does).
 //!
 //! # When settings are read
 //!
@@ -41,42 +42,38 @@ use core::cell::UnsafeCell;
 use core::ffi::c_char;
 use core::fmt::Write;
 use core::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering::*};
-use memshim_proto::endpoint::{self, DECAY_NEVER, MAX_DECAY_MS};
+use memshim_proto::endpoint;
+use memshim_proto::settings::{self as spec, Kind, Spec, valid_raw_conf};
+pub use memshim_proto::settings::{Control, FdTable, Pressure};
 
-/// One row of the settings table.
+/// One row of the settings table: a spec, and where its value lives here.
 pub struct Setting {
-    /// Environment variable name.
-    pub name: &'static str,
-    /// The default, as the docs print it.
-    pub default: &'static str,
-    /// One line of documentation.
-    pub doc: &'static str,
-    /// What a valid value is, for the warning.
-    pub expect: &'static str,
-    /// Where the value goes, and how it is parsed.
+    /// What the setting is (memshim-proto).
+    pub spec: &'static Spec,
+    /// Where its value goes.
     pub value: Value,
 }
 
-/// A setting's value and its parser.
+/// Where a setting's value lives.
 pub enum Value {
-    /// A number (or a keyword mapped to one), parsed by the function.
-    Int(&'static Int, fn(&[u8]) -> Option<i64>),
-    /// Bytes, accepted by the function (copied as they are).
-    Text(&'static Text, fn(&[u8]) -> bool),
+    /// A number (or a keyword mapped to one).
+    Int(&'static Int),
+    /// Bytes, kept as they are.
+    Text(&'static Text),
     /// Read by `memshim-ctl`, not by the library.
     Cli,
 }
 
-/// A numeric setting: its default, its value, and whether it was set.
+/// A numeric setting: its value, and whether it was set.
 pub struct Int {
     value: AtomicI64,
     set: AtomicBool,
 }
 
 impl Int {
-    const fn new(default: i64) -> Int {
+    const fn new(s: &Spec) -> Int {
         Int {
-            value: AtomicI64::new(default),
+            value: AtomicI64::new(s.default_value()),
             set: AtomicBool::new(false),
         }
     }
@@ -95,7 +92,7 @@ impl Int {
 pub struct Text(UnsafeCell<[u8; TEXT_MAX + 1]>, AtomicU32);
 
 /// Longest text value kept.
-const TEXT_MAX: usize = 2048;
+const TEXT_MAX: usize = spec::MAX_RAW_CONF;
 
 // SAFETY: written only before LOADED is published with Release, read after
 // an Acquire load of LOADED (the accessors check it).
@@ -122,273 +119,83 @@ impl Text {
     }
 }
 
-/// When the shim may start its thread (see docs/design.md, "Threads").
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-#[repr(u8)]
-pub enum Control {
-    /// Start with the process's own second thread; stop when it is alone again.
-    Auto = 0,
-    /// Start in the constructor and never stop.
-    On = 1,
-    /// Never start a thread.
-    Off = 2,
-}
-
-/// Where the shim's thread keeps its descriptors.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum FdTable {
-    /// A table of its own where the kernel allows it, else the application's.
-    Auto,
-    /// The application's table (the fallback), even where a table of its
-    /// own is possible: for tests of the fallback.
-    Shared,
-}
-
-/// What the shim's thread does when its memory cgroup is under pressure
-/// (thread/pressure.rs).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-#[repr(u8)]
-pub enum Pressure {
-    /// Watch where a limit exists; purge on pressure.
-    On = 1,
-    /// Do not watch.
-    Off = 0,
-    /// As `On`, and run Python's garbage collector before purging.
-    Gc = 2,
-}
-
-/// The decay defaults: freed pages go back within a second, and straight
-/// to `MADV_DONTNEED` (so RSS and the cgroup counter really drop).
-const DIRTY_DECAY_MS_DEFAULT: i64 = 1000;
-const MUZZY_DECAY_MS_DEFAULT: i64 = 0;
-/// The least unused CUDA cache the idle return acts on: below a quarter of
-/// a GiB, emptying the cache saves less than the CUDA context itself costs
-/// (about 250-500 MiB per device) and the next burst pays to refill it.
-const CUDA_IDLE_MIN_MB_DEFAULT: i64 = 256;
-
-static DIRTY_DECAY_MS: Int = Int::new(DIRTY_DECAY_MS_DEFAULT);
-static MUZZY_DECAY_MS: Int = Int::new(MUZZY_DECAY_MS_DEFAULT);
-static NARENAS: Int = Int::new(0); // 0 = auto
-static CONTROL: Int = Int::new(Control::Auto as i64);
-static CLEAR_DEEPBIND: Int = Int::new(1);
-static VERBOSE: Int = Int::new(0);
-static FD_TABLE: Int = Int::new(0); // 0 = auto, 1 = shared
-static CUDA_IDLE_MS: Int = Int::new(0); // off
-static CUDA_IDLE_MIN_MB: Int = Int::new(CUDA_IDLE_MIN_MB_DEFAULT);
-static PRESSURE: Int = Int::new(Pressure::On as i64);
-static PRESSURE_THRESHOLD: Int = Int::new(90);
+static DIRTY_DECAY_MS: Int = Int::new(&spec::DIRTY_DECAY_MS);
+static MUZZY_DECAY_MS: Int = Int::new(&spec::MUZZY_DECAY_MS);
+static NARENAS: Int = Int::new(&spec::NARENAS); // 0 = auto
+static CONTROL: Int = Int::new(&spec::CONTROL);
+static CLEAR_DEEPBIND: Int = Int::new(&spec::CLEAR_DEEPBIND);
+static VERBOSE: Int = Int::new(&spec::VERBOSE);
+static FD_TABLE: Int = Int::new(&spec::FD_TABLE);
+static CUDA_IDLE_MS: Int = Int::new(&spec::CUDA_IDLE_MS); // 0 = off
+static CUDA_IDLE_MIN_MB: Int = Int::new(&spec::CUDA_IDLE_MIN_MB);
+static PRESSURE: Int = Int::new(&spec::PRESSURE);
+static PRESSURE_THRESHOLD: Int = Int::new(&spec::PRESSURE_THRESHOLD);
 static SOCKET_DIR: Text = Text::new();
 static MALLOC_CONF: Text = Text::new();
 
-const BOOL: &str = "a boolean: 1/0, true/false, yes/no, on/off";
-
-/// Every variable the shim or `memshim-ctl` reads. `docs/configuration.md`
-/// has one section per row (a unit test enforces it).
+/// Every variable the shim or `memshim-ctl` reads, in the order of
+/// `memshim_proto::settings::ALL` (a unit test checks both lists agree).
 pub const TABLE: &[Setting] = &[
     Setting {
-        name: "MEMSHIM_DIRTY_DECAY_MS",
-        default: "1000",
-        doc: "milliseconds until freed (dirty) pages are returned to the OS; -1 = never",
-        expect: "milliseconds, or -1 for never",
-        value: Value::Int(&DIRTY_DECAY_MS, parse_decay),
+        spec: &spec::DIRTY_DECAY_MS,
+        value: Value::Int(&DIRTY_DECAY_MS),
     },
     Setting {
-        name: "MEMSHIM_MUZZY_DECAY_MS",
-        default: "0",
-        doc: "milliseconds that MADV_FREE'd (muzzy) pages are kept before MADV_DONTNEED; -1 = never",
-        expect: "milliseconds, or -1 for never",
-        value: Value::Int(&MUZZY_DECAY_MS, parse_decay),
+        spec: &spec::MUZZY_DECAY_MS,
+        value: Value::Int(&MUZZY_DECAY_MS),
     },
     Setting {
-        name: "MEMSHIM_NARENAS",
-        default: "auto",
-        doc: "number of jemalloc arenas; auto = 4 per CPU the cgroup quota allows",
-        expect: "auto, or a count from 1 to 4094",
-        value: Value::Int(&NARENAS, parse_narenas),
+        spec: &spec::NARENAS,
+        value: Value::Int(&NARENAS),
     },
     Setting {
-        name: "MEMSHIM_CONTROL",
-        default: "auto",
-        doc: "auto: background purging and the control socket start with the process's second thread; on: at start-up; off: never",
-        expect: "auto, on or off",
-        value: Value::Int(&CONTROL, parse_control),
+        spec: &spec::CONTROL,
+        value: Value::Int(&CONTROL),
     },
     Setting {
-        name: "MEMSHIM_PRESSURE",
-        default: "on",
-        doc: "on: the shim's thread watches the memory cgroup's limit and pressure and purges at once when memory runs short; gc: also runs Python's gc first; off: no watching",
-        expect: "on, off or gc",
-        value: Value::Int(&PRESSURE, parse_pressure),
+        spec: &spec::PRESSURE,
+        value: Value::Int(&PRESSURE),
     },
     Setting {
-        name: "MEMSHIM_PRESSURE_THRESHOLD",
-        default: "90",
-        doc: "percent of the cgroup's limit (v2: memory.high, else memory.max) at which the working set counts as pressure",
-        expect: "a whole percentage from 10 to 99",
-        value: Value::Int(&PRESSURE_THRESHOLD, parse_percent),
+        spec: &spec::PRESSURE_THRESHOLD,
+        value: Value::Int(&PRESSURE_THRESHOLD),
     },
     Setting {
-        name: "MEMSHIM_SOCKET_DIR",
-        default: "/tmp/memshim-<uid>",
-        doc: "directory of the per-process control sockets",
-        expect: "an absolute path of at most 72 bytes",
-        value: Value::Text(&SOCKET_DIR, endpoint::valid_socket_dir),
+        spec: &spec::SOCKET_DIR,
+        value: Value::Text(&SOCKET_DIR),
     },
     Setting {
-        name: "MEMSHIM_CLEAR_DEEPBIND",
-        default: "1",
-        doc: "strip RTLD_DEEPBIND from dlopen() so such libraries use the shim's malloc too",
-        expect: BOOL,
-        value: Value::Int(&CLEAR_DEEPBIND, parse_bool),
+        spec: &spec::CLEAR_DEEPBIND,
+        value: Value::Int(&CLEAR_DEEPBIND),
     },
     Setting {
-        name: "MEMSHIM_MALLOC_CONF",
-        default: "(empty)",
-        doc: "raw jemalloc options, applied last, over everything else",
-        expect: "jemalloc options like key:value,key:value, at most 2048 printable characters",
-        value: Value::Text(&MALLOC_CONF, valid_raw_conf),
+        spec: &spec::MALLOC_CONF,
+        value: Value::Text(&MALLOC_CONF),
     },
     Setting {
-        name: "MEMSHIM_VERBOSE",
-        default: "0",
-        doc: "print the effective settings once at start-up",
-        expect: BOOL,
-        value: Value::Int(&VERBOSE, parse_bool),
+        spec: &spec::VERBOSE,
+        value: Value::Int(&VERBOSE),
     },
     Setting {
-        name: "MEMSHIM_FD_TABLE",
-        default: "auto",
-        doc: "auto: the shim's thread keeps its descriptors in a table of its own where the kernel allows it; shared: in the application's (the fallback, for tests)",
-        expect: "auto or shared",
-        value: Value::Int(&FD_TABLE, parse_fd_table),
+        spec: &spec::FD_TABLE,
+        value: Value::Int(&FD_TABLE),
     },
     Setting {
-        name: "MEMSHIM_CUDA_IDLE_MS",
-        default: "0",
-        doc: "return PyTorch's unused cached VRAM and pinned host memory after the process has been idle this long (ms); 0 = off (not yet verified on a GPU)",
-        expect: "milliseconds from 1000 to 86400000, or 0 for off",
-        value: Value::Int(&CUDA_IDLE_MS, parse_cuda_idle_ms),
+        spec: &spec::CUDA_IDLE_MS,
+        value: Value::Int(&CUDA_IDLE_MS),
     },
     Setting {
-        name: "MEMSHIM_CUDA_IDLE_MIN_MB",
-        default: "256",
-        doc: "the idle return acts only when at least this many MiB of VRAM and pinned host memory sit unused in PyTorch's caches",
-        expect: "MiB from 1 to 1048576",
-        value: Value::Int(&CUDA_IDLE_MIN_MB, parse_cuda_idle_min_mb),
+        spec: &spec::CUDA_IDLE_MIN_MB,
+        value: Value::Int(&CUDA_IDLE_MIN_MB),
     },
     Setting {
-        name: "MEMSHIM_LIB",
-        default: "(next to memshim-ctl)",
-        doc: "memshim-ctl only: path of libmemshim.so for `memshim-ctl run`",
-        expect: "",
+        spec: &spec::LIB,
         value: Value::Cli,
     },
 ];
 
-// --- parsers ------------------------------------------------------------------
-
-/// The value lower-cased if it is a short keyword (longer values match no
-/// keyword).
-fn keyword(v: &[u8]) -> StackBuf<16> {
-    let mut out = StackBuf::<16>::new();
-    if v.len() <= 16 {
-        for b in v {
-            out.push(&[b.to_ascii_lowercase()]);
-        }
-    }
-    out
-}
-
-/// A boolean: 1/0, true/false, yes/no, on/off (any case).
-pub fn parse_bool(v: &[u8]) -> Option<i64> {
-    match keyword(v).as_bytes() {
-        b"1" | b"true" | b"yes" | b"on" => Some(1),
-        b"0" | b"false" | b"no" | b"off" => Some(0),
-        _ => None,
-    }
-}
-
-/// A decay time: whole milliseconds, or -1 for never.
-pub fn parse_decay(v: &[u8]) -> Option<i64> {
-    os::parse_i64(v).filter(|&n| n == DECAY_NEVER || (0..=MAX_DECAY_MS).contains(&n))
-}
-
 /// Largest arena count ([`endpoint::MAX_NARENAS`], shared with memshim-ctl).
 const MAX_NARENAS: i64 = endpoint::MAX_NARENAS as i64;
-
-/// `0` (off) or 1 s to a day: a shorter idle time would empty the cache
-/// between the requests of a server that is merely between bursts.
-pub fn parse_cuda_idle_ms(v: &[u8]) -> Option<i64> {
-    os::parse_i64(v).filter(|&n| n == 0 || (1000..=86_400_000).contains(&n))
-}
-
-/// 1 MiB to 1 TiB.
-pub fn parse_cuda_idle_min_mb(v: &[u8]) -> Option<i64> {
-    os::parse_i64(v).filter(|&n| (1..=1 << 20).contains(&n))
-}
-
-/// `auto` (0) or 1..=4094.
-pub fn parse_narenas(v: &[u8]) -> Option<i64> {
-    if keyword(v).as_bytes() == b"auto" {
-        return Some(0);
-    }
-    os::parse_i64(v).filter(|n| (1..=MAX_NARENAS).contains(n))
-}
-
-/// `auto`, `on` (or a true boolean), `off` (or a false one).
-pub fn parse_control(v: &[u8]) -> Option<i64> {
-    if keyword(v).as_bytes() == b"auto" {
-        return Some(Control::Auto as i64);
-    }
-    parse_bool(v).map(|b| if b == 1 { Control::On } else { Control::Off } as i64)
-}
-
-/// `on` (or a true boolean), `off` (or a false one), `gc`.
-pub fn parse_pressure(v: &[u8]) -> Option<i64> {
-    if keyword(v).as_bytes() == b"gc" {
-        return Some(Pressure::Gc as i64);
-    }
-    parse_bool(v).map(|b| if b == 1 { Pressure::On } else { Pressure::Off } as i64)
-}
-
-/// A whole percentage from 10 to 99 (an optional trailing `%`).
-pub fn parse_percent(v: &[u8]) -> Option<i64> {
-    let v = v.strip_suffix(b"%").unwrap_or(v);
-    os::parse_i64(v).filter(|n| (10..=99).contains(n))
-}
-
-/// `auto` or `shared`.
-pub fn parse_fd_table(v: &[u8]) -> Option<i64> {
-    match keyword(v).as_bytes() {
-        b"auto" => Some(0),
-        b"shared" => Some(1),
-        _ => None,
-    }
-}
-
-/// Longest raw jemalloc conf passed on from one variable.
-const MAX_RAW_CONF: usize = 2048;
-
-/// Raw jemalloc conf: printable ASCII without spaces, bounded length, and
-/// the shape `key:value(,key:value)*` with keys of `[A-Za-z0-9_]` (empty is
-/// fine). The shape matters: jemalloc stops parsing at a malformed spot
-/// (`junk`, `a:1,,b:2`, a trailing comma), which would silently drop every
-/// setting composed after it (our knobs, `MEMSHIM_MALLOC_CONF`), and it
-/// reports such strings twice. jemalloc itself validates each key and value
-/// of a well-formed string (and we relay its message).
-pub fn valid_raw_conf(v: &[u8]) -> bool {
-    if v.len() > MAX_RAW_CONF || !v.iter().all(|b| b.is_ascii_graphic()) {
-        return false;
-    }
-    v.is_empty()
-        || v.split(|&b| b == b',')
-            .all(|pair| match pair.iter().position(|&b| b == b':') {
-                Some(k) if k > 0 => pair[..k]
-                    .iter()
-                    .all(|b| b.is_ascii_alphanumeric() || *b == b'_'),
-                _ => false,
-            })
-}
 
 // --- loading ------------------------------------------------------------------
 
@@ -449,13 +256,14 @@ pub fn load() {
     }
     // One walk of the environment for every setting (this runs in every
     // exec, inside jemalloc's initialisation).
-    let names: [&[u8]; TABLE.len()] = core::array::from_fn(|i| TABLE[i].name.as_bytes());
-    for (s, v) in TABLE.iter().zip(os::env::vars(&names)) {
+    let names: [&[u8]; TABLE.len()] = core::array::from_fn(|i| TABLE[i].spec.name.as_bytes());
+    for (row, v) in TABLE.iter().zip(os::env::vars(&names)) {
         let Some(v) = v else {
             continue;
         };
-        match s.value {
-            Value::Int(slot, parse) => match parse(v) {
+        let s = row.spec;
+        match (&row.value, &s.kind) {
+            (Value::Int(slot), Kind::Int { parse, .. }) => match parse(v) {
                 Some(n) => {
                     slot.value.store(n, Relaxed);
                     slot.set.store(true, Relaxed);
@@ -463,7 +271,7 @@ pub fn load() {
                 None => bad(s.name, v, s.expect, s.default),
             },
             // An empty MEMSHIM_MALLOC_CONF is "nothing", not an error.
-            Value::Text(slot, valid) => {
+            (Value::Text(slot), Kind::Text { valid }) => {
                 if valid(v) {
                     // SAFETY: single-threaded, before LOADED is published.
                     unsafe { slot.set(v) };
@@ -471,7 +279,7 @@ pub fn load() {
                     bad(s.name, v, s.expect, s.default);
                 }
             }
-            Value::Cli => {}
+            _ => {}
         }
     }
     compose_conf();
@@ -510,7 +318,8 @@ fn compose_conf() {
     let _ = write!(
         s,
         "dirty_decay_ms:{},muzzy_decay_ms:{},oversize_threshold:0,tcache_gc_incr_bytes:1048576,cache_oblivious:false",
-        DIRTY_DECAY_MS_DEFAULT, MUZZY_DECAY_MS_DEFAULT
+        spec::DIRTY_DECAY_MS.default_value(),
+        spec::MUZZY_DECAY_MS.default_value()
     );
     if let Some(n) = auto_narenas() {
         let _ = write!(s, ",narenas:{n}");
@@ -533,12 +342,7 @@ fn compose_conf() {
                 s.push(v);
                 RAW_CONF.store(true, Relaxed);
             } else {
-                bad(
-                    name,
-                    v,
-                    "jemalloc options like key:value,key:value, at most 2048 printable characters",
-                    "(ignored)",
-                );
+                bad(name, v, spec::RAW_CONF_EXPECT, "(ignored)");
             }
         }
     }
@@ -695,19 +499,11 @@ pub fn cuda_idle_min_bytes() -> u64 {
 
 /// `MEMSHIM_CONTROL`.
 pub fn control() -> Control {
-    match CONTROL.get() {
-        1 => Control::On,
-        2 => Control::Off,
-        _ => Control::Auto,
-    }
+    Control::from_value(CONTROL.get())
 }
 /// `MEMSHIM_PRESSURE`.
 pub fn pressure() -> Pressure {
-    match PRESSURE.get() {
-        0 => Pressure::Off,
-        2 => Pressure::Gc,
-        _ => Pressure::On,
-    }
+    Pressure::from_value(PRESSURE.get())
 }
 /// `MEMSHIM_PRESSURE_THRESHOLD`, in percent.
 pub fn pressure_threshold_pct() -> u64 {
@@ -723,11 +519,7 @@ pub fn verbose() -> bool {
 }
 /// `MEMSHIM_FD_TABLE`.
 pub fn fd_table() -> FdTable {
-    if FD_TABLE.get() == 1 {
-        FdTable::Shared
-    } else {
-        FdTable::Auto
-    }
+    FdTable::from_value(FD_TABLE.get())
 }
 /// `MEMSHIM_SOCKET_DIR` if set and valid.
 pub fn socket_dir() -> Option<&'static [u8]> {
@@ -743,12 +535,12 @@ pub fn jemalloc_conf() -> &'static [u8] {
 /// Called from the constructor.
 pub fn warn_unknown() {
     for entry in os::env::entries() {
-        let Some(rest) = entry.strip_prefix(b"MEMSHIM_") else {
+        let Some(rest) = entry.strip_prefix(spec::PREFIX.as_bytes()) else {
             continue;
         };
         let name_len = rest.iter().position(|&b| b == b'=').unwrap_or(rest.len());
-        let name = &entry[..8 + name_len];
-        if !TABLE.iter().any(|s| s.name.as_bytes() == name) {
+        let name = &entry[..spec::PREFIX.len() + name_len];
+        if spec::by_name(name).is_none() {
             log::warning(format_args!(
                 "{} is not a memshim setting and is ignored (see docs/configuration.md)",
                 show(name)
@@ -760,32 +552,6 @@ pub fn warn_unknown() {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn decay_values() {
-        assert_eq!(parse_decay(b"-1"), Some(-1));
-        assert_eq!(parse_decay(b"0"), Some(0));
-        assert_eq!(parse_decay(b"10000"), Some(10000));
-        assert_eq!(parse_decay(b"1000000000000"), Some(MAX_DECAY_MS));
-        rejects(
-            parse_decay,
-            &[
-                b"",
-                b"-2",
-                b"1e3",
-                b"abc",
-                b" 5",
-                b"99999999999999999999",
-                b"1000000000001",
-            ],
-        );
-    }
-
-    fn rejects(parse: fn(&[u8]) -> Option<i64>, bad: &[&[u8]]) {
-        for b in bad {
-            assert_eq!(parse(b), None, "{b:?}");
-        }
-    }
 
     #[test]
     fn tcache_max_above_the_limit_is_named() {
@@ -810,84 +576,6 @@ mod tests {
     }
 
     #[test]
-    fn cuda_idle_values() {
-        assert_eq!(parse_cuda_idle_ms(b"0"), Some(0));
-        assert_eq!(parse_cuda_idle_ms(b"30000"), Some(30000));
-        rejects(
-            parse_cuda_idle_ms,
-            &[b"-1", b"999", b"86400001", b"1s", b""],
-        );
-        assert_eq!(parse_cuda_idle_min_mb(b"256"), Some(256));
-        rejects(parse_cuda_idle_min_mb, &[b"0", b"-5", b"1048577", b"x"]);
-    }
-
-    #[test]
-    fn narenas_values() {
-        assert_eq!(parse_narenas(b"auto"), Some(0));
-        assert_eq!(parse_narenas(b"AUTO"), Some(0));
-        assert_eq!(parse_narenas(b"1"), Some(1));
-        assert_eq!(parse_narenas(b"4094"), Some(4094));
-        // A leading `+`, as every numeric setting takes it (decay times too).
-        assert_eq!(parse_narenas(b"+2"), Some(2));
-        assert_eq!(parse_percent(b"+50"), Some(50));
-        rejects(
-            parse_narenas,
-            &[b"0", b"4095", b"4096", b"-1", b"", b"many"],
-        );
-    }
-
-    #[test]
-    fn control_fd_table_and_bool_values() {
-        assert_eq!(parse_control(b"auto"), Some(Control::Auto as i64));
-        assert_eq!(parse_control(b"ON"), Some(Control::On as i64));
-        assert_eq!(parse_control(b"yes"), Some(Control::On as i64));
-        assert_eq!(parse_control(b"off"), Some(Control::Off as i64));
-        assert_eq!(parse_control(b"sometimes"), None);
-        assert_eq!(parse_fd_table(b"Shared"), Some(1));
-        assert_eq!(parse_fd_table(b"private"), None);
-        assert_eq!(parse_bool(b"Yes"), Some(1));
-        assert_eq!(parse_bool(b"0"), Some(0));
-        assert_eq!(parse_bool(b""), None);
-        assert_eq!(parse_bool(b"2"), None);
-        assert_eq!(parse_bool(b"a-very-long-value-indeed"), None);
-    }
-
-    #[test]
-    fn pressure_values() {
-        assert_eq!(parse_pressure(b"on"), Some(Pressure::On as i64));
-        assert_eq!(parse_pressure(b"1"), Some(Pressure::On as i64));
-        assert_eq!(parse_pressure(b"OFF"), Some(Pressure::Off as i64));
-        assert_eq!(parse_pressure(b"gc"), Some(Pressure::Gc as i64));
-        rejects(parse_pressure, &[b"", b"sometimes", b"gc,on", b"2"]);
-        assert_eq!(parse_percent(b"90"), Some(90));
-        assert_eq!(parse_percent(b"75%"), Some(75));
-        assert_eq!(parse_percent(b"10"), Some(10));
-        rejects(
-            parse_percent,
-            &[b"", b"9", b"100", b"0.9", b"-5", b"90 %", b"%"],
-        );
-    }
-
-    #[test]
-    fn raw_conf() {
-        assert!(valid_raw_conf(b"narenas:2,tcache_max:4096"));
-        assert!(!valid_raw_conf(b"narenas: 2"));
-        assert!(!valid_raw_conf(&[b'a'; 2049]));
-        assert!(valid_raw_conf(b""));
-        assert!(valid_raw_conf(b"prof_prefix:/tmp/x:y,narenas:"));
-        let bad: [&[u8]; 7] = [
-            b"junk",
-            b",",
-            b"narenas:2,",
-            b"a:1,,b:2",
-            b":1",
-            b"na-renas:1",
-            b"narenas:2,junk",
-        ];
-        assert!(bad.iter().all(|b| !valid_raw_conf(b)));
-    }
-
-    #[test]
     fn quota_rounds_up() {
         assert_eq!(quota_to_cpus(150_000, 100_000), Some(2));
         assert_eq!(quota_to_cpus(50_000, 100_000), Some(1));
@@ -895,13 +583,16 @@ mod tests {
     }
 
     #[test]
-    fn every_row_parses_its_own_default() {
-        for s in TABLE {
-            match s.value {
-                Value::Int(slot, parse) => {
-                    assert_eq!(parse(s.default.as_bytes()), Some(slot.get()), "{}", s.name)
+    fn the_table_holds_every_setting_of_proto_with_its_default() {
+        assert_eq!(TABLE.len(), spec::ALL.len());
+        for (row, s) in TABLE.iter().zip(spec::ALL) {
+            assert_eq!(row.spec.name, s.name);
+            match (&row.value, &s.kind) {
+                (Value::Int(slot), Kind::Int { default, .. }) => {
+                    assert_eq!(slot.get(), *default, "{}", s.name)
                 }
-                Value::Text(..) | Value::Cli => {}
+                (Value::Text(_), Kind::Text { .. }) | (Value::Cli, Kind::Cli) => {}
+                _ => panic!("{}: the row's value does not fit the spec's kind", s.name),
             }
         }
     }
@@ -909,7 +600,7 @@ mod tests {
     #[test]
     fn docs_list_every_setting() {
         let doc = include_str!("../../docs/configuration.md");
-        for s in TABLE {
+        for s in spec::ALL {
             assert!(
                 doc.contains(&format!("### `{}`", s.name)),
                 "docs/configuration.md lacks {}",

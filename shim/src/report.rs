@@ -32,4 +32,20 @@ pub fn print_verbose(interposed: bool) {
         "jemalloc conf: {}",
         core::str::from_utf8(options::jemalloc_conf()).unwrap_or("?")
     ));
+    // Every setting of the table, as read: the value given, or the default.
+    for s in options::TABLE {
+        let given = os::env::vars(&[s.spec.name.as_bytes()])[0];
+        match given {
+            Some(v) if s.spec.accepts(v) => log::info(format_args!(
+                "{}={}",
+                s.spec.name,
+                core::str::from_utf8(v).unwrap_or("(not UTF-8)")
+            )),
+            Some(_) => log::info(format_args!(
+                "{}={} (default: the value given is not valid)",
+                s.spec.name, s.spec.default
+            )),
+            None => log::info(format_args!("{}={} (default)", s.spec.name, s.spec.default)),
+        }
+    }
 }

@@ -82,6 +82,8 @@ pub struct Facts {
     pub cuda_idle: Option<memshim_proto::CudaIdleCounters>,
     /// The pressure watcher.
     pub pressure: PressureFacts,
+    /// How many `dlopen` calls had `RTLD_DEEPBIND` cleared.
+    pub deepbind_cleared: u64,
 }
 
 /// What the pressure watcher (thread/pressure.rs) reports, for the

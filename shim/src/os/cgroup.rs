@@ -6,55 +6,10 @@
 //! Shim's thread (it reads files).
 
 use super::fd::{self, Owned};
-
-/// What the memory cgroup holds, in bytes (docs/stats.md, "cgroup").
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Memory {
-    /// 1 or 2.
-    pub version: u8,
-    /// Its path inside the hierarchy.
-    pub path: String,
-    /// Usage now.
-    pub current: u64,
-    /// The limit, `None` for none.
-    pub max: Option<u64>,
-    /// Anonymous memory.
-    pub anon: Option<u64>,
-    /// Page cache.
-    pub file: Option<u64>,
-    /// Kernel memory.
-    pub kernel: Option<u64>,
-}
-
-fn read_u64(path: &str) -> Option<u64> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
-}
-
-fn stat_field(text: &str, key: &str) -> Option<u64> {
-    text.lines().find_map(|l| {
-        let (k, v) = l.split_once(' ')?;
-        (k == key).then(|| v.trim().parse().ok())?
-    })
-}
-
-/// Where the process's memory cgroup is, from `/proc/self/cgroup`.
-/// Returns (version, path inside the hierarchy).
-pub fn parse_cgroup_file(text: &str) -> (Option<String>, Option<String>) {
-    let mut v2 = None;
-    let mut v1 = None;
-    for line in text.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (Some(id), Some(ctrls), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
-            continue;
-        };
-        if id == "0" && ctrls.is_empty() {
-            v2 = Some(path.to_owned());
-        } else if ctrls.split(',').any(|c| c == "memory") {
-            v1 = Some(path.to_owned());
-        }
-    }
-    (v2, v1)
-}
+use memshim_proto::cgroup::{
+    MemoryFiles, keyed, parse_flat_keyed, parse_limit, parse_limit_bytes, parse_proc_cgroup,
+    usage_and_limit_files,
+};
 
 /// Joins a mount point and a cgroup path, falling back to the mount point
 /// itself when the path is not visible there (a container without a cgroup
@@ -73,8 +28,8 @@ fn locate(mount: &str, path: &str, probe: &str) -> Option<(String, String)> {
 /// mount point, path inside the hierarchy). v2 preferred.
 fn own_dir() -> Option<(u8, String, &'static str, String)> {
     let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let (v2, v1) = parse_cgroup_file(&text);
-    if let Some(p) = &v2 {
+    let found = parse_proc_cgroup(&text);
+    if let Some(p) = &found.v2 {
         for mount in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
             if let Some((dir, path)) = locate(mount, p, "memory.current") {
                 return Some((2, dir, mount, path));
@@ -82,43 +37,37 @@ fn own_dir() -> Option<(u8, String, &'static str, String)> {
         }
     }
     const V1: &str = "/sys/fs/cgroup/memory";
-    let (dir, path) = locate(V1, &v1?, "memory.usage_in_bytes")?;
+    let (dir, path) = locate(V1, &found.v1_memory?, "memory.usage_in_bytes")?;
     Some((1, dir, V1, path))
 }
 
 /// The process's memory cgroup (v2 preferred, v1 `memory` controller
-/// otherwise), `None` without one.
-pub fn memory() -> Option<Memory> {
+/// otherwise): its path inside the hierarchy and its files, `None` without
+/// one. memshim-proto derives the figures, as for `memshim-ctl cgroup`.
+pub fn memory() -> Option<(String, MemoryFiles)> {
     let (version, dir, _, path) = own_dir()?;
-    if version == 2 {
-        let stat = std::fs::read_to_string(format!("{dir}/memory.stat")).unwrap_or_default();
-        let kernel = stat_field(&stat, "kernel").or_else(|| {
-            let parts = ["kernel_stack", "pagetables", "percpu", "sock", "slab"];
-            let v: Vec<u64> = parts.iter().filter_map(|k| stat_field(&stat, k)).collect();
-            (!v.is_empty()).then(|| v.iter().sum())
-        });
-        return Some(Memory {
-            version: 2,
-            path,
-            current: read_u64(&format!("{dir}/memory.current"))?,
-            max: read_u64(&format!("{dir}/memory.max")), // "max" does not parse: no limit
-            anon: stat_field(&stat, "anon"),
-            file: stat_field(&stat, "file"),
-            kernel,
-        });
-    }
-    let stat = std::fs::read_to_string(format!("{dir}/memory.stat")).unwrap_or_default();
-    // v1 reports "no limit" as a huge page-rounded number.
-    let max = read_u64(&format!("{dir}/memory.limit_in_bytes")).filter(|&m| m < 1 << 62);
-    Some(Memory {
-        version: 1,
-        path,
-        current: read_u64(&format!("{dir}/memory.usage_in_bytes"))?,
-        max,
-        anon: stat_field(&stat, "total_rss"),
-        file: stat_field(&stat, "total_cache"),
-        kernel: read_u64(&format!("{dir}/memory.kmem.usage_in_bytes")),
-    })
+    let read = |name: &str| std::fs::read_to_string(format!("{dir}/{name}")).ok();
+    let number = |name: &str| read(name)?.trim().parse().ok();
+    let (usage, limit) = usage_and_limit_files(version);
+    let v2 = version == 2;
+    let files = MemoryFiles {
+        version,
+        stat: parse_flat_keyed(&read("memory.stat").unwrap_or_default()),
+        usage: number(usage)?,
+        limit: read(limit).and_then(|t| parse_limit(&t)),
+        high: v2
+            .then(|| read("memory.high"))
+            .flatten()
+            .and_then(|t| parse_limit(&t)),
+        kmem_usage: (!v2)
+            .then(|| number("memory.kmem.usage_in_bytes"))
+            .flatten(),
+        tcp_usage: (!v2)
+            .then(|| number("memory.kmem.tcp.usage_in_bytes"))
+            .flatten(),
+        swap_current: v2.then(|| number("memory.swap.current")).flatten(),
+    };
+    Some((path, files))
 }
 
 // --- the pressure watcher's view (thread/pressure.rs) ------------------------
@@ -139,18 +88,12 @@ pub struct Limited {
     pub limit: u64,
 }
 
-/// A limit file's value: a number below 2^62 (v1 writes "no limit" as a
-/// huge page-rounded number), `None` for `max` (v2) or no limit.
-pub fn parse_limit(text: &[u8]) -> Option<u64> {
-    super::parse_u64(text.trim_ascii()).filter(|&n| n < 1 << 62)
-}
-
 /// The limit of the cgroup at `dir` (see [`Limited::limit`]).
 fn limit_at(version: u8, dir: &str) -> Option<u64> {
     let read = |name: &str| {
         std::fs::read(format!("{dir}/{name}"))
             .ok()
-            .and_then(|t| parse_limit(&t))
+            .and_then(|t| parse_limit_bytes(&t))
     };
     match version {
         1 => read("memory.limit_in_bytes"),
@@ -182,48 +125,11 @@ pub fn limited() -> Option<Limited> {
     }
 }
 
-/// The value of `key` in a flat-keyed file (`memory.stat`,
-/// `memory.events`: `key value` lines).
-pub fn keyed(text: &[u8], key: &[u8]) -> Option<u64> {
-    text.split(|&b| b == b'\n').find_map(|l| {
-        let sp = l.iter().position(|&b| b == b' ')?;
-        (&l[..sp] == key)
-            .then(|| super::parse_u64(l[sp + 1..].trim_ascii()))
-            .flatten()
-    })
-}
-
-/// The counters of a v2 `memory.events` file that mean pressure.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Events {
-    /// Times usage went over `memory.high` (reclaim, throttling).
-    pub high: u64,
-    /// Times usage was about to go over `memory.max`.
-    pub max: u64,
-    /// Times the OOM killer was invoked.
-    pub oom: u64,
-}
-
-/// Parses v2 `memory.events`.
-pub fn parse_events(text: &[u8]) -> Events {
-    Events {
-        high: keyed(text, b"high").unwrap_or(0),
-        max: keyed(text, b"max").unwrap_or(0),
-        oom: keyed(text, b"oom").unwrap_or(0),
-    }
-}
-
 /// Memory that reclaim can take without the allocator's help: the
-/// inactive page cache (`total_inactive_file` in v1's `memory.stat`,
-/// `inactive_file` in v2's). Usage minus this is the working set
-/// Kubernetes reads.
+/// inactive page cache. Usage minus this is the working set Kubernetes
+/// reads.
 pub fn inactive_file(version: u8, stat: &[u8]) -> u64 {
-    let key: &[u8] = if version == 1 {
-        b"total_inactive_file"
-    } else {
-        b"inactive_file"
-    };
-    keyed(stat, key).unwrap_or(0)
+    keyed(stat, memshim_proto::cgroup::inactive_file_key(version)).unwrap_or(0)
 }
 
 /// Opens `dir/name` as the shim's own descriptor.
@@ -322,35 +228,6 @@ fn psi_trigger_at(path: &str, stall_us: u64, window_us: u64) -> Option<Owned> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn finds_cgroup_paths() {
-        let (v2, v1) = parse_cgroup_file("4:memory:/a/b\n1:cpu:/\n0::/user.slice\n");
-        assert_eq!(v2.as_deref(), Some("/user.slice"));
-        assert_eq!(v1.as_deref(), Some("/a/b"));
-        let (v2, v1) = parse_cgroup_file("0::/\n");
-        assert_eq!((v2.as_deref(), v1), (Some("/"), None));
-        assert_eq!(stat_field("anon 5\nfile 7\n", "file"), Some(7));
-    }
-
-    /// `memory.events` of a v2 cgroup (Linux 6.x) whose `memory.high` was
-    /// hit and whose limit was reached once.
-    const EVENTS_V2: &[u8] = b"low 0\nhigh 1423\nmax 7\noom 1\noom_kill 1\noom_group_kill 0\n";
-
-    #[test]
-    fn v2_memory_events_counters() {
-        assert_eq!(
-            parse_events(EVENTS_V2),
-            Events {
-                high: 1423,
-                max: 7,
-                oom: 1
-            }
-        );
-        // `oom_kill` must not be read as `oom`, nor `low` as anything.
-        assert_eq!(parse_events(b"oom_kill 9\nlow 3\n"), Events::default());
-        assert_eq!(parse_events(b""), Events::default());
-    }
-
     /// The trigger written is one the kernel takes: `/proc/pressure/memory`
     /// parses triggers with the same code as a v2 cgroup's
     /// `memory.pressure` (skipped where PSI is off or not ours to write).
@@ -371,16 +248,6 @@ mod tests {
                 eprintln!("SKIP: /proc/pressure/memory not writable: {e:?}");
             }
         }
-    }
-
-    #[test]
-    fn limits_of_both_versions() {
-        assert_eq!(parse_limit(b"max\n"), None);
-        assert_eq!(parse_limit(b"734003200\n"), Some(734003200));
-        // v1 without a limit: PAGE_COUNTER_MAX rounded to pages.
-        assert_eq!(parse_limit(b"9223372036854771712\n"), None);
-        assert_eq!(parse_limit(b""), None);
-        assert_eq!(parse_limit(b"-1"), None);
     }
 
     #[test]

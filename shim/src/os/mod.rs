@@ -29,6 +29,7 @@ pub mod dl;
 pub mod env;
 pub mod fd;
 pub mod fence;
+pub mod interpose;
 pub mod memstream;
 pub mod overcommit;
 pub mod proc;
@@ -185,29 +186,9 @@ pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i64) -> usize {
     n.max(0) as usize
 }
 
-/// Parses an unsigned decimal number, without allocating.
-pub fn parse_u64(s: &[u8]) -> Option<u64> {
-    if s.is_empty() {
-        return None;
-    }
-    let mut v: u64 = 0;
-    for &b in s {
-        if !b.is_ascii_digit() {
-            return None;
-        }
-        v = v.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
-    }
-    Some(v)
-}
-
-/// Parses a signed decimal number, without allocating.
-pub fn parse_i64(s: &[u8]) -> Option<i64> {
-    match s.split_first() {
-        Some((b'-', rest)) => parse_u64(rest).and_then(|v| 0i64.checked_sub_unsigned(v)),
-        Some((b'+', rest)) => parse_u64(rest).and_then(|v| i64::try_from(v).ok()),
-        _ => parse_u64(s).and_then(|v| i64::try_from(v).ok()),
-    }
-}
+/// Decimal numbers without allocating (memshim-proto's, shared with
+/// memshim-ctl).
+pub use memshim_proto::settings::{parse_i64, parse_u64};
 
 /// A fixed-capacity byte buffer that implements `fmt::Write`; text that does
 /// not fit is cut off. Lets the shim format without the heap.

@@ -85,82 +85,14 @@ fn arm() {
     }
 }
 
-/// Detects whether our `malloc` is the process's `malloc`, and whether a
-/// sanitizer (which must own malloc) is present.
-fn detect_interposition() -> bool {
-    // Compare the *object* that defines the global `malloc` with ours.
-    // Comparing with the address of our `malloc` does not work: that
-    // address is taken through our GOT, which the loader binds to the global
-    // definition too, so the test always passed (an executable with its own
-    // malloc, or a dlopen'ed shim, read as interposed). `STATE` is a local
-    // static, so its address is never interposed.
-    //
-    // A non-PIE executable that takes the address of `malloc` (CPython
-    // does; Debian's and Ubuntu's python3 are not PIE) answers the lookup
-    // with its own PLT slot ([`os::dl::global_definition`]); the first
-    // member of the family it does not take the address of then tells whose
-    // allocator its calls reach. A process has one allocator for all of
-    // them: the shim defines every one, and so does any allocator that
-    // replaces malloc.
-    let here = &raw const STATE as usize;
-    let Some(global) = FAMILY
-        .iter()
-        .find_map(|name| os::dl::global_definition(name))
-    else {
-        return false;
-    };
-    if !os::dl::same_object(global as usize, here) {
-        return false;
-    }
-    // A sanitizer runtime linked into the executable defines the global
-    // `malloc` itself (the executable comes first in the search order), so
-    // the check above already says no. A shared runtime loaded after us
-    // (ASan with `verify_asan_link_order=0`, TSan) does not: find it by
-    // its file name. Not by `dlsym` of `__asan_init` and the like: each
-    // lookup that fails builds an error message with `malloc`, which cost
-    // every exec of a program that never allocates about 25 us
-    // (bench/FINDINGS-issue15.md).
-    // Valgrind's tools replace the malloc family by rewriting calls to
-    // our entry points; its preloads name it.
-    !os::dl::any_loaded(&MALLOC_OWNERS)
-}
-
-/// Members of the malloc family, asked in this order for whose definition
-/// is global (see [`detect_interposition`]).
-const FAMILY: [&core::ffi::CStr; 6] = [
-    c"malloc",
-    c"free",
-    c"calloc",
-    c"realloc",
-    c"malloc_usable_size",
-    c"posix_memalign",
-];
-
-/// File-name prefixes of the shared libraries of runtimes that own malloc:
-/// the sanitizers' (GCC's, then LLVM's) and valgrind's preloads.
-const MALLOC_OWNERS: [&[u8]; 9] = [
-    b"libasan.",
-    b"libtsan.",
-    b"libmsan.",
-    b"libhwasan.",
-    b"libclang_rt.asan",
-    b"libclang_rt.tsan",
-    b"libclang_rt.msan",
-    b"libclang_rt.hwasan",
-    b"vgpreload_",
-];
-
-/// Constructor.
-pub fn on_load() {
+/// Constructor; `interposed`: our `malloc` is the process's
+/// (`os::interpose::detect`).
+pub fn on_load(interposed: bool) {
     // jemalloc stays uninitialised until the first allocation or thread
     // (jemalloc.rs, "Lazy initialisation and fork"); if that comes after
     // the handlers below are registered, they run its fork functions.
     options::load();
     options::warn_unknown();
-    let interposed = detect_interposition();
-    if !interposed {
-        crate::alloc::not_ours(os::dl::global(c"realloc"));
-    }
     STATE.on_load(os::getpid(), os::time::monotonic_ms(), interposed);
     let _ = os::thread::real_pthread_create();
     // The spawner lives as long as the shim's thread: out of the automatic
@@ -339,5 +271,6 @@ fn facts() -> Facts {
         private_fds: os::fd::private(),
         cuda_idle: cuda_idle::counters(),
         pressure: pressure::facts(),
+        deepbind_cleared: crate::deepbind::cleared(),
     }
 }

@@ -123,7 +123,7 @@ struct Cg {
     first: Option<Owned>,
     /// v1: eventfd of the pressure level; v2: `memory.events`.
     second: Option<Owned>,
-    last_events: cgroup::Events,
+    last_events: memshim_proto::cgroup::MemoryEvents,
 }
 
 impl Cg {
@@ -138,7 +138,7 @@ impl Cg {
             stat: cgroup::open_in(&lim.dir, "memory.stat", libc::O_RDONLY),
             first: None,
             second: None,
-            last_events: cgroup::Events::default(),
+            last_events: memshim_proto::cgroup::MemoryEvents::default(),
             threshold,
             lim,
         };
@@ -179,10 +179,10 @@ impl Cg {
         w
     }
 
-    fn read_events(&self) -> Option<cgroup::Events> {
+    fn read_events(&self) -> Option<memshim_proto::cgroup::MemoryEvents> {
         let mut buf = [0u8; 512];
         let n = cgroup::read_at_start(self.second.as_ref()?, &mut buf)?;
-        Some(cgroup::parse_events(&buf[..n]))
+        Some(memshim_proto::cgroup::MemoryEvents::parse(&buf[..n]))
     }
 
     /// Usage now, and whether the working set is over the threshold.

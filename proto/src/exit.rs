@@ -1,0 +1,114 @@
+//! memshim-ctl's exit statuses: the one table the CLI exits by, its `--help`
+//! text is made from, docs/troubleshooting.md's table is checked against
+//! (a test in the CLI) and the tests assert with.
+
+/// One exit status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExitStatus {
+    /// The number the process exits with.
+    pub code: u8,
+    /// Its name in `--json` errors (`"code": "not_found"`).
+    pub name: &'static str,
+    /// A few words for `--help`.
+    pub brief: &'static str,
+}
+
+/// Success.
+pub const OK: ExitStatus = ExitStatus {
+    code: 0,
+    name: "ok",
+    brief: "ok",
+};
+/// Some of several targets failed (all of them for the same kind of
+/// reason: that reason's code), the result could not be written, `doctor`
+/// found a problem, or an unexpected error.
+pub const FAILED: ExitStatus = ExitStatus {
+    code: 1,
+    name: "failed",
+    brief: "some targets failed",
+};
+/// Bad arguments (clap's own code).
+pub const USAGE: ExitStatus = ExitStatus {
+    code: 2,
+    name: "usage",
+    brief: "usage",
+};
+/// No such process (a thread's id, a process that exited mid-request,
+/// `--all` that found none), or the shim is not loaded in it.
+pub const NOT_FOUND: ExitStatus = ExitStatus {
+    code: 3,
+    name: "not_found",
+    brief: "no such process or no shim",
+};
+/// The shim is loaded but its control endpoint is not running.
+pub const NO_ENDPOINT: ExitStatus = ExitStatus {
+    code: 4,
+    name: "no_endpoint",
+    brief: "endpoint not running",
+};
+/// Permission denied.
+pub const PERMISSION: ExitStatus = ExitStatus {
+    code: 5,
+    name: "permission",
+    brief: "permission denied",
+};
+/// The process answered with an error (protocol, invalid argument, ...).
+pub const REMOTE: ExitStatus = ExitStatus {
+    code: 6,
+    name: "remote",
+    brief: "the process answered with an error",
+};
+/// A Python step could not run or failed.
+pub const PYTHON_STEP: ExitStatus = ExitStatus {
+    code: 7,
+    name: "python_step",
+    brief: "a Python step could not run or failed",
+};
+/// No memory cgroup that can be read here.
+pub const NO_CGROUP: ExitStatus = ExitStatus {
+    code: 8,
+    name: "no_cgroup",
+    brief: "no memory cgroup",
+};
+/// The cgroup filesystem is read-only here.
+pub const READ_ONLY: ExitStatus = ExitStatus {
+    code: 9,
+    name: "read_only",
+    brief: "read-only cgroup filesystem",
+};
+
+/// Every status, by code.
+pub const ALL: [ExitStatus; 10] = [
+    OK,
+    FAILED,
+    USAGE,
+    NOT_FOUND,
+    NO_ENDPOINT,
+    PERMISSION,
+    REMOTE,
+    PYTHON_STEP,
+    NO_CGROUP,
+    READ_ONLY,
+];
+
+/// "Exit codes: 0 ok, 1 some targets failed, ...": the `--help` footer.
+pub fn help_line() -> String {
+    let parts: Vec<String> = ALL
+        .iter()
+        .map(|s| format!("{} {}", s.code, s.brief))
+        .collect();
+    format!("Exit codes: {}.", parts.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_distinct_and_in_order() {
+        for (i, s) in ALL.iter().enumerate() {
+            assert_eq!(usize::from(s.code), i, "{s:?}");
+        }
+        assert!(help_line().starts_with("Exit codes: 0 ok, 1 some targets failed, 2 usage,"));
+    }
+}
