@@ -7,17 +7,21 @@ use clap::{Args, Parser, Subcommand};
 /// Find processes running with libmemshim.so, show where their memory is,
 /// and make them return free memory to the OS.
 #[derive(Parser, Debug)]
-#[command(name = "memshim-ctl", version, about, after_help = AFTER_HELP)]
+#[command(name = "memshim-ctl", version, about, after_help = after_help())]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
 }
 
-const AFTER_HELP: &str = "Exit codes: 0 ok, 1 some targets failed, 2 usage, 3 no such process or no shim, \
-4 endpoint not running, 5 permission denied, 6 the process answered with an error, \
-7 a Python step could not run or failed, 8 no memory cgroup, 9 read-only cgroup filesystem.\n\
-Figures are defined in docs/stats.md; errors in docs/troubleshooting.md.";
+/// The `--help` footer: the exit statuses (`memshim_proto::exit`) and where
+/// the figures and errors are explained.
+fn after_help() -> String {
+    format!(
+        "{}\nFigures are defined in docs/stats.md; errors in docs/troubleshooting.md.",
+        memshim_proto::exit::help_line()
+    )
+}
 
 /// Subcommands. To add one, see the comment at the top of `cmd/mod.rs`.
 #[derive(Subcommand, Debug)]

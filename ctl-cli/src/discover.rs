@@ -16,6 +16,7 @@
 //!   namespace.
 
 use crate::exit::{Exit, Failure};
+use crate::out::printable;
 use memshim_proto::endpoint::{self, SocketName};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -191,15 +192,6 @@ pub fn read_proc(pid: i32) -> Result<Proc, Failure> {
         rss,
         view,
     })
-}
-
-/// A process's name or command line as it may be shown: control
-/// characters (newlines, terminal escapes), which any process can put in
-/// its own, become spaces.
-pub fn printable(s: &str) -> String {
-    s.chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect()
 }
 
 /// `/proc/<tid>` exists for every thread, though `ls /proc` lists only

@@ -1,7 +1,8 @@
 //! memshim-ctl: finds shimmed processes and shows or releases their memory.
 //!
 //! `main` only parses the command line, runs the subcommand and turns its
-//! outcome into an exit code (exit.rs documents them). Subcommands live in
+//! outcome into an exit code (`memshim_proto::exit` has them; exit.rs
+//! maps onto them). Subcommands live in
 //! `cmd/`, one file each; `cmd/mod.rs` says how to add one.
 
 #![forbid(unsafe_code)]
@@ -25,6 +26,6 @@ fn main() -> std::process::ExitCode {
     let json = cli.command.json();
     match cmd::run(cli.command) {
         Ok(code) => code.into(),
-        Err(failure) => failure.report(json),
+        Err(failure) => out::report(&failure, json),
     }
 }

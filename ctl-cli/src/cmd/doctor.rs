@@ -111,7 +111,7 @@ fn read_proc(pid: i32) -> Result<Proc, Failure> {
     })?;
     // Shown on the terminal: any process can put newlines and escape
     // sequences in its own name (and in its executable's file name).
-    let comm = crate::discover::printable(comm.strip_suffix('\n').unwrap_or(&comm));
+    let comm = crate::out::printable(comm.strip_suffix('\n').unwrap_or(&comm));
     let status = crate::discover::read_text(base.join("status")).unwrap_or_default();
     crate::discover::not_a_thread(pid, &status)?;
     let field = |k: &str| {
@@ -131,7 +131,7 @@ fn read_proc(pid: i32) -> Result<Proc, Failure> {
     }
     let parent_comm = field("PPid:")
         .and_then(|p| crate::discover::read_text(format!("/proc/{p}/comm")).ok())
-        .map(|c| crate::discover::printable(c.trim()));
+        .map(|c| crate::out::printable(c.trim()));
     // Address space, environment and executable: a running thread's, if
     // the main thread has ended with `pthread_exit`.
     let base = crate::discover::view(pid);
@@ -198,7 +198,7 @@ pub fn diagnose(pid: i32, endpoint: impl FnOnce(i32) -> Endpoint) -> Result<Diag
     let exe_name = p
         .exe
         .as_ref()
-        .map(|e| crate::discover::printable(&e.display().to_string()))
+        .map(|e| crate::out::printable(&e.display().to_string()))
         .unwrap_or_else(|| p.comm.clone());
 
     if maps.is_none() {
@@ -632,7 +632,7 @@ pub fn run(a: DoctorArgs) -> Result<Exit, Failure> {
             outln!(
                 "{tag:<10} {}: {}",
                 f.code,
-                crate::discover::printable(&f.message)
+                crate::out::printable(&f.message)
             )?;
         }
         for l in host_lines(&d.host) {
