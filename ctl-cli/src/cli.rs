@@ -95,16 +95,16 @@ pub fn pid_parser() -> clap::builder::RangedI64ValueParser<i32> {
     clap::value_parser!(i32).range(1..)
 }
 
-/// A decay time in milliseconds: -1 (never) or 0 to 10^12, the limits the
-/// library applies (`memshim_proto::endpoint`).
+/// A decay time in milliseconds: -1 (never) or 0 to 10^12, what the library
+/// accepts in its settings and in a `decay` request
+/// (`memshim_proto::settings::parse_decay`).
 pub fn decay_ms(s: &str) -> Result<i64, String> {
-    match s.parse::<i64>() {
-        Ok(v) if memshim_proto::endpoint::valid_decay_ms(v) => Ok(v),
-        _ => Err(format!(
+    memshim_proto::settings::parse_decay(s.as_bytes()).ok_or_else(|| {
+        format!(
             "{s:?} is not -1 (never) or a number of milliseconds from 0 to {}",
             memshim_proto::endpoint::MAX_DECAY_MS
-        )),
-    }
+        )
+    })
 }
 
 #[cfg(test)]

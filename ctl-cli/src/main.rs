@@ -2,7 +2,8 @@
 //!
 //! `main` only parses the command line, runs the subcommand and turns its
 //! outcome into an exit code (`memshim_proto::exit` has them; exit.rs
-//! maps onto them). Subcommands live in
+//! maps onto them). docs/design.md, "The CLI's layers", says which file
+//! holds what. Subcommands live in
 //! `cmd/`, one file each; `cmd/mod.rs` says how to add one.
 
 #![forbid(unsafe_code)]
@@ -12,12 +13,14 @@ mod charge;
 mod cli;
 mod client;
 mod cmd;
-mod discover;
 mod exit;
 mod gpu;
+mod no_endpoint;
 mod out;
+mod procfs;
 mod render;
 mod shm;
+mod socket;
 
 use clap::Parser;
 

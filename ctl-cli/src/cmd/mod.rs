@@ -13,9 +13,10 @@
 //!    to `Command::json`.
 //! 4. Add the arm to `run` below, and a parsing case to the tests in `cli.rs`.
 //!
-//! Shared helpers: `discover` (processes, sockets), `client::Client`
-//! (connect + requests), `render` (sizes, tables), and [`for_targets`] for
-//! commands that take `<PID>... | --all`.
+//! Shared helpers: `procfs` (process facts), `socket` (where a socket is),
+//! `no_endpoint` (why there is none), `client::Client` (connect +
+//! requests), `render` (sizes, tables), `out` (stdout, stderr), and
+//! [`for_targets`] for commands that take `<PID>... | --all`.
 
 pub mod cgroup;
 pub mod decay;
@@ -34,9 +35,10 @@ pub mod watch;
 
 use crate::cli::{Command, Targets};
 use crate::client::Client;
-use crate::discover;
 use crate::exit::{Exit, Failure};
 use crate::out::errln;
+use crate::procfs;
+use crate::socket;
 
 /// Runs one subcommand.
 pub fn run(cmd: Command) -> Result<Exit, Failure> {
@@ -81,14 +83,14 @@ pub fn for_targets<T>(
 ) -> Result<(Vec<Outcome<T>>, Exit), Failure> {
     let mut out = Vec::new();
     if t.all {
-        for pid in discover::all_pids() {
-            let Ok(p) = discover::read_proc(pid) else {
+        for pid in procfs::all_pids() {
+            let Ok(p) = procfs::read_proc(pid) else {
                 continue;
             };
-            if !matches!(discover::shim_loaded(pid), Ok(true)) || pid == std::process::id() as i32 {
+            if !matches!(procfs::shim_loaded(pid), Ok(true)) || pid == std::process::id() as i32 {
                 continue;
             }
-            if std::fs::symlink_metadata(discover::socket_loc(&p).path()).is_err() {
+            if std::fs::symlink_metadata(socket::locate(&p).path()).is_err() {
                 continue; // no endpoint: `list` says why
             }
             let command = Some(p.command.clone());
@@ -101,7 +103,7 @@ pub fn for_targets<T>(
         }
     } else {
         for &pid in &t.pids {
-            let command = discover::read_proc(pid).ok().map(|p| p.command);
+            let command = procfs::read_proc(pid).ok().map(|p| p.command);
             let result = Client::open(pid).and_then(|mut c| f(&mut c));
             out.push(Outcome {
                 pid,
