@@ -2,12 +2,13 @@
 //!
 //! `main` only parses the command line, runs the subcommand and turns its
 //! outcome into an exit code (`memshim_proto::exit` has them; exit.rs
-//! maps onto them). docs/design.md, "The CLI's layers", says which file
-//! holds what. Subcommands live in
-//! `cmd/`, one file each; `cmd/mod.rs` says how to add one.
+//! maps onto them). Subcommands live in `cmd/`, one file each; `cmd/mod.rs`
+//! says how to add one. docs/design.md's layout table and "The CLI's
+//! layers" say which file holds what.
 
 #![forbid(unsafe_code)]
 
+mod args;
 mod cgroupfs;
 mod charge;
 mod cli;
@@ -22,12 +23,10 @@ mod render;
 mod shm;
 mod socket;
 
-use clap::Parser;
-
 fn main() -> std::process::ExitCode {
-    let cli = cli::Cli::parse();
+    let cli = cli::Cli::parse_checked();
     let json = cli.command.json();
-    match cmd::run(cli.command) {
+    match cli.command.run() {
         Ok(code) => code.into(),
         Err(failure) => out::report(&failure, json),
     }

@@ -3,9 +3,9 @@
 //! and which `/dev/shm` file holds it, and what gives each part back.
 //! Figures are defined in docs/stats.md.
 
+use crate::args::pid_parser;
 use crate::cgroupfs::{self, Location};
 use crate::charge::{self, Charge, Parts, ProcEntry};
-use crate::cli::pid_parser;
 use crate::exit::{Exit, Failure};
 use crate::out::{out, outln};
 use crate::render::{bytes, kv, opt_bytes, shorten, table};

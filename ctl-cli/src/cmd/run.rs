@@ -25,10 +25,10 @@ use crate::exit::{Exit, Failure};
 )]
 pub struct RunArgs {
     /// MEMSHIM_DIRTY_DECAY_MS: ms until freed pages go back to the OS (-1 = never)
-    #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = crate::cli::decay_ms)]
+    #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = crate::args::decay_ms)]
     pub dirty_ms: Option<i64>,
     /// MEMSHIM_MUZZY_DECAY_MS: ms MADV_FREE'd pages are kept (-1 = never)
-    #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = crate::cli::decay_ms)]
+    #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = crate::args::decay_ms)]
     pub muzzy_ms: Option<i64>,
     /// MEMSHIM_NARENAS: arena count, or auto
     #[arg(long, value_name = "N|auto", value_parser = narenas)]

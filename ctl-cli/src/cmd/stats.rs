@@ -1,7 +1,7 @@
 //! `memshim-ctl stats <PID> [--json] [--arenas] [--pss]`: the memory report.
 //! Every figure is defined in docs/stats.md.
 
-use crate::cli::pid_parser;
+use crate::args::pid_parser;
 use crate::client::Client;
 use crate::exit::{Exit, Failure};
 use crate::gpu;
