@@ -6,8 +6,10 @@
 
 use crate::cgroupfs::{self, Location};
 use crate::client::Client;
-use crate::discover;
 use crate::exit::{Exit, Failure};
+use crate::no_endpoint;
+use crate::procfs;
+use crate::socket;
 use memshim_proto::cgroup::CgroupMemory;
 use memshim_proto::{AllocatorStats, PythonSection, TorchSection};
 use serde::Serialize;
@@ -82,8 +84,8 @@ pub fn read(loc: &Location, pid: Option<i32>) -> Result<Charge, Failure> {
 }
 
 fn entry(pid: i32, cgroup: String) -> Option<ProcEntry> {
-    let p = discover::read_proc(pid).ok()?;
-    let [rss_anon, rss_file, rss_shmem] = discover::rss_parts(&p);
+    let p = procfs::read_proc(pid).ok()?;
+    let [rss_anon, rss_file, rss_shmem] = procfs::rss_parts(&p);
     let mut e = ProcEntry {
         pid,
         cgroup,
@@ -100,7 +102,7 @@ fn entry(pid: i32, cgroup: String) -> Option<ProcEntry> {
         torch: None,
         failure: None,
     };
-    match discover::shim_loaded(pid) {
+    match procfs::shim_loaded(pid) {
         Ok(true) => e.shim = "yes",
         Ok(false) => return Some(e),
         Err(err) if err.kind() == std::io::ErrorKind::PermissionDenied => {
@@ -117,9 +119,9 @@ fn entry(pid: i32, cgroup: String) -> Option<ProcEntry> {
         e.reason = Some("this memshim-ctl".into());
         return Some(e);
     }
-    let loc = discover::socket_loc(&p);
+    let loc = socket::locate(&p);
     if std::fs::symlink_metadata(loc.path()).is_err() {
-        e.reason = Some(discover::why_no_endpoint(&p, &loc).0);
+        e.reason = Some(no_endpoint::why(&p, &loc).0);
         return Some(e);
     }
     let stats = Client::open_proc(p).and_then(|mut c| c.stats());

@@ -1,23 +1,52 @@
-//! The command line (clap derive). Each subcommand's arguments are a struct
-//! in its own `cmd/<name>.rs`; this file only lists them.
+//! The command line (clap derive): the subcommands, which `--json` each
+//! has, and which file runs each. Each subcommand's arguments are a struct in
+//! its own `cmd/<name>.rs`; arguments several share are in `args.rs`.
 
 use crate::cmd;
-use clap::{Args, Parser, Subcommand};
+use crate::exit::{Exit, Failure};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// Find processes running with libmemshim.so, show where their memory is,
 /// and make them return free memory to the OS.
 #[derive(Parser, Debug)]
-#[command(name = "memshim-ctl", version, about, after_help = AFTER_HELP)]
+#[command(name = "memshim-ctl", version, about, after_help = after_help())]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
 }
 
-const AFTER_HELP: &str = "Exit codes: 0 ok, 1 some targets failed, 2 usage, 3 no such process or no shim, \
-4 endpoint not running, 5 permission denied, 6 the process answered with an error, \
-7 a Python step could not run or failed, 8 no memory cgroup, 9 read-only cgroup filesystem.\n\
-Figures are defined in docs/stats.md; errors in docs/troubleshooting.md.";
+/// The `--help` footer: the exit statuses (`memshim_proto::exit`) and where
+/// the figures and errors are explained.
+fn after_help() -> String {
+    format!(
+        "{}\nFigures are defined in docs/stats.md; errors in docs/troubleshooting.md.",
+        memshim_proto::exit::help_line()
+    )
+}
+
+impl Cli {
+    /// Parses the command line; bad arguments end the process with clap's
+    /// usage error (exit 2), combinations clap cannot check itself too.
+    pub fn parse_checked() -> Cli {
+        let cli = Cli::parse();
+        if let Command::Serve(a) = &cli.command
+            && let Some(why) = cmd::serve::conflict(a)
+        {
+            let mut all = Cli::command();
+            // `serve`'s own usage line, as clap prints for its other errors.
+            let serve = all
+                .find_subcommand_mut("serve")
+                .cloned()
+                .unwrap_or_default();
+            serve
+                .bin_name("memshim-ctl serve")
+                .error(clap::error::ErrorKind::ArgumentConflict, why)
+                .exit();
+        }
+        cli
+    }
+}
 
 /// Subcommands. To add one, see the comment at the top of `cmd/mod.rs`.
 #[derive(Subcommand, Debug)]
@@ -70,36 +99,25 @@ impl Command {
             Command::Reclaim(a) => a.json,
         }
     }
-}
 
-/// `<PID>... | --all [--json]`, shared by purge and release.
-#[derive(Args, Debug, Clone)]
-pub struct Targets {
-    /// Process ids (as this shell sees them).
-    #[arg(required_unless_present = "all", conflicts_with = "all", value_parser = clap::value_parser!(i32).range(1..))]
-    pub pids: Vec<i32>,
-    /// Every shimmed process whose endpoint is running.
-    #[arg(long)]
-    pub all: bool,
-    /// One JSON document on stdout.
-    #[arg(long)]
-    pub json: bool,
-}
-
-/// A single `<PID>`.
-pub fn pid_parser() -> clap::builder::RangedI64ValueParser<i32> {
-    clap::value_parser!(i32).range(1..)
-}
-
-/// A decay time in milliseconds: -1 (never) or 0 to 10^12, the limits the
-/// library applies (`memshim_proto::endpoint`).
-pub fn decay_ms(s: &str) -> Result<i64, String> {
-    match s.parse::<i64>() {
-        Ok(v) if memshim_proto::endpoint::valid_decay_ms(v) => Ok(v),
-        _ => Err(format!(
-            "{s:?} is not -1 (never) or a number of milliseconds from 0 to {}",
-            memshim_proto::endpoint::MAX_DECAY_MS
-        )),
+    /// Runs the subcommand.
+    pub fn run(self) -> Result<Exit, Failure> {
+        match self {
+            Command::List(a) => cmd::list::run(a),
+            Command::Stats(a) => cmd::stats::run(a),
+            Command::Purge(a) => cmd::purge::run(a),
+            Command::Decay(a) => cmd::decay::run(a),
+            Command::Watch(a) => cmd::watch::run(a),
+            Command::Gc(a) => cmd::gc::run(a),
+            Command::EmptyCache(a) => cmd::empty_cache::run(a),
+            Command::Release(a) => cmd::release::run(a),
+            Command::Run(a) => cmd::run::run(a),
+            Command::Doctor(a) => cmd::doctor::run(a),
+            Command::Metrics(a) => cmd::metrics::run(a),
+            Command::Serve(a) => cmd::serve::run(a),
+            Command::Cgroup(a) => cmd::cgroup::run(a),
+            Command::Reclaim(a) => cmd::reclaim::run(a),
+        }
     }
 }
 
@@ -166,6 +184,25 @@ mod tests {
         assert!(
             matches!(parse(&["reclaim", "--json"]).unwrap(), Command::Reclaim(a) if a.pid.is_none() && a.json)
         );
+    }
+
+    #[test]
+    fn accepts_the_setting_words_the_shim_accepts() {
+        assert!(matches!(
+            parse(&["run", "--control", "ON", "--narenas", "AUTO", "--", "true"]).unwrap(),
+            Command::Run(a) if a.control.as_deref() == Some("ON") && a.narenas.as_deref() == Some("AUTO")
+        ));
+    }
+
+    #[test]
+    fn serve_refuses_purge_on_an_address_other_than_loopback() {
+        let serve = |listen: &str| match parse(&["serve", "--listen", listen, "--enable-purge"]) {
+            Ok(Command::Serve(a)) => cmd::serve::conflict(&a),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(serve("127.0.0.1:0"), None);
+        assert_eq!(serve("[::1]:0"), None);
+        assert!(serve("0.0.0.0:9464").is_some_and(|why| why.contains("loopback")));
     }
 
     #[test]

@@ -2,8 +2,10 @@
 //! `memshim-proto` (the one the tests use too), with what failed said for
 //! a person: which pid, which path, what to do.
 
-use crate::discover::{self, Proc, SocketLoc};
 use crate::exit::{Exit, Failure};
+use crate::no_endpoint;
+use crate::procfs::{self, Proc};
+use crate::socket::{self, SocketLoc};
 use memshim_proto::client::{ClientError, ConnectError, Connection};
 use memshim_proto::{HelloReply, Reply, Request, Response, StatsReport};
 use std::time::Duration;
@@ -17,7 +19,7 @@ const SHORT: Duration = Duration::from_secs(5);
 const LONG: Duration = Duration::from_secs(60);
 
 /// How long a connection that broke in the middle of a request may take to
-/// turn out to be a process that exited (`discover::exits_within`); only a
+/// turn out to be a process that exited (`procfs::exits_within`); only a
 /// process that is still running after it makes that error wait this long.
 const GONE_WAIT: Duration = Duration::from_secs(1);
 
@@ -66,7 +68,7 @@ pub struct Client {
 impl Client {
     /// Finds the shimmed process `pid`, connects and greets it.
     pub fn open(pid: i32) -> Result<Client, Failure> {
-        let p = discover::shimmed(pid)?;
+        let p = procfs::shimmed(pid)?;
         Client::open_proc(p)
     }
 
@@ -90,32 +92,32 @@ impl Client {
     }
 
     fn open_once(p: Proc) -> Result<Client, Opened> {
-        let loc = discover::socket_loc(&p);
+        let loc = socket::locate(&p);
         let path = loc.path();
         // Asking would only wait out the time limit: `list`, `cgroup`,
         // `reclaim` ask each process in turn.
-        if discover::shim_thread_stopped(p.pid) {
+        if procfs::shim_thread_stopped(p.pid) {
             return Err(stopped(p.pid, &path.display().to_string()).into());
         }
         let conn = match Connection::open(&loc.dir, &loc.name, SHORT) {
             Ok(c) => c,
             // Found a moment ago, gone now: its socket is missing or stale.
-            Err(ConnectError::Missing | ConnectError::Refused) if !discover::still_running(&p) => {
+            Err(ConnectError::Missing | ConnectError::Refused) if !procfs::still_running(&p) => {
                 return Err(exited(&p, &path.display().to_string(), "no answer").into());
             }
             Err(ConnectError::Missing) => {
-                let (why, hint) = discover::why_no_endpoint(&p, &loc);
+                let (why, hint) = no_endpoint::why(&p, &loc);
                 return Err(Failure::new(Exit::NoEndpoint, Some(p.pid), why)
                     .hint(hint)
                     .into());
             }
             Err(ConnectError::Refused) => {
-                let (why, hint) = discover::why_no_endpoint(&p, &loc);
+                let (why, hint) = no_endpoint::why(&p, &loc);
                 // Not a socket at all: `why` names what is there. Else the
                 // file outlived its listener: the program this process ran
                 // before an `exec` left it (the name stays the same), or
                 // the shim's thread is stopping this instant.
-                let why = if discover::not_a_socket(&path).is_some() {
+                let why = if no_endpoint::not_a_socket(&path).is_some() {
                     why
                 } else {
                     format!(
@@ -129,7 +131,7 @@ impl Client {
                     .into());
             }
             Err(ConnectError::Permission) => {
-                return Err(discover::permission(&p, &path.display().to_string()).into());
+                return Err(procfs::permission(&p, &path.display().to_string()).into());
             }
             Err(ConnectError::Other(e)) => {
                 return Err(Failure::new(
@@ -166,7 +168,7 @@ impl Client {
             Err(Response::Error(e)) => return Err(remote_failure(pid, &e).into()),
             Err(Response::Ok(other)) => return Err(c.unexpected(&other).into()),
         }
-        if !discover::hello_matches(&c.hello, &c.proc) {
+        if !socket::hello_matches(&c.hello, &c.proc) {
             return Err(Failure::new(
                 Exit::Remote,
                 Some(c.proc.pid),
@@ -186,7 +188,7 @@ impl Client {
 
     fn io_failure(&self, e: &ClientError) -> Failure {
         let path = self.loc.path();
-        if !e.timed_out() && discover::exits_within(&self.proc, GONE_WAIT) {
+        if !e.timed_out() && procfs::exits_within(&self.proc, GONE_WAIT) {
             return exited(&self.proc, &path.display().to_string(), &e.to_string());
         }
         match e {
@@ -196,7 +198,7 @@ impl Client {
                 format!("{e} from {}", path.display()),
             )
             .hint("use a memshim-ctl of the same release as the library"),
-            _ if e.timed_out() && discover::stopped(self.proc.pid) => {
+            _ if e.timed_out() && procfs::stopped(self.proc.pid) => {
                 stopped(self.proc.pid, &format!("{}: {e}", path.display()))
             }
             // The shim's thread closed its socket under us: it stops when
@@ -208,7 +210,7 @@ impl Client {
                     Err(ConnectError::Missing | ConnectError::Refused)
                 ) =>
             {
-                let (why, hint) = discover::why_no_endpoint(&self.proc, &self.loc);
+                let (why, hint) = no_endpoint::why(&self.proc, &self.loc);
                 Failure::new(
                     Exit::NoEndpoint,
                     Some(self.proc.pid),

@@ -1,67 +1,69 @@
-//! Exit codes and the one error type every subcommand returns.
+//! How memshim-ctl exits, and the one error type every subcommand returns.
 //!
-//! | code | meaning |
-//! |------|---------|
-//! | 0 | success |
-//! | 1 | some of several targets failed (all of them for the same kind of reason: that reason's code), or an unexpected error |
-//! | 2 | usage error (bad arguments; clap's own code) |
-//! | 3 | no such process (also: a thread's id, a process that exited mid-request, `--all` that found none), or the shim is not loaded in it |
-//! | 4 | the shim is loaded but its control endpoint is not running |
-//! | 5 | permission denied |
-//! | 6 | the process answered with an error (protocol, invalid argument, ...) |
-//! | 7 | a Python step could not run or failed: `gc`, `empty-cache`, or a step of `release` (the GIL could not be had, the interpreter is shutting down, Python raised; `gc` in a process without CPython) |
-//! | 8 | no memory cgroup: the process is in none that can be read here (`cgroup`, `reclaim`) |
-//! | 9 | the cgroup filesystem is read-only here (`reclaim` inside a container) |
-//!
-//! docs/troubleshooting.md lists the messages and what to do about each.
+//! The statuses themselves (number, `--json` name, `--help` words) are
+//! `memshim_proto::exit`'s: [`Exit`] only picks one of them.
+//! docs/troubleshooting.md has the table of codes (a test below checks it
+//! against proto's), the messages and what to do about each. Printing a
+//! failure is output's business (`out::report`).
 
-use crate::out::{errln, outln};
+use memshim_proto::exit::{self as status, ExitStatus};
 use serde::Serialize;
 use std::process::ExitCode;
 
-/// How memshim-ctl exits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+/// How memshim-ctl exits. Usage errors (2) are clap's own and have no
+/// variant. In JSON, the status's `name` (`"not_found"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exit {
-    /// 0
+    /// [`status::OK`]
     Ok,
-    /// 1
+    /// [`status::FAILED`]
     Failed,
-    /// 3
+    /// [`status::NOT_FOUND`]
     NotFound,
-    /// 4
+    /// [`status::NO_ENDPOINT`]
     NoEndpoint,
-    /// 5
+    /// [`status::PERMISSION`]
     Permission,
-    /// 6
+    /// [`status::REMOTE`]
     Remote,
-    /// 7
+    /// [`status::PYTHON_STEP`]
     PythonStep,
-    /// 8
+    /// [`status::NO_CGROUP`]
     NoCgroup,
-    /// 9
+    /// [`status::READ_ONLY`]
     ReadOnly,
 }
 
 impl Exit {
+    /// The shared status this is.
+    pub fn status(self) -> ExitStatus {
+        match self {
+            Exit::Ok => status::OK,
+            Exit::Failed => status::FAILED,
+            Exit::NotFound => status::NOT_FOUND,
+            Exit::NoEndpoint => status::NO_ENDPOINT,
+            Exit::Permission => status::PERMISSION,
+            Exit::Remote => status::REMOTE,
+            Exit::PythonStep => status::PYTHON_STEP,
+            Exit::NoCgroup => status::NO_CGROUP,
+            Exit::ReadOnly => status::READ_ONLY,
+        }
+    }
+
     /// The numeric exit status.
     pub fn code(self) -> u8 {
-        match self {
-            Exit::Ok => 0,
-            Exit::Failed => 1,
-            Exit::NotFound => 3,
-            Exit::NoEndpoint => 4,
-            Exit::Permission => 5,
-            Exit::Remote => 6,
-            Exit::PythonStep => 7,
-            Exit::NoCgroup => 8,
-            Exit::ReadOnly => 9,
-        }
+        self.status().code
     }
 
     /// The last line of every failing command's stderr.
     pub fn line(self) -> String {
         format!("  (exit {}; see docs/troubleshooting.md)", self.code())
+    }
+}
+
+impl Serialize for Exit {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.status().name)
     }
 }
 
@@ -109,54 +111,89 @@ impl Failure {
             None => self.message.clone(),
         }
     }
-
-    /// Prints the failure (stderr; also stdout as JSON with `--json`) and
-    /// returns the exit code.
-    pub fn report(&self, json: bool) -> ExitCode {
-        if json {
-            let doc = serde_json::json!({ "error": self });
-            // Not `println!`: it panics when stdout is closed or full.
-            // The message below still says what failed.
-            let _ = outln!("{doc}");
-        }
-        // Messages name paths and names that other users' processes chose
-        // (their MEMSHIM_SOCKET_DIR, their comm): no control characters
-        // reach the terminal.
-        errln!(
-            "memshim-ctl: error: {}",
-            crate::discover::printable(&self.line())
-        );
-        if let Some(h) = &self.hint {
-            errln!("  hint: {}", crate::discover::printable(h));
-        }
-        errln!("{}", self.exit.line());
-        self.exit.into()
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const ALL: [Exit; 9] = [
+        Exit::Ok,
+        Exit::Failed,
+        Exit::NotFound,
+        Exit::NoEndpoint,
+        Exit::Permission,
+        Exit::Remote,
+        Exit::PythonStep,
+        Exit::NoCgroup,
+        Exit::ReadOnly,
+    ];
+
     #[test]
-    fn codes_are_the_documented_ones() {
-        let all = [
-            Exit::Ok,
-            Exit::Failed,
-            Exit::NotFound,
-            Exit::NoEndpoint,
-            Exit::Permission,
-            Exit::Remote,
-            Exit::PythonStep,
-            Exit::NoCgroup,
-            Exit::ReadOnly,
-        ];
-        assert_eq!(all.map(Exit::code), [0, 1, 3, 4, 5, 6, 7, 8, 9]);
+    fn every_exit_is_a_shared_status_and_every_shared_status_but_usage_is_an_exit() {
+        assert_eq!(ALL.map(Exit::code), [0, 1, 3, 4, 5, 6, 7, 8, 9]);
+        let mut ours: Vec<ExitStatus> = ALL.iter().map(|e| e.status()).collect();
+        ours.push(status::USAGE);
+        ours.sort_by_key(|s| s.code);
+        assert_eq!(ours, status::ALL);
+        // JSON names are the shared ones, as serde used to spell the
+        // variants (snake_case).
+        let names: Vec<String> = ALL
+            .iter()
+            .map(|e| serde_json::to_string(e).unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "\"ok\"",
+                "\"failed\"",
+                "\"not_found\"",
+                "\"no_endpoint\"",
+                "\"permission\"",
+                "\"remote\"",
+                "\"python_step\"",
+                "\"no_cgroup\"",
+                "\"read_only\""
+            ]
+        );
         let f = Failure::new(Exit::NotFound, Some(7), "no such process");
         assert_eq!(f.line(), "pid 7: no such process");
         assert_eq!(
             serde_json::to_string(&f).unwrap(),
             r#"{"code":"not_found","pid":7,"message":"no such process","hint":null}"#
         );
+    }
+
+    /// docs/troubleshooting.md opens with a `| code | meaning |` table: its
+    /// codes are exactly proto's statuses, and the `--json` names it lists
+    /// are exactly those a failure can carry.
+    #[test]
+    fn troubleshooting_table_lists_exactly_the_shared_codes() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/troubleshooting.md");
+        let doc = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let codes: Vec<u8> = doc
+            .lines()
+            .skip_while(|l| l.trim() != "| code | meaning |")
+            .skip(2) // the header and its |---| line
+            .take_while(|l| l.starts_with('|'))
+            .map(|l| {
+                let cell = l.split('|').nth(1).unwrap_or_default().trim();
+                cell.parse()
+                    .unwrap_or_else(|_| panic!("{path}: {cell:?} is not a code in {l:?}"))
+            })
+            .collect();
+        let shared: Vec<u8> = status::ALL.iter().map(|s| s.code).collect();
+        assert_eq!(codes, shared, "{path}'s exit-code table");
+        let listed = doc
+            .split("(`code` is one of ")
+            .nth(1)
+            .and_then(|rest| rest.split(')').next())
+            .unwrap_or_else(|| panic!("{path}: no \"(`code` is one of ...)\" list"));
+        let names: Vec<&str> = listed
+            .split(',')
+            .map(|n| n.trim().trim_matches('`'))
+            .collect();
+        let failures: Vec<&str> = ALL[1..].iter().map(|e| e.status().name).collect();
+        assert_eq!(names, failures, "{path}'s list of --json codes");
     }
 }

@@ -1,30 +1,33 @@
 //! memshim-ctl: finds shimmed processes and shows or releases their memory.
 //!
 //! `main` only parses the command line, runs the subcommand and turns its
-//! outcome into an exit code (exit.rs documents them). Subcommands live in
-//! `cmd/`, one file each; `cmd/mod.rs` says how to add one.
+//! outcome into an exit code (`memshim_proto::exit` has them; exit.rs
+//! maps onto them). Subcommands live in `cmd/`, one file each; `cmd/mod.rs`
+//! says how to add one. docs/design.md's layout table and "The CLI's
+//! layers" say which file holds what.
 
 #![forbid(unsafe_code)]
 
+mod args;
 mod cgroupfs;
 mod charge;
 mod cli;
 mod client;
 mod cmd;
-mod discover;
 mod exit;
 mod gpu;
+mod no_endpoint;
 mod out;
+mod procfs;
 mod render;
 mod shm;
-
-use clap::Parser;
+mod socket;
 
 fn main() -> std::process::ExitCode {
-    let cli = cli::Cli::parse();
+    let cli = cli::Cli::parse_checked();
     let json = cli.command.json();
-    match cmd::run(cli.command) {
+    match cli.command.run() {
         Ok(code) => code.into(),
-        Err(failure) => failure.report(json),
+        Err(failure) => out::report(&failure, json),
     }
 }

@@ -1,4 +1,5 @@
-//! Standard output for a command's result.
+//! What the CLI writes: a command's result on stdout, messages and failures
+//! on stderr, and text other processes chose made safe to show.
 //!
 //! `print!` panics when the write fails: `memshim-ctl list | true` (a
 //! closed pipe) or `> /dev/full` would abort the CLI. Every result goes
@@ -10,6 +11,7 @@
 
 use crate::exit::{Exit, Failure};
 use std::io::Write;
+use std::process::ExitCode;
 
 /// Writes `args` to stdout and flushes it.
 pub fn write(args: std::fmt::Arguments<'_>) -> Result<(), Failure> {
@@ -39,3 +41,32 @@ macro_rules! errln {
 }
 
 pub(crate) use {errln, out, outln};
+
+/// A process's name or command line as it may be shown: control
+/// characters (newlines, terminal escapes), which any process can put in
+/// its own, become spaces.
+pub fn printable(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
+}
+
+/// Prints the failure a command ended with (stderr; also stdout as JSON
+/// with `--json`) and returns its exit code.
+pub fn report(f: &Failure, json: bool) -> ExitCode {
+    if json {
+        let doc = serde_json::json!({ "error": f });
+        // Not `println!`: it panics when stdout is closed or full.
+        // The message below still says what failed.
+        let _ = outln!("{doc}");
+    }
+    // Messages name paths and names that other users' processes chose
+    // (their MEMSHIM_SOCKET_DIR, their comm): no control characters
+    // reach the terminal.
+    errln!("memshim-ctl: error: {}", printable(&f.line()));
+    if let Some(h) = &f.hint {
+        errln!("  hint: {}", printable(h));
+    }
+    errln!("{}", f.exit.line());
+    f.exit.into()
+}

@@ -17,6 +17,18 @@ pub fn bytes(b: u64) -> String {
     format!("{:.2} GiB", f / (K * K * K))
 }
 
+/// Bytes in MiB below a GiB, else in GiB, with one decimal: `512.0 MiB`,
+/// `1.5 GiB`. `doctor`'s host lines write memory so; everything else uses
+/// [`bytes`].
+pub fn mib_or_gib(b: u64) -> String {
+    let gib = b as f64 / (1u64 << 30) as f64;
+    if gib >= 1.0 {
+        format!("{gib:.1} GiB")
+    } else {
+        format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+    }
+}
+
 /// An optional byte figure; `-` when unknown.
 pub fn opt_bytes(b: Option<u64>) -> String {
     b.map_or_else(|| "-".to_owned(), bytes)
@@ -147,6 +159,9 @@ mod tests {
         assert_eq!(bytes((1 << 20) - 1), "1.0 MiB");
         assert_eq!(bytes((1 << 20) - 60), "1023.9 KiB");
         assert_eq!(opt_bytes(None), "-");
+        assert_eq!(mib_or_gib(512 << 20), "512.0 MiB");
+        assert_eq!(mib_or_gib(4096), "0.0 MiB");
+        assert_eq!(mib_or_gib(3 << 29), "1.5 GiB");
         assert_eq!(delta(3 << 20, 1 << 20), "-2.0 MiB");
         assert_eq!(delta(1, 1), "±0 B");
         assert_eq!(ms(0.25), "0.25 ms");

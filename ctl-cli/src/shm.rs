@@ -19,7 +19,7 @@
 //!   (they are in use, by definition), from the `/proc/*/fd` and
 //!   `/proc/*/map_files` entries that point at a `/dev/shm` filesystem.
 
-use crate::discover;
+use crate::procfs;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::MetadataExt;
@@ -86,9 +86,9 @@ fn shm_mount(mountinfo: &str) -> Option<(String, String)> {
 /// there is the very mount we see (mountinfo is readable without ptrace
 /// rights), else through `/proc/<pid>/root` (needs them).
 fn dev_shm_of(pid: i32) -> Option<PathBuf> {
-    let view = discover::view(pid);
-    let theirs = crate::discover::read_text(view.join("mountinfo")).ok();
-    let ours = crate::discover::read_text("/proc/self/mountinfo").ok();
+    let view = procfs::view(pid);
+    let theirs = procfs::read_text(view.join("mountinfo")).ok();
+    let ours = procfs::read_text("/proc/self/mountinfo").ok();
     let (theirs, ours) = (
         theirs.as_deref().and_then(shm_mount),
         ours.as_deref().and_then(shm_mount),
@@ -102,7 +102,7 @@ fn dev_shm_of(pid: i32) -> Option<PathBuf> {
     }
     // No /dev/shm mount on either side (a plain directory) in one mount
     // namespace.
-    (theirs.is_none() && ours.is_none() && discover::same_mount_ns(&view))
+    (theirs.is_none() && ours.is_none() && procfs::same_mount_ns(&view))
         .then(|| PathBuf::from("/dev/shm"))
 }
 
@@ -162,15 +162,9 @@ fn walk(dir: &Path, shown: &Path, files: &mut BTreeMap<(u64, u64), ShmFile>) {
 }
 
 fn is_kernel_thread(pid: i32) -> bool {
-    crate::discover::read_text(format!("/proc/{pid}/stat"))
+    procfs::read_text(format!("/proc/{pid}/stat"))
         .ok()
-        .and_then(|s| {
-            s[s.rfind(')')? + 1..]
-                .split_whitespace()
-                .nth(6)?
-                .parse::<u64>()
-                .ok()
-        })
+        .and_then(|s| procfs::stat_flags(&s))
         .is_some_and(|f| f & PF_KTHREAD != 0)
 }
 
@@ -181,7 +175,7 @@ fn is_kernel_thread(pid: i32) -> bool {
 /// descriptors are not.
 fn mounted_of(pid: i32, devs: &BTreeSet<(u64, u64)>) -> BTreeSet<(u64, u64)> {
     use std::io::ErrorKind::{InvalidInput, NotFound};
-    let mi = match crate::discover::read_text(discover::view(pid).join("mountinfo")) {
+    let mi = match procfs::read_text(procfs::view(pid).join("mountinfo")) {
         Ok(mi) => mi,
         // ENOENT once reaped; EINVAL while exiting (no mount namespace);
         // ESRCH (3), which has no ErrorKind of its own.
@@ -234,14 +228,14 @@ pub fn scan(pids: &[i32]) -> ShmReport {
     let mut unsure: BTreeSet<(u64, u64)> = BTreeSet::new();
     if !dirs.is_empty() {
         let me = std::process::id() as i32;
-        for pid in discover::all_pids() {
+        for pid in procfs::all_pids() {
             if pid == me || is_kernel_thread(pid) {
                 continue;
             }
             let mut denied = false;
             // A running thread's files, if the main thread has exited.
-            let base = discover::view(pid);
-            match crate::discover::read_text(base.join("maps")) {
+            let base = procfs::view(pid);
+            match procfs::read_text(base.join("maps")) {
                 Ok(maps) => {
                     for (dev, ino, range, gone) in maps.lines().filter_map(maps_entry) {
                         if !devs.contains(&dev) {

@@ -3,9 +3,9 @@
 //! and which `/dev/shm` file holds it, and what gives each part back.
 //! Figures are defined in docs/stats.md.
 
+use crate::args::pid_parser;
 use crate::cgroupfs::{self, Location};
 use crate::charge::{self, Charge, Parts, ProcEntry};
-use crate::cli::pid_parser;
 use crate::exit::{Exit, Failure};
 use crate::out::{out, outln};
 use crate::render::{bytes, kv, opt_bytes, shorten, table};
@@ -66,8 +66,8 @@ pub fn run(a: CgroupArgs) -> Result<Exit, Failure> {
             "{} process(es) that see this /dev/shm could not be read (permission denied): a file on a filesystem \
              they have mounted that no readable process holds is `unknown`, not `unowned`; {}",
             shm.unreadable_processes,
-            if crate::discover::my_euid() == Some(0) {
-                crate::discover::DENIED_TO_ROOT
+            if crate::procfs::my_euid() == Some(0) {
+                crate::procfs::DENIED_TO_ROOT
             } else {
                 "run as root to know"
             }

@@ -1,6 +1,6 @@
 //! `memshim-ctl decay <PID> [--dirty-ms N] [--muzzy-ms N] [--json]`.
 
-use crate::cli::pid_parser;
+use crate::args::pid_parser;
 use crate::client::Client;
 use crate::exit::{Exit, Failure};
 use crate::out::outln;
@@ -15,10 +15,10 @@ pub struct DecayArgs {
     #[arg(value_parser = pid_parser())]
     pub pid: i32,
     /// Milliseconds until freed pages are returned to the OS (-1: never).
-    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::decay_ms)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::args::decay_ms)]
     pub dirty_ms: Option<i64>,
     /// Milliseconds MADV_FREE'd pages are kept (-1: never).
-    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::decay_ms)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::args::decay_ms)]
     pub muzzy_ms: Option<i64>,
     /// One JSON document on stdout.
     #[arg(long)]

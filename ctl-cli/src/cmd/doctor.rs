@@ -3,6 +3,11 @@
 //! the executable's ELF headers; asks the process's control endpoint when it
 //! has one. Exit status: 0 when the process runs with a working shim (or no
 //! PID was given), 1 when a problem was found, 3 when there is no such process.
+//!
+//! The rules, in the order they are looked at: what keeps the shim inert
+//! whatever it does (`inert`); with the shim mapped, what its endpoint
+//! says (`loaded`); without it, why the loader did not preload it
+//! (`not_loaded`).
 
 mod elf;
 pub mod host;
@@ -12,9 +17,12 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::client::Client;
-use crate::discover;
 use crate::exit::{Exit, Failure};
-use crate::out::outln;
+use crate::no_endpoint;
+use crate::out::{outln, printable};
+use crate::procfs::{self, Environ, Proc};
+use crate::socket;
+use memshim_proto::settings::{self, Control};
 
 /// Options of `memshim-ctl doctor`.
 #[derive(clap::Args, Debug)]
@@ -88,21 +96,22 @@ impl Diagnosis {
     }
 }
 
-/// Facts read from /proc for one process. `None` where unreadable.
-#[derive(Debug, Default)]
-struct Proc {
+/// What doctor reads of a process besides [`Proc`]. `None` where
+/// unreadable.
+struct Facts {
+    /// What every command reads.
+    proc: Proc,
+    /// Its `comm`, printable.
     comm: String,
     exe: Option<PathBuf>,
     maps: Option<String>,
-    environ: Option<Vec<(String, String)>>,
+    environ: Option<Environ>,
     at_secure: Option<bool>,
-    threads: Option<u64>,
     parent_comm: Option<String>,
 }
 
-fn read_proc(pid: i32) -> Result<Proc, Failure> {
-    let base = PathBuf::from(format!("/proc/{pid}"));
-    let comm = crate::discover::read_text(base.join("comm")).map_err(|e| {
+fn read_facts(pid: i32) -> Result<Facts, Failure> {
+    let comm = procfs::read_text(format!("/proc/{pid}/comm")).map_err(|e| {
         Failure::new(
             Exit::NotFound,
             Some(pid),
@@ -111,63 +120,37 @@ fn read_proc(pid: i32) -> Result<Proc, Failure> {
     })?;
     // Shown on the terminal: any process can put newlines and escape
     // sequences in its own name (and in its executable's file name).
-    let comm = crate::discover::printable(comm.strip_suffix('\n').unwrap_or(&comm));
-    let status = crate::discover::read_text(base.join("status")).unwrap_or_default();
-    crate::discover::not_a_thread(pid, &status)?;
-    let field = |k: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(k))
-            .map(|v| v.trim().to_owned())
-    };
-    if field("State:").is_some_and(|s| s.starts_with('Z') || s.starts_with('X'))
-        && crate::discover::all_threads_exited(pid)
-    {
+    let comm = printable(comm.strip_suffix('\n').unwrap_or(&comm));
+    let proc = procfs::read_proc(pid)?;
+    if procfs::is_zombie(pid) && procfs::all_threads_exited(pid) {
         return Err(Failure::new(
             Exit::NotFound,
             Some(pid),
             "the process has exited (a zombie its parent has not reaped): nothing to diagnose",
         ));
     }
-    let parent_comm = field("PPid:")
-        .and_then(|p| crate::discover::read_text(format!("/proc/{p}/comm")).ok())
-        .map(|c| crate::discover::printable(c.trim()));
+    let parent_comm = procfs::read_text(format!("/proc/{}/comm", proc.ppid))
+        .ok()
+        .map(|c| printable(c.trim()));
     // Address space, environment and executable: a running thread's, if
-    // the main thread has ended with `pthread_exit`.
-    let base = crate::discover::view(pid);
-    let environ = std::fs::read(base.join("environ")).ok().map(|b| {
-        b.split(|c| *c == 0)
-            .filter_map(|kv| {
-                let s = String::from_utf8_lossy(kv);
-                s.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned()))
-            })
-            .collect()
-    });
-    // AT_SECURE (23) in the auxiliary vector: setuid/setgid or file capabilities.
-    let at_secure = std::fs::read(base.join("auxv")).ok().and_then(|b| {
-        b.chunks_exact(16).find_map(|kv| {
-            let k = u64::from_ne_bytes(kv[..8].try_into().unwrap());
-            let v = u64::from_ne_bytes(kv[8..].try_into().unwrap());
-            (k == 23).then_some(v != 0)
-        })
-    });
-    Ok(Proc {
+    // the main thread has ended with `pthread_exit` (`proc.view`).
+    let view = &proc.view;
+    Ok(Facts {
         comm,
-        exe: std::fs::read_link(base.join("exe")).ok(),
-        maps: crate::discover::read_text(base.join("maps")).ok(),
-        environ,
-        at_secure,
-        threads: field("Threads:").and_then(|t| t.parse().ok()),
+        exe: std::fs::read_link(view.join("exe")).ok(),
+        maps: procfs::read_text(view.join("maps")).ok(),
+        environ: Environ::read(view),
+        at_secure: procfs::at_secure(view),
         parent_comm,
+        proc,
     })
 }
 
-fn env<'a>(p: &'a Proc, k: &str) -> Option<&'a str> {
-    p.environ
-        .as_ref()?
-        .iter()
-        .find(|(n, _)| n == k)
-        .map(|(_, v)| v.as_str())
+impl Facts {
+    /// A variable of its initial environment.
+    fn env(&self, key: &str) -> Option<String> {
+        self.environ.as_ref()?.get(key)
+    }
 }
 
 /// The first mapped file whose name contains `needle`.
@@ -178,34 +161,60 @@ fn mapped(maps: &str, needle: &str) -> Option<String> {
         .map(String::from)
 }
 
-/// Diagnoses `pid`; `endpoint` asks its control endpoint (injected so the
-/// rules can be tested without one).
-pub fn diagnose(pid: i32, endpoint: impl FnOnce(i32) -> Endpoint) -> Result<Diagnosis, Failure> {
-    let p = read_proc(pid)?;
-    let mut f: Vec<Finding> = vec![];
-    let mut add = |level, code, message: String| {
-        f.push(Finding {
+/// The findings, in the order they are made.
+#[derive(Default)]
+struct Findings(Vec<Finding>);
+
+impl Findings {
+    fn add(&mut self, level: Level, code: &'static str, message: String) {
+        self.0.push(Finding {
             level,
             code,
             message,
-        })
-    };
+        });
+    }
+}
+
+/// What the rules look at.
+struct Seen<'a> {
+    pid: i32,
+    p: &'a Facts,
+    /// The executable's ELF facts, or why they could not be read.
+    elf: Result<elf::ElfFacts, String>,
+    /// The executable, or `[comm]`-like name, for messages.
+    exe_name: String,
+    /// Runs under valgrind.
+    valgrind: bool,
+    /// The sanitizer whose runtime owns malloc, if any.
+    sanitizer: Option<String>,
+}
+
+/// Diagnoses `pid`; `endpoint` asks its control endpoint (injected so the
+/// rules can be tested without one).
+pub fn diagnose(pid: i32, endpoint: impl FnOnce(&Proc) -> Endpoint) -> Result<Diagnosis, Failure> {
+    let p = read_facts(pid)?;
+    let mut f = Findings::default();
     let maps = p.maps.as_deref();
     let shim = maps.and_then(|m| mapped(m, "libmemshim"));
-    let preload = env(&p, "LD_PRELOAD");
-    // /proc/<pid>/exe opens the executable even inside another mount namespace.
-    let elf = elf::inspect(&crate::discover::view(pid).join("exe"));
     let exe_name = p
         .exe
         .as_ref()
-        .map(|e| crate::discover::printable(&e.display().to_string()))
+        .map(|e| printable(&e.display().to_string()))
         .unwrap_or_else(|| p.comm.clone());
-
+    let mut seen = Seen {
+        pid,
+        p: &p,
+        // /proc/<pid>/exe opens the executable even inside another mount namespace.
+        elf: elf::inspect(&p.proc.view.join("exe")),
+        exe_name,
+        valgrind: false,
+        sanitizer: None,
+    };
     if maps.is_none() {
-        add(
+        f.add(
             Level::Problem,
             "no_access",
-            if crate::discover::my_euid() == Some(0) {
+            if procfs::my_euid() == Some(0) {
                 format!(
                     "cannot read /proc/{pid}/maps, even as root: the process is not dumpable or belongs to \
                      another user namespace"
@@ -217,10 +226,30 @@ pub fn diagnose(pid: i32, endpoint: impl FnOnce(i32) -> Endpoint) -> Result<Diag
             },
         );
     }
-    let valgrind =
-        exe_name.contains("/valgrind/") || maps.is_some_and(|m| mapped(m, "vgpreload").is_some());
-    if valgrind {
-        add(
+    inert(&mut f, &mut seen);
+    if let Some(lib) = &shim {
+        loaded(&mut f, &seen, lib, endpoint);
+    } else if maps.is_some() {
+        not_loaded(&mut f, &seen);
+    }
+    Ok(Diagnosis {
+        pid,
+        command: p.comm.clone(),
+        shim,
+        findings: f.0,
+        host: host::facts(&pid.to_string()),
+    })
+}
+
+/// What keeps the shim inert whatever it does: valgrind, which replaces
+/// malloc itself, and a sanitizer's runtime, which must own it. Notes both
+/// in `seen`.
+fn inert(f: &mut Findings, seen: &mut Seen<'_>) {
+    let maps = seen.p.maps.as_deref();
+    seen.valgrind = seen.exe_name.contains("/valgrind/")
+        || maps.is_some_and(|m| mapped(m, "vgpreload").is_some());
+    if seen.valgrind {
+        f.add(
             Level::Problem,
             "valgrind",
             "runs under valgrind, which replaces malloc itself; the shim stays inert here (no thread, no control \
@@ -233,9 +262,9 @@ pub fn diagnose(pid: i32, endpoint: impl FnOnce(i32) -> Endpoint) -> Result<Diag
             .iter()
             .find_map(|s| mapped(m, s))
     });
-    let san = san_lib.or_else(|| elf.as_ref().ok().and_then(|e| e.sanitizer.clone()));
-    if let Some(s) = &san {
-        add(
+    seen.sanitizer = san_lib.or_else(|| seen.elf.as_ref().ok().and_then(|e| e.sanitizer.clone()));
+    if let Some(s) = &seen.sanitizer {
+        f.add(
             Level::Problem,
             "sanitizer",
             format!(
@@ -244,260 +273,200 @@ pub fn diagnose(pid: i32, endpoint: impl FnOnce(i32) -> Endpoint) -> Result<Diag
             ),
         );
     }
+}
 
-    if let Some(lib) = &shim {
-        let own_malloc = elf.as_ref().is_ok_and(|e| e.defines_malloc);
-        if own_malloc {
-            add(
-                Level::Problem,
-                "own_malloc",
-                format!(
-                    "{exe_name} defines malloc itself; an executable's symbols come before every preload, \
-                     so the shim sits idle and purges do nothing. Remove LD_PRELOAD for it."
-                ),
-            );
-        }
-        let control = crate::discover::control_mode(env(&p, "MEMSHIM_CONTROL"));
-        match endpoint(pid) {
-            Endpoint::Answered { interposed: false, .. } => add(
-                Level::Problem,
-                "not_interposed",
-                "the shim reports interposed=false: another malloc is in use (its own allocator, a sanitizer, \
-                 or the shim was dlopen'ed); stats and purge do not reflect the process's heap"
-                    .into(),
+/// The shim is mapped from `lib`: whether the executable's own malloc
+/// keeps it idle, and what its control endpoint says.
+fn loaded(f: &mut Findings, seen: &Seen<'_>, lib: &str, endpoint: impl FnOnce(&Proc) -> Endpoint) {
+    let exe_name = &seen.exe_name;
+    let own_malloc = seen.elf.as_ref().is_ok_and(|e| e.defines_malloc);
+    if own_malloc {
+        f.add(
+            Level::Problem,
+            "own_malloc",
+            format!(
+                "{exe_name} defines malloc itself; an executable's symbols come before every preload, \
+                 so the shim sits idle and purges do nothing. Remove LD_PRELOAD for it."
             ),
-            Endpoint::Answered { interposed: true, cuda } if san.is_none() && !valgrind && !own_malloc => {
-                add(Level::Ok, "shim_active", format!("shim loaded from {lib} and answering on its control socket"));
-                for note in cuda {
-                    add(Level::Note, "cuda_fragmentation", note);
-                }
+        );
+    }
+    // The problems above are why the shim does not interpose here.
+    let inert = seen.sanitizer.is_some() || seen.valgrind || own_malloc;
+    match endpoint(&seen.p.proc) {
+        Endpoint::Answered { interposed: false, .. } => f.add(
+            Level::Problem,
+            "not_interposed",
+            "the shim reports interposed=false: another malloc is in use (its own allocator, a sanitizer, \
+             or the shim was dlopen'ed); stats and purge do not reflect the process's heap"
+                .into(),
+        ),
+        Endpoint::Answered { interposed: true, cuda } if !inert => {
+            f.add(Level::Ok, "shim_active", format!("shim loaded from {lib} and answering on its control socket"));
+            for note in cuda {
+                f.add(Level::Note, "cuda_fragmentation", note);
             }
-            Endpoint::Answered { .. } => {}
-            Endpoint::Absent if control == "off" => add(
-                Level::Note,
-                "control_off",
-                format!("shim loaded from {lib}; MEMSHIM_CONTROL=off, so it has no thread and no control socket"),
+        }
+        Endpoint::Answered { .. } => {}
+        Endpoint::Absent => absent(f, seen, lib, inert),
+        Endpoint::Unreachable(why) => {
+            f.add(Level::Problem, "endpoint_unreachable", format!("shim loaded from {lib}; its control socket: {why}"))
+        }
+    }
+}
+
+/// The shim is mapped from `lib` but has no control socket: why, from its
+/// settings, its threads and its socket's directory and path.
+fn absent(f: &mut Findings, seen: &Seen<'_>, lib: &str, inert: bool) {
+    let p = &seen.p.proc;
+    let control = procfs::control_mode(seen.p.environ.as_ref());
+    let single = p.threads == 1;
+    if control == Control::Off {
+        f.add(
+            Level::Note,
+            "control_off",
+            format!("shim loaded from {lib}; MEMSHIM_CONTROL=off, so it has no thread and no control socket"),
+        );
+    } else if inert {
+        // The problem found above is why.
+    } else if single && control == Control::On {
+        f.add(
+            Level::Note,
+            "endpoint_not_started",
+            format!(
+                "shim loaded from {lib}; the process is single-threaded although MEMSHIM_CONTROL=on starts \
+                 the shim's thread at once: most likely it is the fork child of a shimmed process, which \
+                 starts the thread and control socket with its own first pthread_create (or the thread \
+                 gave its slot to the program at a limit of threads)"
             ),
-            // The problem above is why: the shim does not interpose here.
-            Endpoint::Absent if san.is_some() || valgrind || own_malloc => {}
-            Endpoint::Absent if p.threads == Some(1) && control == "on" => add(
-                Level::Note,
-                "endpoint_not_started",
-                format!(
-                    "shim loaded from {lib}; the process is single-threaded although MEMSHIM_CONTROL=on starts \
-                     the shim's thread at once: most likely it is the fork child of a shimmed process, which \
-                     starts the thread and control socket with its own first pthread_create (or the thread \
-                     gave its slot to the program at a limit of threads)"
-                ),
+        );
+    } else if single {
+        f.add(
+            Level::Note,
+            "endpoint_not_started",
+            format!(
+                "shim loaded from {lib}; the process is single-threaded, and with MEMSHIM_CONTROL={} \
+                 the shim's thread and control socket start only with its second thread. \
+                 Set MEMSHIM_CONTROL=on to reach it anyway.",
+                control.word()
             ),
-            Endpoint::Absent if p.threads == Some(1) => add(
-                Level::Note,
-                "endpoint_not_started",
-                format!(
-                    "shim loaded from {lib}; the process is single-threaded, and with MEMSHIM_CONTROL={control} \
-                     the shim's thread and control socket start only with its second thread. \
-                     Set MEMSHIM_CONTROL=on to reach it anyway."
-                ),
+        );
+    } else if let Some((code, why)) = socket_problem(p) {
+        f.add(
+            Level::Problem,
+            code,
+            format!("shim loaded from {lib}; {why}"),
+        );
+    } else {
+        let (why, hint) = no_endpoint::why(p, &socket::locate(p));
+        f.add(
+            Level::Note,
+            "endpoint_absent",
+            format!(
+                "shim loaded from {lib}, but no control socket answers for pid {}: {why} ({hint})",
+                seen.pid
             ),
-            Endpoint::Absent => match socket_problem(pid) {
-                Some((code, why)) => add(Level::Problem, code, format!("shim loaded from {lib}; {why}")),
-                None => add(
-                    Level::Note,
-                    "endpoint_absent",
-                    match crate::discover::read_proc(pid) {
-                        Ok(dp) => {
-                            let loc = crate::discover::socket_loc(&dp);
-                            let (why, hint) = crate::discover::why_no_endpoint(&dp, &loc);
-                            format!("shim loaded from {lib}, but no control socket answers for pid {pid}: {why} ({hint})")
-                        }
-                        Err(_) => format!(
-                            "shim loaded from {lib}, but no control socket was found for pid {pid} \
-                             (the thread starts with the process's second thread and stops after an idle spell; \
-                             or MEMSHIM_SOCKET_DIR differs from the caller's)"
-                        ),
-                    },
-                ),
+        );
+    }
+}
+
+/// No shim is mapped: why the loader did not preload it.
+fn not_loaded(f: &mut Findings, seen: &Seen<'_>) {
+    let explained = seen.valgrind || seen.sanitizer.is_some() || loader(f, seen);
+    let p = seen.p;
+    let exe_name = &seen.exe_name;
+    if !explained && p.at_secure == Some(true) {
+        f.add(
+            Level::Problem,
+            "secure_exec",
+            format!(
+                "{exe_name} runs in secure-execution mode (setuid/setgid or file capabilities): \
+                 ld.so ignores LD_PRELOAD paths with slashes. Expected; such programs keep glibc malloc."
+            ),
+        );
+    } else if !explained {
+        preload(f, seen);
+    }
+}
+
+/// A loader that cannot preload libmemshim.so: none (a static binary),
+/// another ELF class, musl's. Whether one was found.
+fn loader(f: &mut Findings, seen: &Seen<'_>) -> bool {
+    let exe_name = &seen.exe_name;
+    match &seen.elf {
+        Ok(e) if e.interp.is_none() => f.add(
+            Level::Problem,
+            "static_binary",
+            format!(
+                "{exe_name} is statically linked: the dynamic loader never runs, so LD_PRELOAD has no effect"
+            ),
+        ),
+        Ok(e) if e.bits != 64 => f.add(
+            Level::Problem,
+            "elf_class",
+            format!(
+                "{exe_name} is a {}-bit program and libmemshim.so is 64-bit; ld.so skips it \
+                 (and prints an error on every run). Install a build for that ABI or unset LD_PRELOAD for it.",
+                e.bits
+            ),
+        ),
+        Ok(e) if e.interp.as_deref().is_some_and(|i| i.contains("musl")) => f.add(
+            Level::Problem,
+            "musl",
+            format!("{exe_name} uses musl's loader; libmemshim.so is built for glibc and cannot be preloaded"),
+        ),
+        _ => return false,
+    }
+    true
+}
+
+/// What `LD_PRELOAD` says: unreadable, naming a library ld.so rejected or
+/// that does not exist, or not naming the shim at all (and which launcher
+/// may have dropped it).
+fn preload(f: &mut Findings, seen: &Seen<'_>) {
+    let (pid, p) = (seen.pid, seen.p);
+    match p.env("LD_PRELOAD").as_deref() {
+        None if p.environ.is_none() => f.add(
+            Level::Problem,
+            "no_access",
+            if procfs::my_euid() == Some(0) {
+                format!("no shim mapped, and /proc/{pid}/environ is unreadable even as root")
+            } else {
+                format!("no shim mapped, and /proc/{pid}/environ is unreadable: run doctor as root to see why")
             },
-            Endpoint::Unreachable(why) => {
-                add(Level::Problem, "endpoint_unreachable", format!("shim loaded from {lib}; its control socket: {why}"))
-            }
-        }
-    } else if maps.is_some() {
-        let mut explained = valgrind || san.is_some();
-        match &elf {
-            Ok(e) if e.interp.is_none() => {
-                explained = true;
-                add(
-                    Level::Problem,
-                    "static_binary",
-                    format!(
-                        "{exe_name} is statically linked: the dynamic loader never runs, so LD_PRELOAD has no effect"
-                    ),
-                );
-            }
-            Ok(e) if e.bits != 64 => {
-                explained = true;
-                add(
-                    Level::Problem,
-                    "elf_class",
-                    format!(
-                        "{exe_name} is a {}-bit program and libmemshim.so is 64-bit; ld.so skips it \
-                         (and prints an error on every run). Install a build for that ABI or unset LD_PRELOAD for it.",
-                        e.bits
-                    ),
-                );
-            }
-            Ok(e) if e.interp.as_deref().is_some_and(|i| i.contains("musl")) => {
-                explained = true;
-                add(
-                    Level::Problem,
-                    "musl",
-                    format!(
-                        "{exe_name} uses musl's loader; libmemshim.so is built for glibc and cannot be preloaded"
-                    ),
-                );
-            }
-            _ => {}
-        }
-        if !explained && p.at_secure == Some(true) {
-            explained = true;
-            add(
+        ),
+        Some(v) if v.contains("libmemshim") => {
+            let missing = v
+                .split([' ', ':'])
+                .filter(|e| e.contains("libmemshim"))
+                .find(|e| !Path::new(&format!("/proc/{pid}/root{e}")).exists());
+            f.add(
                 Level::Problem,
-                "secure_exec",
-                format!(
-                    "{exe_name} runs in secure-execution mode (setuid/setgid or file capabilities): \
-                     ld.so ignores LD_PRELOAD paths with slashes. Expected; such programs keep glibc malloc."
-                ),
+                "preload_ignored",
+                match missing {
+                    Some(m) => format!("LD_PRELOAD names {m}, which does not exist in the process's filesystem"),
+                    None => format!(
+                        "LD_PRELOAD={v} is set but the library is not mapped (ld.so rejected it; run the program by hand to see ld.so's message)"
+                    ),
+                },
             );
         }
-        if !explained {
-            match preload {
-                None if p.environ.is_none() => add(
-                    Level::Problem,
-                    "no_access",
-                    if crate::discover::my_euid() == Some(0) {
-                        format!(
-                            "no shim mapped, and /proc/{pid}/environ is unreadable even as root"
-                        )
-                    } else {
-                        format!(
-                            "no shim mapped, and /proc/{pid}/environ is unreadable: run doctor as root to see why"
-                        )
-                    },
-                ),
-                Some(v) if v.contains("libmemshim") => {
-                    let missing = v
-                        .split([' ', ':'])
-                        .filter(|e| e.contains("libmemshim"))
-                        .find(|e| !Path::new(&format!("/proc/{pid}/root{e}")).exists());
-                    add(
-                        Level::Problem,
-                        "preload_ignored",
-                        match missing {
-                            Some(m) => format!(
-                                "LD_PRELOAD names {m}, which does not exist in the process's filesystem"
-                            ),
-                            None => format!(
-                                "LD_PRELOAD={v} is set but the library is not mapped (ld.so rejected it; run the program by hand to see ld.so's message)"
-                            ),
-                        },
-                    );
+        _ => {
+            let via = match p.parent_comm.as_deref() {
+                Some("sudo") => {
+                    " It was started by sudo, whose env_reset drops LD_PRELOAD: use `sudo memshim-ctl run -- CMD`, \
+                     or keep the variable with env_keep."
                 }
                 _ => {
-                    let via = match p.parent_comm.as_deref() {
-                        Some("sudo") => {
-                            " It was started by sudo, whose env_reset drops LD_PRELOAD: use `sudo memshim-ctl run -- CMD`, \
-                             or keep the variable with env_keep."
-                        }
-                        _ => {
-                            " Start it with `memshim-ctl run -- CMD` or set LD_PRELOAD in its environment (launchers such as sudo, su -, env -i or a systemd unit drop it)."
-                        }
-                    };
-                    add(
-                        Level::Problem,
-                        "no_preload",
-                        format!("LD_PRELOAD does not name libmemshim.so in its environment.{via}"),
-                    );
+                    " Start it with `memshim-ctl run -- CMD` or set LD_PRELOAD in its environment (launchers such as sudo, su -, env -i or a systemd unit drop it)."
                 }
-            }
+            };
+            f.add(
+                Level::Problem,
+                "no_preload",
+                format!("LD_PRELOAD does not name libmemshim.so in its environment.{via}"),
+            );
         }
     }
-    Ok(Diagnosis {
-        pid,
-        command: p.comm,
-        shim,
-        findings: f,
-        host: host::facts(&pid.to_string()),
-    })
-}
-
-fn bytes(b: u64) -> String {
-    let gib = b as f64 / (1u64 << 30) as f64;
-    if gib >= 1.0 {
-        format!("{gib:.1} GiB")
-    } else {
-        format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
-    }
-}
-
-/// Human lines for host facts.
-pub fn host_lines(h: &host::HostFacts) -> Vec<String> {
-    let mut v = vec![];
-    let thp = h.thp_enabled.as_deref().unwrap_or("unknown");
-    let hint = match thp {
-        "always" => ": huge pages can make purged memory return late (and RSS jump by 2 MiB steps)",
-        _ => "",
-    };
-    v.push(format!(
-        "THP        enabled={thp} defrag={}{hint}",
-        h.thp_defrag.as_deref().unwrap_or("unknown")
-    ));
-    match &h.cgroup {
-        // Its files unreadable (the memory hierarchy is not mounted here):
-        // no figure, not "unlimited".
-        Some(c) if c.memory_current.is_none() && c.memory_max.is_none() => v.push(format!(
-            "cgroup     v{} {}: its memory figures are not readable here",
-            c.version, c.path
-        )),
-        Some(c) => {
-            let cur = c.memory_current.map(bytes).unwrap_or_else(|| "?".into());
-            let max = c
-                .memory_max
-                .map(bytes)
-                .unwrap_or_else(|| "unlimited".into());
-            let high = c
-                .memory_high
-                .map(|b| format!(", memory.high {}", bytes(b)))
-                .unwrap_or_default();
-            v.push(format!(
-                "cgroup     v{} {}: using {cur} of {max}{high}",
-                c.version, c.path
-            ));
-        }
-        None => v.push("cgroup     not readable".into()),
-    }
-    let allowed = h
-        .cpus_allowed
-        .map(|n| n.to_string())
-        .unwrap_or_else(|| "?".into());
-    let online = h
-        .cpus_online
-        .map(|n| n.to_string())
-        .unwrap_or_else(|| "?".into());
-    let quota = h.cgroup.as_ref().and_then(|c| c.cpu_quota);
-    let q = match (quota, h.cpus_allowed) {
-        (Some(q), Some(a)) if q < a as f64 => {
-            format!(
-                ", CPU quota {q:.2}: fewer than visible; the shim sizes its arenas by the quota"
-            )
-        }
-        (Some(q), _) => format!(", CPU quota {q:.2}"),
-        (None, _) => ", no CPU quota".into(),
-    };
-    v.push(format!(
-        "CPUs       {allowed} allowed of {online} online{q}"
-    ));
-    v
 }
 
 /// A share of reserved VRAM in free fragments of split blocks above which
@@ -541,19 +510,18 @@ pub fn cuda_notes(t: &memshim_proto::TorchSection) -> Vec<String> {
     out
 }
 
-/// What keeps the shim of `pid` from having its control socket, as a
+/// What keeps the shim of `p` from having its control socket, as a
 /// finding (code, text), if anything does: something other than a socket
 /// at its path (`socket_blocked`), or a socket directory it refuses (a
 /// symbolic link, not a directory, another owner, open to others) or
 /// cannot create (no parent) (`socket_dir`).
-fn socket_problem(pid: i32) -> Option<(&'static str, String)> {
-    let p = discover::read_proc(pid).ok()?;
-    let loc = discover::socket_loc(&p);
-    if let Some((why, hint)) = discover::blocked_socket(&loc.path()) {
+fn socket_problem(p: &Proc) -> Option<(&'static str, String)> {
+    let loc = socket::locate(p);
+    if let Some((why, hint)) = no_endpoint::blocked_socket(&loc.path()) {
         return Some(("socket_blocked", format!("{why} ({hint})")));
     }
-    let why =
-        discover::unsafe_dir(&loc.dir, p.uid).or_else(|| discover::missing_parent(&loc.dir))?;
+    let why = no_endpoint::unsafe_dir(&loc.dir, p.uid)
+        .or_else(|| no_endpoint::missing_parent(&loc.dir))?;
     Some((
         "socket_dir",
         format!(
@@ -563,19 +531,16 @@ fn socket_problem(pid: i32) -> Option<(&'static str, String)> {
     ))
 }
 
-/// Asks the control endpoint of `pid` for `stats`, if it has a socket.
-pub fn ask_endpoint(pid: i32) -> Endpoint {
-    let Ok(p) = discover::read_proc(pid) else {
-        return Endpoint::Absent;
-    };
-    if std::fs::symlink_metadata(discover::socket_loc(&p).path()).is_err() {
+/// Asks the control endpoint of `p` for `stats`, if it has a socket.
+pub fn ask_endpoint(p: &Proc) -> Endpoint {
+    if std::fs::symlink_metadata(socket::locate(p).path()).is_err() {
         return Endpoint::Absent;
     }
     let req = memshim_proto::Request::Stats {
         arenas: false,
         pss: false,
     };
-    match Client::open_proc(p).and_then(|mut c| c.request(&req)) {
+    match Client::open_proc(p.clone()).and_then(|mut c| c.request(&req)) {
         Ok(memshim_proto::Reply::Stats(s)) => Endpoint::Answered {
             interposed: s.config.interposed,
             cuda: s.torch.as_ref().map(cuda_notes).unwrap_or_default(),
@@ -594,7 +559,7 @@ pub fn run(a: DoctorArgs) -> Result<Exit, Failure> {
     let Some(pid) = a.pid else {
         let h = host::facts("self");
         let lib = super::run::locate_library(
-            std::env::var_os("MEMSHIM_LIB").as_deref(),
+            std::env::var_os(settings::LIB.name).as_deref(),
             std::env::current_exe().ok().as_deref(),
         );
         if a.json {
@@ -611,7 +576,7 @@ pub fn run(a: DoctorArgs) -> Result<Exit, Failure> {
                 Ok(l) => outln!("library    {} ({})", l.path.display(), l.how)?,
                 Err(e) => outln!("library    {e}")?,
             }
-            for l in host_lines(&h) {
+            for l in host::lines(&h) {
                 outln!("{l}")?;
             }
         }
@@ -629,13 +594,9 @@ pub fn run(a: DoctorArgs) -> Result<Exit, Failure> {
                 Level::Problem => "problem",
             };
             // Findings quote paths and values the process chose.
-            outln!(
-                "{tag:<10} {}: {}",
-                f.code,
-                crate::discover::printable(&f.message)
-            )?;
+            outln!("{tag:<10} {}: {}", f.code, printable(&f.message))?;
         }
-        for l in host_lines(&d.host) {
+        for l in host::lines(&d.host) {
             outln!("{l}")?;
         }
     }

@@ -1,7 +1,7 @@
 //! `memshim-ctl empty-cache <PID> [--json]`: `torch.cuda.empty_cache()` on
 //! the devices the process already uses.
 
-use crate::cli::pid_parser;
+use crate::args::pid_parser;
 use crate::client::Client;
 use crate::exit::{Exit, Failure};
 use crate::out::outln;

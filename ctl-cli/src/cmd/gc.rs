@@ -1,6 +1,6 @@
 //! `memshim-ctl gc <PID> [--json]`: a full `gc.collect()` in a Python process.
 
-use crate::cli::pid_parser;
+use crate::args::pid_parser;
 use crate::client::Client;
 use crate::exit::{Exit, Failure};
 use crate::out::outln;

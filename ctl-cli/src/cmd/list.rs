@@ -1,13 +1,15 @@
 //! `memshim-ctl list [--json]`: every visible process with the shim loaded.
 
 use crate::client::{self, Client};
-use crate::discover::{self, Proc};
 use crate::exit::{Exit, Failure};
 use crate::out::{out, outln};
+use crate::procfs::{self, Proc};
 use crate::render;
+use crate::socket;
 use clap::Args;
 use memshim_proto::client::ConnectError;
 use memshim_proto::endpoint::SocketName;
+use memshim_proto::settings;
 use serde::Serialize;
 
 /// Options of `list`.
@@ -64,7 +66,7 @@ fn unreadable_note(n: usize, as_root: bool) -> String {
     if as_root {
         format!(
             "{n} {processes} could not be read: {}",
-            discover::DENIED_TO_ROOT
+            procfs::DENIED_TO_ROOT
         )
     } else {
         format!("{n} {processes} of other users could not be read; run as root to see them")
@@ -72,7 +74,7 @@ fn unreadable_note(n: usize, as_root: bool) -> String {
 }
 
 fn entry(p: Proc) -> Entry {
-    let loc = discover::socket_loc(&p);
+    let loc = socket::locate(&p);
     let socket = loc.path().display().to_string();
     let mut e = Entry {
         pid: p.pid,
@@ -113,7 +115,7 @@ fn remove_stale(dirs: &[std::path::PathBuf]) -> Vec<String> {
             let Some(sock) = SocketName::parse(&name) else {
                 continue;
             };
-            if discover::read_proc(sock.pid).is_ok_and(|p| p.starttime == sock.starttime) {
+            if procfs::read_proc(sock.pid).is_ok_and(|p| p.starttime == sock.starttime) {
                 continue; // a live process: its shim manages the file
             }
             if matches!(client::connect(dir, &name), Err(ConnectError::Refused))
@@ -134,19 +136,21 @@ pub fn run(a: ListArgs) -> Result<Exit, Failure> {
     // Stale files are looked for in our own default directory, and in the
     // directory of every shimmed process found below.
     let mut dirs = vec![];
-    if let Some(uid) = discover::my_euid() {
+    if let Some(uid) = procfs::my_euid() {
         dirs.push(std::path::PathBuf::from(
             memshim_proto::endpoint::default_socket_dir(uid),
         ));
     }
-    if let Some(d) = std::env::var_os("MEMSHIM_SOCKET_DIR") {
-        dirs.push(std::path::PathBuf::from(d));
+    if let Some(d) = std::env::var_os(settings::SOCKET_DIR.name)
+        .and_then(|d| socket::configured_dir(d.as_encoded_bytes()))
+    {
+        dirs.push(d);
     }
-    for pid in discover::all_pids() {
+    for pid in procfs::all_pids() {
         if pid == me {
             continue;
         }
-        match discover::shim_loaded(pid) {
+        match procfs::shim_loaded(pid) {
             Ok(true) => {}
             Ok(false) => continue,
             Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
@@ -155,10 +159,10 @@ pub fn run(a: ListArgs) -> Result<Exit, Failure> {
             }
             Err(_) => continue, // exited meanwhile, or a kernel thread
         }
-        let Ok(p) = discover::read_proc(pid) else {
+        let Ok(p) = procfs::read_proc(pid) else {
             continue;
         };
-        let loc = discover::socket_loc(&p);
+        let loc = socket::locate(&p);
         if loc.dir == loc.dir_inside && !dirs.contains(&loc.dir) {
             dirs.push(loc.dir.clone());
         }
@@ -168,7 +172,7 @@ pub fn run(a: ListArgs) -> Result<Exit, Failure> {
         processes,
         unreadable,
         stale_removed: remove_stale(&dirs),
-        as_root: discover::my_euid() == Some(0),
+        as_root: procfs::my_euid() == Some(0),
     };
     if a.json {
         outln!("{}", serde_json::to_string(&listing).unwrap_or_default())?;

@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 use memshim_proto::client::Connection;
 use memshim_proto::{Reply, Request, Response, StatsReport};
 
-use crate::discover::{self, Proc};
 use crate::exit::{Exit, Failure};
 use crate::out::out;
+use crate::procfs::{self, Proc};
+use crate::socket;
 
 /// Limits shared by `metrics` and `serve`.
 #[derive(clap::Args, Debug, Clone)]
@@ -513,7 +514,7 @@ pub fn render(samples: &[ProcSample], info: &ScrapeInfo) -> String {
 /// answer in time costs at most that.
 pub fn ask_stats(p: &Proc, budget: Duration) -> Result<StatsReport, String> {
     let t0 = Instant::now();
-    let loc = discover::socket_loc(p);
+    let loc = socket::locate(p);
     let left = || {
         budget
             .saturating_sub(t0.elapsed())
@@ -523,7 +524,7 @@ pub fn ask_stats(p: &Proc, budget: Duration) -> Result<StatsReport, String> {
         .map_err(|_| format!("cannot connect to {}", loc.path().display()))?;
     let client = Some(format!("memshim-ctl {} metrics", env!("CARGO_PKG_VERSION")));
     match c.hello(client).map_err(|e| format!("hello: {e}"))? {
-        Ok(h) if discover::hello_matches(&h, p) => {}
+        Ok(h) if socket::hello_matches(&h, p) => {}
         Ok(h) => {
             return Err(format!(
                 "socket answered as pid {} started at {}",
@@ -547,13 +548,13 @@ pub fn ask_stats(p: &Proc, budget: Duration) -> Result<StatsReport, String> {
 /// Shimmed processes with a control socket, as (process, comm).
 fn reachable() -> Vec<(Proc, String)> {
     let me = std::process::id() as i32;
-    discover::all_pids()
+    procfs::all_pids()
         .into_iter()
-        .filter(|&pid| pid != me && matches!(discover::shim_loaded(pid), Ok(true)))
+        .filter(|&pid| pid != me && matches!(procfs::shim_loaded(pid), Ok(true)))
         .filter_map(|pid| {
-            let p = discover::read_proc(pid).ok()?;
-            std::fs::symlink_metadata(discover::socket_loc(&p).path()).ok()?;
-            let comm = crate::discover::read_text(format!("/proc/{pid}/comm"))
+            let p = procfs::read_proc(pid).ok()?;
+            std::fs::symlink_metadata(socket::locate(&p).path()).ok()?;
+            let comm = crate::procfs::read_text(format!("/proc/{pid}/comm"))
                 .ok()?
                 .trim()
                 .to_owned();

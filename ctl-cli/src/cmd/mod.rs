@@ -1,21 +1,23 @@
-//! Subcommands, one file each.
+//! Subcommands, one file each, and what the multi-target ones share.
 //!
 //! Adding a subcommand (for example `run`, `doctor`, `metrics`, `serve`):
 //!
 //! 1. Create `cmd/<name>.rs` with a `#[derive(clap::Args, Debug)] pub struct
 //!    <Name>Args` (its options, with doc comments: they are the `--help`
-//!    text) and `pub fn run(args: <Name>Args) -> Result<Exit, Failure>`.
+//!    text; arguments several commands share are in `args.rs`) and
+//!    `pub fn run(args: <Name>Args) -> Result<Exit, Failure>`.
 //!    Print data to stdout (`--json`: exactly one JSON document); return a
 //!    `Failure` (exit.rs) for errors, never print them yourself.
 //! 2. Add `pub mod <name>;` below.
 //! 3. Add a variant `<Name>(cmd::<name>::<Name>Args)` with a one-line doc
-//!    comment to `Command` in `cli.rs`, and its `--json` flag (or `false`)
-//!    to `Command::json`.
-//! 4. Add the arm to `run` below, and a parsing case to the tests in `cli.rs`.
+//!    comment to `Command` in `cli.rs`, its `--json` flag (or `false`) to
+//!    `Command::json` and its arm to `Command::run`.
+//! 4. Add a parsing case to the tests in `cli.rs`.
 //!
-//! Shared helpers: `discover` (processes, sockets), `client::Client`
-//! (connect + requests), `render` (sizes, tables), and [`for_targets`] for
-//! commands that take `<PID>... | --all`.
+//! Shared helpers: `procfs` (process facts), `socket` (where a socket is),
+//! `no_endpoint` (why there is none), `client::Client` (connect +
+//! requests), `render` (sizes, tables), `out` (stdout, stderr), and
+//! [`for_targets`] for commands that take `<PID>... | --all`.
 
 pub mod cgroup;
 pub mod decay;
@@ -32,31 +34,12 @@ pub mod serve;
 pub mod stats;
 pub mod watch;
 
-use crate::cli::{Command, Targets};
+use crate::args::Targets;
 use crate::client::Client;
-use crate::discover;
 use crate::exit::{Exit, Failure};
 use crate::out::errln;
-
-/// Runs one subcommand.
-pub fn run(cmd: Command) -> Result<Exit, Failure> {
-    match cmd {
-        Command::List(a) => list::run(a),
-        Command::Stats(a) => stats::run(a),
-        Command::Purge(a) => purge::run(a),
-        Command::Decay(a) => decay::run(a),
-        Command::Watch(a) => watch::run(a),
-        Command::Gc(a) => gc::run(a),
-        Command::EmptyCache(a) => empty_cache::run(a),
-        Command::Release(a) => release::run(a),
-        Command::Run(a) => run::run(a),
-        Command::Doctor(a) => doctor::run(a),
-        Command::Metrics(a) => metrics::run(a),
-        Command::Serve(a) => serve::run(a),
-        Command::Cgroup(a) => cgroup::run(a),
-        Command::Reclaim(a) => reclaim::run(a),
-    }
-}
+use crate::procfs;
+use crate::socket;
 
 /// The outcome for one target of a multi-target command.
 pub struct Outcome<T> {
@@ -81,14 +64,14 @@ pub fn for_targets<T>(
 ) -> Result<(Vec<Outcome<T>>, Exit), Failure> {
     let mut out = Vec::new();
     if t.all {
-        for pid in discover::all_pids() {
-            let Ok(p) = discover::read_proc(pid) else {
+        for pid in procfs::all_pids() {
+            let Ok(p) = procfs::read_proc(pid) else {
                 continue;
             };
-            if !matches!(discover::shim_loaded(pid), Ok(true)) || pid == std::process::id() as i32 {
+            if !matches!(procfs::shim_loaded(pid), Ok(true)) || pid == std::process::id() as i32 {
                 continue;
             }
-            if std::fs::symlink_metadata(discover::socket_loc(&p).path()).is_err() {
+            if std::fs::symlink_metadata(socket::locate(&p).path()).is_err() {
                 continue; // no endpoint: `list` says why
             }
             let command = Some(p.command.clone());
@@ -101,7 +84,7 @@ pub fn for_targets<T>(
         }
     } else {
         for &pid in &t.pids {
-            let command = discover::read_proc(pid).ok().map(|p| p.command);
+            let command = procfs::read_proc(pid).ok().map(|p| p.command);
             let result = Client::open(pid).and_then(|mut c| f(&mut c));
             out.push(Outcome {
                 pid,

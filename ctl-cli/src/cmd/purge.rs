@@ -1,7 +1,7 @@
 //! `memshim-ctl purge <PID>... | --all [--json]`.
 
 use super::{Outcome, for_targets, outcome_json, print_failures};
-use crate::cli::Targets;
+use crate::args::Targets;
 use crate::exit::{Exit, Failure};
 use crate::out::{out, outln};
 use crate::render::{bytes, ms, shorten, table};

@@ -7,9 +7,9 @@
 //! filesystem (inside a container) or missing permission fails first.
 
 use super::{Outcome, outcome_json, purge};
+use crate::args::pid_parser;
 use crate::cgroupfs::{self, KernelStep, Location};
 use crate::charge::{self, Charge, Parts};
-use crate::cli::pid_parser;
 use crate::client::Client;
 use crate::exit::{Exit, Failure};
 use crate::out::{out, outln};

@@ -1,7 +1,7 @@
 //! `memshim-ctl release <PID>... | --all [--json]`: gc, empty-cache, purge.
 
 use super::{Outcome, for_targets, outcome_json, print_failures};
-use crate::cli::Targets;
+use crate::args::Targets;
 use crate::exit::{Exit, Failure};
 use crate::out::{out, outln};
 use crate::render::{bytes, delta, ms, table};

@@ -4,6 +4,9 @@
 //! arguments, stdio, pid and exit status are its own.
 
 use crate::out::errln;
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+use memshim_proto::endpoint::MAX_NARENAS;
+use memshim_proto::settings::{self, Control};
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
@@ -22,16 +25,16 @@ use crate::exit::{Exit, Failure};
 )]
 pub struct RunArgs {
     /// MEMSHIM_DIRTY_DECAY_MS: ms until freed pages go back to the OS (-1 = never)
-    #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = crate::cli::decay_ms)]
+    #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = crate::args::decay_ms)]
     pub dirty_ms: Option<i64>,
     /// MEMSHIM_MUZZY_DECAY_MS: ms MADV_FREE'd pages are kept (-1 = never)
-    #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = crate::cli::decay_ms)]
+    #[arg(long, value_name = "MS", allow_negative_numbers = true, value_parser = crate::args::decay_ms)]
     pub muzzy_ms: Option<i64>,
     /// MEMSHIM_NARENAS: arena count, or auto
     #[arg(long, value_name = "N|auto", value_parser = narenas)]
     pub narenas: Option<String>,
     /// MEMSHIM_CONTROL: when the shim's thread and control socket start
-    #[arg(long, value_name = "MODE", value_parser = ["auto", "on", "off"])]
+    #[arg(long, value_name = "MODE", value_parser = ControlParser::new())]
     pub control: Option<String>,
     /// MEMSHIM_VERBOSE=1: the shim prints its effective settings at start-up
     #[arg(long)]
@@ -49,14 +52,47 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
+/// `--narenas`: what the shim accepts in `MEMSHIM_NARENAS`
+/// (`settings::parse_narenas`), passed on as written.
 fn narenas(s: &str) -> Result<String, String> {
-    use memshim_proto::endpoint::MAX_NARENAS;
-    match s.parse::<u32>() {
-        _ if s == "auto" => Ok(s.to_owned()),
-        Ok(n) if (1..=MAX_NARENAS).contains(&n) => Ok(s.to_owned()),
-        _ => Err(format!(
-            "{s:?} is not auto or a count from 1 to {MAX_NARENAS}"
-        )),
+    settings::parse_narenas(s.as_bytes())
+        .map(|_| s.to_owned())
+        .ok_or_else(|| format!("{s:?} is not auto or a count from 1 to {MAX_NARENAS}"))
+}
+
+/// `--control`: what the shim accepts in `MEMSHIM_CONTROL`
+/// (`settings::parse_control`: `auto`, and `on`, `off` in any of the
+/// library's boolean spellings and any case), passed on as written.
+/// `--help` and the error for another value list the documented words, as
+/// clap's list of possible values would.
+#[derive(Clone)]
+struct ControlParser(PossibleValuesParser);
+
+impl ControlParser {
+    fn new() -> ControlParser {
+        ControlParser(PossibleValuesParser::new(
+            [Control::Auto, Control::On, Control::Off].map(Control::word),
+        ))
+    }
+}
+
+impl TypedValueParser for ControlParser {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &OsStr,
+    ) -> Result<String, clap::Error> {
+        match value.to_str() {
+            Some(v) if settings::parse_control(v.as_bytes()).is_some() => Ok(v.to_owned()),
+            _ => self.0.parse_ref(cmd, arg, value),
+        }
+    }
+
+    fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
+        self.0.possible_values()
     }
 }
 
@@ -97,15 +133,17 @@ pub fn locate_library(env_lib: Option<&OsStr>, exe: Option<&Path>) -> Result<Loc
         return match std::fs::canonicalize(p) {
             Ok(abs) if abs.is_file() && shared_object(&abs) => Ok(Located {
                 path: abs,
-                how: "MEMSHIM_LIB",
+                how: settings::LIB.name,
             }),
             Ok(abs) if abs.is_file() => Err(format!(
-                "MEMSHIM_LIB={} is not a shared library for this machine (not an ELF shared \
+                "{}={} is not a shared library for this machine (not an ELF shared \
                  object of memshim-ctl's class and architecture); point it at libmemshim.so",
+                settings::LIB.name,
                 p.display()
             )),
             _ => Err(format!(
-                "MEMSHIM_LIB={} does not name a file; unset it or point it at libmemshim.so",
+                "{}={} does not name a file; unset it or point it at libmemshim.so",
+                settings::LIB.name,
                 p.display()
             )),
         };
@@ -203,19 +241,19 @@ pub fn prepend_preload(lib: &Path, existing: Option<&OsStr>) -> OsString {
 pub fn shim_env(a: &RunArgs) -> Vec<(&'static str, String)> {
     let mut v = vec![];
     if let Some(ms) = a.dirty_ms {
-        v.push(("MEMSHIM_DIRTY_DECAY_MS", ms.to_string()));
+        v.push((settings::DIRTY_DECAY_MS.name, ms.to_string()));
     }
     if let Some(ms) = a.muzzy_ms {
-        v.push(("MEMSHIM_MUZZY_DECAY_MS", ms.to_string()));
+        v.push((settings::MUZZY_DECAY_MS.name, ms.to_string()));
     }
     if let Some(n) = &a.narenas {
-        v.push(("MEMSHIM_NARENAS", n.clone()));
+        v.push((settings::NARENAS.name, n.clone()));
     }
     if let Some(c) = &a.control {
-        v.push(("MEMSHIM_CONTROL", c.clone()));
+        v.push((settings::CONTROL.name, c.clone()));
     }
     if a.verbose {
-        v.push(("MEMSHIM_VERBOSE", "1".into()));
+        v.push((settings::VERBOSE.name, "1".into()));
     }
     v
 }
@@ -225,9 +263,12 @@ pub fn shim_env(a: &RunArgs) -> Vec<(&'static str, String)> {
 /// 127 (not found) or 126 (not executable), as a shell does.
 pub fn run(a: RunArgs) -> Result<Exit, Failure> {
     let exe = std::env::current_exe().ok();
-    let lib = locate_library(std::env::var_os("MEMSHIM_LIB").as_deref(), exe.as_deref())
-        .and_then(preloadable)
-        .map_err(|e| Failure::new(Exit::NotFound, None, e).hint("nothing was run"))?;
+    let lib = locate_library(
+        std::env::var_os(settings::LIB.name).as_deref(),
+        exe.as_deref(),
+    )
+    .and_then(preloadable)
+    .map_err(|e| Failure::new(Exit::NotFound, None, e).hint("nothing was run"))?;
     let preload = prepend_preload(&lib.path, std::env::var_os("LD_PRELOAD").as_deref());
     let vars = shim_env(&a);
     let (prog, args) = a.command.split_first().expect("clap requires CMD");
@@ -286,13 +327,31 @@ mod tests {
     }
 
     #[test]
-    fn option_values_are_checked() {
-        assert_eq!(crate::cli::decay_ms("-1"), Ok(-1));
-        assert_eq!(crate::cli::decay_ms("0"), Ok(0));
-        assert!(crate::cli::decay_ms("-2").is_err() && crate::cli::decay_ms("1s").is_err());
+    fn option_values_are_what_the_shim_accepts() {
         assert!(narenas("auto").is_ok() && narenas("8").is_ok());
         assert!(narenas("0").is_err() && narenas("4095").is_err() && narenas("x").is_err());
-        assert!(narenas("4094").is_ok() && narenas("+8").is_ok());
+        assert!(narenas("4094").is_ok() && narenas("+8").is_ok() && narenas("AUTO").is_ok());
+        assert_eq!(
+            narenas("0").unwrap_err(),
+            "\"0\" is not auto or a count from 1 to 4094"
+        );
+        let cmd = clap::Command::new("run");
+        let control = |v: &str| ControlParser::new().parse_ref(&cmd, None, OsStr::new(v));
+        for ok in [
+            "auto", "on", "off", "ON", "Auto", "1", "0", "yes", "no", "true", "false",
+        ] {
+            assert_eq!(control(ok).ok().as_deref(), Some(ok), "{ok:?}");
+        }
+        for bad in ["sometimes", "", "o n"] {
+            let e = control(bad).unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::InvalidValue, "{bad:?}");
+        }
+        let words: Vec<String> = ControlParser::new()
+            .possible_values()
+            .unwrap()
+            .map(|v| v.get_name().to_owned())
+            .collect();
+        assert_eq!(words, ["auto", "on", "off"]);
     }
 
     #[test]

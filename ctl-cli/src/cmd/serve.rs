@@ -389,29 +389,21 @@ fn handle(s: TcpStream, id: u64, server: &Server) {
     }
 }
 
+/// Why these options do not go together, if they do not: a usage error
+/// (exit 2, `Cli::parse_checked`), like every other bad combination of
+/// options.
+pub fn conflict(a: &ServeArgs) -> Option<String> {
+    (a.enable_purge && !a.listen.ip().is_loopback()).then(|| {
+        format!(
+            "--enable-purge is only allowed on a loopback address, not {}; \
+             listen on 127.0.0.1 or [::1], or drop --enable-purge",
+            a.listen
+        )
+    })
+}
+
 /// Serves until killed.
 pub fn run(a: ServeArgs) -> Result<Exit, Failure> {
-    if a.enable_purge && !a.listen.ip().is_loopback() {
-        // A usage error (exit 2), like every other bad combination of options.
-        use clap::CommandFactory;
-        let mut cli = crate::cli::Cli::command();
-        // `serve`'s own usage line, as clap prints for its other errors.
-        let serve = cli
-            .find_subcommand_mut("serve")
-            .cloned()
-            .unwrap_or_default();
-        serve
-            .bin_name("memshim-ctl serve")
-            .error(
-                clap::error::ErrorKind::ArgumentConflict,
-                format!(
-                    "--enable-purge is only allowed on a loopback address, not {}; \
-                     listen on 127.0.0.1 or [::1], or drop --enable-purge",
-                    a.listen
-                ),
-            )
-            .exit();
-    }
     let l = TcpListener::bind(a.listen).map_err(|e| {
         Failure::new(
             Exit::Failed,

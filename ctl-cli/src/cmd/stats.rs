@@ -1,14 +1,18 @@
 //! `memshim-ctl stats <PID> [--json] [--arenas] [--pss]`: the memory report.
 //! Every figure is defined in docs/stats.md.
 
-use crate::cli::pid_parser;
+use crate::args::pid_parser;
 use crate::client::Client;
 use crate::exit::{Exit, Failure};
 use crate::gpu;
 use crate::out::{out, outln};
 use crate::render::{bytes, kv, ms, opt_bytes, table};
 use clap::Args;
-use memshim_proto::{PressureStats, Reply, Request, StatsReport};
+use memshim_proto::settings::{self, Pressure};
+use memshim_proto::{
+    AllocatorStats, ArenaStats, CgroupStats, ConfigState, CudaIdleCounters, PressureStats,
+    ProcessStats, PythonSection, PythonUnavailable, Reply, Request, StatsReport, TorchSection,
+};
 
 /// Options of `stats`.
 #[derive(Args, Debug)]
@@ -105,15 +109,36 @@ GPU memory as the driver sees it (NVML)
     out
 }
 
-/// The human form of a stats report.
+/// The human form of a stats report: one section after another.
 pub fn human(s: &StatsReport, pid: i32, command: &str) -> String {
-    let a = &s.allocator;
-    let p = &s.process;
-    let c = &s.config;
     let mut out = format!("pid {pid}: {command}\n");
-    out += &format!(
+    out += &allocator(&s.allocator, &s.config.jemalloc_version);
+    if let Some(ar) = &s.arenas {
+        out += &arenas(ar);
+    }
+    out += &process(&s.process);
+    if let Some(g) = &s.cgroup {
+        out += &cgroup(g);
+    }
+    if let Some(pr) = &s.pressure {
+        out += &pressure(pr);
+    }
+    out += &config(&s.config);
+    out += &python(s.python.as_ref(), s.python_unavailable.as_ref());
+    if let Some(t) = &s.torch {
+        out += &torch(t);
+    }
+    if let Some(c) = &s.cuda_idle {
+        out += &cuda_idle(c);
+    }
+    out
+}
+
+/// The `allocator` section.
+fn allocator(a: &AllocatorStats, jemalloc_version: &str) -> String {
+    let mut out = format!(
         "\nallocator (jemalloc {})\n",
-        c.jemalloc_version.split('-').next().unwrap_or("")
+        jemalloc_version.split('-').next().unwrap_or("")
     );
     out += &kv(&[
         ("allocated", bytes(a.allocated), "in live allocations"),
@@ -143,59 +168,69 @@ pub fn human(s: &StatsReport, pid: i32, command: &str) -> String {
         ),
         ("purgeable", bytes(a.purgeable), "dirty + muzzy"),
     ]);
-    if let Some(ar) = &s.arenas {
-        let rows: Vec<Vec<String>> = ar
-            .iter()
-            .map(|x| {
-                vec![
-                    x.index.to_string(),
-                    x.threads.to_string(),
-                    bytes(x.active),
-                    bytes(x.dirty),
-                    bytes(x.muzzy),
-                    bytes(x.resident),
-                    bytes(x.tcache),
-                ]
-            })
-            .collect();
-        out += "\narenas\n";
-        out += &indent(&table(
+    out
+}
+
+/// The per-arena table (`--arenas`).
+fn arenas(ar: &[ArenaStats]) -> String {
+    let rows: Vec<Vec<String>> = ar
+        .iter()
+        .map(|x| {
+            vec![
+                x.index.to_string(),
+                x.threads.to_string(),
+                bytes(x.active),
+                bytes(x.dirty),
+                bytes(x.muzzy),
+                bytes(x.resident),
+                bytes(x.tcache),
+            ]
+        })
+        .collect();
+    "\narenas\n".to_owned()
+        + &indent(&table(
             &[
                 "ARENA", "THREADS", "ACTIVE", "DIRTY", "MUZZY", "RESIDENT", "TCACHE",
             ],
             &rows,
-        ));
-    }
-    out += "\nprocess\n";
-    out += &kv(&[
-        ("rss", bytes(p.rss), "resident set size"),
-        (
-            "pss",
-            opt_bytes(p.pss),
-            if p.pss.is_none() {
-                "(--pss)"
-            } else {
-                "proportional share"
-            },
-        ),
-        ("anon", opt_bytes(p.anon), "anonymous"),
-        (
-            "file",
-            opt_bytes(p.file),
-            "file-backed (code, mapped files)",
-        ),
-        ("shmem", opt_bytes(p.shmem), "shared memory"),
-        ("swap", opt_bytes(p.swap), "swapped out"),
-        (
-            "unmanaged",
-            bytes(p.unmanaged),
-            "not the shim's (pymalloc, mmap, stacks, code)",
-        ),
-    ]);
-    if let Some(g) = &s.cgroup {
-        out += &format!("\ncgroup v{} {}\n", g.version, g.path);
-        let max = g.max.map_or_else(|| "no limit".to_owned(), bytes);
-        out += &kv(&[
+        ))
+}
+
+/// The `process` section (the kernel's figures).
+fn process(p: &ProcessStats) -> String {
+    "\nprocess\n".to_owned()
+        + &kv(&[
+            ("rss", bytes(p.rss), "resident set size"),
+            (
+                "pss",
+                opt_bytes(p.pss),
+                if p.pss.is_none() {
+                    "(--pss)"
+                } else {
+                    "proportional share"
+                },
+            ),
+            ("anon", opt_bytes(p.anon), "anonymous"),
+            (
+                "file",
+                opt_bytes(p.file),
+                "file-backed (code, mapped files)",
+            ),
+            ("shmem", opt_bytes(p.shmem), "shared memory"),
+            ("swap", opt_bytes(p.swap), "swapped out"),
+            (
+                "unmanaged",
+                bytes(p.unmanaged),
+                "not the shim's (pymalloc, mmap, stacks, code)",
+            ),
+        ])
+}
+
+/// The `cgroup` section.
+fn cgroup(g: &CgroupStats) -> String {
+    let max = g.max.map_or_else(|| "no limit".to_owned(), bytes);
+    format!("\ncgroup v{} {}\n", g.version, g.path)
+        + &kv(&[
             (
                 "current",
                 bytes(g.current),
@@ -209,12 +244,11 @@ pub fn human(s: &StatsReport, pid: i32, command: &str) -> String {
                 "page cache, tmpfs and shared memory included",
             ),
             ("kernel", opt_bytes(g.kernel), ""),
-        ]);
-    }
-    if let Some(pr) = &s.pressure {
-        out += &pressure(pr);
-    }
-    out += "\nconfig\n";
+        ])
+}
+
+/// The `config` section: the shim's settings and state.
+fn config(c: &ConfigState) -> String {
     let decay = |v: i64| {
         if v < 0 {
             "never".to_owned()
@@ -222,167 +256,176 @@ pub fn human(s: &StatsReport, pid: i32, command: &str) -> String {
             format!("{v} ms")
         }
     };
-    out += &kv(&[
-        ("dirty_decay", decay(c.dirty_decay_ms), ""),
-        ("muzzy_decay", decay(c.muzzy_decay_ms), ""),
-        ("narenas", c.narenas.to_string(), ""),
-        (
-            "background_purge",
-            yes(c.background_purge),
-            if c.background_purge {
-                "the shim's thread decays idle pages"
-            } else {
-                "dirty_decay_ms is -1: idle pages stay until purged"
-            },
-        ),
-        (
-            "interposed",
-            yes(c.interposed),
-            "the shim's malloc is the process's malloc",
-        ),
-        ("control", c.control.clone(), "MEMSHIM_CONTROL"),
-        ("uptime", ms(c.uptime_ms as f64), ""),
-        ("fork_child", yes(c.fork_child), ""),
-        (
-            "deepbind_cleared",
-            c.deepbind_cleared.to_string(),
-            "dlopen calls with RTLD_DEEPBIND removed",
-        ),
-        ("thread_starts", c.thread_starts.to_string(), ""),
-        ("shim", c.shim_version.clone(), ""),
-    ]);
-    match (&s.python, &s.python_unavailable) {
-        (Some(py), _) => {
-            out += &format!(
-                "\npython {}{}\n",
-                py.version,
-                if py.free_threaded {
-                    " (free-threaded)"
+    "\nconfig\n".to_owned()
+        + &kv(&[
+            ("dirty_decay", decay(c.dirty_decay_ms), ""),
+            ("muzzy_decay", decay(c.muzzy_decay_ms), ""),
+            ("narenas", c.narenas.to_string(), ""),
+            (
+                "background_purge",
+                yes(c.background_purge),
+                if c.background_purge {
+                    "the shim's thread decays idle pages"
                 } else {
-                    ""
-                }
-            );
-            // None: the program never imported gc (the bridge never imports it).
-            let three = |v: Option<[u64; 3]>| {
-                v.map_or_else(
-                    || "- (gc not imported)".to_owned(),
-                    |v| format!("{} {} {}", v[0], v[1], v[2]),
-                )
-            };
-            out += &kv(&[
-                ("gc_enabled", yes(py.gc_enabled), ""),
-                ("gc_counts", three(py.gc_counts), "per generation"),
-                ("gc_thresholds", three(py.gc_thresholds), ""),
-                ("gc_collections", three(py.gc_collections), ""),
-                (
-                    "allocated_blocks",
-                    py.allocated_blocks.to_string(),
-                    "sys.getallocatedblocks()",
-                ),
-                ("threads", py.threads.to_string(), ""),
-                (
-                    "pymalloc_arenas",
-                    opt_bytes(py.pymalloc_arena_bytes),
-                    "mmap'ed directly, not via malloc",
-                ),
-            ]);
+                    "dirty_decay_ms is -1: idle pages stay until purged"
+                },
+            ),
+            (
+                "interposed",
+                yes(c.interposed),
+                "the shim's malloc is the process's malloc",
+            ),
+            ("control", c.control.clone(), settings::CONTROL.name),
+            ("uptime", ms(c.uptime_ms as f64), ""),
+            ("fork_child", yes(c.fork_child), ""),
+            (
+                "deepbind_cleared",
+                c.deepbind_cleared.to_string(),
+                "dlopen calls with RTLD_DEEPBIND removed",
+            ),
+            ("thread_starts", c.thread_starts.to_string(), ""),
+            ("shim", c.shim_version.clone(), ""),
+        ])
+}
+
+/// The `python` section, or why the bridge could not look (nothing for a
+/// process without Python).
+fn python(py: Option<&PythonSection>, unavailable: Option<&PythonUnavailable>) -> String {
+    let py = match (py, unavailable) {
+        (Some(py), _) => py,
+        (None, Some(why)) if !matches!(why, PythonUnavailable::NoPython) => {
+            return format!("\npython: {why}\n");
         }
-        (None, Some(why)) if !matches!(why, memshim_proto::PythonUnavailable::NoPython) => {
-            out += &format!("\npython: {why}\n");
+        _ => return String::new(),
+    };
+    let mut out = format!(
+        "\npython {}{}\n",
+        py.version,
+        if py.free_threaded {
+            " (free-threaded)"
+        } else {
+            ""
         }
-        _ => {}
+    );
+    // None: the program never imported gc (the bridge never imports it).
+    let three = |v: Option<[u64; 3]>| {
+        v.map_or_else(
+            || "- (gc not imported)".to_owned(),
+            |v| format!("{} {} {}", v[0], v[1], v[2]),
+        )
+    };
+    out += &kv(&[
+        ("gc_enabled", yes(py.gc_enabled), ""),
+        ("gc_counts", three(py.gc_counts), "per generation"),
+        ("gc_thresholds", three(py.gc_thresholds), ""),
+        ("gc_collections", three(py.gc_collections), ""),
+        (
+            "allocated_blocks",
+            py.allocated_blocks.to_string(),
+            "sys.getallocatedblocks()",
+        ),
+        ("threads", py.threads.to_string(), ""),
+        (
+            "pymalloc_arenas",
+            opt_bytes(py.pymalloc_arena_bytes),
+            "mmap'ed directly, not via malloc",
+        ),
+    ]);
+    out
+}
+
+/// The `torch` section: its allocator's settings and a table of devices.
+fn torch(t: &TorchSection) -> String {
+    let mut out = format!(
+        "\ntorch {} (CUDA {})\n",
+        t.version,
+        if t.cuda_initialized {
+            "initialized"
+        } else {
+            "not initialized"
+        }
+    );
+    let mut facts: Vec<(&str, String, &str)> = Vec::new();
+    if let Some(b) = &t.allocator_backend {
+        facts.push(("allocator", b.clone(), "torch.cuda.get_allocator_backend()"));
     }
-    if let Some(t) = &s.torch {
-        out += &format!(
-            "\ntorch {} (CUDA {})\n",
-            t.version,
-            if t.cuda_initialized {
-                "initialized"
-            } else {
-                "not initialized"
-            }
-        );
-        let mut facts: Vec<(&str, String, &str)> = Vec::new();
-        if let Some(b) = &t.allocator_backend {
-            facts.push(("allocator", b.clone(), "torch.cuda.get_allocator_backend()"));
-        }
-        if let Some(c) = &t.alloc_conf {
-            facts.push(("alloc_conf", c.clone(), "allocator settings in effect"));
-        }
-        if let Some(h) = &t.host_pinned {
-            facts.push((
-                "pinned_host",
-                format!("{} ({} cached)", bytes(h.allocated), bytes(h.cached)),
-                "page-locked host memory; release empties the cache",
-            ));
-        }
-        if !facts.is_empty() {
-            out += &kv(&facts);
-        }
-        if !t.devices.is_empty() {
-            let rows: Vec<Vec<String>> = t
-                .devices
-                .iter()
-                .map(|d| {
-                    vec![
-                        format!("cuda:{}", d.index),
-                        bytes(d.allocated),
-                        bytes(d.reserved),
-                        bytes(d.active),
-                        bytes(d.inactive_split),
-                        format!("{:.0}%", d.fragmentation * 100.0),
-                        bytes(d.peak_allocated),
-                        d.num_alloc_retries.to_string(),
-                        d.num_ooms.to_string(),
-                    ]
-                })
-                .collect();
-            out += &indent(&table(
-                &[
-                    "DEVICE",
-                    "ALLOCATED",
-                    "RESERVED",
-                    "ACTIVE",
-                    "INACTIVE_SPLIT",
-                    "FRAG",
-                    "PEAK",
-                    "RETRIES",
-                    "OOMS",
-                ],
-                &rows,
-            ));
-        }
+    if let Some(c) = &t.alloc_conf {
+        facts.push(("alloc_conf", c.clone(), "allocator settings in effect"));
     }
-    if let Some(c) = &s.cuda_idle {
-        out += &format!(
-            "\nidle VRAM return after {} ms idle, at least {} unused\n",
-            c.idle_ms,
-            bytes(c.min_bytes)
-        );
-        out += &kv(&[
-            (
-                "looks",
-                c.checks.to_string(),
-                "times it looked into the interpreter",
-            ),
-            (
-                "returns",
-                c.returns.to_string(),
-                "times the caches were emptied",
-            ),
-            (
-                "vram_returned",
-                bytes(c.vram_returned),
-                "VRAM given back to the driver",
-            ),
-            (
-                "pinned_returned",
-                bytes(c.pinned_returned),
-                "pinned host memory given back",
-            ),
-        ]);
+    if let Some(h) = &t.host_pinned {
+        facts.push((
+            "pinned_host",
+            format!("{} ({} cached)", bytes(h.allocated), bytes(h.cached)),
+            "page-locked host memory; release empties the cache",
+        ));
+    }
+    if !facts.is_empty() {
+        out += &kv(&facts);
+    }
+    if !t.devices.is_empty() {
+        let rows: Vec<Vec<String>> = t
+            .devices
+            .iter()
+            .map(|d| {
+                vec![
+                    format!("cuda:{}", d.index),
+                    bytes(d.allocated),
+                    bytes(d.reserved),
+                    bytes(d.active),
+                    bytes(d.inactive_split),
+                    format!("{:.0}%", d.fragmentation * 100.0),
+                    bytes(d.peak_allocated),
+                    d.num_alloc_retries.to_string(),
+                    d.num_ooms.to_string(),
+                ]
+            })
+            .collect();
+        out += &indent(&table(
+            &[
+                "DEVICE",
+                "ALLOCATED",
+                "RESERVED",
+                "ACTIVE",
+                "INACTIVE_SPLIT",
+                "FRAG",
+                "PEAK",
+                "RETRIES",
+                "OOMS",
+            ],
+            &rows,
+        ));
     }
     out
+}
+
+/// The idle VRAM return's section (`MEMSHIM_CUDA_IDLE_MS`).
+fn cuda_idle(c: &CudaIdleCounters) -> String {
+    format!(
+        "\nidle VRAM return after {} ms idle, at least {} unused\n",
+        c.idle_ms,
+        bytes(c.min_bytes)
+    ) + &kv(&[
+        (
+            "looks",
+            c.checks.to_string(),
+            "times it looked into the interpreter",
+        ),
+        (
+            "returns",
+            c.returns.to_string(),
+            "times the caches were emptied",
+        ),
+        (
+            "vram_returned",
+            bytes(c.vram_returned),
+            "VRAM given back to the driver",
+        ),
+        (
+            "pinned_returned",
+            bytes(c.pinned_returned),
+            "pinned host memory given back",
+        ),
+    ])
 }
 
 /// The `pressure` section (MEMSHIM_PRESSURE).
@@ -393,7 +436,7 @@ fn pressure(p: &PressureStats) -> String {
         p.watching.join(", ")
     };
     let what = match (p.mode.as_str(), p.source.as_str()) {
-        ("off", _) => "MEMSHIM_PRESSURE=off".to_owned(),
+        (mode, _) if mode == Pressure::Off.word() => format!("{}={mode}", settings::PRESSURE.name),
         (_, "none") => "no memory limit to watch".to_owned(),
         (_, v) => format!("cgroup {v}: {watching}"),
     };
@@ -428,7 +471,7 @@ fn pressure(p: &PressureStats) -> String {
             "RSS those purges gave back".to_owned(),
         ),
     ]);
-    if p.mode == "gc" {
+    if p.mode == Pressure::Gc.word() {
         rows.push((
             "gc_runs",
             p.gc_runs.to_string(),

@@ -3,7 +3,7 @@
 //! device's reserved VRAM and what the driver says the process uses. On a terminal the view is redrawn in place
 //! with sparklines; otherwise (a pipe, a log) one line per sample.
 
-use crate::cli::pid_parser;
+use crate::args::pid_parser;
 use crate::client::Client;
 use crate::exit::{Exit, Failure};
 use crate::render::{bytes, delta, sparkline};

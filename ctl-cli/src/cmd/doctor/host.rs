@@ -1,7 +1,10 @@
 //! Host facts that change how a shimmed process's memory behaves: THP mode,
 //! the memory cgroup's usage and limit, and the CPU quota compared with the
-//! CPUs the process may run on. Read from /proc and /sys only.
+//! CPUs the process may run on. Read from /proc and /sys only; the
+//! cgroup files are parsed by `memshim_proto::cgroup`.
 
+use crate::render::mib_or_gib;
+use memshim_proto::cgroup;
 use std::path::{Path, PathBuf};
 
 /// Facts for one process (or for memshim-ctl itself with `pid = "self"`).
@@ -65,13 +68,7 @@ pub fn count_cpu_list(s: &str) -> Option<u32> {
 }
 
 fn read(p: impl AsRef<Path>) -> Option<String> {
-    crate::discover::read_text(p).ok()
-}
-
-fn limit(s: &str) -> Option<u64> {
-    let s = s.trim();
-    // v1 reports "no limit" as a huge page-aligned number.
-    s.parse::<u64>().ok().filter(|v| *v < (1 << 62))
+    crate::procfs::read_text(p).ok()
 }
 
 /// `cpu.max` (`"max 100000"` or `"200000 100000"`) as CPUs.
@@ -88,17 +85,18 @@ pub fn cgroup_of(pid: &str) -> Option<Cgroup> {
     let text = read(format!("/proc/{pid}/cgroup"))?;
     let root = PathBuf::from("/sys/fs/cgroup");
     // cgroup v2: a single "0::/path" line and a unified mount.
-    if let Some(path) = text.lines().find_map(|l| l.strip_prefix("0::"))
+    if let Some(path) = cgroup::parse_proc_cgroup(&text).v2
         && root.join("cgroup.controllers").exists()
     {
         let d = root.join(path.trim_start_matches('/'));
+        let (usage, limit) = cgroup::usage_and_limit_files(2);
         return Some(Cgroup {
             version: 2,
-            path: path.to_owned(),
-            memory_current: read(d.join("memory.current")).and_then(|s| s.trim().parse().ok()),
-            memory_max: read(d.join("memory.max")).and_then(|s| limit(&s)),
-            memory_high: read(d.join("memory.high")).and_then(|s| limit(&s)),
+            memory_current: read(d.join(usage)).and_then(|s| s.trim().parse().ok()),
+            memory_max: read(d.join(limit)).and_then(|s| cgroup::parse_limit(&s)),
+            memory_high: read(d.join("memory.high")).and_then(|s| cgroup::parse_limit(&s)),
             cpu_quota: read(d.join("cpu.max")).and_then(|s| cpu_max(&s)),
+            path,
         });
     }
     // cgroup v1: "N:memory:/path" and "N:cpu,cpuacct:/path".
@@ -119,11 +117,12 @@ pub fn cgroup_of(pid: &str) -> Option<Cgroup> {
         let per: f64 = read(d.join("cpu.cfs_period_us"))?.trim().parse().ok()?;
         (q > 0.0 && per > 0.0).then(|| q / per)
     });
+    let (usage, limit) = cgroup::usage_and_limit_files(1);
     Some(Cgroup {
         version: 1,
         path: mpath,
-        memory_current: read(md.join("memory.usage_in_bytes")).and_then(|s| s.trim().parse().ok()),
-        memory_max: read(md.join("memory.limit_in_bytes")).and_then(|s| limit(&s)),
+        memory_current: read(md.join(usage)).and_then(|s| s.trim().parse().ok()),
+        memory_max: read(md.join(limit)).and_then(|s| cgroup::parse_limit(&s)),
         memory_high: None,
         cpu_quota,
     })
@@ -145,6 +144,69 @@ pub fn facts(pid: &str) -> HostFacts {
     }
 }
 
+/// Human lines for host facts.
+pub fn lines(h: &HostFacts) -> Vec<String> {
+    let mut v = vec![];
+    let thp = h.thp_enabled.as_deref().unwrap_or("unknown");
+    let hint = match thp {
+        "always" => ": huge pages can make purged memory return late (and RSS jump by 2 MiB steps)",
+        _ => "",
+    };
+    v.push(format!(
+        "THP        enabled={thp} defrag={}{hint}",
+        h.thp_defrag.as_deref().unwrap_or("unknown")
+    ));
+    match &h.cgroup {
+        // Its files unreadable (the memory hierarchy is not mounted here):
+        // no figure, not "unlimited".
+        Some(c) if c.memory_current.is_none() && c.memory_max.is_none() => v.push(format!(
+            "cgroup     v{} {}: its memory figures are not readable here",
+            c.version, c.path
+        )),
+        Some(c) => {
+            let cur = c
+                .memory_current
+                .map(mib_or_gib)
+                .unwrap_or_else(|| "?".into());
+            let max = c
+                .memory_max
+                .map(mib_or_gib)
+                .unwrap_or_else(|| "unlimited".into());
+            let high = c
+                .memory_high
+                .map(|b| format!(", memory.high {}", mib_or_gib(b)))
+                .unwrap_or_default();
+            v.push(format!(
+                "cgroup     v{} {}: using {cur} of {max}{high}",
+                c.version, c.path
+            ));
+        }
+        None => v.push("cgroup     not readable".into()),
+    }
+    let allowed = h
+        .cpus_allowed
+        .map(|n| n.to_string())
+        .unwrap_or_else(|| "?".into());
+    let online = h
+        .cpus_online
+        .map(|n| n.to_string())
+        .unwrap_or_else(|| "?".into());
+    let quota = h.cgroup.as_ref().and_then(|c| c.cpu_quota);
+    let q = match (quota, h.cpus_allowed) {
+        (Some(q), Some(a)) if q < a as f64 => {
+            format!(
+                ", CPU quota {q:.2}: fewer than visible; the shim sizes its arenas by the quota"
+            )
+        }
+        (Some(q), _) => format!(", CPU quota {q:.2}"),
+        (None, _) => ", no CPU quota".into(),
+    };
+    v.push(format!(
+        "CPUs       {allowed} allowed of {online} online{q}"
+    ));
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,9 +223,6 @@ mod tests {
         assert_eq!(count_cpu_list("3-1"), None);
         assert_eq!(cpu_max("max 100000"), None);
         assert_eq!(cpu_max("150000 100000"), Some(1.5));
-        assert_eq!(limit("9223372036854771712"), None);
-        assert_eq!(limit("max"), None);
-        assert_eq!(limit("1073741824"), Some(1 << 30));
     }
 
     #[test]
@@ -172,6 +231,45 @@ mod tests {
         assert!(
             f.cpus_allowed.unwrap() >= 1 && f.cpus_online.unwrap() >= f.cpus_allowed.unwrap(),
             "{f:?}"
+        );
+    }
+
+    #[test]
+    fn host_lines_show_limits_in_mib_or_gib() {
+        let h = HostFacts {
+            thp_enabled: Some("always".into()),
+            cgroup: Some(Cgroup {
+                version: 2,
+                path: "/a".into(),
+                memory_current: Some(512 << 20),
+                memory_max: Some(3 << 29),
+                memory_high: None,
+                cpu_quota: Some(0.5),
+            }),
+            cpus_allowed: Some(2),
+            cpus_online: Some(4),
+            ..Default::default()
+        };
+        let l = lines(&h);
+        assert!(
+            l[0].starts_with("THP        enabled=always defrag=unknown: huge pages"),
+            "{l:?}"
+        );
+        assert_eq!(l[1], "cgroup     v2 /a: using 512.0 MiB of 1.5 GiB");
+        assert_eq!(
+            l[2],
+            "CPUs       2 allowed of 4 online, CPU quota 0.50: fewer than visible; the shim sizes its arenas by the quota"
+        );
+        // v1's "no limit" (near 2^63) is no limit.
+        let mut v1 = h.cgroup.clone().unwrap();
+        v1.memory_max = cgroup::parse_limit("9223372036854771712");
+        assert!(
+            lines(&HostFacts {
+                cgroup: Some(v1),
+                ..h
+            })
+            .iter()
+            .any(|l| l.ends_with("of unlimited"))
         );
     }
 }

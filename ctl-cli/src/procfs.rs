@@ -1,22 +1,15 @@
-//! Finding shimmed processes and their control sockets through `/proc`.
+//! What `/proc` says about a process: its ids, command, threads and
+//! their states, memory lines, environment, user namespace's uid map and
+//! mount namespace, and whether it maps `libmemshim.so`; with the failures
+//! for a pid that is no process, a thread, or one we may not read.
 //!
-//! * The shim is loaded if `/proc/<pid>/maps` maps a `libmemshim.so`.
-//! * The socket is `<dir>/<nspid>-<starttime>-<pidns>.sock`
-//!   (`memshim_proto::endpoint`), where `<dir>` is the process's
-//!   `MEMSHIM_SOCKET_DIR` (from `/proc/<pid>/environ`) or
-//!   `/tmp/memshim-<euid>`, `<nspid>` is the last `NSpid` entry of
-//!   `/proc/<pid>/status` (the pid inside the process's own pid namespace),
-//!   `<starttime>` is field 22 of `/proc/<pid>/stat` and `<pidns>` the inode
-//!   of `/proc/<pid>/ns/pid`. A file with the right pid but another start
-//!   time belongs to an earlier process that had the same pid, and is never
-//!   used.
-//! * A process in another mount namespace (a container) is reached through
-//!   `/proc/<pid>/root/<dir>` (needs root or ptrace rights). Its euid is
-//!   translated through `/proc/<pid>/uid_map` when it has its own user
-//!   namespace.
+//! A process whose main thread has ended with `pthread_exit` while others
+//! run on shows its address space, environment and root only through a
+//! running thread's directory ([`view`]).
 
 use crate::exit::{Exit, Failure};
-use memshim_proto::endpoint::{self, SocketName};
+use crate::out::printable;
+use memshim_proto::settings::{self, Control};
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -29,6 +22,9 @@ pub struct Proc {
     pub nspid: i32,
     /// Effective uid as we see it.
     pub uid: u32,
+    /// Parent's pid as we see it (0 if outside our pid namespace or
+    /// unreadable).
+    pub ppid: i32,
     /// Command line (or `[comm]`), shortened for display elsewhere.
     pub command: String,
     /// Threads.
@@ -99,11 +95,8 @@ fn view_from(pid: i32, leader_stat: &str) -> PathBuf {
 /// closes its descriptors and long before it is a zombie).
 fn exited(stat: &str) -> bool {
     const PF_EXITING: u64 = 0x4;
-    let mut fields = stat_fields(stat);
-    let state = fields.as_mut().and_then(|f| f.next());
-    // `flags` is field 9, the 6th after the state (field 3).
-    let flags: u64 = fields.and_then(|mut f| f.nth(5)?.parse().ok()).unwrap_or(0);
-    matches!(state, Some("Z" | "X" | "x")) || flags & PF_EXITING != 0
+    let state = stat_fields(stat).and_then(|mut f| f.next());
+    matches!(state, Some("Z" | "X" | "x")) || stat_flags(stat).unwrap_or(0) & PF_EXITING != 0
 }
 
 /// `/proc/<pid>/task/<tid>` of a thread of `pid` that has not exited.
@@ -119,6 +112,11 @@ fn running_task(pid: i32) -> Option<PathBuf> {
 /// the last `)`, since the command (field 2) may hold spaces and `)`.
 fn stat_fields(stat: &str) -> Option<std::str::SplitWhitespace<'_>> {
     Some(stat[stat.rfind(')')? + 1..].split_whitespace())
+}
+
+/// The `flags` of a `stat` line (field 9, the 6th after the state).
+pub fn stat_flags(stat: &str) -> Option<u64> {
+    stat_fields(stat)?.nth(6)?.parse().ok()
 }
 
 /// Field 22 of a `stat` line.
@@ -149,6 +147,9 @@ pub fn read_proc(pid: i32) -> Result<Proc, Failure> {
     let uid = status_fields(&status, "Uid")
         .and_then(|f| f.get(1).and_then(|s| s.parse().ok()))
         .unwrap_or(u32::MAX);
+    let ppid = status_fields(&status, "PPid")
+        .and_then(|f| f.first().and_then(|s| s.parse().ok()))
+        .unwrap_or(0);
     let threads = status_fields(&status, "Threads")
         .and_then(|f| f.first().and_then(|s| s.parse().ok()))
         .unwrap_or(0);
@@ -184,6 +185,7 @@ pub fn read_proc(pid: i32) -> Result<Proc, Failure> {
         pid,
         nspid,
         uid,
+        ppid,
         command,
         threads,
         starttime: parse_starttime(&stat).unwrap_or(0),
@@ -191,15 +193,6 @@ pub fn read_proc(pid: i32) -> Result<Proc, Failure> {
         rss,
         view,
     })
-}
-
-/// A process's name or command line as it may be shown: control
-/// characters (newlines, terminal escapes), which any process can put in
-/// its own, become spaces.
-pub fn printable(s: &str) -> String {
-    s.chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect()
 }
 
 /// `/proc/<tid>` exists for every thread, though `ls /proc` lists only
@@ -260,6 +253,19 @@ fn state_in(task: &Path) -> Option<String> {
 /// `memshim`).
 fn is_shim_thread(task: &Path) -> bool {
     read_text(task.join("comm")).is_ok_and(|c| c.trim() == "memshim")
+}
+
+/// Whether a thread of `pid` named `memshim` (the shim's) is listed; true
+/// when the threads cannot be read.
+pub fn has_shim_thread(pid: i32) -> bool {
+    std::fs::read_dir(proc_path(pid, "task"))
+        .map(|rd| rd.flatten().any(|t| is_shim_thread(&t.path())))
+        .unwrap_or(true)
+}
+
+/// Whether the main thread of `pid` is a zombie or dead (state `Z` or `X`).
+pub fn is_zombie(pid: i32) -> bool {
+    matches!(state_in(&main_dir(pid)).as_deref(), Some("Z" | "X"))
 }
 
 /// Whether `pid` is stopped (state `T`, or `t` under a tracer): its
@@ -361,13 +367,53 @@ pub fn shim_loaded(pid: i32) -> io::Result<bool> {
         .any(|l| l.ends_with(b"/libmemshim.so") || l.ends_with(b"/libmemshim.so (deleted)")))
 }
 
-/// A `MEMSHIM_*` variable of the process's initial environment, if readable.
-pub fn environ_var(p: &Proc, key: &str) -> Option<String> {
-    let env = std::fs::read(p.view.join("environ")).ok()?;
-    let prefix = format!("{key}=");
-    env.split(|&b| b == 0).find_map(|kv| {
-        kv.strip_prefix(prefix.as_bytes())
+/// A process's initial environment (`/proc/<pid>/environ`, from its
+/// [`view`]): `KEY=value` entries, each ended by a NUL.
+#[derive(Debug, Clone)]
+pub struct Environ(Vec<u8>);
+
+impl Environ {
+    /// Reads the environment of the process whose `/proc` directory is
+    /// `view`; `None` if it cannot be read.
+    pub fn read(view: &Path) -> Option<Environ> {
+        std::fs::read(view.join("environ")).ok().map(Environ)
+    }
+
+    /// The value of the first `key=` entry, as bytes.
+    pub fn get_bytes(&self, key: &str) -> Option<&[u8]> {
+        self.0
+            .split(|&b| b == 0)
+            .find_map(|kv| kv.strip_prefix(key.as_bytes())?.strip_prefix(b"="))
+    }
+
+    /// The value of the first `key=` entry (bytes that are not UTF-8 read as
+    /// U+FFFD).
+    pub fn get(&self, key: &str) -> Option<String> {
+        self.get_bytes(key)
             .map(|v| String::from_utf8_lossy(v).into_owned())
+    }
+}
+
+/// The mode `MEMSHIM_CONTROL` in a process's environment `env` gives its
+/// shim, read by the shim's own parser: its default where the variable is
+/// unset, invalid (the library warns and uses it) or unreadable.
+pub fn control_mode(env: Option<&Environ>) -> Control {
+    let value = env
+        .and_then(|e| e.get_bytes(settings::CONTROL.name))
+        .and_then(settings::parse_control);
+    Control::from_value(value.unwrap_or(settings::CONTROL.default_value()))
+}
+
+/// Whether the process runs in secure-execution mode (setuid/setgid or
+/// file capabilities): `AT_SECURE` (23) in the auxiliary vector of the
+/// process whose `/proc` directory is `view`.
+pub fn at_secure(view: &Path) -> Option<bool> {
+    std::fs::read(view.join("auxv")).ok().and_then(|b| {
+        b.chunks_exact(16).find_map(|kv| {
+            let k = u64::from_ne_bytes(kv[..8].try_into().ok()?);
+            let v = u64::from_ne_bytes(kv[8..].try_into().ok()?);
+            (k == 23).then_some(v != 0)
+        })
     })
 }
 
@@ -404,263 +450,6 @@ pub fn same_mount_ns(view: &Path) -> bool {
     ) {
         (Ok(a), Ok(b)) => a == b,
         _ => true,
-    }
-}
-
-/// Where a process's control socket is.
-#[derive(Debug, Clone)]
-pub struct SocketLoc {
-    /// The directory as the process sees it.
-    pub dir_inside: PathBuf,
-    /// The directory as we reach it (`/proc/<pid>/root/...` across mount
-    /// namespaces).
-    pub dir: PathBuf,
-    /// `<nspid>-<starttime>-<pidns>.sock`.
-    pub name: String,
-}
-
-impl SocketLoc {
-    /// Full path as we reach it.
-    pub fn path(&self) -> PathBuf {
-        self.dir.join(&self.name)
-    }
-}
-
-/// The socket directory the shim in `p` uses, and how we reach it.
-pub fn socket_loc(p: &Proc) -> SocketLoc {
-    let dir_inside = environ_var(p, "MEMSHIM_SOCKET_DIR")
-        .filter(|d| endpoint::valid_socket_dir(d.as_bytes()))
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(endpoint::default_socket_dir(uid_inside(p.pid, p.uid))));
-    let dir = if same_mount_ns(&p.view) {
-        dir_inside.clone()
-    } else {
-        p.view
-            .join("root")
-            .join(dir_inside.strip_prefix("/").unwrap_or(&dir_inside))
-    };
-    let name = socket_name(p, &dir);
-    SocketLoc {
-        dir_inside,
-        dir,
-        name,
-    }
-}
-
-/// The file name of `p`'s socket. Without the pid namespace (no permission
-/// to read `/proc/<pid>/ns/pid`), the one file in `dir` with `p`'s pid and
-/// start time, if there is exactly one.
-fn socket_name(p: &Proc, dir: &Path) -> String {
-    let want = SocketName {
-        pid: p.nspid,
-        starttime: p.starttime,
-        pidns: p.pidns,
-    };
-    if p.pidns != 0 {
-        return want.to_string();
-    }
-    let candidates: Vec<String> = std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.flatten()
-                .filter_map(|e| e.file_name().into_string().ok())
-                .filter(|n| {
-                    SocketName::parse(n)
-                        .is_some_and(|s| s.pid == p.nspid && s.starttime == p.starttime)
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    match &candidates[..] {
-        [one] => one.clone(),
-        _ => want.to_string(),
-    }
-}
-
-/// Whether a `hello` answer comes from the process `p`.
-pub fn hello_matches(h: &memshim_proto::HelloReply, p: &Proc) -> bool {
-    h.pid == p.nspid
-        && h.starttime == p.starttime
-        && (p.pidns == 0 || h.pidns.is_none_or(|n| n == p.pidns))
-}
-
-/// Why a directory is one the shim refuses, if it is.
-pub fn unsafe_dir(dir: &Path, uid: u32) -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::symlink_metadata(dir).ok()?;
-    if m.file_type().is_symlink() {
-        return Some(format!(
-            "{} is a symbolic link; the shim refuses it",
-            dir.display()
-        ));
-    }
-    if !m.is_dir() {
-        return Some(format!("{} is not a directory", dir.display()));
-    }
-    if m.uid() != uid {
-        return Some(format!(
-            "{} is owned by uid {}, not by the process's uid {uid}; the shim refuses it",
-            dir.display(),
-            m.uid()
-        ));
-    }
-    if m.mode() & 0o077 != 0 {
-        return Some(format!(
-            "{} has mode {:04o}; the shim refuses a directory group or others can use",
-            dir.display(),
-            m.mode() & 0o7777
-        ));
-    }
-    None
-}
-
-/// Why the shim cannot create the socket directory `dir`: its parent does
-/// not exist (the shim creates only the last component).
-pub fn missing_parent(dir: &Path) -> Option<String> {
-    let parent = dir.parent().filter(|d| !d.exists())?;
-    Some(format!(
-        "the socket directory {} cannot be created: its parent {} does not exist (the shim creates only the last \
-         component)",
-        dir.display(),
-        parent.display()
-    ))
-}
-
-/// The mode a `MEMSHIM_CONTROL` value gives the shim, spelled as in the
-/// docs: `"on"` and `"off"` for any of the library's boolean spellings
-/// (any case), `"auto"` for `auto`, an unset and an invalid value (the
-/// library warns and uses its default).
-pub fn control_mode(value: Option<&str>) -> &'static str {
-    match value.unwrap_or_default().to_ascii_lowercase().as_str() {
-        "off" | "0" | "false" | "no" => "off",
-        "on" | "1" | "true" | "yes" => "on",
-        _ => "auto",
-    }
-}
-
-/// Why the endpoint of a shimmed process is not there, for a person.
-pub fn why_no_endpoint(p: &Proc, loc: &SocketLoc) -> (String, String) {
-    let control = control_mode(environ_var(p, "MEMSHIM_CONTROL").as_deref());
-    if control == "off" {
-        return (
-            "MEMSHIM_CONTROL=off: this process has no control endpoint".into(),
-            "restart it without MEMSHIM_CONTROL=off".into(),
-        );
-    }
-    let on = control == "on";
-    if p.threads <= 1 && !on {
-        return (
-            "single-threaded process: the endpoint starts with its second thread, or set MEMSHIM_CONTROL=on".into(),
-            "start the process with MEMSHIM_CONTROL=on to have the endpoint from the start".into(),
-        );
-    }
-    if let Some(why) = unsafe_dir(&loc.dir, p.uid) {
-        return (
-            why,
-            format!(
-                "remove {} (the shim re-creates it safely within 5 s)",
-                loc.dir.display()
-            ),
-        );
-    }
-    if p.main_thread_gone() {
-        return (
-            "its main thread has ended with pthread_exit: the shim's thread then stops for good, so that the \
-             process's exit (atexit handlers, stdio's flush) runs on one of the program's own threads"
-                .into(),
-            "none: memory still goes back as the program allocates and frees (decay); `memshim-ctl list` and \
-             `cgroup` still show the process"
-                .into(),
-        );
-    }
-    let has_thread = std::fs::read_dir(proc_path(p.pid, "task"))
-        .map(|rd| rd.flatten().any(|t| is_shim_thread(&t.path())))
-        .unwrap_or(true);
-    if !has_thread {
-        return (
-            "the shim's thread is not running (it stops when the process has been single-threaded for a while, and \
-             never runs where the shim does not interpose malloc)"
-                .into(),
-            format!(
-                "`memshim-ctl doctor {}` tells whether the shim interposes (a program with its own malloc, a \
-                 sanitizer); if it does, MEMSHIM_CONTROL=on keeps the thread",
-                p.pid
-            ),
-        );
-    }
-    if let Some(why) = missing_parent(&loc.dir) {
-        let parent = loc.dir.parent().unwrap_or(Path::new("/"));
-        return (
-            why,
-            format!(
-                "create {} (the shim binds within 5 s), or point MEMSHIM_SOCKET_DIR elsewhere",
-                parent.display()
-            ),
-        );
-    }
-    if let Some(blocked) = blocked_socket(&loc.path()) {
-        return blocked;
-    }
-    // The thread runs: its socket is missing, or a file nobody listens on
-    // (the thread is binding it again).
-    let why = if std::fs::symlink_metadata(loc.path()).is_ok() {
-        "the shim's thread runs and binds its socket again shortly".to_owned()
-    } else {
-        format!("no socket at {}", loc.path().display())
-    };
-    (
-        why,
-        "the endpoint may be starting (retry in a few seconds); MEMSHIM_VERBOSE=1 shows why it failed".into(),
-    )
-}
-
-/// What occupies a socket's path when it is not a socket (nor a symbolic
-/// link, which the client refuses by itself): "a regular file", "a
-/// directory", ... The shim never removes a file it did not make, so it
-/// cannot bind there until someone does.
-pub fn not_a_socket(path: &Path) -> Option<&'static str> {
-    use std::os::unix::fs::FileTypeExt;
-    let t = std::fs::symlink_metadata(path).ok()?.file_type();
-    Some(if t.is_socket() || t.is_symlink() {
-        return None;
-    } else if t.is_file() {
-        "a regular file"
-    } else if t.is_dir() {
-        "a directory"
-    } else if t.is_fifo() {
-        "a FIFO"
-    } else {
-        "a device file"
-    })
-}
-
-/// Why, and what to do, when something other than a socket occupies the
-/// socket's path ([`not_a_socket`]).
-pub fn blocked_socket(path: &Path) -> Option<(String, String)> {
-    let kind = not_a_socket(path)?;
-    Some((
-        format!(
-            "{} is {kind}, not a socket: the shim never removes a file it did not make, so it cannot bind its \
-             socket there",
-            path.display()
-        ),
-        format!(
-            "remove it (`rm {}`); the shim then binds its socket within a few seconds",
-            shell_quoted(&path.display().to_string())
-        ),
-    ))
-}
-
-/// `s` as one shell word: as it is where it has only characters no shell
-/// treats specially, else in single quotes (a path another user chose goes
-/// into a command we suggest).
-pub fn shell_quoted(s: &str) -> String {
-    if !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"/._-+:@%,=".contains(&b))
-    {
-        s.to_owned()
-    } else {
-        format!("'{}'", s.replace('\'', "'\\''"))
     }
 }
 
@@ -728,6 +517,7 @@ mod tests {
     fn parses_stat_with_odd_command_names() {
         let stat = "42 (a) b (c)) S 1 42 42 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 987654 1000 10";
         assert_eq!(parse_starttime(stat), Some(987654));
+        assert_eq!(stat_flags(stat), Some(4194560));
         assert_eq!(parse_starttime("garbage"), None);
     }
 
@@ -753,13 +543,31 @@ mod tests {
         let me = std::process::id() as i32;
         let p = read_proc(me).unwrap();
         assert_eq!(p.pid, me);
-        assert!(p.starttime > 0 && p.rss > 0 && p.threads >= 1);
-        let loc = socket_loc(&p);
-        assert!(p.pidns != 0);
-        assert_eq!(
-            loc.name,
-            format!("{}-{}-{}.sock", p.nspid, p.starttime, p.pidns)
-        );
+        assert!(p.starttime > 0 && p.rss > 0 && p.threads >= 1 && p.pidns != 0);
         assert!(read_proc(i32::MAX).is_err_and(|f| f.exit == Exit::NotFound));
+    }
+
+    #[test]
+    fn environment_entries_and_the_control_mode_read_as_the_shim_reads_them() {
+        let env =
+            Environ(b"A=1\0MEMSHIM_CONTROL=Yes\0MEMSHIM_CONTROL=off\0B=\xff\0AB=2\0".to_vec());
+        assert_eq!(env.get("A").as_deref(), Some("1"));
+        assert_eq!(env.get("B").as_deref(), Some("\u{fffd}"));
+        assert_eq!(env.get("C"), None);
+        assert_eq!(control_mode(Some(&env)), Control::On);
+        assert_eq!(control_mode(None), Control::Auto);
+        for (v, mode) in [
+            ("OFF", Control::Off),
+            ("0", Control::Off),
+            ("no", Control::Off),
+            ("1", Control::On),
+            ("true", Control::On),
+            ("auto", Control::Auto),
+            ("sometimes", Control::Auto),
+            ("", Control::Auto),
+        ] {
+            let env = Environ(format!("MEMSHIM_CONTROL={v}\0").into_bytes());
+            assert_eq!(control_mode(Some(&env)), mode, "{v:?}");
+        }
     }
 }
