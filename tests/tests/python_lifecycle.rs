@@ -144,9 +144,11 @@ fn an_embedder_can_unload_libpython_and_load_another() {
 /// An embedder that finalizes while a job thread waits for the GIL (the
 /// embedder holds it in C, as embedders do), after an earlier job
 /// registered the exit gate's hook: `Py_FinalizeEx` takes what it takes
-/// without the shim, and the queued request is told "shutting down" at
-/// once. On 3.13.8+ and 3.14, which park such a thread for ever, the gate's
-/// late hook waited 5 s for it.
+/// without the shim, and the queued request is answered at once: served,
+/// if the interpreter let the GIL go before its `atexit` functions ran
+/// (3.11 runs Python code there), else told "shutting down". On 3.13.8+
+/// and 3.14, which park such a thread for ever, the gate's late hook waited
+/// 5 s for it.
 #[test]
 fn finalizing_while_a_job_waits_for_the_gil_is_not_delayed() {
     for (v, home, lib) in libpythons() {
@@ -180,7 +182,8 @@ fn finalizing_while_a_job_waits_for_the_gil_is_not_delayed() {
         );
         assert!(ms < 1000.0, "{v}: Py_FinalizeEx took {ms} ms");
         assert!(
-            matches!(&r, Ok(Response::Error(e)) if e.python == Some(PythonUnavailable::Finalizing)),
+            matches!(&r, Ok(Response::Error(e)) if e.python == Some(PythonUnavailable::Finalizing))
+                || matches!(&r, Ok(Response::Ok(Reply::Gc(_)))),
             "{v}: the queued request: {r:?}"
         );
         assert!(took < Duration::from_secs(4), "{v}: it waited {took:?}");

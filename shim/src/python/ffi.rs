@@ -223,6 +223,17 @@ fn sym(name_nul: &str) -> *mut c_void {
 /// resolution). Written by the shim's thread only; a set that is replaced
 /// stays allocated, so a reference handed out earlier never dangles.
 static API: AtomicPtr<Api> = AtomicPtr::new(core::ptr::null_mut());
+/// How many times the API was resolved again for another libpython
+/// ([`library`]).
+static LIBRARY: core::sync::atomic::AtomicU32 = core::sync::atomic::AtomicU32::new(0);
+
+/// Which libpython the API belongs to: a number that changes when the
+/// process unloaded the one resolved before and loaded another (the exit
+/// gate starts afresh with it).
+pub fn library() -> u32 {
+    LIBRARY.load(Acquire)
+}
+
 /// Address of `_Py_NoneStruct` (`None`), a data symbol.
 static NONE: AtomicUsize = AtomicUsize::new(0);
 /// Address of the variable `PyExc_Exception` (a `PyObject *`), a data symbol.
@@ -249,10 +260,9 @@ pub fn api() -> Option<&'static Api> {
     // Leaked on purpose: see `API`. A process resolves once, or once per
     // libpython it loads.
     let p = Box::into_raw(Box::new(a));
-    let replaced = !API.swap(p, AcqRel).is_null();
-    if replaced {
+    if !API.swap(p, AcqRel).is_null() {
         // Another libpython: a new runtime, with nothing of ours in it.
-        super::gate::new_runtime();
+        LIBRARY.fetch_add(1, AcqRel);
     }
     // SAFETY: just stored, never freed.
     Some(unsafe { &*p })

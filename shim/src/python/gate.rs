@@ -58,6 +58,16 @@ static HOOKED: AtomicBool = AtomicBool::new(false);
 /// [`finalized`] is registered with the current runtime.
 static FINALIZED_HOOKED: AtomicBool = AtomicBool::new(false);
 
+/// How many interpreters have finalized in this process ([`finalized`]):
+/// a job thread started under an earlier count, and still alive, was ended
+/// or parked by CPython (`job.rs` writes it off).
+static FINALIZED: AtomicU32 = AtomicU32::new(0);
+
+/// The count of finalized interpreters (see [`FINALIZED`]).
+pub fn generation() -> u32 {
+    FINALIZED.load(SeqCst)
+}
+
 /// Longest the hook waits for a job thread in flight: one that waits for
 /// the GIL leaves at once; one that is running a job finishes it.
 pub const CLOSE_WAIT_MS: u64 = 5000;
@@ -92,12 +102,19 @@ pub fn after_fork_child() {
     IN_FLIGHT.reset_to(0);
 }
 
-/// Another libpython was loaded in place of the one we knew (`ffi::api`):
-/// nothing of ours is registered with its runtime. Shim's thread.
-pub fn new_runtime() {
-    HOOKED.store(false, SeqCst);
-    FINALIZED_HOOKED.store(false, SeqCst);
-    CLOSED.store(false, SeqCst);
+/// The libpython the hooks were registered with (`ffi::library`).
+static LIBRARY: AtomicU32 = AtomicU32::new(0);
+
+/// Before a request: `library` is `ffi::library()`. If the process loaded
+/// another libpython in place of the one the hooks were registered with,
+/// nothing of ours is registered with its runtime: start afresh. Shim's
+/// thread.
+pub fn on_library(library: u32) {
+    if LIBRARY.swap(library, SeqCst) != library {
+        HOOKED.store(false, SeqCst);
+        FINALIZED_HOOKED.store(false, SeqCst);
+        CLOSED.store(false, SeqCst);
+    }
 }
 
 /// Waits (bounded) until nothing is in flight.
@@ -138,9 +155,10 @@ unsafe extern "C" fn hook(_self: *mut PyObject, _unused: *mut PyObject) -> *mut 
 /// a new `Py_Initialize`, so a job is refused by `Api::usable` until then.
 /// A job thread still counted is one CPython ended (its destructor is on
 /// its way) or parked for ever (3.13.8+, 3.14): it is written off, never
-/// waited for or joined.
+/// waited for (the count is cleared) or joined (the next request sees the
+/// generation moved on: `job.rs`).
 extern "C" fn finalized() {
-    super::job::forget_parked_worker();
+    FINALIZED.fetch_add(1, SeqCst);
     IN_FLIGHT.store(0, SeqCst);
     HOOKED.store(false, SeqCst);
     FINALIZED_HOOKED.store(false, SeqCst);

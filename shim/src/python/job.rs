@@ -136,12 +136,16 @@ pub fn after_fork_child() {
     gate::after_fork_child();
 }
 
-/// `gate::finalized`: the interpreter is gone, and a job thread still
-/// claiming the slot was ended by CPython or is parked for ever. Write it
-/// off: detach it (a parked thread is never joined) and free the claim.
-/// Runs on the thread that finalizes.
-pub fn forget_parked_worker() {
-    if WORKER.load(SeqCst) == 0 {
+/// The exit gate's generation (`gate::generation`) when the job thread
+/// alive now was started.
+static WORKER_GENERATION: AtomicU32 = AtomicU32::new(0);
+
+/// The requester, before it posts: if the interpreter the job thread was
+/// started under has finalized since, and the thread still claims the
+/// slot, CPython ended it or parked it for ever. Write it off: detach it (a
+/// parked thread is never joined) and free the claim. Shim's thread.
+fn forget_parked_worker() {
+    if WORKER.load(SeqCst) == 0 || WORKER_GENERATION.load(SeqCst) == gate::generation() {
         return;
     }
     // The handle first: whoever sees WORKER 0 next finds no handle to join.
@@ -266,6 +270,7 @@ fn post_and_wait(job: Job, timeout: Duration) -> Outcome {
             PythonUnavailable::NoPython
         });
     };
+    gate::on_library(ffi::library());
     // The version and build first: `Py_GetVersion` answers before
     // `Py_Initialize`, so an unsupported interpreter is "unsupported" from
     // its first moment.
@@ -289,6 +294,7 @@ fn post_and_wait(job: Job, timeout: Duration) -> Outcome {
     if gate::closed() {
         return Err(PythonUnavailable::Finalizing);
     }
+    forget_parked_worker();
     let starved_since = STARVED_SINCE_NS.load(SeqCst);
     if starved_since != 0 && WORKER.load(SeqCst) != 0 {
         return Err(PythonUnavailable::Busy {
@@ -407,6 +413,7 @@ fn spawn_worker() -> Result<(), PythonUnavailable> {
     if late_attach() == LateAttach::Exits {
         let _ = os::unwind::load();
     }
+    WORKER_GENERATION.store(gate::generation(), SeqCst);
     match spawner::spawn_joinable(worker_main, key.as_raw() as usize) {
         Ok(handle) => {
             HANDLE.store(handle as usize, SeqCst);
