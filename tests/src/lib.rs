@@ -13,13 +13,15 @@
 //!
 //! Helpers of the test families: [`endpoint`] (the socket and a protocol
 //! connection, through `memshim_proto`'s client), [`control`], [`py`],
-//! [`cgroups`], [`deploy`], [`wheel`] and [`stress`].
+//! [`cgroups`], [`deploy`], [`wheel`] and [`stress`]; [`sid`]: Debian
+//! sid's CPythons, run chrooted in the root scripts/test-deps.sh builds.
 
 pub mod cgroups;
 pub mod control;
 pub mod deploy;
 pub mod endpoint;
 pub mod py;
+pub mod sid;
 pub mod stress;
 pub mod wheel;
 
@@ -178,6 +180,14 @@ pub fn pyenv_pythons() -> Vec<(String, PathBuf)> {
     }
     out.sort();
     out
+}
+
+/// Prints `SKIP: <what>` on the test process's stderr, past libtest's
+/// capture (which keeps what `eprintln!` prints in a passing test to
+/// itself): a test that returns without testing must say so in every run.
+pub fn skip(what: impl std::fmt::Display) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIP: {what}");
 }
 
 /// Result of a finished command.

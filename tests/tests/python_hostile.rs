@@ -34,10 +34,13 @@ fn python_error(r: &Response) -> Option<String> {
 
 #[test]
 fn jobs_that_raise_long_non_ascii_exceptions_leave_the_host_alive() {
-    for_each_cpython(2, |v, exe| {
-        let dir = socket_dir(&format!("hostile-exc-{v}"));
-        let mut child =
-            shimmed_python(&exe, &fixture_py("py_hostile.py"), &["exceptions"], &dir).spawn();
+    for_each_cpython(2, |py| {
+        let v = &py.label;
+        let dir = socket_dir(&format!("hostile-exc-{}", py.tag()));
+        let mut child = py
+            .shimmed(&fixture_py("py_hostile.py"), &["exceptions"], &dir)
+            .spawn();
+        child.labelled(v);
         child.wait_for_line("ready", Duration::from_secs(30));
         let sock = socket_of(&dir, child.pid());
         let mut kinds = std::collections::BTreeSet::new();
@@ -142,10 +145,13 @@ fn signals_raise_in_the_host_as_without_the_shim_while_a_job_runs() {
 
 #[test]
 fn a_fork_child_starts_with_clean_bridge_state_and_exits_at_once() {
-    for_each_cpython(2, |v, exe| {
-        let dir = socket_dir(&format!("hostile-fork-{v}"));
-        let mut child =
-            shimmed_python(&exe, &fixture_py("py_hostile.py"), &["fork", "150"], &dir).spawn();
+    for_each_cpython(2, |py| {
+        let v = &py.label;
+        let dir = socket_dir(&format!("hostile-fork-{}", py.tag()));
+        let mut child = py
+            .shimmed(&fixture_py("py_hostile.py"), &["fork", "150"], &dir)
+            .spawn();
+        child.labelled(&format!("{v}, forking under fire"));
         child.wait_for_line("ready", Duration::from_secs(30));
         let parent = child.pid();
         let stop = Arc::new(AtomicBool::new(false));
