@@ -579,6 +579,35 @@ impl Child {
         }
     }
 
+    /// Waits at most `timeout` until the process has exited, without
+    /// reaping it ([`Child::finish`] does), and says whether it has. Wakes
+    /// as it exits (its pidfd becomes readable), for tests that time exits.
+    pub fn wait_exit(&self, timeout: Duration) -> bool {
+        // SAFETY: pidfd_open(pid, 0) returns a new descriptor (close-on-exec)
+        // or -1; our child is not reaped yet, so its pid is its own.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, self.pid(), 0) } as i32;
+        if fd < 0 {
+            // A kernel older than 5.3: the zombie state, every millisecond.
+            let deadline = Instant::now() + timeout;
+            while Instant::now() < deadline {
+                let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()));
+                if stat
+                    .ok()
+                    .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.starts_with('Z')))
+                    == Some(true)
+                {
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            return false;
+        }
+        let exited = poll_readable(fd, timeout);
+        // SAFETY: the descriptor opened above, closed once.
+        unsafe { libc::close(fd) };
+        exited
+    }
+
     /// Closes stdin, waits for exit (at most `timeout`), returns the rest of
     /// stdout, all of stderr, and the exit code.
     pub fn finish(mut self, timeout: Duration) -> Output {

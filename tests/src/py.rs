@@ -114,77 +114,228 @@ pub fn field<T: std::str::FromStr>(line: &str, key: &str) -> T {
         .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
 }
 
-/// `rounds` short-lived interpreters, each exiting normally while another
-/// thread fires `stats` and `gc` at its socket as fast as it can. Every one
-/// must exit with 0 and an empty stderr within 20 s. Returns how many
-/// requests were answered with a result (to show the fire was live).
-pub fn exit_rounds(py: &Cpython, tag: &str, rounds: u32) -> u64 {
+/// The flags of `tests/fixtures/py_exit.py`, round by round: with and
+/// without `atexit`, `threading` and `gc` imported, exiting from a sleep
+/// and from a spinning loop.
+const EXIT_FLAGS: [&[&str]; 6] = [
+    &["--atexit", "--gc"],
+    &[],
+    &["--spin", "--gc"],
+    &["--spin", "--atexit"],
+    &["--threading"],
+    &["--spin", "--threading", "--gc"],
+];
+
+/// How long exits took, from the moment each interpreter was told to exit
+/// to its reaping ([`exit_rounds`]).
+pub struct ExitTimes {
+    /// Which interpreter.
+    pub label: String,
+    /// Each exit under the shim, with its flags, while requests fired.
+    pub shimmed: Vec<(Duration, &'static [&'static str])>,
+    /// Each exit of the same program without the shim.
+    pub plain: Vec<(Duration, &'static [&'static str])>,
+    /// Requests answered with a result during the shimmed exits' lives.
+    pub answered: u64,
+}
+
+/// How much longer than the slowest exit without the shim the slowest
+/// under the shim may take. The shim adds a running job's end at most
+/// (milliseconds); an exit that waits for a job thread CPython has parked,
+/// or for anything that never comes, takes the gate's 5 s or more.
+pub const EXIT_SLACK: Duration = Duration::from_millis(100);
+
+impl ExitTimes {
+    /// Median, p99 and max, in ms.
+    fn figures(times: &[(Duration, &[&str])]) -> (f64, f64, f64) {
+        let mut ms: Vec<f64> = times.iter().map(|(d, _)| d.as_secs_f64() * 1e3).collect();
+        ms.sort_by(f64::total_cmp);
+        if ms.is_empty() {
+            return (0.0, 0.0, 0.0);
+        }
+        let at = |q: f64| ms[((ms.len() - 1) as f64 * q).round() as usize];
+        (at(0.5), at(0.99), ms[ms.len() - 1])
+    }
+
+    /// The figures, on one line.
+    pub fn summary(&self) -> String {
+        let (sm, s99, smax) = Self::figures(&self.shimmed);
+        let (pm, p99, pmax) = Self::figures(&self.plain);
+        let flags_of_max = |t: &[(Duration, &[&str])]| {
+            t.iter()
+                .max_by_key(|(d, _)| *d)
+                .map(|(_, f)| format!("{f:?}"))
+                .unwrap_or_default()
+        };
+        format!(
+            "{}: exit ms, told-to-exit to reaped, {} with the shim under fire / {} without: \
+             median {sm:.1} / {pm:.1}, p99 {s99:.1} / {p99:.1}, max {smax:.1} {} / {pmax:.1} {}; \
+             {} requests answered",
+            self.label,
+            self.shimmed.len(),
+            self.plain.len(),
+            flags_of_max(&self.shimmed),
+            flags_of_max(&self.plain),
+            self.answered
+        )
+    }
+
+    /// The acceptance: the slowest exit under the shim is within
+    /// [`EXIT_SLACK`] of the slowest without. Worst against worst: the two
+    /// series alternate round by round, so a loaded machine slows both,
+    /// and one stall of the machine in the unshimmed series widens the
+    /// limit by no more than it is (a 5 s delay under the shim still
+    /// fails, unless the same program took as long without it). The
+    /// failure names the slowest shimmed rounds.
+    pub fn check(&self) -> Result<String, String> {
+        let worst_plain = self.plain.iter().map(|(d, _)| *d).max().unwrap_or_default();
+        let limit = worst_plain + EXIT_SLACK;
+        let mut slow: Vec<_> = self.shimmed.iter().filter(|(d, _)| *d > limit).collect();
+        if slow.is_empty() {
+            return Ok(self.summary());
+        }
+        slow.sort_by_key(|t| std::cmp::Reverse(t.0));
+        Err(format!(
+            "{}\n  {} exits under the shim took longer than the slowest without it ({worst_plain:?}) \
+             + {EXIT_SLACK:?}: {:?}",
+            self.summary(),
+            slow.len(),
+            slow.iter().take(5).collect::<Vec<_>>()
+        ))
+    }
+}
+
+/// CLOCK_MONOTONIC in ns: Python's `time.monotonic_ns()` reads the same
+/// clock, in any process on the machine.
+fn monotonic_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// `rounds` rounds of two short-lived interpreters each, one under the
+/// shim and one without it, the same program (`py_exit.py` with the flags
+/// of [`EXIT_FLAGS`] in turn), in alternating order. Each is told, once it
+/// is up, the moment to exit (20 to 60 ms later), and timed from that
+/// moment to its reaping. While the shimmed one lives (a fraction of a
+/// second: the fire covers its last second and more), another thread fires
+/// `stats` and `gc` at its socket as fast as it can. Every one must exit
+/// with 0 and an empty stderr within 20 s.
+pub fn exit_rounds(py: &Cpython, tag: &str, rounds: u32) -> ExitTimes {
+    let mut t = ExitTimes {
+        label: py.label.clone(),
+        shimmed: vec![],
+        plain: vec![],
+        answered: 0,
+    };
+    for round in 0..rounds {
+        let f = EXIT_FLAGS[(round % 6) as usize];
+        for shim in [round % 2 == 0, round % 2 == 1] {
+            let (took, answered) = timed_exit(py, f, shim, &format!("{tag}-{}", round % 6), round);
+            t.answered += answered;
+            if shim {
+                t.shimmed.push((took, f));
+            } else {
+                t.plain.push((took, f));
+            }
+        }
+    }
+    t
+}
+
+/// One interpreter of [`exit_rounds`] running `py_exit.py flags`, under
+/// the shim and its request fire (socket directory `tag`) or without it:
+/// how long it took from the moment it was told to exit to its reaping,
+/// and how many requests it answered.
+pub fn timed_exit(
+    py: &Cpython,
+    flags: &'static [&'static str],
+    shim: bool,
+    tag: &str,
+    seed: u32,
+) -> (Duration, u64) {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    let flags: [&[&str]; 6] = [
-        &["--atexit", "--gc"],
-        &[],
-        &["--spin", "--gc"],
-        &["--spin", "--atexit"],
-        &["--threading"],
-        &["--spin", "--threading", "--gc"],
-    ];
+    let script = fixture_py("py_exit.py");
+    let dir = socket_dir(tag);
+    let mut child = if shim {
+        py.shimmed(&script, flags, &dir).spawn()
+    } else {
+        let mut a: Vec<&OsStr> = vec![script.as_os_str()];
+        a.extend(flags.iter().map(OsStr::new));
+        py.cmd(a).spawn()
+    };
+    let pid = child.pid();
+    child.labelled(&format!(
+        "{}, {} the shim, flags {flags:?}",
+        py.label,
+        if shim { "under" } else { "without" }
+    ));
+    let stop = Arc::new(AtomicBool::new(false));
     let answered = Arc::new(AtomicU64::new(0));
-    for round in 0..rounds {
-        let dir = socket_dir(&format!("{tag}-{}", round % 6));
-        let f = flags[(round % 6) as usize];
-        let mut child = py.shimmed(&fixture_py("py_exit.py"), f, &dir).spawn();
-        let pid = child.pid();
-        let stop = Arc::new(AtomicBool::new(false));
-        let fire = {
-            let (stop, answered, dir) = (stop.clone(), answered.clone(), dir.clone());
-            std::thread::spawn(move || {
-                let mut i = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    let sock = std::fs::read_dir(&dir).ok().and_then(|rd| {
-                        rd.flatten().map(|e| e.path()).find(|p| {
-                            p.file_name()
-                                .and_then(|n| n.to_str())
-                                .is_some_and(|n| n.starts_with(&format!("{pid}-")))
-                        })
-                    });
-                    let Some(sock) = sock else {
-                        std::thread::sleep(Duration::from_millis(1));
-                        continue;
-                    };
-                    i += 1;
-                    let req = if i.is_multiple_of(2) {
-                        Request::Gc
-                    } else {
-                        Request::Stats {
-                            arenas: false,
-                            pss: false,
-                        }
-                    };
-                    match try_request(&sock, &req) {
-                        Ok(Response::Ok(Reply::Gc(_))) => {
-                            answered.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Ok(Response::Ok(Reply::Stats(s))) if s.python.is_some() => {
-                            answered.fetch_add(1, Ordering::Relaxed);
-                        }
-                        _ => {}
+    let fire = shim.then(|| {
+        let (stop, answered, dir) = (stop.clone(), answered.clone(), dir.clone());
+        std::thread::spawn(move || {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let sock = std::fs::read_dir(&dir).ok().and_then(|rd| {
+                    rd.flatten().map(|e| e.path()).find(|p| {
+                        p.file_name()
+                            .and_then(|n| n.to_str())
+                            .is_some_and(|n| n.starts_with(&format!("{pid}-")))
+                    })
+                });
+                let Some(sock) = sock else {
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
+                };
+                i += 1;
+                let req = if i.is_multiple_of(2) {
+                    Request::Gc
+                } else {
+                    Request::Stats {
+                        arenas: false,
+                        pss: false,
                     }
+                };
+                match try_request(&sock, &req) {
+                    Ok(Response::Ok(Reply::Gc(_))) => {
+                        answered.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(Response::Ok(Reply::Stats(s))) if s.python.is_some() => {
+                        answered.fetch_add(1, Ordering::Relaxed);
+                    }
+                    _ => {}
                 }
-            })
-        };
-        child.wait_for_line("up", Duration::from_secs(20));
-        let out = child.finish(Duration::from_secs(20));
-        stop.store(true, Ordering::Relaxed);
-        fire.join().unwrap();
-        assert_eq!(
-            (out.code, out.stderr.as_str()),
-            (0, ""),
-            "round {round} ({}, flags {f:?}): the interpreter must exit cleanly",
-            py.label
-        );
+            }
+        })
+    });
+    child.wait_for_line("up", Duration::from_secs(20));
+    // 20 to 60 ms from now, spread over the rounds (xorshift of the seed).
+    let mut x = (seed as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    x ^= x >> 31;
+    let exit_at = monotonic_ns() + 20_000_000 + x % 40_000_000;
+    child.send(&format!("exit_at {exit_at}"));
+    child.wait_exit(Duration::from_secs(20));
+    let took = Duration::from_nanos(monotonic_ns().saturating_sub(exit_at));
+    let out = child.finish(Duration::from_secs(20));
+    stop.store(true, Ordering::Relaxed);
+    if let Some(f) = fire {
+        f.join().unwrap();
     }
-    answered.load(Ordering::Relaxed)
+    assert_eq!(
+        (out.code, out.stderr.as_str()),
+        (0, ""),
+        "{} {} the shim (flags {flags:?}): the interpreter must exit cleanly",
+        py.label,
+        if shim { "under" } else { "without" }
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    (took, answered.load(Ordering::Relaxed))
 }
 
 /// A CPython the tests can run: one of pyenv's on this machine, the
