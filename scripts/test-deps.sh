@@ -123,7 +123,7 @@ fi
 # cannot be built (not root, no registry, debootstrap fails), `make test`
 # goes on: the reason goes to debian-sid.unavailable beside it, and the tests
 # that need the root say SKIP with that reason.
-sid_cache=${MEMSHIM_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/memshim}
+sid_cache=${MEMSHIM_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/memshim}
 sid_root=$sid_cache/debian-sid
 sid_unavailable=$sid_root.unavailable
 sid_log=$sid_root.log
@@ -234,7 +234,11 @@ elif ! mkdir -p "$sid_cache" 2>/dev/null; then
 elif [ "$(df -Pk "$sid_cache" | awk 'NR == 2 { print int($4 / 1048576) }')" -lt 5 ]; then
     sid_skip "not built: less than 5 GiB free in $sid_cache (the root takes 2.5 GB, its packages as much again while it is built)"
 else
+    # A subshell of its own, with its own `set -e` (one on the left of `||`
+    # would run with errexit ignored): whatever stops it, make test goes on.
+    set +e
     (
+        set -e
         # Low priority for everything it runs; one build at a time (a second
         # `make test` waits for the first's, then finds the root there).
         renice -n 19 -p "$BASHPID" >/dev/null
@@ -264,6 +268,9 @@ else
             sid_skip "not built: $why (log: $sid_log)"
         fi
     )
+    rc=$?
+    set -e
+    [ "$rc" = 0 ] || sid_skip "not built: the build stopped (exit $rc; log: $sid_log)"
 fi
 
 # --- the wheel build's tools (zig, cargo-zigbuild, auditwheel) --------------------------
