@@ -182,11 +182,11 @@ impl ExitTimes {
 
     /// The acceptance: the slowest exit under the shim is within
     /// [`EXIT_SLACK`] of the slowest without. Worst against worst: the two
-    /// series alternate round by round, so a loaded machine slows both,
-    /// and one stall of the machine in the unshimmed series widens the
-    /// limit by no more than it is (a 5 s delay under the shim still
-    /// fails, unless the same program took as long without it). The
-    /// failure names the slowest shimmed rounds.
+    /// exits of a round run side by side, so a stall of the machine slows
+    /// both, and one in the unshimmed series widens the limit by no more
+    /// than it is (a 5 s delay under the shim still fails, unless the same
+    /// program took as long without it). The failure names the slowest
+    /// shimmed rounds.
     pub fn check(&self) -> Result<String, String> {
         let worst_plain = self.plain.iter().map(|(d, _)| *d).max().unwrap_or_default();
         let limit = worst_plain + EXIT_SLACK;
@@ -205,26 +205,11 @@ impl ExitTimes {
     }
 }
 
-/// CLOCK_MONOTONIC in ns: Python's `time.monotonic_ns()` reads the same
-/// clock, in any process on the machine.
-fn monotonic_ns() -> u64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec it is given.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
-}
-
-/// `rounds` rounds of two short-lived interpreters each, one under the
-/// shim and one without it, the same program (`py_exit.py` with the flags
-/// of [`EXIT_FLAGS`] in turn), in alternating order. Each is told, once it
-/// is up, the moment to exit (20 to 60 ms later), and timed from that
-/// moment to its reaping. While the shimmed one lives (a fraction of a
-/// second: the fire covers its last second and more), another thread fires
-/// `stats` and `gc` at its socket as fast as it can. Every one must exit
-/// with 0 and an empty stderr within 20 s.
+/// `rounds` rounds of two short-lived interpreters each ([`exit_pair`]):
+/// the same program (`py_exit.py` with the flags of [`EXIT_FLAGS`] in
+/// turn), one under the shim and its request fire, one without it, side
+/// by side, told to exit at the same instant. Every one must exit with 0
+/// and an empty stderr within 20 s.
 pub fn exit_rounds(py: &Cpython, tag: &str, rounds: u32) -> ExitTimes {
     let mut t = ExitTimes {
         label: py.label.clone(),
@@ -234,50 +219,66 @@ pub fn exit_rounds(py: &Cpython, tag: &str, rounds: u32) -> ExitTimes {
     };
     for round in 0..rounds {
         let f = EXIT_FLAGS[(round % 6) as usize];
-        for shim in [round % 2 == 0, round % 2 == 1] {
-            let (took, answered) = timed_exit(py, f, shim, &format!("{tag}-{}", round % 6), round);
-            t.answered += answered;
-            if shim {
-                t.shimmed.push((took, f));
-            } else {
-                t.plain.push((took, f));
-            }
-        }
+        let (shimmed, plain, answered) =
+            exit_pair(py, f, f, &format!("{tag}-{}", round % 6), round);
+        t.shimmed.push((shimmed, f));
+        t.plain.push((plain, f));
+        t.answered += answered;
     }
     t
 }
 
-/// One interpreter of [`exit_rounds`] running `py_exit.py flags`, under
-/// the shim and its request fire (socket directory `tag`) or without it:
-/// how long it took from the moment it was told to exit to its reaping,
-/// and how many requests it answered.
-pub fn timed_exit(
+/// One round of [`exit_rounds`]: `py_exit.py shim_flags` under the shim
+/// (socket directory `tag`) and `py_exit.py plain_flags` without it,
+/// started together (which one first alternates with `seed`). Once both
+/// are up, both are told the same instant to exit, 20 to 60 ms ahead, and
+/// each is timed from that instant to the moment it has exited (its pidfd
+/// becomes readable). Side by side, a stall of the machine (another
+/// program's burst, the hypervisor taking the CPU) slows both exits of a
+/// round alike. While the shimmed one lives (a fraction of a second: the
+/// fire covers its last second and more), another thread fires `stats`
+/// and `gc` at its socket as fast as it can. Returns the two times, shimmed
+/// first, and how many requests were answered with a result.
+pub fn exit_pair(
     py: &Cpython,
-    flags: &'static [&'static str],
-    shim: bool,
+    shim_flags: &'static [&'static str],
+    plain_flags: &'static [&'static str],
     tag: &str,
     seed: u32,
-) -> (Duration, u64) {
+) -> (Duration, Duration, u64) {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let script = fixture_py("py_exit.py");
     let dir = socket_dir(tag);
-    let mut child = if shim {
-        py.shimmed(&script, flags, &dir).spawn()
-    } else {
-        let mut a: Vec<&OsStr> = vec![script.as_os_str()];
-        a.extend(flags.iter().map(OsStr::new));
-        py.cmd(a).spawn()
+    let start_shimmed = || {
+        let mut c = py.shimmed(&script, shim_flags, &dir).spawn();
+        c.labelled(&format!(
+            "{} under the shim, flags {shim_flags:?}",
+            py.label
+        ));
+        c
     };
-    let pid = child.pid();
-    child.labelled(&format!(
-        "{}, {} the shim, flags {flags:?}",
-        py.label,
-        if shim { "under" } else { "without" }
-    ));
+    let start_plain = || {
+        let mut a: Vec<&OsStr> = vec![script.as_os_str()];
+        a.extend(plain_flags.iter().map(OsStr::new));
+        let mut c = py.cmd(a).spawn();
+        c.labelled(&format!(
+            "{} without the shim, flags {plain_flags:?}",
+            py.label
+        ));
+        c
+    };
+    let (mut shimmed, mut plain) = if seed.is_multiple_of(2) {
+        let s = start_shimmed();
+        (s, start_plain())
+    } else {
+        let p = start_plain();
+        (start_shimmed(), p)
+    };
+    let pid = shimmed.pid();
     let stop = Arc::new(AtomicBool::new(false));
     let answered = Arc::new(AtomicU64::new(0));
-    let fire = shim.then(|| {
+    let fire = {
         let (stop, answered, dir) = (stop.clone(), answered.clone(), dir.clone());
         std::thread::spawn(move || {
             let mut i = 0u64;
@@ -313,29 +314,42 @@ pub fn timed_exit(
                 }
             }
         })
-    });
-    child.wait_for_line("up", Duration::from_secs(20));
-    // 20 to 60 ms from now, spread over the rounds (xorshift of the seed).
+    };
+    shimmed.wait_for_line("up", Duration::from_secs(20));
+    plain.wait_for_line("up", Duration::from_secs(20));
+    // 20 to 60 ms from now, spread over the rounds (a hash of the seed).
     let mut x = (seed as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     x ^= x >> 31;
-    let exit_at = monotonic_ns() + 20_000_000 + x % 40_000_000;
-    child.send(&format!("exit_at {exit_at}"));
-    child.wait_exit(Duration::from_secs(20));
-    let took = Duration::from_nanos(monotonic_ns().saturating_sub(exit_at));
-    let out = child.finish(Duration::from_secs(20));
-    stop.store(true, Ordering::Relaxed);
-    if let Some(f) = fire {
-        f.join().unwrap();
+    let exit_at = crate::monotonic_ns() + 20_000_000 + x % 40_000_000;
+    let line = format!("exit_at {exit_at}");
+    if seed.is_multiple_of(2) {
+        shimmed.send(&line);
+        plain.send(&line);
+    } else {
+        plain.send(&line);
+        shimmed.send(&line);
     }
-    assert_eq!(
-        (out.code, out.stderr.as_str()),
-        (0, ""),
-        "{} {} the shim (flags {flags:?}): the interpreter must exit cleanly",
-        py.label,
-        if shim { "under" } else { "without" }
-    );
+    let ended = crate::exit_instants(&[&shimmed, &plain], Duration::from_secs(20));
+    let took =
+        |at: Option<u64>| Duration::from_nanos(at.unwrap_or(u64::MAX).saturating_sub(exit_at));
+    let (took_shimmed, took_plain) = (took(ended[0]), took(ended[1]));
+    let out_shimmed = shimmed.finish(Duration::from_secs(20));
+    let out_plain = plain.finish(Duration::from_secs(20));
+    stop.store(true, Ordering::Relaxed);
+    fire.join().unwrap();
+    for (out, how, f) in [
+        (out_shimmed, "under", shim_flags),
+        (out_plain, "without", plain_flags),
+    ] {
+        assert_eq!(
+            (out.code, out.stderr.as_str()),
+            (0, ""),
+            "{} {how} the shim (flags {f:?}): the interpreter must exit cleanly",
+            py.label
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
-    (took, answered.load(Ordering::Relaxed))
+    (took_shimmed, took_plain, answered.load(Ordering::Relaxed))
 }
 
 /// A CPython the tests can run: one of pyenv's on this machine, the
