@@ -192,6 +192,17 @@ pub fn proc_cgroup_path<'a>(text: &'a [u8], controller: Option<&[u8]>) -> Option
     })
 }
 
+/// The `total=` of the `some` line of a PSI file (`memory.pressure`):
+/// microseconds some task stalled, since the cgroup was made.
+pub fn psi_some_total(text: &[u8]) -> Option<u64> {
+    let line = text
+        .split(|&b| b == b'\n')
+        .find(|l| l.starts_with(b"some "))?;
+    line.split(|&b| b == b' ')
+        .find_map(|w| w.strip_prefix(b"total="))
+        .and_then(|v| crate::settings::parse_u64(v.trim_ascii()))
+}
+
 /// The files of a memory cgroup's usage and limit: (usage, limit).
 pub fn usage_and_limit_files(version: u8) -> (&'static str, &'static str) {
     if version == 1 {
@@ -428,6 +439,13 @@ mod tests {
     /// `memory.events` of a v2 cgroup (Linux 6.x) whose `memory.high` was
     /// hit and whose limit was reached once.
     const EVENTS_V2: &[u8] = b"low 0\nhigh 1423\nmax 7\noom 1\noom_kill 1\noom_group_kill 0\n";
+
+    #[test]
+    fn psi_totals() {
+        let t = b"some avg10=0.00 avg60=0.12 avg300=0.03 total=123456\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=999\n";
+        assert_eq!(psi_some_total(t), Some(123456));
+        assert_eq!(psi_some_total(b"full avg10=0 total=5\n"), None);
+    }
 
     #[test]
     fn cpu_quotas_of_both_versions() {
