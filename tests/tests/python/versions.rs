@@ -80,16 +80,23 @@ fn stats_and_gc_work_on_every_installed_cpython() {
 /// its reaping, 200 under the shim and 200 of the same program without it,
 /// in pairs that run side by side; the slowest under the shim must be within
 /// `py::EXIT_SLACK` (100 ms) of the slowest without (a job thread that the
-/// exit waited for while CPython had parked it cost 5 s: 3.13.8+, 3.14).
+/// exit waited for while CPython had parked it cost 5 s: 3.13.8+, 3.14); an
+/// exit over it is run again, and fails the test only if it is slow every
+/// time (`ExitTimes::settle`: a loaded machine stalls a process now and then).
 /// The figures of every interpreter are printed, then the check.
 #[test]
 fn two_hundred_exits_under_request_fire_on_every_cpython_take_no_longer_than_without_the_shim() {
     // Timed (100 ms of slack), two interpreters at a time under request fire.
     let _machine = memshim_tests::serial::exclusive(module_path!());
-    let results = for_each_cpython(2, |py| exit_rounds(py, &format!("exit-{}", py.tag()), 200));
+    let results = for_each_cpython(2, |py| {
+        let tag = format!("exit-{}", py.tag());
+        let times = exit_rounds(py, &tag, 200);
+        let verdict = times.settle(py, &tag);
+        (times, verdict)
+    });
     let mut failed = vec![];
-    for (py, times) in &results {
-        match times.check() {
+    for (py, (times, verdict)) in &results {
+        match verdict.clone() {
             Ok(summary) => say(format!("python::versions: {summary}")),
             Err(why) => {
                 say(format!("python::versions: FAILED {why}"));
