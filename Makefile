@@ -56,8 +56,12 @@ test-deps: ## Install what the tests need and this machine lacks (idempotent; sc
 test-unit: ## Unit tests of every crate
 	$(CARGO) test --release --workspace --lib --bins
 
-test-integration: build ## Real processes under LD_PRELOAD (tests/)
-	$(CARGO) test --release -p memshim-tests --tests --no-fail-fast -- --test-threads=2
+# One test binary per family, tests/tests/<family>/ (docs/design.md, "The
+# tests"); each runs its modules' tests two at a time.
+TEST_FAMILIES = core control cgroup python deploy stress
+
+test-integration: build ## Real processes under LD_PRELOAD (tests/), family by family
+	$(CARGO) test --release -p memshim-tests $(TEST_FAMILIES:%=--test %) --no-fail-fast -- --test-threads=2
 
 test-torch: build ## PyTorch bridge tests (fails without torch; make test-deps installs it)
 	$(CARGO) test --release -p memshim-tests --test python -- torch:: --ignored --test-threads=1

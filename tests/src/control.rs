@@ -1,4 +1,4 @@
-//! For the `control_*` tests: the C fixture with a heap to purge, and
+//! For the `control` family (tests/tests/control/): the C fixture with a heap to purge, and
 //! memshim-ctl with JSON output.
 
 use crate::*;

@@ -1,4 +1,4 @@
-//! Shared by the `deploy_*` tests: `make install` into a scratch prefix,
+//! Shared by the `deploy` family (tests/tests/deploy/): `make install` into a scratch prefix,
 //! a tiny HTTP/1.0 client, and JSON number lookup without a JSON crate.
 
 use std::io::{Read, Write};

@@ -1,4 +1,4 @@
-//! For the `python_*` tests: the CPythons they run ([`cpythons`]: pyenv's
+//! For the `python` family (tests/tests/python/): the CPythons they run ([`cpythons`]: pyenv's
 //! and Debian sid's), a CPython under the shim, and requests to its
 //! control socket (through `endpoint::Conn`).
 

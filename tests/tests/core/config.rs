@@ -3,6 +3,7 @@
 //! names the variable and the default, and nothing else changes; good
 //! values take effect before `main`.
 
+use memshim_proto::endpoint::{MAX_DECAY_MS, MAX_NARENAS, MAX_SOCKET_DIR};
 use memshim_tests::{Cmd, Output, fixture};
 
 /// (variable, default as the warning prints it, bad values).
@@ -15,11 +16,12 @@ fn bad_values() -> Vec<(&'static str, &'static str, Vec<String>)> {
             "1e3",
             " 5",
             "99999999999999999999",
-            "1000000000001",
             "0x10",
         ]
         .map(String::from)
-        .to_vec()
+        .into_iter()
+        .chain([(MAX_DECAY_MS + 1).to_string()])
+        .collect()
     };
     vec![
         ("MEMSHIM_DIRTY_DECAY_MS", "1000", decay_bad()),
@@ -30,14 +32,14 @@ fn bad_values() -> Vec<(&'static str, &'static str, Vec<String>)> {
             [
                 "0",
                 "-1",
-                "4095",
-                "4096",
                 "",
                 "many",
                 "99999999999999999999",
             ]
             .map(String::from)
-            .to_vec(),
+            .into_iter()
+            .chain([MAX_NARENAS + 1, MAX_NARENAS + 2].map(|n| n.to_string()))
+            .collect(),
         ),
         (
             "MEMSHIM_CONTROL",
@@ -72,7 +74,7 @@ fn bad_values() -> Vec<(&'static str, &'static str, Vec<String>)> {
             vec![
                 "".into(),
                 "relative/dir".into(),
-                format!("/{}", "d".repeat(100)),
+                format!("/{}", "d".repeat(MAX_SOCKET_DIR)),
             ],
         ),
         (
@@ -240,17 +242,20 @@ fn unknown_memshim_variable_warns_once() {
 
 #[test]
 fn valid_values_print_nothing() {
-    let long_dir = format!("/{}", "d".repeat(71));
+    // The longest directory the shim takes, and the proto's limits.
+    let long_dir = format!("/{}", "d".repeat(MAX_SOCKET_DIR - 1));
+    let max_decay = MAX_DECAY_MS.to_string();
+    let max_narenas = MAX_NARENAS.to_string();
     let cases: Vec<(&str, &str)> = vec![
         ("MEMSHIM_DIRTY_DECAY_MS", "0"),
         ("MEMSHIM_DIRTY_DECAY_MS", "-1"),
-        ("MEMSHIM_DIRTY_DECAY_MS", "1000000000000"),
+        ("MEMSHIM_DIRTY_DECAY_MS", &max_decay),
         ("MEMSHIM_MUZZY_DECAY_MS", "-1"),
         ("MEMSHIM_MUZZY_DECAY_MS", "5000"),
         ("MEMSHIM_NARENAS", "auto"),
         ("MEMSHIM_NARENAS", "AUTO"),
         ("MEMSHIM_NARENAS", "1"),
-        ("MEMSHIM_NARENAS", "4094"),
+        ("MEMSHIM_NARENAS", &max_narenas),
         ("MEMSHIM_CONTROL", "auto"),
         ("MEMSHIM_CONTROL", "on"),
         ("MEMSHIM_CONTROL", "OFF"),
