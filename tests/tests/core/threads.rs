@@ -446,17 +446,9 @@ fn vfork_and_posix_spawn_children_get_no_thread() {
 /// (without any shim) if the fork lands in that moment; the script waits
 /// until only the main thread and the shim's remain, as a program that
 /// forks "later" would.
-const FORK_AFTER_JOIN: &str = r#"
-import os, threading, time
-def others():
-    n = 0
-    for tid in os.listdir("/proc/self/task"):
-        if tid != str(os.getpid()):
-            try:
-                n += open("/proc/self/task/%s/comm" % tid).read().strip() != "memshim"
-            except OSError:
-                pass
-    return n
+fn fork_after_join() -> String {
+    format!(
+        r#"{OTHERS}
 for i in range(5):
     t = threading.Thread(target=lambda: None); t.start(); t.join()
     while others():
@@ -466,6 +458,22 @@ for i in range(5):
         os._exit(0)
     os.waitpid(pid, 0)
 print("forked")
+"#
+    )
+}
+
+/// Python: `others()` counts the process's threads but its main thread
+/// and the shim's.
+const OTHERS: &str = r#"import os, threading, time
+def others():
+    n = 0
+    for tid in os.listdir("/proc/self/task"):
+        if tid != str(os.getpid()):
+            try:
+                n += open("/proc/self/task/%s/comm" % tid).read().strip() != "memshim"
+            except OSError:
+                pass
+    return n
 "#;
 
 #[test]
@@ -478,12 +486,13 @@ fn cpython_312_plus_does_not_warn_about_fork_after_a_joined_thread() {
         eprintln!("SKIP: no CPython >= 3.12 under ~/.pyenv/versions");
         return;
     }
+    let script = fork_after_join();
     for (v, exe) in pys {
         // Default warning filters show the DeprecationWarning (it is raised
         // in __main__); -W error::DeprecationWarning is what the issue names.
         for flags in [&[][..], &["-W", "error::DeprecationWarning"]] {
             let mut args: Vec<&str> = flags.to_vec();
-            args.extend(["-c", FORK_AFTER_JOIN]);
+            args.extend(["-c", &script]);
             for round in 0..3 {
                 let o = Cmd::new(&exe, &args).shimmed().run();
                 assert_eq!(
@@ -494,7 +503,7 @@ fn cpython_312_plus_does_not_warn_about_fork_after_a_joined_thread() {
             }
         }
         // Live: with the shim thread forced on, the warning does appear.
-        let o = Cmd::new(&exe, ["-c", FORK_AFTER_JOIN])
+        let o = Cmd::new(&exe, ["-c", &script])
             .shimmed()
             .env("MEMSHIM_CONTROL", "on")
             .run();
@@ -616,17 +625,7 @@ fn a_pending_cancel_acts_after_pthread_create_returns_not_inside_it() {
 /// second), then runs `call` at once.
 fn right_after_the_last_thread(call: &str) -> String {
     format!(
-        r#"
-import os, threading, time
-def others():
-    n = 0
-    for tid in os.listdir("/proc/self/task"):
-        if tid != str(os.getpid()):
-            try:
-                n += open("/proc/self/task/%s/comm" % tid).read().strip() != "memshim"
-            except OSError:
-                pass
-    return n
+        r#"{OTHERS}
 t = threading.Thread(target=lambda: None); t.start(); t.join()
 while others():
     time.sleep(0.001)
