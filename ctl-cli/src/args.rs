@@ -6,6 +6,17 @@ use clap::Args;
 use memshim_proto::endpoint::MAX_DECAY_MS;
 use memshim_proto::settings;
 
+/// A size in bytes, with an optional unit (K, M, G, T; memshim-proto's
+/// parser, the one the settings use).
+pub fn size_parser() -> impl clap::builder::TypedValueParser<Value = u64> {
+    use clap::builder::TypedValueParser;
+    clap::builder::StringValueParser::new().try_map(|s: String| {
+        memshim_proto::settings::parse_size(s.as_bytes()).ok_or_else(|| {
+            format!("{s:?} is not a size: bytes, or a whole number with K, M, G or T (512M, 2G)")
+        })
+    })
+}
+
 /// `<PID>... | --all [--json]`, shared by purge and release.
 #[derive(Args, Debug, Clone)]
 pub struct Targets {
