@@ -1,6 +1,6 @@
 //! The control endpoint and memshim-ctl: processes, descriptors,
 //! namespaces, purges, hostile clients, access control, the CLI's errors,
-//! and the protocol document's client. One test binary; the modules were
+//! `record`'s timeline, and the protocol document's client. One test binary; the modules were
 //! separate binaries before (`control_<module>`).
 
 mod cli_errors;
@@ -9,5 +9,6 @@ mod doc;
 mod namespace;
 mod process;
 mod purge;
+mod record;
 mod robustness;
 mod security;
