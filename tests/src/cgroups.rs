@@ -102,6 +102,26 @@ impl TestCgroup {
         Cmd::new("sh", a)
     }
 
+    /// The control fixture (tests/fixtures/control_heap.c) shimmed in this
+    /// cgroup with decay off, after `alloc <mib>`: it keeps what it freed
+    /// until purged. Returns it and the bytes it freed.
+    pub fn freed_heap(&self, mib: u32) -> (Child, u64) {
+        let mut heap = self
+            .cmd(crate::control::heap_fixture(), Vec::<String>::new())
+            .shimmed()
+            .env("MEMSHIM_DIRTY_DECAY_MS", "-1")
+            .spawn();
+        heap.wait_for_line("started", Duration::from_secs(10));
+        heap.send(&format!("alloc {mib}"));
+        let ready = heap.wait_for_line("ready", Duration::from_secs(30));
+        let freed = ready
+            .split("freed=")
+            .nth(1)
+            .and_then(|f| f.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no freed= in {ready:?}"));
+        (heap, freed)
+    }
+
     /// Its `memory.stat`.
     pub fn stat(&self) -> BTreeMap<String, u64> {
         std::fs::read_to_string(self.dir.join("memory.stat"))

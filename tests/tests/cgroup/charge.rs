@@ -3,7 +3,7 @@
 //! in use, shimmed processes with allocator and Python figures.
 
 use memshim_tests::cgroups::*;
-use memshim_tests::control::{ctl_json, ctl_run, heap_fixture};
+use memshim_tests::control::{ctl_json, ctl_run};
 use memshim_tests::*;
 use std::time::Duration;
 
@@ -211,15 +211,7 @@ fn shimmed_processes_are_listed_with_allocator_and_python_figures_and_reclaim_pu
     let Some(cg) = TestCgroup::new("shim") else {
         return;
     };
-    let mut heap = cg
-        .cmd(heap_fixture(), Vec::<String>::new())
-        .shimmed()
-        .env("MEMSHIM_DIRTY_DECAY_MS", "-1")
-        .spawn();
-    heap.wait_for_line("started", Duration::from_secs(10));
-    heap.send("alloc 128");
-    let ready = heap.wait_for_line("ready", Duration::from_secs(30));
-    let freed: u64 = ready.split("freed=").nth(1).unwrap().parse().unwrap();
+    let (heap, freed) = cg.freed_heap(128);
     let py_src = "import time\nprint('ready', flush=True)\nwhile True: time.sleep(0.05)\n";
     let mut py = cg
         .cmd(python(), ["-c", py_src])

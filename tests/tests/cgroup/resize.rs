@@ -6,7 +6,7 @@
 
 use memshim_proto::exit;
 use memshim_tests::cgroups::*;
-use memshim_tests::control::{ctl_json, ctl_run, heap_fixture};
+use memshim_tests::control::{ctl_json, ctl_run};
 use memshim_tests::*;
 use std::time::Duration;
 
@@ -23,15 +23,7 @@ fn reclaim_to_reaches_a_size_made_of_page_cache_and_freed_heap() {
     };
     // A shimmed heap with 96 MiB freed and kept (no decay), and a sleeper
     // whose 64 MiB read left page cache charged to the cgroup.
-    let mut heap = cg
-        .cmd(heap_fixture(), Vec::<String>::new())
-        .shimmed()
-        .env("MEMSHIM_DIRTY_DECAY_MS", "-1")
-        .spawn();
-    heap.wait_for_line("started", Duration::from_secs(10));
-    heap.send("alloc 96");
-    let ready = heap.wait_for_line("ready", Duration::from_secs(30));
-    let freed: u64 = ready.split("freed=").nth(1).unwrap().parse().unwrap();
+    let (heap, freed) = cg.freed_heap(96);
     let file = uncached_file("cgroup-resize", 64);
     let script = format!(
         "cat '{}' > /dev/null; echo ready; exec sleep 600",
