@@ -263,7 +263,11 @@ fn run_refuses_a_library_that_is_not_one_and_arena_counts_the_shim_refuses() {
     let max = memshim_proto::endpoint::MAX_NARENAS;
     let o = Cmd::new(ctl(), ["run", "--narenas", &max.to_string(), "--", "true"]).run();
     assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
-    let o = Cmd::new(ctl(), ["run", "--narenas", &(max + 1).to_string(), "--", "true"]).run();
+    let o = Cmd::new(
+        ctl(),
+        ["run", "--narenas", &(max + 1).to_string(), "--", "true"],
+    )
+    .run();
     assert_eq!(o.code, i32::from(USAGE.code), "{o:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }

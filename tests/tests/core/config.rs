@@ -9,19 +9,11 @@ use memshim_tests::{Cmd, Output, fixture};
 /// (variable, default as the warning prints it, bad values).
 fn bad_values() -> Vec<(&'static str, &'static str, Vec<String>)> {
     let decay_bad = || {
-        [
-            "abc",
-            "",
-            "-2",
-            "1e3",
-            " 5",
-            "99999999999999999999",
-            "0x10",
-        ]
-        .map(String::from)
-        .into_iter()
-        .chain([(MAX_DECAY_MS + 1).to_string()])
-        .collect()
+        ["abc", "", "-2", "1e3", " 5", "99999999999999999999", "0x10"]
+            .map(String::from)
+            .into_iter()
+            .chain([(MAX_DECAY_MS + 1).to_string()])
+            .collect()
     };
     vec![
         ("MEMSHIM_DIRTY_DECAY_MS", "1000", decay_bad()),
@@ -29,17 +21,11 @@ fn bad_values() -> Vec<(&'static str, &'static str, Vec<String>)> {
         (
             "MEMSHIM_NARENAS",
             "auto",
-            [
-                "0",
-                "-1",
-                "",
-                "many",
-                "99999999999999999999",
-            ]
-            .map(String::from)
-            .into_iter()
-            .chain([MAX_NARENAS + 1, MAX_NARENAS + 2].map(|n| n.to_string()))
-            .collect(),
+            ["0", "-1", "", "many", "99999999999999999999"]
+                .map(String::from)
+                .into_iter()
+                .chain([MAX_NARENAS + 1, MAX_NARENAS + 2].map(|n| n.to_string()))
+                .collect(),
         ),
         (
             "MEMSHIM_CONTROL",
