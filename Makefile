@@ -56,11 +56,15 @@ test-deps: ## Install what the tests need and this machine lacks (idempotent; sc
 test-unit: ## Unit tests of every crate
 	$(CARGO) test --release --workspace --lib --bins
 
-test-integration: build ## Real processes under LD_PRELOAD (tests/)
-	$(CARGO) test --release -p memshim-tests --tests --no-fail-fast -- --test-threads=2
+# One test binary per family, tests/tests/<family>/ (docs/design.md, "The
+# tests"); each runs its modules' tests two at a time.
+TEST_FAMILIES = core control cgroup python deploy stress
+
+test-integration: build ## Real processes under LD_PRELOAD (tests/), family by family
+	$(CARGO) test --release -p memshim-tests $(TEST_FAMILIES:%=--test %) --no-fail-fast -- --test-threads=2
 
 test-torch: build ## PyTorch bridge tests (fails without torch; make test-deps installs it)
-	$(CARGO) test --release -p memshim-tests --test python_torch -- --ignored --test-threads=1
+	$(CARGO) test --release -p memshim-tests --test python -- torch:: --ignored --test-threads=1
 
 test-gpu: build ## GPU checks (needs an NVIDIA GPU; skips cleanly without)
 	$(PYTHON) tests/gpu/check_cuda.py
@@ -130,7 +134,7 @@ pack = $(TOOLS)/bin/python python/build_wheel.py --arch $(1) --bin-dir target/$(
 	    || { $(TOOLS)/bin/auditwheel show $(WHEEL_DIR)/memshim-*-manylinux_2_17_$(1).whl; exit 1; }
 
 test-aarch64: $(ZIGBUILD) ## The aarch64 smoke test under qemu-user alone (make test runs it too)
-	$(CARGO) test --release -p memshim-tests --test deploy_aarch64 -- --test-threads=1
+	$(CARGO) test --release -p memshim-tests --test deploy -- aarch64:: --test-threads=1
 
 clean: ## Remove build outputs
 	$(CARGO) clean

@@ -106,7 +106,7 @@ else
 fi
 
 # --- Debian sid root: the CPythons users run ---------------------------------------------
-# The python_* tests run Debian sid's python3.13, python3.14 and python3.15
+# The python family (tests/tests/python/) runs Debian sid's python3.13, python3.14 and python3.15
 # besides pyenv's 3.8-3.13.0 (tests/src/sid.rs). This machine cannot run
 # sid's binaries (its glibc is older), so they live in a root filesystem of
 # their own, which the tests enter with chroot from a mount namespace of the

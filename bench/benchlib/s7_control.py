@@ -61,7 +61,7 @@ def connect(path):
 
 
 # Main-thread states of tests/fixtures/py_states.py measured here (the test
-# python_reach covers all of them on every installed CPython).
+# python::reach covers all of them on every installed CPython).
 PY_STATES = ["sleep", "event", "select", "read", "join", "asyncio", "spin", "ccall"]
 
 

@@ -1,4 +1,4 @@
-//! Real memory cgroups for the `cgroup_*` tests: made by the test, with
+//! Real memory cgroups for the `cgroup` family (tests/tests/cgroup/): made by the test, with
 //! processes started inside, removed on drop even when the test fails.
 //! v1 (`/sys/fs/cgroup/memory`, this CI machine) or v2 where the unified
 //! hierarchy has the memory controller.

@@ -1,4 +1,4 @@
-//! For the `control_*` tests: the C fixture with a heap to purge, and
+//! For the `control` family (tests/tests/control/): the C fixture with a heap to purge, and
 //! memshim-ctl with JSON output.
 
 use crate::*;
@@ -164,4 +164,89 @@ pub fn listener_fd(pid: i32, path: &std::path::Path) -> Option<i32> {
         .into_iter()
         .flat_map(|t| task_fds(pid, t))
         .find_map(|(n, l)| (l == link).then_some(n))
+}
+
+/// The number of the system call the thread `tid` of `pid` is blocked in
+/// (`/proc/<pid>/task/<tid>/syscall`), or `None` while it runs or once it
+/// is gone.
+pub fn blocked_in(pid: i32, tid: i32) -> Option<i64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).ok()?;
+    s.split_whitespace().next()?.parse().ok()
+}
+
+/// Whether `nr` is poll(2) or ppoll(2), where the shim's thread waits
+/// between two turns of its loop (glibc's `poll` is either).
+fn is_poll(nr: i64) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if nr == libc::SYS_poll {
+        return true;
+    }
+    nr == libc::SYS_ppoll
+}
+
+/// Times the thread `tid` of `pid` has given up the CPU of its own accord
+/// (`voluntary_ctxt_switches`): once per wait in a system call.
+fn voluntary_switches(pid: i32, tid: i32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Waits (at most 10 s) until the shim's thread of `pid` waits in its
+/// loop's poll(2), and returns its thread id. It has then made its first
+/// attempt at its socket, whatever came of it: the endpoint is opened
+/// before the loop's first poll (shim/src/thread/run.rs). (Its spawner, the
+/// other `memshim` thread of a Python process, waits on a futex.)
+pub fn wait_shim_polling(pid: i32) -> i32 {
+    wait_until(Duration::from_secs(10), || {
+        shim_tids(pid)
+            .into_iter()
+            .find(|&t| blocked_in(pid, t).is_some_and(is_poll))
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the shim's thread of {pid} never waited in its poll: {}",
+            crate::stress::threads_report(pid)
+        )
+    })
+}
+
+/// Waits until the shim's thread of `pid` has gone round its loop at least
+/// `turns` times from now, and waits in its poll again: each turn ends in
+/// a wait in poll(2) (a voluntary switch), and each turn acts on what it
+/// finds (a lost socket, a directory to retry, a changed root), so the
+/// thread has had `turns` chances to act since the call. A turn takes its
+/// tick (`MEMSHIM_DIRTY_DECAY_MS` / 4, from 50 ms up to 1 s) or less.
+pub fn wait_shim_turns(pid: i32, turns: u64) {
+    let tid = wait_shim_polling(pid);
+    let from = voluntary_switches(pid, tid).unwrap_or(0);
+    wait_until(Duration::from_secs(30), || {
+        (voluntary_switches(pid, tid)? >= from + turns && blocked_in(pid, tid).is_some_and(is_poll))
+            .then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the shim's thread {tid} of {pid} did not go round its loop {turns} times in 30 s: {}",
+            crate::stress::threads_report(pid)
+        )
+    });
+}
+
+/// Whether process `pid` holds a Unix stream socket connected to a peer
+/// (state 03 in /proc/net/unix): a client whose `connect` has returned,
+/// accepted by the other end yet or not.
+pub fn has_connected_socket(pid: i32) -> bool {
+    let mine = sockets_of(pid);
+    std::fs::read_to_string("/proc/net/unix")
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .any(|l| {
+            // "Num RefCount Protocol Flags Type St Inode Path"
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() >= 7 && f[5] == "03" && mine.contains(&format!("socket:[{}]", f[6]))
+        })
 }

@@ -1,4 +1,4 @@
-//! Shared by the `deploy_*` tests: `make install` into a scratch prefix,
+//! Shared by the `deploy` family (tests/tests/deploy/): `make install` into a scratch prefix,
 //! a tiny HTTP/1.0 client, and JSON number lookup without a JSON crate.
 
 use std::io::{Read, Write};
@@ -20,8 +20,13 @@ pub fn fresh_dir(name: &str) -> PathBuf {
 
 /// Runs `make <target> VAR=VAL...` in the repository root, as a user would,
 /// without the outer make's jobserver settings. Panics with make's output on
-/// failure.
+/// failure. One at a time in a test process: the deploy tests run side by
+/// side in one binary, and two builds at once (`make install` builds the
+/// library, `make wheel-<arch>` runs cargo-zigbuild) would share `target/`
+/// and cargo-zigbuild's wrapper scripts.
 pub fn make(target: &str, vars: &[(&str, &Path)]) {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut c = Command::new("make");
     c.current_dir(root()).arg("-s").arg(target);
     for (k, v) in vars {
@@ -61,22 +66,7 @@ pub fn files_under(dir: &Path) -> Vec<String> {
 
 /// One HTTP/1.0 request; returns (status, body).
 pub fn http(addr: &str, method: &str, path: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n"
-    )
-    .unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (status, body.to_owned())
+    http_with(addr, method, path, &[])
 }
 
 /// The number after `"key": ` in a flat JSON object.

@@ -7,7 +7,7 @@ use memshim_proto::client::Connection;
 use memshim_proto::endpoint::SocketName;
 use memshim_proto::{Request, Response};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long any read or write on a test's connection may take.
 const IO_LIMIT: Duration = Duration::from_secs(10);
@@ -94,17 +94,17 @@ impl Conn {
 
     /// Waits (at most 10 s) for `pid`'s socket in `dir`, connects, says hello.
     pub fn to_pid(dir: &Path, pid: i32) -> Result<Conn, String> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let p = socket_path(dir, pid).ok_or_else(|| format!("process {pid} is gone"))?;
-            match Conn::open(&p) {
-                Ok(c) => return Ok(c),
-                Err(e) if Instant::now() >= deadline => {
-                    return Err(format!("{}: {e}", p.display()));
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(20)),
-            }
-        }
+        let mut last = String::new();
+        crate::wait_until(Duration::from_secs(10), || {
+            let Some(p) = socket_path(dir, pid) else {
+                return Some(Err(format!("process {pid} is gone")));
+            };
+            Conn::open(&p)
+                .map_err(|e| last = format!("{}: {e}", p.display()))
+                .ok()
+                .map(Ok)
+        })
+        .unwrap_or(Err(last))
     }
 
     /// Writes bytes as they are.

@@ -14,13 +14,15 @@
 //! Helpers of the test families: [`endpoint`] (the socket and a protocol
 //! connection, through `memshim_proto`'s client), [`control`], [`py`],
 //! [`cgroups`], [`deploy`], [`wheel`] and [`stress`]; [`sid`]: Debian
-//! sid's CPythons, run chrooted in the root scripts/test-deps.sh builds.
+//! sid's CPythons, run chrooted in the root scripts/test-deps.sh builds;
+//! [`serial`]: the tests that must not run beside each other.
 
 pub mod cgroups;
 pub mod control;
 pub mod deploy;
 pub mod endpoint;
 pub mod py;
+pub mod serial;
 pub mod sid;
 pub mod stress;
 pub mod wheel;
@@ -71,21 +73,20 @@ pub fn scratch() -> PathBuf {
     d
 }
 
-/// Longest `MEMSHIM_SOCKET_DIR` the shim accepts (docs/configuration.md);
-/// a longer one is refused, with a warning, for the default directory.
-pub const SOCKET_DIR_MAX: usize = 72;
-
 /// A directory path for one test's control sockets (or one it plants a
 /// file at), `/tmp/ms-<pid>-<tag>`, with whatever a previous run left
 /// there removed; not created. Never under the checkout: its path may be
-/// long, and a socket directory may be at most [`SOCKET_DIR_MAX`] bytes
-/// (a checkout under `/tmp/tmp.XXXXXXXXXX/memshim` made
+/// long, and a socket directory may be at most
+/// [`MAX_SOCKET_DIR`](memshim_proto::endpoint::MAX_SOCKET_DIR) bytes, the
+/// shim's limit (a longer `MEMSHIM_SOCKET_DIR` is refused, with a warning,
+/// for the default directory; a checkout under `/tmp/tmp.XXXXXXXXXX/memshim` made
 /// `target/test-scratch/sock-reach-3.12-condition` 73 bytes long).
 pub fn socket_dir_path(tag: &str) -> PathBuf {
+    use memshim_proto::endpoint::MAX_SOCKET_DIR;
     let d = PathBuf::from(format!("/tmp/ms-{}-{tag}", std::process::id()));
     assert!(
-        d.as_os_str().len() <= SOCKET_DIR_MAX - 20,
-        "{}: leave room for a path below it within {SOCKET_DIR_MAX} bytes",
+        d.as_os_str().len() <= MAX_SOCKET_DIR - 20,
+        "{}: leave room for a path below it within {MAX_SOCKET_DIR} bytes",
         d.display()
     );
     let _ = std::fs::remove_dir_all(&d);
@@ -110,11 +111,7 @@ pub fn fixture(name: &str, extra: &[&str]) -> PathBuf {
     } else {
         format!("{name}{tag}")
     });
-    let fresh = out
-        .metadata()
-        .and_then(|o| Ok(o.modified()? >= src.metadata()?.modified()?))
-        .unwrap_or(false);
-    if !fresh {
+    if !up_to_date(&out, &src) {
         let mut cmd = Command::new("cc");
         cmd.args(["-O1", "-g", "-Wall", "-pthread", "-o"])
             .arg(&out)
@@ -132,6 +129,13 @@ pub fn fixture(name: &str, extra: &[&str]) -> PathBuf {
         );
     }
     out
+}
+
+/// Whether `out` exists and is no older than `src`, from which it is made.
+pub fn up_to_date(out: &Path, src: &Path) -> bool {
+    out.metadata()
+        .and_then(|o| Ok(o.modified()? >= src.metadata()?.modified()?))
+        .unwrap_or(false)
 }
 
 fn hash(parts: &[&str]) -> u64 {
@@ -355,16 +359,14 @@ fn run_captured(mut c: Command, input: Option<String>, timeout: Duration) -> Out
     let tx2 = tx.clone();
     std::thread::spawn(move || tx.send((1, drain(so))));
     std::thread::spawn(move || tx2.send((2, drain(se))));
-    let start = Instant::now();
-    let (status, timed_out) = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break (s, false);
-        }
-        if start.elapsed() > timeout {
+    let (status, timed_out) = match poll_every(Duration::from_millis(5), timeout, || {
+        child.try_wait().unwrap()
+    }) {
+        Some(s) => (s, false),
+        None => {
             let _ = child.kill();
-            break (child.wait().unwrap(), true);
+            (child.wait().unwrap(), true)
         }
-        std::thread::sleep(Duration::from_millis(5));
     };
     // A process it started that outlives it and keeps the pipes open
     // would make the reads wait forever: that fails here instead.
@@ -520,16 +522,15 @@ impl Child {
     /// it to be reaped), with its stderr, for a failure message.
     fn how_it_ended(&mut self) -> String {
         use std::os::unix::process::ExitStatusExt;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let status = loop {
-            match self.child.try_wait() {
-                Ok(Some(s)) => break Some(s),
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(10))
-                }
-                _ => break None,
-            }
-        };
+        let status = poll_every(
+            Duration::from_millis(10),
+            Duration::from_secs(10),
+            || match self.child.try_wait() {
+                Ok(None) => None,
+                ended => Some(ended.ok().flatten()),
+            },
+        )
+        .flatten();
         let mut err = Vec::new();
         if status.is_some()
             && let Some(mut e) = self.child.stderr.take()
@@ -583,21 +584,17 @@ impl Child {
     /// stdout, all of stderr, and the exit code.
     pub fn finish(mut self, timeout: Duration) -> Output {
         drop(self.child.stdin.take());
-        let deadline = Instant::now() + timeout;
-        let status = loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                break s;
-            }
-            if Instant::now() >= deadline {
-                panic!(
-                    "process {}{} did not exit within {timeout:?}; where its threads wait:{}",
-                    self.pid(),
-                    self.label,
-                    thread_report(self.pid())
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
+        let status = poll_every(Duration::from_millis(10), timeout, || {
+            self.child.try_wait().unwrap()
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "process {}{} did not exit within {timeout:?}; where its threads wait:{}",
+                self.pid(),
+                self.label,
+                thread_report(self.pid())
+            )
+        });
         let mut rest = std::mem::take(&mut self.pending);
         let mut err = Vec::new();
         let drained = drain_exited(&mut self.stdout, &mut rest).and_then(|()| {
@@ -657,7 +654,8 @@ pub fn exit_instants(children: &[&Child], timeout: Duration) -> Vec<Option<u64>>
         .collect();
     if fds.iter().any(|p| p.fd < 0) {
         // A kernel older than 5.3: each one's zombie state, every millisecond.
-        while at.iter().any(Option::is_none) && Instant::now() < deadline {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let _ = poll_every(Duration::from_millis(1), left, || {
             for (i, c) in children.iter().enumerate() {
                 let stat = std::fs::read_to_string(format!("/proc/{}/stat", c.pid()));
                 let zombie = stat
@@ -667,8 +665,8 @@ pub fn exit_instants(children: &[&Child], timeout: Duration) -> Vec<Option<u64>>
                     at[i] = Some(monotonic_ns());
                 }
             }
-            std::thread::sleep(Duration::from_millis(1));
-        }
+            at.iter().all(Option::is_some).then_some(())
+        });
     } else {
         while at.iter().any(Option::is_none) {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -738,16 +736,28 @@ impl Drop for Child {
 }
 
 /// Polls `f` every 20 ms until it returns `Some` or `timeout` passes.
-pub fn wait_until<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + timeout;
+pub fn wait_until<T>(timeout: Duration, f: impl FnMut() -> Option<T>) -> Option<T> {
+    poll_every(Duration::from_millis(20), timeout, f)
+}
+
+/// Calls `f` at once and then every `every` until it returns `Some`, or
+/// until `timeout` has passed (then `None`, after a last call). What every
+/// wait of the tests is made of, [`wait_until`] first: the one place they
+/// sleep, between two looks at the condition they wait for.
+pub fn poll_every<T>(
+    every: Duration,
+    timeout: Duration,
+    mut f: impl FnMut() -> Option<T>,
+) -> Option<T> {
+    let deadline = Instant::now().checked_add(timeout);
     loop {
         if let Some(v) = f() {
             return Some(v);
         }
-        if Instant::now() >= deadline {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
             return None;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(every);
     }
 }
 

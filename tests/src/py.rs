@@ -1,4 +1,4 @@
-//! For the `python_*` tests: the CPythons they run ([`cpythons`]: pyenv's
+//! For the `python` family (tests/tests/python/): the CPythons they run ([`cpythons`]: pyenv's
 //! and Debian sid's), a CPython under the shim, and requests to its
 //! control socket (through `endpoint::Conn`).
 
@@ -97,6 +97,29 @@ pub fn stats(sock: &Path) -> Box<memshim_proto::StatsReport> {
         Reply::Stats(s) => s,
         other => panic!("not a stats reply: {other:?}"),
     }
+}
+
+/// A `release`'s steps on one line, for the figures a test prints: name,
+/// outcome, resident before and after, time, and why one was skipped.
+pub fn steps_line(steps: &[memshim_proto::ReleaseStep]) -> String {
+    steps
+        .iter()
+        .map(|s| {
+            format!(
+                "{} {:?} {:.1}->{:.1} MiB {:.1} ms{}",
+                s.name(),
+                s.outcome,
+                crate::mib(s.before),
+                crate::mib(s.after),
+                s.elapsed_ms,
+                s.skipped
+                    .as_deref()
+                    .map(|w| format!(" ({w})"))
+                    .unwrap_or_default()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Sends a line to the fixture and waits for its answer line.
@@ -334,18 +357,27 @@ pub fn exit_pair(
         let (stop, answered, dir) = (stop.clone(), answered.clone(), dir.clone());
         std::thread::spawn(move || {
             let mut i = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let sock = std::fs::read_dir(&dir).ok().and_then(|rd| {
-                    rd.flatten().map(|e| e.path()).find(|p| {
-                        p.file_name()
-                            .and_then(|n| n.to_str())
-                            .is_some_and(|n| n.starts_with(&format!("{pid}-")))
-                    })
-                });
-                let Some(sock) = sock else {
-                    std::thread::sleep(Duration::from_millis(1));
-                    continue;
-                };
+            // Its socket, looked for every millisecond (it appears as the
+            // interpreter starts, and goes as it exits); `None` once told
+            // to stop.
+            let socket_or_stop = || {
+                crate::poll_every(Duration::from_millis(1), Duration::MAX, || {
+                    if stop.load(Ordering::Relaxed) {
+                        return Some(None);
+                    }
+                    let rd = std::fs::read_dir(&dir).ok()?;
+                    rd.flatten()
+                        .map(|e| e.path())
+                        .find(|p| {
+                            p.file_name()
+                                .and_then(|n| n.to_str())
+                                .is_some_and(|n| n.starts_with(&format!("{pid}-")))
+                        })
+                        .map(Some)
+                })
+                .flatten()
+            };
+            while let Some(sock) = socket_or_stop() {
                 i += 1;
                 let req = if i.is_multiple_of(2) {
                     Request::Gc

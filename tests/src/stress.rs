@@ -1,4 +1,4 @@
-//! For the reliability tests (`tests/stress.rs`): the smoke/full level, the
+//! For the reliability tests (`tests/tests/stress/`): the smoke/full level, the
 //! seed, and the figures file that docs/reliability.md is filled from.
 
 use std::io::Write;

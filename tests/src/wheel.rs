@@ -1,6 +1,6 @@
-//! Shared by `deploy_wheel` and `deploy_aarch64`: build a wheel with
-//! `make wheel-<arch>` (a no-op when it is up to date), find it, read the
-//! glibc versions a binary needs.
+//! Shared by `deploy::wheel` and `deploy::aarch64`: build a wheel with
+//! the make target `make test` builds it with (cargo has nothing to build
+//! when it is up to date), find it, read the glibc versions a binary needs.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -25,17 +25,22 @@ pub fn workspace_version() -> String {
         .expect("version in [workspace.package]")
 }
 
-/// `make wheel-<arch>` into `target/wheels/` (x86_64, what a user of this
-/// machine installs) or scratch (other architectures: `target/wheels/`
-/// keeps only wheels this machine can install), then the wheel's path,
-/// which must carry exactly the workspace version and the manylinux_2_17 tag.
+/// The wheel for `arch`, built as `make test` builds it, then its path,
+/// which must carry exactly the workspace version and the manylinux_2_17
+/// tag: x86_64 (what a user of this machine installs) by `make
+/// wheel-x86_64` into `target/wheels/`; the others by `make wheels` into
+/// scratch (`target/wheels/` keeps only wheels this machine can install).
+/// `make wheels` builds both architectures in one cargo run, and after
+/// `make test`'s own run it has nothing left to build; `make wheel-aarch64`
+/// alone would build the aarch64 library and its dependencies again (cargo
+/// makes other units for one target than for two: 8 minutes on 2 CPUs).
 pub fn build_wheel(arch: &str) -> PathBuf {
-    let dir = if arch == "x86_64" {
-        root().join("target/wheels")
+    let (target, dir) = if arch == "x86_64" {
+        ("wheel-x86_64", root().join("target/wheels"))
     } else {
-        crate::scratch().join("wheels")
+        ("wheels", crate::scratch().join("wheels"))
     };
-    crate::deploy::make(&format!("wheel-{arch}"), &[("WHEEL_DIR", &dir)]);
+    crate::deploy::make(target, &[("WHEEL_DIR", &dir)]);
     let name = format!(
         "memshim-{}-py3-none-manylinux_2_17_{arch}.whl",
         workspace_version()
@@ -43,7 +48,7 @@ pub fn build_wheel(arch: &str) -> PathBuf {
     let p = dir.join(&name);
     assert!(
         p.is_file(),
-        "make wheel-{arch} did not write {}; it has {:?}",
+        "make {target} did not write {}; it has {:?}",
         p.display(),
         std::fs::read_dir(&dir)
             .map(|rd| rd.flatten().map(|e| e.file_name()).collect::<Vec<_>>())

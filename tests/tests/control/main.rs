@@ -1,0 +1,14 @@
+//! The control endpoint and memshim-ctl: processes, descriptors,
+//! namespaces, purges, hostile clients, access control, the CLI's errors,
+//! `record`'s timeline, and the protocol document's client. One test binary; the modules were
+//! separate binaries before (`control_<module>`).
+
+mod cli_errors;
+mod descriptors;
+mod doc;
+mod namespace;
+mod process;
+mod purge;
+mod record;
+mod robustness;
+mod security;

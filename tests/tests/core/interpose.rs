@@ -1,0 +1,349 @@
+//! The interposed surface: every entry point reaches jemalloc, every
+//! compatible pair of allocate/free works, and the library exports exactly
+//! the documented symbols.
+
+use memshim_tests::{Cmd, fixture, root, shim};
+use std::process::Command;
+
+/// Every symbol libmemshim.so defines for the dynamic linker (issue 2,
+/// "Interposed surface"; `dlopen` for `RTLD_DEEPBIND` clearing, `pthread_create` for the
+/// thread rule, `unshare` and `setns` so a namespace change by a process
+/// alone but for the shim's thread finds it stopped, `pthread_exit` and
+/// the set*id functions, which stop it too: core/threads.rs). A change here is a
+/// change to the product's ABI.
+const GOLDEN_EXPORTS: &[&str] = &[
+    "__libc_calloc",
+    "__libc_free",
+    "__libc_malloc",
+    "__libc_memalign",
+    "__libc_pvalloc",
+    "__libc_realloc",
+    "__libc_valloc",
+    "__posix_memalign",
+    "aligned_alloc",
+    "calloc",
+    "cfree",
+    "dlopen",
+    "free",
+    "free_aligned_sized",
+    "free_sized",
+    "initgroups",
+    "mallinfo",
+    "mallinfo2",
+    "malloc",
+    "malloc_info",
+    "malloc_stats",
+    "malloc_trim",
+    "malloc_usable_size",
+    "mallopt",
+    "memalign",
+    "posix_memalign",
+    "pthread_create",
+    "pthread_exit",
+    "pvalloc",
+    "realloc",
+    "reallocarray",
+    "setegid",
+    "seteuid",
+    "setgid",
+    "setgroups",
+    "setns",
+    "setregid",
+    "setresgid",
+    "setresuid",
+    "setreuid",
+    "setuid",
+    "unshare",
+    "valloc",
+];
+
+/// The symbol names `nm ARGS FILE` lists (its last column), sorted.
+fn nm(args: &[&str], file: &std::path::Path) -> Vec<String> {
+    let o = Command::new("nm")
+        .args(args)
+        .arg(file)
+        .output()
+        .expect("run nm");
+    assert!(
+        o.status.success(),
+        "nm {args:?} {file:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let mut v: Vec<String> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().last().map(str::to_owned))
+        .collect();
+    v.sort();
+    v
+}
+
+fn dynamic_symbols(defined_only: bool) -> Vec<String> {
+    let args: &[&str] = if defined_only {
+        &["-D", "--defined-only"]
+    } else {
+        &["-D"]
+    };
+    nm(args, &shim())
+}
+
+#[test]
+fn exported_symbols_match_the_golden_list() {
+    let got = dynamic_symbols(true);
+    let want: Vec<String> = GOLDEN_EXPORTS.iter().map(|s| s.to_string()).collect();
+    assert_eq!(
+        got, want,
+        "nm -D --defined-only libmemshim.so differs from the golden list"
+    );
+}
+
+#[test]
+fn no_jemalloc_internals_are_exported_or_imported() {
+    let leaked: Vec<String> = dynamic_symbols(false)
+        .into_iter()
+        .filter(|s| s.contains("_rjem_") || s.starts_with("je_"))
+        .collect();
+    assert!(
+        leaked.is_empty(),
+        "jemalloc symbols in the dynamic table: {leaked:?}"
+    );
+}
+
+/// std's unwinder imports are forwarded to `libgcc_s.so.1` on first use
+/// (shim/src/os/unwind.rs), so an exec under the shim loads no unwinder:
+/// not as a dependency, not through an exported or imported `_Unwind_*`.
+/// A plain program's own map of itself shows it.
+#[test]
+fn an_exec_under_the_shim_loads_no_unwinder() {
+    let unwind: Vec<String> = dynamic_symbols(false)
+        .into_iter()
+        .filter(|s| s.starts_with("_Unwind_") || s.starts_with("__gcc_"))
+        .collect();
+    assert!(
+        unwind.is_empty(),
+        "unwinder symbols in the dynamic table: {unwind:?}"
+    );
+    let plain = Cmd::new("cat", ["/proc/self/maps"]).run();
+    let shimmed = Cmd::new("cat", ["/proc/self/maps"]).shimmed().run();
+    assert_eq!((plain.code, shimmed.code), (0, 0), "{shimmed:?}");
+    assert!(
+        shimmed.stdout.contains("libmemshim.so"),
+        "the shim was not loaded: {shimmed:?}"
+    );
+    for out in [&plain, &shimmed] {
+        assert!(
+            !out.stdout.contains("libgcc_s"),
+            "libgcc_s.so.1 is mapped:\n{}",
+            out.stdout
+        );
+    }
+}
+
+/// jemalloc initialises on the first allocation, not in every exec
+/// (shim/src/jemalloc.rs, "Lazy initialisation and fork"). Its
+/// initialisation opens `/proc/sys/vm/overcommit_memory`, which nothing else
+/// in these processes reads: `strace` (scripts/test-deps.sh) shows whether
+/// it ran.
+#[test]
+fn jemalloc_initialises_only_in_a_process_that_allocates() {
+    let f = fixture("lazy_init", &[]);
+    let initialises = |arg: &str| {
+        let preload = format!("LD_PRELOAD={}", shim().display());
+        let args = ["-f", "-qq", "-e", "trace=%file", "-E", &preload];
+        let mut argv: Vec<&str> = args.to_vec();
+        argv.push(f.to_str().unwrap());
+        argv.push(arg);
+        let o = Cmd::new("strace", argv).run();
+        assert_eq!(
+            o.code, 0,
+            "strace (scripts/test-deps.sh installs it): {o:?}"
+        );
+        assert!(o.stderr.contains("libmemshim.so"), "not preloaded: {o:?}");
+        o.stderr.contains("/proc/sys/vm/overcommit_memory")
+    };
+    assert!(
+        initialises("alloc"),
+        "jemalloc did not initialise in a process that allocates, or no longer reads overcommit_memory"
+    );
+    assert!(
+        !initialises(""),
+        "jemalloc initialised in a process that never allocates"
+    );
+}
+
+/// Options in jemalloc's own syntax are checked by jemalloc alone, when it
+/// initialises; with such options the shim initialises it at start-up, so a
+/// bad one gets its warning line even in a process that never allocates.
+#[test]
+fn a_bad_jemalloc_option_warns_in_a_process_that_never_allocates() {
+    let f = fixture("lazy_init", &[]);
+    for (var, val) in [
+        ("MEMSHIM_MALLOC_CONF", "narenas:abc"),
+        ("MALLOC_CONF", "no_such_option:1"),
+    ] {
+        let o = Cmd::new(&f, [""; 0]).shimmed().env(var, val).run();
+        let lines: Vec<&str> = o.stderr.lines().collect();
+        assert_eq!((o.code, lines.len()), (0, 1), "{var}={val}: {o:?}");
+        assert!(
+            lines[0].starts_with("memshim: warning: jemalloc: Invalid conf")
+                && lines[0].contains(val),
+            "{var}={val}: {o:?}"
+        );
+    }
+}
+
+/// Every C library function the bundled jemalloc calls, and why it cannot
+/// change errno inside `free`: `free` forwards to jemalloc with nothing
+/// around it (exports.rs, "jemalloc's system calls keep errno").
+const JEMALLOC_IMPORTS: &[(&str, &str)] = &[
+    ("madvise", "wrapped: keeps errno"),
+    ("mmap", "wrapped: keeps errno"),
+    ("munmap", "wrapped: keeps errno"),
+    ("mprotect", "wrapped: keeps errno"),
+    ("secure_getenv", "wrapped: the configuration hook"),
+    ("__ctype_b_loc", "no errno"),
+    (
+        "__errno_location",
+        "jemalloc sets ENOMEM on failed allocations",
+    ),
+    ("__popcountdi2", "no errno"),
+    ("__sched_cpucount", "no errno"),
+    ("abort", "does not return"),
+    ("atexit", "start-up only"),
+    ("clock_gettime", "sets errno only for a bad clock id"),
+    ("creat", "heap profiling only (not built)"),
+    ("dlsym", "background threads only (off)"),
+    ("getpid", "no errno"),
+    ("gettid", "no errno"),
+    ("gettimeofday", "no errno for valid arguments"),
+    ("memchr", "no errno"),
+    ("memcpy", "no errno"),
+    ("memmove", "no errno"),
+    ("memset", "no errno"),
+    (
+        "pthread_atfork",
+        "wrapped: its handlers run inside the shim's",
+    ),
+    ("pthread_cond_init", "background threads only (off)"),
+    ("pthread_cond_signal", "background threads only (off)"),
+    ("pthread_cond_timedwait", "background threads only (off)"),
+    ("pthread_cond_wait", "background threads only (off)"),
+    ("pthread_create", "background threads only (off)"),
+    ("pthread_getname_np", "heap profiling only (not built)"),
+    ("pthread_join", "background threads only (off)"),
+    ("pthread_key_create", "start-up only"),
+    ("pthread_mutex_init", "returns its error; no errno"),
+    ("pthread_mutex_lock", "returns its error; no errno"),
+    ("pthread_mutex_trylock", "returns its error; no errno"),
+    ("pthread_mutex_unlock", "returns its error; no errno"),
+    ("pthread_mutexattr_destroy", "returns its error; no errno"),
+    ("pthread_mutexattr_init", "returns its error; no errno"),
+    ("pthread_mutexattr_settype", "returns its error; no errno"),
+    ("pthread_self", "no errno"),
+    ("pthread_setname_np", "background threads only (off)"),
+    ("pthread_setspecific", "returns its error; no errno"),
+    ("pthread_sigmask", "background threads only (off)"),
+    ("readlink", "start-up only (its configuration file)"),
+    (
+        "sbrk",
+        "allocation only, when mmap fails (dss); jemalloc then sets ENOMEM",
+    ),
+    ("sched_getaffinity", "start-up only"),
+    ("sched_getcpu", "per-CPU arenas only (off)"),
+    ("sched_setaffinity", "background threads only (off)"),
+    ("sched_yield", "no errno"),
+    ("sigfillset", "background threads only (off)"),
+    ("strchr", "no errno"),
+    ("strcmp", "no errno"),
+    ("strerror_r", "error messages only"),
+    ("strlen", "no errno"),
+    ("strncmp", "no errno"),
+    ("strncpy", "no errno"),
+    ("strtok", "start-up only"),
+    ("strtol", "start-up only (configuration)"),
+    ("syscall", "start-up only (reads /proc and /sys files)"),
+    ("sysconf", "start-up only"),
+];
+
+#[test]
+fn every_c_function_jemalloc_calls_is_known_to_keep_errno_inside_free() {
+    // A jemalloc upgrade that calls something new fails here, until someone
+    // decides whether it can run inside `free` and change errno (then it
+    // needs a wrapper in build.rs and exports.rs).
+    let build = root().join("target/release/build");
+    let archives: Vec<_> = std::fs::read_dir(&build)
+        .expect("target/release/build: build the library first")
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("tikv-jemalloc-sys-")
+        })
+        .map(|e| e.path().join("out/lib/libjemalloc_pic.a"))
+        .filter(|a| a.exists())
+        .collect();
+    assert!(!archives.is_empty(), "no libjemalloc_pic.a under {build:?}");
+    for a in archives {
+        let mut imports: Vec<String> = nm(&["-u"], &a)
+            .into_iter()
+            .filter(|s| {
+                !s.ends_with(':') && !s.starts_with("_rjem_") && s != "_GLOBAL_OFFSET_TABLE_"
+            })
+            .collect();
+        imports.dedup();
+        let unknown: Vec<&String> = imports
+            .iter()
+            .filter(|s| !JEMALLOC_IMPORTS.iter().any(|(k, _)| k == s))
+            .collect();
+        assert!(
+            unknown.is_empty(),
+            "{a:?} calls functions not classified in JEMALLOC_IMPORTS: {unknown:?}"
+        );
+        assert!(
+            imports.iter().any(|s| s == "madvise"),
+            "the import list of {a:?} looks wrong: {imports:?}"
+        );
+    }
+}
+
+#[test]
+fn matrix_fixture_is_valid_against_glibc() {
+    // The fixture itself is correct C: it passes on glibc's allocator.
+    let o = Cmd::new(fixture("alloc_matrix", &[]), ["glibc"]).run();
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    assert!(o.stdout.starts_with("matrix ok "), "{o:?}");
+}
+
+#[test]
+fn every_allocator_pairs_with_every_compatible_free_under_the_shim() {
+    let o = Cmd::new(fixture("alloc_matrix", &[]), ["--all"])
+        .shimmed()
+        .run();
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    // 16 allocators x 5 frees (free_sized / free_aligned_sized each take
+    // only their kind) x 7 sizes.
+    assert_eq!(o.stdout.trim(), "matrix ok 560", "{o:?}");
+}
+
+#[test]
+fn every_allocator_pairs_with_every_compatible_free_with_junk_filling() {
+    // junk:true fills freed and fresh memory: a block freed through the
+    // wrong path or a size mismatch shows up as changed contents or a crash.
+    let o = Cmd::new(fixture("alloc_matrix", &[]), ["--all"])
+        .shimmed()
+        .env("MEMSHIM_MALLOC_CONF", "junk:true")
+        .run();
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    assert_eq!(o.stdout.trim(), "matrix ok 560", "{o:?}");
+}
+
+#[test]
+fn malloc_is_routed_to_jemalloc_size_classes() {
+    // jemalloc's smallest size class is 8 bytes; glibc's smallest chunk
+    // gives 24 usable bytes on x86_64. Proves malloc really goes to the shim.
+    let f = fixture("alloc_matrix", &[]);
+    let with = Cmd::new(&f, ["usable"]).shimmed().run();
+    let without = Cmd::new(&f, ["usable"]).run();
+    assert_eq!((with.code, with.stderr.as_str()), (0, ""), "{with:?}");
+    assert_eq!(with.stdout.trim(), "8", "under the shim: {with:?}");
+    assert_eq!(without.stdout.trim(), "24", "glibc: {without:?}");
+}

@@ -1,0 +1,15 @@
+//! The Python bridge on real CPythons: every version, the main thread's
+//! states, release and gc, hostile hosts, interpreter lifecycles, the CUDA
+//! paths and idle return with a stand-in torch, and real PyTorch. One test
+//! binary; the modules were separate binaries before (`python_<module>`).
+//! `make test-torch` runs the one test that needs the default python3's
+//! torch (`torch::`, ignored otherwise).
+
+mod cuda_idle;
+mod cuda_paths;
+mod hostile;
+mod lifecycle;
+mod reach;
+mod release;
+mod torch;
+mod versions;
