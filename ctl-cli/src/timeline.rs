@@ -44,10 +44,14 @@ const TOP: f64 = 40.0;
 const BOTTOM: f64 = 50.0;
 /// Line colours, in series order (then again).
 const COLOURS: [&str; 10] = [
-    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-    "#17becf",
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    "#bcbd22", "#17becf",
 ];
-const MARKER_COLOURS: [(&str, &str); 3] = [("purge", "#2ca02c"), ("pressure", "#d62728"), ("vram", "#9467bd")];
+const MARKER_COLOURS: [(&str, &str); 3] = [
+    ("purge", "#2ca02c"),
+    ("pressure", "#d62728"),
+    ("vram", "#9467bd"),
+];
 
 /// `&`, `<`, `>`, `"` escaped for XML text and attributes.
 pub fn escape(s: &str) -> String {
@@ -147,7 +151,11 @@ impl Timeline {
                 TOP + ph,
                 TOP + ph + 5.0,
                 TOP + ph + 18.0,
-                if step < 1.0 { format!("{t:.1}s") } else { format!("{t:.0}s") }
+                if step < 1.0 {
+                    format!("{t:.1}s")
+                } else {
+                    format!("{t:.0}s")
+                }
             );
             t += step;
         }
@@ -258,7 +266,12 @@ impl Timeline {
         } else {
             s += "<table><tr><th>at</th><th>what</th></tr>\n";
             for m in &self.markers {
-                let _ = writeln!(s, "<tr><td>{:.1} s</td><td>{}</td></tr>", m.t, escape(&m.label));
+                let _ = writeln!(
+                    s,
+                    "<tr><td>{:.1} s</td><td>{}</td></tr>",
+                    m.t,
+                    escape(&m.label)
+                );
             }
             s += "</table>\n";
         }
@@ -278,7 +291,12 @@ mod tests {
             series: vec![
                 Series {
                     name: "rss".into(),
-                    values: vec![Some(10 << 20), Some(200 << 20), Some(20 << 20), Some(21 << 20)],
+                    values: vec![
+                        Some(10 << 20),
+                        Some(200 << 20),
+                        Some(20 << 20),
+                        Some(21 << 20),
+                    ],
                 },
                 Series {
                     name: "python".into(),
@@ -311,7 +329,9 @@ mod tests {
         let html = sample().html();
         assert!(html.starts_with("<!DOCTYPE html>"));
         assert!(html.contains("<svg"));
-        assert!(html.contains("<td>rss</td><td>10.0 MiB</td><td>10.0 MiB</td><td>200.0 MiB</td><td>21.0 MiB</td>"));
+        assert!(html.contains(
+            "<td>rss</td><td>10.0 MiB</td><td>10.0 MiB</td><td>200.0 MiB</td><td>21.0 MiB</td>"
+        ));
         assert!(html.contains("<td>1.0 s</td><td>purge 180.0 MiB</td>"));
     }
 

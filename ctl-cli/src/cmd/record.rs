@@ -40,7 +40,12 @@ pub struct RecordArgs {
 /// `.svg` or `.html` (any case); anything else is a usage error.
 fn output_parser(s: &str) -> Result<PathBuf, String> {
     let p = PathBuf::from(s);
-    match p.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+    match p
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
         Some("svg" | "html" | "htm") => Ok(p),
         _ => Err(format!("{s:?}: the file must end in .svg or .html")),
     }
@@ -75,7 +80,12 @@ fn sample(t: f64, s: &StatsReport, cg: Option<&cgroupfs::Location>, pid: i32) ->
         torch: s
             .torch
             .as_ref()
-            .map(|t| t.devices.iter().map(|d| (d.index, d.reserved, d.allocated)).collect())
+            .map(|t| {
+                t.devices
+                    .iter()
+                    .map(|d| (d.index, d.reserved, d.allocated))
+                    .collect()
+            })
             .unwrap_or_default(),
         cg_usage: mem.as_ref().map(|m| m.usage),
         cg_working_set: mem.as_ref().map(|m| m.working_set),
@@ -133,7 +143,11 @@ pub fn run(a: RecordArgs) -> Result<Exit, Failure> {
         .output
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("svg"));
-    let text = if is_svg { timeline.svg() } else { timeline.html() };
+    let text = if is_svg {
+        timeline.svg()
+    } else {
+        timeline.html()
+    };
     std::fs::write(&a.output, text).map_err(|e| write_failure(&a, &e))?;
     let (first, last) = (samples.first(), samples.last());
     outln!(
@@ -238,7 +252,11 @@ fn build(
                 t: s.t,
                 label: format!(
                     "purge{} {}",
-                    if n > 1 { format!(" ×{n}") } else { String::new() },
+                    if n > 1 {
+                        format!(" ×{n}")
+                    } else {
+                        String::new()
+                    },
                     bytes(s.released.saturating_sub(p.released))
                 ),
             });
@@ -260,8 +278,13 @@ fn build(
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let mut notes = vec![
-        format!("memshim-ctl record: a sample every {} s from {}", a.interval, utc(since)),
-        "markers: purge and release requests (bytes released), pressure purges, idle VRAM returns".into(),
+        format!(
+            "memshim-ctl record: a sample every {} s from {}",
+            a.interval,
+            utc(since)
+        ),
+        "markers: purge and release requests (bytes released), pressure purges, idle VRAM returns"
+            .into(),
     ];
     match cg {
         Some(l) => notes.push(format!("cgroup: {} (v{})", l.path, l.version)),

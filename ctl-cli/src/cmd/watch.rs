@@ -28,7 +28,6 @@ pub struct WatchArgs {
     pub count: Option<u64>,
 }
 
-
 /// One sample.
 #[derive(Clone, Debug, Default)]
 pub struct Sample {

@@ -66,8 +66,10 @@ fn reclaim_to_reaches_a_size_made_of_page_cache_and_freed_heap() {
     assert!(usage(&rr, "after") <= target, "{rr}");
     let purged = rr["purge"].as_array().unwrap();
     assert!(
-        purged.iter().any(|o| o["pid"] == heap.pid()
-            && o["result"]["released"].as_u64().unwrap_or(0) > freed / 2),
+        purged
+            .iter()
+            .any(|o| o["pid"] == heap.pid()
+                && o["result"]["released"].as_u64().unwrap_or(0) > freed / 2),
         "the heap was purged: {rr}"
     );
     // Sizes with units are read the way the settings read them.

@@ -72,7 +72,14 @@ fn a_recording_draws_each_figure_and_marks_a_purge() {
 
     // The page: the same chart, a table and the events.
     let html = out_file("a.html");
-    let o = ctl_run(&["record", &pid, "--seconds", "1", "-o", &html.display().to_string()]);
+    let o = ctl_run(&[
+        "record",
+        &pid,
+        "--seconds",
+        "1",
+        "-o",
+        &html.display().to_string(),
+    ]);
     assert_eq!(o.code, 0, "{o:?}");
     let text = std::fs::read_to_string(&html).unwrap();
     assert!(
