@@ -101,4 +101,5 @@ fi
 if [ "$dry" != 1 ]; then
     make -s tools
 fi
+[ "$dry" = 1 ] || bash scripts/vm-image.sh  # the cgroup v2 VMs' kernels (never fails)
 say "done"
