@@ -22,7 +22,7 @@ FULL = {
     "s5": {"pyperf": True, "processes": 2, "values": 3, "micro_scale": 1.0, "micro_repeat": 3,
            "configs": PY_CONFIGS},
     "s6": {"n_true": 300, "n_python": 40, "n_loop": 3, "loop": 1000, "configs": PY_CONFIGS},
-    "s7": {"n_stats": 200, "n_purge": 20, "n_py": 20, "bert": True},
+    "s7": {"n_stats": 200, "n_purge": 20, "n_py": 20, "bert": True, "exit_rounds": 50},
     # s8: issue 13's cgroup, at 3/4 of its heap so that B fits beside A's live half once A purges.
     "s8": {"limit_mib": 700, "a_mib": 512, "b_mib": 352, "reps": 3, "idle_seconds": 60},
 }
@@ -38,7 +38,7 @@ SMOKE = {
     "s5": {"pyperf": False, "processes": 1, "values": 1, "micro_scale": 0.02, "micro_repeat": 1,
            "configs": PY_CONFIGS},
     "s6": {"n_true": 5, "n_python": 2, "n_loop": 1, "loop": 20, "configs": PY_CONFIGS},
-    "s7": {"n_stats": 5, "n_purge": 2, "n_py": 2, "bert": False},
+    "s7": {"n_stats": 5, "n_purge": 2, "n_py": 2, "bert": False, "exit_rounds": 1},
     # s8 is optional here: it skips itself without root or a writable memory cgroup.
     "s8": {"limit_mib": 320, "a_mib": 256, "b_mib": 140, "reps": 1, "idle_seconds": 2, "configs": ["memshim"]},
 }

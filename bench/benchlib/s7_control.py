@@ -20,8 +20,10 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 
+from . import sidroot
 from .configs import ROOT, by_name
 from .context import table
 from .runner import read_status
@@ -92,6 +94,105 @@ def python_states(ctx, n):
                     proc.kill()
         rows.append([state, len(st), fmt(median(st) * 1000), fmt(percentile(st, 99) * 1000),
                      fmt(median(gc) * 1000), fmt(percentile(gc, 99) * 1000)])
+    return rows
+
+
+def interpreters(ctx):
+    """[(label, argv prefix)]: the default python, then Debian sid's 3.13,
+    3.14 and 3.15 (chrooted, see sidroot.py); and why sid's are missing."""
+    v = subprocess.run([ctx.python, "-c", "import sys; print(sys.version.split()[0])"],
+                       capture_output=True, text=True).stdout.strip()
+    sid, why = sidroot.interpreters()
+    return [(f"{v} ({os.path.basename(ctx.python)})", [ctx.python])] + sid, why
+
+
+def versions_round_trip(ctx, interps, n):
+    """Median and p99 of `stats` and `gc` to each interpreter, its main
+    thread in time.sleep (py_states.py)."""
+    shim = by_name()["memshim"]
+    script = os.path.join(ROOT, "tests", "fixtures", "py_states.py")
+    rows = []
+    for label, argv in interps:
+        with tempfile.TemporaryDirectory(prefix="ms-bench-", dir="/tmp") as sdir:
+            env = shim.environ({"MEMSHIM_CONTROL": "on", "MEMSHIM_SOCKET_DIR": sdir})
+            proc = subprocess.Popen(argv + [script, "sleep"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, text=True, env=env)
+            try:
+                proc.stdout.readline()  # ready
+                path = find_socket(sdir, proc.pid)
+                proc.stdin.write("\n")
+                proc.stdin.flush()
+                proc.stdout.readline()  # entering
+                time.sleep(0.2)  # let the main thread settle into its sleep
+                sock, f = connect(path)
+                st = [request(f, sock, {"op": "stats"})[0] for _ in range(n)]
+                gc = [request(f, sock, {"op": "gc"})[0] for _ in range(n)]
+                sock.close()
+            finally:
+                proc.send_signal(signal.SIGUSR1)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        rows.append([label, n, fmt(median(st) * 1000), fmt(percentile(st, 99) * 1000),
+                     fmt(median(gc) * 1000), fmt(percentile(gc, 99) * 1000)])
+    return rows
+
+
+def _fire(sdir, pid, stop):
+    """`stats` and `gc`, one after the other, at the process until it goes."""
+    path = find_socket(sdir, pid, seconds=5)
+    if path is None:
+        return
+    try:
+        sock, f = connect(path)
+        i = 0
+        while not stop.is_set():
+            i += 1
+            sock.sendall((json.dumps({"op": "gc"} if i % 2 else {"op": "stats"}) + "\n").encode())
+            if not f.readline():
+                break
+    except OSError:
+        pass
+
+
+def exit_times(ctx, interps, rounds):
+    """Per interpreter: ms from "exit now" to the process's end, without the
+    shim, under it, and under it while `stats`/`gc` requests arrive (from
+    its start to its end, so through its last second)."""
+    shim = by_name()["memshim"]
+    script = os.path.join(ROOT, "tests", "fixtures", "py_exit.py")
+    rows = []
+    for label, argv in interps:
+        times = {"plain": [], "shim": [], "fire": []}
+        for _ in range(rounds):
+            for mode in times:
+                with tempfile.TemporaryDirectory(prefix="ms-bench-", dir="/tmp") as sdir:
+                    env = (by_name()["glibc"].environ() if mode == "plain" else
+                           shim.environ({"MEMSHIM_CONTROL": "on", "MEMSHIM_SOCKET_DIR": sdir}))
+                    proc = subprocess.Popen(argv + [script, "--gc"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                            stderr=subprocess.DEVNULL, text=True, env=env)
+                    stop = threading.Event()
+                    fire = None
+                    if mode == "fire":
+                        fire = threading.Thread(target=_fire, args=(sdir, proc.pid, stop))
+                        fire.start()
+                    proc.stdout.readline()  # up
+                    if fire is not None:
+                        time.sleep(0.3)  # requests arrive before and during the exit
+                    t = time.perf_counter()
+                    proc.stdin.write("exit_at 0\n")
+                    proc.stdin.flush()
+                    proc.wait(timeout=60)
+                    times[mode].append((time.perf_counter() - t) * 1000)
+                    stop.set()
+                    if fire is not None:
+                        fire.join()
+        row = [label, rounds]
+        for mode in ("plain", "shim", "fire"):
+            v = times[mode]
+            row += [fmt(median(v)), fmt(percentile(v, 99)), fmt(max(v))]
+        rows.append(row)
     return rows
 
 
@@ -178,6 +279,20 @@ def run(ctx):
            "the bridge's own thread, which takes the GIL (docs/python.md). Round trip in ms, over one "
            "connection.\n\n" +
            table(["main thread", "n", "stats median", "stats p99", "gc median", "gc p99"], py_rows))
+    interps, why = interpreters(ctx)
+    v_rows = versions_round_trip(ctx, interps, p["n_py"])
+    md += ("\n\nEvery version the tests run that a user runs today: the default python and Debian sid's "
+           "3.13, 3.14 and 3.15 (in the chroot scripts/test-deps.sh builds; 3.15 attaches under a PEP 788 "
+           "guard), main thread in `time.sleep`. Round trip in ms, over one connection."
+           + (f" Debian sid's: **skipped** ({why})." if why else "") + "\n\n" +
+           table(["interpreter", "n", "stats median", "stats p99", "gc median", "gc p99"], v_rows))
+    x_rows = exit_times(ctx, interps, p["exit_rounds"])
+    md += ("\n\nExit time: ms from the line that tells tests/fixtures/py_exit.py to exit (at once, from a "
+           "sleep; the interpreter finalizes fully) until the process has ended, without the shim, under it "
+           "(endpoint on), and under it while `gc` and `stats` requests arrive over one connection from its "
+           "start to its end. Median / p99 / max of each.\n\n" +
+           table(["interpreter", "rounds", "plain med", "p99", "max", "shim med", "p99", "max",
+                  "under requests med", "p99", "max"], x_rows))
     res = {"stats_ms": median(stats_t) * 1000, "purge_ms": median(purge_t) * 1000}
     if p["bert"]:
         b = bert_release(ctx)

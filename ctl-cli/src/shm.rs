@@ -18,6 +18,16 @@
 //! * Files already deleted but still held open or mapped are listed too
 //!   (they are in use, by definition), from the `/proc/*/fd` and
 //!   `/proc/*/map_files` entries that point at a `/dev/shm` filesystem.
+//! * **Whose charge** ([`attribute`]): a tmpfs page is charged to the cgroup
+//!   whose process first touched it, not to the cgroups that see the file
+//!   (a node's `/dev/shm` bound into several containers, a file another
+//!   pod wrote). The kernel offers no per-file answer without mapping the
+//!   file, so the listing is held against the cgroup's own `shmem` charge:
+//!   where the files hold more than the cgroup is charged for tmpfs, not
+//!   all of them are its own; an unowned file is then `charged_elsewhere`
+//!   (the cgroup is charged nothing for tmpfs) or `unattributed`, and
+//!   deleting it is never suggested: it would free another cgroup's
+//!   memory, or none of this one's.
 
 use crate::procfs;
 use serde::Serialize;
@@ -42,7 +52,11 @@ pub struct ShmFile {
     pub bytes: u64,
     /// Its size (`st_size`; a sparse file holds less).
     pub size: u64,
-    /// `in_use`, `unowned` or `unknown`.
+    /// `in_use`, `unowned` (no process holds it, and this cgroup's tmpfs
+    /// charge covers the files listed), `unknown` (a process that could
+    /// hold it could not be read), `charged_elsewhere` or `unattributed`
+    /// (no process holds it, but this cgroup is charged for less tmpfs than
+    /// the files hold: nothing, or less; [`attribute`]).
     pub state: &'static str,
     /// Processes that map it or hold it open.
     pub users: Vec<i32>,
@@ -57,8 +71,13 @@ pub struct ShmReport {
     pub files: Vec<ShmFile>,
     /// Sum of `bytes` of all files.
     pub bytes: u64,
-    /// Sum of `bytes` of unowned files: what deleting them gives back.
+    /// Sum of `bytes` of unowned files: what deleting them gives back to
+    /// this cgroup.
     pub unowned_bytes: u64,
+    /// This cgroup's `shmem` charge, when [`attribute`] held the files
+    /// against it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub charged: Option<u64>,
     /// Processes that have one of these filesystems mounted but whose maps
     /// or descriptors could not be read.
     pub unreadable_processes: usize,
@@ -324,6 +343,30 @@ pub fn scan(pids: &[i32]) -> ShmReport {
     out
 }
 
+/// Tolerance of [`attribute`]: the charge is counted in pages, the files
+/// in filesystem blocks.
+const CHARGE_SLACK: u64 = 1 << 20;
+
+/// Holds the listing against `charged`, the cgroup's `shmem` charge
+/// (module docs, "Whose charge"). Where the files hold more, unowned files
+/// become `charged_elsewhere` (nothing is charged) or `unattributed`, and
+/// no longer count in `unowned_bytes`.
+pub fn attribute(r: &mut ShmReport, charged: u64) {
+    r.charged = Some(charged);
+    if r.bytes <= charged.saturating_add(CHARGE_SLACK) {
+        return;
+    }
+    let state = if charged < CHARGE_SLACK {
+        "charged_elsewhere"
+    } else {
+        "unattributed"
+    };
+    for f in r.files.iter_mut().filter(|f| f.state == "unowned") {
+        f.state = state;
+    }
+    r.unowned_bytes = 0;
+}
+
 /// Records a deleted file that `pid` still holds (`link` is the
 /// `/proc` entry it was seen through).
 fn note_deleted(
@@ -393,6 +436,48 @@ mod tests {
             shm_mount("24 27 0:6 / /dev rw - devtmpfs devtmpfs rw\n"),
             None
         );
+    }
+
+    #[test]
+    fn files_hold_against_the_cgroups_tmpfs_charge() {
+        let file = |bytes, state| ShmFile {
+            path: "/dev/shm/x".into(),
+            reached_at: "/dev/shm/x".into(),
+            bytes,
+            size: bytes,
+            state,
+            users: vec![],
+        };
+        let report = |files: Vec<ShmFile>| {
+            let mut r = ShmReport {
+                bytes: files.iter().map(|f| f.bytes).sum(),
+                unowned_bytes: files
+                    .iter()
+                    .filter(|f| f.state == "unowned")
+                    .map(|f| f.bytes)
+                    .sum(),
+                files,
+                ..ShmReport::default()
+            };
+            r.charged = None;
+            r
+        };
+        // The cgroup is charged for what is listed: unowned stays unowned.
+        let mut r = report(vec![file(60 << 20, "unowned"), file(8 << 20, "in_use")]);
+        attribute(&mut r, 70 << 20);
+        assert_eq!((r.files[0].state, r.unowned_bytes), ("unowned", 60 << 20));
+        // Charged nothing for tmpfs: another cgroup's.
+        let mut r = report(vec![file(60 << 20, "unowned")]);
+        attribute(&mut r, 0);
+        assert_eq!(
+            (r.files[0].state, r.unowned_bytes),
+            ("charged_elsewhere", 0)
+        );
+        // Charged less than the files hold: not said whose.
+        let mut r = report(vec![file(60 << 20, "unowned"), file(50 << 20, "unowned")]);
+        attribute(&mut r, 50 << 20);
+        assert!(r.files.iter().all(|f| f.state == "unattributed"));
+        assert_eq!((r.unowned_bytes, r.charged), (0, Some(50 << 20)));
     }
 
     #[test]

@@ -150,6 +150,59 @@ pub fn named_tail(path: &str) -> Vec<&str> {
     c[last_up..].to_vec()
 }
 
+/// `cpu.max` of cgroup v2 (`"max 100000"` or `"200000 100000"`): (quota,
+/// period) in µs, `None` for no quota. Allocation-free.
+pub fn parse_cpu_max(text: &[u8]) -> Option<(u64, u64)> {
+    let mut it = text
+        .split(|b| b.is_ascii_whitespace())
+        .filter(|f| !f.is_empty());
+    let quota = crate::settings::parse_u64(it.next()?)?;
+    let period = crate::settings::parse_u64(it.next()?)?;
+    Some((quota, period))
+}
+
+/// v1's `cpu.cfs_quota_us` and `cpu.cfs_period_us`: (quota, period), `None`
+/// for no quota (-1). Allocation-free.
+pub fn parse_cfs(quota: &[u8], period: &[u8]) -> Option<(u64, u64)> {
+    let q = u64::try_from(crate::settings::parse_i64(quota.trim_ascii())?).ok()?;
+    Some((q, crate::settings::parse_u64(period.trim_ascii())?))
+}
+
+/// The CPUs a quota allows, rounded up to whole CPUs (at least 1); `None`
+/// for a quota or period of 0.
+pub fn quota_cpus(quota: u64, period: u64) -> Option<u32> {
+    if period == 0 || quota == 0 {
+        return None;
+    }
+    Some(quota.div_ceil(period).clamp(1, 1 << 16) as u32)
+}
+
+/// The process's cgroup path in a `/proc/<pid>/cgroup` text: the v2 line
+/// (`0::/path`) with `controller` `None`, or the v1 line whose controllers
+/// include `controller`. Allocation-free (the shim reads it in every exec).
+pub fn proc_cgroup_path<'a>(text: &'a [u8], controller: Option<&[u8]>) -> Option<&'a [u8]> {
+    text.split(|&b| b == b'\n').find_map(|line| {
+        let mut parts = line.splitn(3, |&b| b == b':');
+        let (id, ctrls, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let hit = match controller {
+            None => id == b"0" && ctrls.is_empty(),
+            Some(c) => ctrls.split(|&b| b == b',').any(|x| x == c),
+        };
+        hit.then_some(path)
+    })
+}
+
+/// The `total=` of the `some` line of a PSI file (`memory.pressure`):
+/// microseconds some task stalled, since the cgroup was made.
+pub fn psi_some_total(text: &[u8]) -> Option<u64> {
+    let line = text
+        .split(|&b| b == b'\n')
+        .find(|l| l.starts_with(b"some "))?;
+    line.split(|&b| b == b' ')
+        .find_map(|w| w.strip_prefix(b"total="))
+        .and_then(|v| crate::settings::parse_u64(v.trim_ascii()))
+}
+
 /// The files of a memory cgroup's usage and limit: (usage, limit).
 pub fn usage_and_limit_files(version: u8) -> (&'static str, &'static str) {
     if version == 1 {
@@ -386,6 +439,31 @@ mod tests {
     /// `memory.events` of a v2 cgroup (Linux 6.x) whose `memory.high` was
     /// hit and whose limit was reached once.
     const EVENTS_V2: &[u8] = b"low 0\nhigh 1423\nmax 7\noom 1\noom_kill 1\noom_group_kill 0\n";
+
+    #[test]
+    fn psi_totals() {
+        let t = b"some avg10=0.00 avg60=0.12 avg300=0.03 total=123456\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=999\n";
+        assert_eq!(psi_some_total(t), Some(123456));
+        assert_eq!(psi_some_total(b"full avg10=0 total=5\n"), None);
+    }
+
+    #[test]
+    fn cpu_quotas_of_both_versions() {
+        assert_eq!(parse_cpu_max(b"max 100000\n"), None);
+        assert_eq!(parse_cpu_max(b"200000 100000\n"), Some((200_000, 100_000)));
+        assert_eq!(parse_cfs(b"-1\n", b"100000\n"), None);
+        assert_eq!(parse_cfs(b"50000\n", b"100000\n"), Some((50_000, 100_000)));
+        assert_eq!(quota_cpus(150_000, 100_000), Some(2));
+        assert_eq!(quota_cpus(50_000, 100_000), Some(1));
+        assert_eq!(quota_cpus(0, 100_000), None);
+        let text = b"12:cpu,cpuacct:/kubepods/pod1\n4:memory:/a/b\n0::/pod/c\n";
+        assert_eq!(proc_cgroup_path(text, None), Some(&b"/pod/c"[..]));
+        assert_eq!(
+            proc_cgroup_path(text, Some(b"cpu")),
+            Some(&b"/kubepods/pod1"[..])
+        );
+        assert_eq!(proc_cgroup_path(text, Some(b"cpuset")), None);
+    }
 
     #[test]
     fn v2_memory_events_counters() {

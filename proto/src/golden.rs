@@ -324,6 +324,7 @@ fn pressure_section_names_are_stable_and_optional() {
             "bytes_returned",
             "events",
             "gc_runs",
+            "ignored",
             "last_purge_ms",
             "limit",
             "mode",

@@ -104,6 +104,11 @@ pub struct PressureStats {
     /// Python `gc` runs because of pressure (`gc` mode only).
     #[serde(default)]
     pub gc_runs: u64,
+    /// Notifications (a PSI trigger, `memory.events`, a v1 event) after
+    /// which the working set was below the threshold: page cache the kernel
+    /// reclaims by itself, not pressure. Absent from older shims.
+    #[serde(default)]
+    pub ignored: u64,
     /// Milliseconds from the last onset's signal to the end of its purge.
     #[serde(default)]
     pub last_purge_ms: Option<f64>,

@@ -42,9 +42,9 @@ use core::cell::UnsafeCell;
 use core::ffi::c_char;
 use core::fmt::Write;
 use core::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering::*};
-use memshim_proto::endpoint;
 use memshim_proto::settings::{self as spec, Kind, Spec, valid_raw_conf};
 pub use memshim_proto::settings::{Control, FdTable, Pressure};
+use memshim_proto::{cgroup, endpoint};
 
 /// One row of the settings table: a spec, and where its value lives here.
 pub struct Setting {
@@ -415,34 +415,83 @@ pub fn effective_cpus() -> (u32, Option<u32>) {
     (os::raw::affinity_cpus(), cgroup_quota_cpus())
 }
 
-/// The CPU quota in whole CPUs (rounded up): `cpu.max` in v2,
-/// `cpu.cfs_quota_us` / `cpu.cfs_period_us` in v1, read where a container
-/// sees its own cgroup. Raw system calls (see the module docs).
+/// The CPU quota in whole CPUs (rounded up), the tightest of the
+/// process's own cgroup and its ancestors that this mount namespace sees:
+/// `cpu.max` in v2, `cpu.cfs_quota_us` / `cpu.cfs_period_us` in v1. The
+/// process's cgroup is its line of `/proc/self/cgroup`: inside a cgroup
+/// namespace it is `/` (the mount root), outside one the path below the
+/// mount (a pod's `cpu.max` sits there: reading the root's alone found no
+/// quota and sized the arenas for every host CPU). Raw system calls and
+/// fixed buffers (see the module docs): this runs in every exec whose
+/// affinity mask has more than one CPU.
 fn cgroup_quota_cpus() -> Option<u32> {
-    let mut buf = [0u8; 128];
-    // cgroup v2: "max 100000" or "<quota> <period>".
-    if let Some(n) = os::raw::read_file(c"/sys/fs/cgroup/cpu.max", &mut buf) {
-        let mut it = buf[..n]
-            .split(|b| b.is_ascii_whitespace())
-            .filter(|f| !f.is_empty());
-        let quota = os::parse_u64(it.next()?)?;
-        let period = os::parse_u64(it.next()?)?;
-        return quota_to_cpus(quota, period);
+    let mut text = [0u8; 2048];
+    let n = os::raw::read_file(c"/proc/self/cgroup", &mut text).unwrap_or(0);
+    let text = &text[..n];
+    if os::raw::exists(c"/sys/fs/cgroup/cgroup.controllers") {
+        let path = cgroup::proc_cgroup_path(text, None).unwrap_or(b"/");
+        return tightest_quota(b"/sys/fs/cgroup", path, |dir, buf| {
+            let n = read_in(dir, b"/cpu.max", buf)?;
+            cgroup::parse_cpu_max(&buf[..n])
+        });
     }
-    // cgroup v1: the quota is -1 when there is none, and then the period
-    // does not matter (this runs in every exec).
-    let n = os::raw::read_file(c"/sys/fs/cgroup/cpu/cpu.cfs_quota_us", &mut buf)?;
-    let quota = u64::try_from(os::parse_i64(buf[..n].trim_ascii())?).ok()?;
-    let n = os::raw::read_file(c"/sys/fs/cgroup/cpu/cpu.cfs_period_us", &mut buf)?;
-    let period = os::parse_u64(buf[..n].trim_ascii())?;
-    quota_to_cpus(quota, period)
+    for mount in [&b"/sys/fs/cgroup/cpu"[..], b"/sys/fs/cgroup/cpu,cpuacct"] {
+        let path = cgroup::proc_cgroup_path(text, Some(b"cpu")).unwrap_or(b"/");
+        let found = tightest_quota(mount, path, |dir, buf| {
+            let n = read_in(dir, b"/cpu.cfs_quota_us", buf)?;
+            let mut period = [0u8; 32];
+            let m = read_in(dir, b"/cpu.cfs_period_us", &mut period)?;
+            cgroup::parse_cfs(&buf[..n], &period[..m])
+        });
+        if found.is_some() {
+            return found;
+        }
+    }
+    None
 }
 
-fn quota_to_cpus(quota: u64, period: u64) -> Option<u32> {
-    if period == 0 || quota == 0 {
-        return None;
+/// Reads `dir` + `name` into `buf`; the bytes read, `None` if the file
+/// cannot be opened.
+fn read_in(dir: &[u8], name: &[u8], buf: &mut [u8]) -> Option<usize> {
+    let mut path = StackBuf::<512>::new();
+    path.push(dir);
+    path.push(name);
+    os::raw::read_file(path.as_cstr()?, buf)
+}
+
+/// The fewest CPUs any quota allows, from the cgroup at `mount` + `path` up
+/// to `mount` itself (`read` gives a directory's quota). Where that
+/// cgroup is not there (a container that sees the host's path but has its
+/// own cgroup mounted at the root), the mount root alone.
+fn tightest_quota(
+    mount: &[u8],
+    path: &[u8],
+    read: impl Fn(&[u8], &mut [u8]) -> Option<(u64, u64)>,
+) -> Option<u32> {
+    let mut dir = StackBuf::<512>::new();
+    dir.push(mount);
+    let trimmed = path.strip_suffix(b"/").unwrap_or(path);
+    if trimmed.len() > 1 {
+        dir.push(trimmed);
     }
-    Some(quota.div_ceil(period).clamp(1, 1 << 16) as u32)
+    if !os::raw::exists(dir.as_cstr()?) {
+        dir.truncate(mount.len());
+    }
+    let mut best: Option<u32> = None;
+    let mut buf = [0u8; 64];
+    loop {
+        if let Some((q, p)) = read(dir.as_bytes(), &mut buf) {
+            if let Some(cpus) = cgroup::quota_cpus(q, p) {
+                best = Some(best.map_or(cpus, |b| b.min(cpus)));
+            }
+        }
+        let len = dir.as_bytes().len();
+        if len <= mount.len() {
+            return best;
+        }
+        let cut = dir.as_bytes().iter().rposition(|&b| b == b'/')?;
+        dir.truncate(cut.max(mount.len()));
+    }
 }
 
 /// `narenas` for the defaults: only when a quota is tighter than the
@@ -576,10 +625,29 @@ mod tests {
     }
 
     #[test]
-    fn quota_rounds_up() {
-        assert_eq!(quota_to_cpus(150_000, 100_000), Some(2));
-        assert_eq!(quota_to_cpus(50_000, 100_000), Some(1));
-        assert_eq!(quota_to_cpus(0, 100_000), None);
+    fn the_tightest_quota_from_the_cgroup_up_to_the_mount() {
+        let d = std::env::temp_dir().join(format!("ms-quota-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("pod/c")).unwrap();
+        let w = |rel: &str, v: &str| std::fs::write(d.join(rel).join("cpu.max"), v).unwrap();
+        w(".", "max 100000\n");
+        w("pod", "200000 100000\n");
+        w("pod/c", "max 100000\n");
+        let mount = d.to_str().unwrap().as_bytes();
+        let read = |dir: &[u8], buf: &mut [u8]| {
+            let n = read_in(dir, b"/cpu.max", buf)?;
+            cgroup::parse_cpu_max(&buf[..n])
+        };
+        // The pod's quota, seen from its container's cgroup.
+        assert_eq!(tightest_quota(mount, b"/pod/c", read), Some(2));
+        // A tighter one below wins.
+        w("pod/c", "50000 100000\n");
+        assert_eq!(tightest_quota(mount, b"/pod/c/", read), Some(1));
+        // Inside a cgroup namespace: the root alone.
+        assert_eq!(tightest_quota(mount, b"/", read), None);
+        // A path this namespace does not see: the root alone.
+        assert_eq!(tightest_quota(mount, b"/elsewhere/x", read), None);
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]

@@ -13,13 +13,15 @@
 //!
 //! Helpers of the test families: [`endpoint`] (the socket and a protocol
 //! connection, through `memshim_proto`'s client), [`control`], [`py`],
-//! [`cgroups`], [`deploy`], [`wheel`] and [`stress`].
+//! [`cgroups`], [`deploy`], [`wheel`] and [`stress`]; [`sid`]: Debian
+//! sid's CPythons, run chrooted in the root scripts/test-deps.sh builds.
 
 pub mod cgroups;
 pub mod control;
 pub mod deploy;
 pub mod endpoint;
 pub mod py;
+pub mod sid;
 pub mod stress;
 pub mod wheel;
 
@@ -178,6 +180,14 @@ pub fn pyenv_pythons() -> Vec<(String, PathBuf)> {
     }
     out.sort();
     out
+}
+
+/// Prints `SKIP: <what>` on the test process's stderr, past libtest's
+/// capture (which keeps what `eprintln!` prints in a passing test to
+/// itself): a test that returns without testing must say so in every run.
+pub fn skip(what: impl std::fmt::Display) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIP: {what}");
 }
 
 /// Result of a finished command.
@@ -613,6 +623,83 @@ impl Child {
             stderr: err,
         }
     }
+}
+
+/// CLOCK_MONOTONIC in ns: Python's `time.monotonic_ns()` reads the same
+/// clock, in any process on the machine.
+pub fn monotonic_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// Waits at most `timeout` until each of `children` has exited, without
+/// reaping them ([`Child::finish`] does), and says when each did, in
+/// [`monotonic_ns`] (`None`: still running at the timeout). Wakes as each
+/// exits (its pidfd becomes readable), for tests that time exits.
+pub fn exit_instants(children: &[&Child], timeout: Duration) -> Vec<Option<u64>> {
+    let deadline = Instant::now() + timeout;
+    let mut at = vec![None; children.len()];
+    let mut fds: Vec<libc::pollfd> = children
+        .iter()
+        .map(|c| libc::pollfd {
+            // SAFETY: pidfd_open(pid, 0) returns a new descriptor
+            // (close-on-exec) or -1; our children are not reaped yet, so
+            // their pids are theirs.
+            fd: unsafe { libc::syscall(libc::SYS_pidfd_open, c.pid(), 0) } as i32,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    if fds.iter().any(|p| p.fd < 0) {
+        // A kernel older than 5.3: each one's zombie state, every millisecond.
+        while at.iter().any(Option::is_none) && Instant::now() < deadline {
+            for (i, c) in children.iter().enumerate() {
+                let stat = std::fs::read_to_string(format!("/proc/{}/stat", c.pid()));
+                let zombie = stat
+                    .ok()
+                    .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.starts_with('Z')));
+                if at[i].is_none() && zombie == Some(true) {
+                    at[i] = Some(monotonic_ns());
+                }
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    } else {
+        while at.iter().any(Option::is_none) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+            // SAFETY: `fds` is a live array of that many pollfds.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+            let now = monotonic_ns();
+            if n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                break;
+            }
+            for (i, p) in fds.iter_mut().enumerate() {
+                if p.fd >= 0 && p.revents != 0 {
+                    at[i] = Some(now);
+                    // SAFETY: the descriptor opened above, closed once;
+                    // poll ignores a negative one.
+                    unsafe { libc::close(p.fd) };
+                    p.fd = -1;
+                }
+            }
+        }
+    }
+    for p in &fds {
+        if p.fd >= 0 {
+            // SAFETY: as above.
+            unsafe { libc::close(p.fd) };
+        }
+    }
+    at
 }
 
 /// Where each thread of the live process `pid` waits, for the message of a

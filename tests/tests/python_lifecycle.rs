@@ -6,48 +6,33 @@
 
 use memshim_proto::{PythonUnavailable, Reply, Request, Response};
 use memshim_tests::py::*;
-use memshim_tests::{Child, Cmd, fixture, pyenv_pythons};
+use memshim_tests::{Child, Cmd, fixture};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// (minor version, PYTHONHOME, libpython) of each pyenv CPython 3.8+ that
-/// has a shared library, oldest first.
-fn libpythons() -> Vec<(String, PathBuf, PathBuf)> {
-    let mut out = vec![];
-    for (v, exe) in pyenv_pythons() {
-        let Some((3, minor, _)) = parse(&v) else {
-            continue;
-        };
-        if minor < 8 || v.contains('t') {
-            continue;
-        }
-        let home = exe.parent().unwrap().parent().unwrap().to_path_buf();
-        let lib = home.join(format!("lib/libpython3.{minor}.so.1.0"));
-        if lib.exists() {
-            out.push((format!("3.{minor}"), home, lib));
-        }
-    }
-    if out.is_empty() {
-        eprintln!("SKIP: no pyenv CPython 3.8+ with a shared libpython under ~/.pyenv/versions");
-    }
-    out
+/// Every CPython with a shared libpython an embedder can load: (the
+/// interpreter, its PYTHONHOME, its libpython), as the process sees them.
+fn libpythons() -> Vec<(Cpython, PathBuf, PathBuf)> {
+    cpythons()
+        .into_iter()
+        .filter_map(|py| {
+            let (lib, home) = py.embedding()?;
+            Some((py, home, lib))
+        })
+        .collect()
 }
 
-fn parse(v: &str) -> Option<(u32, u32, u32)> {
-    let mut it = v.split('.').map(|p| p.parse::<u32>().ok());
-    Some((it.next()??, it.next()??, it.next().flatten().unwrap_or(0)))
-}
-
-/// `py_embed` under the shim with its endpoint on, and its socket.
-fn embedder(tag: &str) -> (Child, PathBuf) {
+/// `py_embed` under the shim with its endpoint on, where `py` runs (on
+/// this machine, or in the sid root), and its socket.
+fn embedder(py: &Cpython, tag: &str) -> (Child, PathBuf) {
     let dir = socket_dir(tag);
-    let mut child = Cmd::new(fixture("py_embed", &[]), Vec::<String>::new())
+    let cmd = Cmd::new(fixture("py_embed", &[]), Vec::<String>::new())
         .shimmed()
         .env("MEMSHIM_CONTROL", "on")
-        .env("MEMSHIM_SOCKET_DIR", &dir)
-        .spawn();
+        .env("MEMSHIM_SOCKET_DIR", &dir);
+    let mut child = py.enter(cmd).spawn();
     let sock = socket_of(&dir, child.pid());
-    child.labelled(tag);
+    child.labelled(&format!("{tag}, {}", py.label));
     (child, sock)
 }
 
@@ -80,8 +65,9 @@ fn mapped(pid: i32, name: &str) -> bool {
 /// stayed shut for ever: every later request answered "shutting down".
 #[test]
 fn an_embedder_that_initialises_again_is_served_again() {
-    for (v, home, lib) in libpythons() {
-        let (mut child, sock) = embedder(&format!("again-{v}"));
+    for (py, home, lib) in libpythons() {
+        let v = &py.label;
+        let (mut child, sock) = embedder(&py, &format!("again-{}", py.tag()));
         load(&mut child, &home, &lib);
         assert!(gc_served(&sock), "{v}: the first interpreter");
         say(&mut child, "fini", "finalized");
@@ -108,12 +94,33 @@ fn an_embedder_that_initialises_again_is_served_again() {
 /// crashed in `Py_Initialize`, with or without a request.
 #[test]
 fn an_embedder_can_unload_libpython_and_load_another() {
+    // Two libraries from the same place: this machine's newest two, and
+    // sid's newest two (each pair in one process).
     let libs = libpythons();
-    let [.., (v1, home1, lib1), (v2, home2, lib2)] = &libs[..] else {
-        eprintln!("SKIP: two pyenv CPythons with a shared libpython are needed");
-        return;
-    };
-    let (mut child, sock) = embedder("unload");
+    let mut pairs = vec![];
+    for sid in [false, true] {
+        let here: Vec<_> = libs
+            .iter()
+            .filter(|(p, _, _)| p.sid().is_some() == sid)
+            .collect();
+        if let [.., a, b] = &here[..] {
+            pairs.push(((*a).clone(), (*b).clone()));
+        }
+    }
+    if pairs.is_empty() {
+        memshim_tests::skip(format_args!(
+            "two CPythons with a shared libpython in one place are needed"
+        ));
+    }
+    for ((p1, home1, lib1), (p2, home2, lib2)) in pairs {
+        unload_and_load_another((&p1, &home1, &lib1), (&p2, &home2, &lib2));
+    }
+}
+
+fn unload_and_load_another(first: (&Cpython, &Path, &Path), second: (&Cpython, &Path, &Path)) {
+    let ((p1, home1, lib1), (p2, home2, lib2)) = (first, second);
+    let (v1, v2) = (&p1.minor, &p2.minor);
+    let (mut child, sock) = embedder(p1, &format!("unload-{}", p1.tag()));
     let pid = child.pid();
     load(&mut child, home1, lib1);
     assert!(gc_served(&sock), "{v1}");
@@ -151,11 +158,20 @@ fn an_embedder_can_unload_libpython_and_load_another() {
 /// 5 s for it.
 #[test]
 fn finalizing_while_a_job_waits_for_the_gil_is_not_delayed() {
-    for (v, home, lib) in libpythons() {
-        let (mut child, sock) = embedder(&format!("park-{v}"));
+    for (py, home, lib) in libpythons() {
+        let v = &py.label;
+        let (mut child, sock) = embedder(&py, &format!("park-{}", py.tag()));
         let pid = child.pid();
         load(&mut child, &home, &lib);
         assert!(gc_served(&sock), "{v}: the first job registers the gate");
+        // Its thread gone, so that the one seen below is the next job's.
+        let job_thread = || {
+            memshim_tests::thread_names(pid)
+                .iter()
+                .any(|n| n == "memshim-py")
+        };
+        memshim_tests::wait_until(Duration::from_secs(10), || (!job_thread()).then_some(()))
+            .unwrap_or_else(|| panic!("{v}: the first job's thread stays"));
         say(&mut child, "hold", "holding");
         let queued = {
             let sock = sock.clone();
@@ -165,13 +181,8 @@ fn finalizing_while_a_job_waits_for_the_gil_is_not_delayed() {
             })
         };
         // The job thread exists and waits for the GIL.
-        memshim_tests::wait_until(Duration::from_secs(10), || {
-            memshim_tests::thread_names(pid)
-                .iter()
-                .any(|n| n == "memshim-py")
-                .then_some(())
-        })
-        .unwrap_or_else(|| panic!("{v}: no job thread"));
+        memshim_tests::wait_until(Duration::from_secs(10), || job_thread().then_some(()))
+            .unwrap_or_else(|| panic!("{v}: no job thread"));
         let line = say(&mut child, "fini", "finalized");
         let ms: f64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
         let (r, took) = queued.join().unwrap();
@@ -200,12 +211,13 @@ fn finalizing_while_a_job_waits_for_the_gil_is_not_delayed() {
 #[test]
 fn unshare_during_a_job_succeeds_as_without_the_shim() {
     let script = fixture_py("py_unshare.py");
-    for (v, exe) in cpythons() {
-        if parse(v).is_some_and(|(_, minor, _)| minor < 12) {
+    for py in cpythons() {
+        if py.parsed().1 < 12 {
             continue; // os.unshare is 3.12+
         }
+        let v = &py.label;
         // Without the shim, no job: the reference.
-        let mut plain = Cmd::new(&exe, [&script]).spawn();
+        let mut plain = py.cmd([&script]).spawn();
         plain.wait_for_line("ready", Duration::from_secs(30));
         plain.send("go");
         let reference = plain.wait_for_line("unshare:", Duration::from_secs(30));
@@ -216,8 +228,9 @@ fn unshare_during_a_job_succeeds_as_without_the_shim() {
             );
             continue;
         }
-        let dir = socket_dir(&format!("unshare-{v}"));
-        let mut child = Cmd::new(&exe, [&script])
+        let dir = socket_dir(&format!("unshare-{}", py.tag()));
+        let mut child = py
+            .cmd([&script])
             .shimmed()
             .env("MEMSHIM_SOCKET_DIR", &dir)
             .spawn();

@@ -1,6 +1,7 @@
 //! The bridge reaches the interpreter whatever its main thread is doing
 //! (issue "Python bridge: reach every idle interpreter"): the matrix of
-//! main-thread states × every installed CPython 3.8-3.13. Each request is
+//! main-thread states × every CPython the tests run (`py::cpythons`: pyenv's
+//! 3.8-3.13, Debian sid's 3.13, 3.14, 3.15). Each request is
 //! served within a second and runs exactly once, `threading.enumerate()` is
 //! what it was, and stderr stays empty. Only a GIL held for the whole wait
 //! answers "busy", and such a request never runs later.
@@ -56,12 +57,15 @@ fn stats() -> Request {
 
 /// Starts the fixture in `state` and waits until its main thread is in it.
 fn enter(
-    exe: &Path,
+    py: &Cpython,
     state: &str,
     dir: &Path,
     kernel: char,
 ) -> (memshim_tests::Child, PathBuf, String) {
-    let mut child = shimmed_python(exe, &fixture_py("py_states.py"), &[state], dir).spawn();
+    let mut child = py
+        .shimmed(&fixture_py("py_states.py"), &[state], dir)
+        .spawn();
+    child.labelled(&format!("CPython {}, main thread in {state}", py.label));
     child.wait_for_line("ready", Duration::from_secs(30));
     let sock = socket_of(dir, child.pid());
     child.send("");
@@ -79,34 +83,38 @@ fn enter(
             .filter(|&(s, t)| s == kernel && (kernel == 'S' || t >= ticks_at_line + 10))
             .map(|_| ())
     })
-    .unwrap_or_else(|| panic!("{state}: the main thread never reached state {kernel}"));
+    .unwrap_or_else(|| {
+        panic!(
+            "{}, {state}: the main thread never reached state {kernel}",
+            py.label
+        )
+    });
     (child, sock, threads)
 }
 
-/// The newest installed CPython, [`enter`]ed in `state` (its main thread
-/// sleeping in the kernel) with a socket directory named `tag`, labelled
-/// `what` in failure messages: (version, process, socket, thread names).
-/// `None`, with a SKIP line, without one.
+/// The newest CPython of `py::cpythons`, [`enter`]ed in `state` (its main
+/// thread sleeping in the kernel) with a socket directory named `tag`,
+/// labelled `what` in failure messages: (its label, process, socket, thread
+/// names). `None`, with a SKIP line, without one.
 fn enter_newest(
     state: &str,
     tag: &str,
     what: &str,
-) -> Option<(&'static str, memshim_tests::Child, PathBuf, String)> {
-    let Some((v, exe)) = cpythons().into_iter().next_back() else {
-        eprintln!("SKIP: no pyenv CPython");
+) -> Option<(String, memshim_tests::Child, PathBuf, String)> {
+    let Some(py) = cpythons().into_iter().next_back() else {
+        memshim_tests::skip("no CPython");
         return None;
     };
-    let (mut child, sock, threads) = enter(&exe, state, &socket_dir(tag), 'S');
-    child.labelled(&format!("CPython {v}, {what}"));
-    Some((v, child, sock, threads))
+    let (mut child, sock, threads) = enter(&py, state, &socket_dir(tag), 'S');
+    child.labelled(&format!("CPython {}, {what}", py.label));
+    Some((py.label, child, sock, threads))
 }
 
 /// The latencies (ms) of stats, gc, gc, empty_cache, release in one state.
-fn serve_in_state(v: &str, exe: &Path, state: &str, kernel: char) -> Vec<u128> {
-    let dir = socket_dir(&format!("reach-{v}-{state}"));
-    let (mut child, sock, threads) = enter(exe, state, &dir, kernel);
-    let what = format!("CPython {v}, main thread in {state}");
-    child.labelled(&what);
+fn serve_in_state(py: &Cpython, state: &str, kernel: char) -> Vec<u128> {
+    let dir = socket_dir(&format!("reach-{}-{state}", py.tag()));
+    let (mut child, sock, threads) = enter(py, state, &dir, kernel);
+    let what = format!("CPython {}, main thread in {state}", py.label);
     let mut times = vec![];
     let mut timed = |req: &Request| {
         let t = Instant::now();
@@ -120,7 +128,7 @@ fn serve_in_state(v: &str, exe: &Path, state: &str, kernel: char) -> Vec<u128> {
     let p = s
         .python
         .unwrap_or_else(|| panic!("{what}: no python section: {:?}", s.python_unavailable));
-    assert!(p.version.starts_with(&format!("{v}.")), "{what}: {p:?}");
+    assert_eq!(p.version, py.version, "{what}: {p:?}");
     assert!(p.threads >= 1, "{what}: {p:?}");
     for _ in 0..2 {
         assert!(matches!(timed(&Request::Gc), Reply::Gc(_)), "{what}");
@@ -174,23 +182,29 @@ fn serve_in_state(v: &str, exe: &Path, state: &str, kernel: char) -> Vec<u128> {
 
 #[test]
 fn every_request_is_served_within_a_second_whatever_the_main_thread_does() {
-    let results = for_each_cpython(2, |v, exe| {
+    let results = for_each_cpython(2, |py| {
         STATES
             .iter()
-            .map(|&(state, kernel)| (state, serve_in_state(v, &exe, state, kernel)))
+            .map(|&(state, kernel)| (state, serve_in_state(py, state, kernel)))
             .collect::<Vec<_>>()
     });
     // The table of the closing note: the slowest of the five requests, ms.
+    // Columns: the version, "s" for Debian sid's.
     let mut table = String::from("state      ");
-    for (v, _) in &results {
-        table += &format!(" {v:>5}");
+    for (py, _) in &results {
+        let col = format!(
+            "{}{}",
+            py.version,
+            if py.sid().is_some() { "s" } else { "" }
+        );
+        table += &format!(" {col:>8}");
     }
     table.push('\n');
     for (i, (state, _)) in STATES.iter().enumerate() {
         table += &format!("{state:<11}");
         for (_, per_state) in &results {
             let worst = per_state[i].1.iter().max().copied().unwrap_or(0);
-            table += &format!(" {worst:>5}");
+            table += &format!(" {worst:>8}");
         }
         table.push('\n');
     }
@@ -212,10 +226,11 @@ fn is_busy(r: &Response) -> bool {
 
 #[test]
 fn a_gil_held_for_the_whole_wait_answers_busy_and_nothing_runs_later() {
-    let results = for_each_cpython(3, |v, exe| {
-        let dir = socket_dir(&format!("gilheld-{v}"));
+    let results = for_each_cpython(3, |py| {
+        let v = &py.label;
+        let dir = socket_dir(&format!("gilheld-{}", py.tag()));
         // gilheld: usleep(8 s) through ctypes.PyDLL, which keeps the GIL.
-        let (mut child, sock, threads) = enter(&exe, "gilheld", &dir, 'S');
+        let (mut child, sock, threads) = enter(py, "gilheld", &dir, 'S');
         let t = Instant::now();
         let gc = request(&sock, &Request::Gc);
         let gc_ms = t.elapsed().as_millis();
@@ -243,9 +258,10 @@ fn a_gil_held_for_the_whole_wait_answers_busy_and_nothing_runs_later() {
         assert_eq!((out.code, out.stderr.as_str()), (0, ""), "{v}");
         (gc_ms, again_ms)
     });
-    for (v, (gc_ms, again_ms)) in results {
+    for (py, (gc_ms, again_ms)) in results {
         eprintln!(
-            "python_reach: {v} GIL held: gc busy after {gc_ms} ms, then gc and stats busy after {again_ms} ms"
+            "python_reach: {} GIL held: gc busy after {gc_ms} ms, then gc and stats busy after {again_ms} ms",
+            py.label
         );
     }
 }

@@ -51,7 +51,8 @@ pub fn run(a: CgroupArgs) -> Result<Exit, Failure> {
     let loc = cgroupfs::locate(a.pid)?;
     let c = charge::read(&loc, a.pid)?;
     let pids: Vec<i32> = c.processes.iter().map(|p| p.pid).collect();
-    let shm = shm::scan(&pids);
+    let mut shm = shm::scan(&pids);
+    shm::attribute(&mut shm, c.memory.shmem);
     let mut notes = charge::notes(&loc, &c);
     if !shm.unreachable.is_empty() {
         let list: Vec<String> = shm.unreachable.iter().map(i32::to_string).collect();
@@ -283,6 +284,24 @@ fn shm_lines(s: &ShmReport) -> String {
     if s.unowned_bytes > 0 {
         out += "  unowned: no live process maps or holds it; `rm` it to give its memory back\n";
     }
+    let elsewhere = |st: &str| s.files.iter().any(|f| f.state == st);
+    if let Some(charged) = s
+        .charged
+        .filter(|_| elsewhere("charged_elsewhere") || elsewhere("unattributed"))
+    {
+        out += &format!(
+            "  this cgroup is charged {} for tmpfs, less than these files hold: a tmpfs page is charged to the \
+             cgroup whose process first wrote it, so {}; deleting {} would not give this cgroup memory back. \
+             Look in the cgroup that wrote them (`memshim-ctl cgroup PID` of one of its processes)\n",
+            bytes(charged),
+            if charged == 0 {
+                "the files nobody holds (`charged elsewhere`) are another cgroup's"
+            } else {
+                "some of the files nobody holds (`unattributed`) are another cgroup's"
+            },
+            if charged == 0 { "them" } else { "one" },
+        );
+    }
     out
 }
 
@@ -372,6 +391,7 @@ mod tests {
             unowned_bytes: 64 << 20,
             unreadable_processes: 0,
             unreachable: vec![],
+            charged: None,
         };
         let r = Report {
             pid: Some(4242),

@@ -236,6 +236,17 @@ const FAMILIES: &[(&str, &str, &str, Get)] = &[
         },
     ),
     (
+        "memshim_pressure_ignored_total",
+        "counter",
+        "Cgroup notifications after which the working set was below the threshold (page cache the kernel reclaims; not pressure).",
+        |s| {
+            s.pressure
+                .iter()
+                .map(|p| (vec![], p.ignored as f64))
+                .collect()
+        },
+    ),
+    (
         "memshim_pressure_active",
         "gauge",
         "1 while the process is under memory pressure (decay is short), else 0.",

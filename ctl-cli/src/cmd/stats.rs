@@ -461,6 +461,11 @@ fn pressure(p: &PressureStats) -> String {
             "pressure signals".to_owned(),
         ),
         (
+            "ignored",
+            p.ignored.to_string(),
+            "notifications with the working set below the threshold (page cache)".to_owned(),
+        ),
+        (
             "purges",
             p.purges.to_string(),
             "purges on pressure".to_owned(),

@@ -130,6 +130,7 @@ fn pressure(p: &super::PressureFacts) -> PressureStats {
         purges: p.purges,
         bytes_returned: p.bytes_returned,
         gc_runs: p.gc_runs,
+        ignored: p.ignored,
         last_purge_ms: p.last_purge_us.map(|us| us as f64 / 1000.0),
     }
 }

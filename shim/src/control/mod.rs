@@ -95,7 +95,7 @@ pub struct PressureFacts {
     /// `"v1"`, `"v2"` or `"none"`.
     pub source: &'static str,
     /// The notifications in use.
-    pub watching: [Option<&'static str>; 5],
+    pub watching: [Option<&'static str>; 6],
     /// The limit watched, in bytes.
     pub limit: Option<u64>,
     /// The threshold, in bytes.
@@ -110,6 +110,8 @@ pub struct PressureFacts {
     pub bytes_returned: u64,
     /// `gc` runs on pressure.
     pub gc_runs: u64,
+    /// Notifications after which the working set was below the threshold.
+    pub ignored: u64,
     /// Signal to end of purge at the last onset, in microseconds.
     pub last_purge_us: Option<u64>,
 }

@@ -75,6 +75,21 @@ pub fn open(path: &CStr, flags: i32) -> Result<i32, i32> {
     result(r).map(|fd| fd as i32)
 }
 
+/// Whether `path` exists (`faccessat(AT_FDCWD, path, F_OK)`).
+pub fn exists(path: &CStr) -> bool {
+    // SAFETY: `path` is NUL-terminated and outlives the call.
+    let r = unsafe {
+        syscall4(
+            libc::SYS_faccessat as usize,
+            libc::AT_FDCWD as usize,
+            path.as_ptr() as usize,
+            libc::F_OK as usize,
+            0,
+        )
+    };
+    result(r).is_ok()
+}
+
 /// `read(fd, buf)`.
 pub fn read(fd: i32, buf: &mut [u8]) -> Result<usize, i32> {
     // SAFETY: the pointer and length describe `buf`, which the kernel writes.

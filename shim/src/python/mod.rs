@@ -136,6 +136,12 @@ pub fn interrupt(on: bool) {
     job::interrupt(on);
 }
 
+/// Fork prepare handler: gives up what a child must not inherit (the job
+/// thread's PEP 788 guard, 3.15).
+pub fn before_fork() {
+    job::before_fork();
+}
+
 /// Fork child handler: the job thread and any request in flight stay in
 /// the parent. Async-signal-safe.
 pub fn after_fork_child() {

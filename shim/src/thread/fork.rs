@@ -72,6 +72,8 @@ const JOINED_WAIT_MS: u64 = 5;
 pub(super) extern "C" fn prepare() {
     let _e = KeepErrno::new();
     let _nc = NoCancel::new();
+    // First, while nothing of jemalloc's is locked (it frees a little).
+    crate::python::before_fork();
     stop_if_alone_but_for_us();
     // After the stop above: a thread that is stopping must still be able to
     // close its descriptors.

@@ -11,15 +11,26 @@
 //! * **v2**: a PSI trigger on the process's `memory.pressure` (100 ms of
 //!   stall within 1 s; 200 ms within 2 s where the kernel refuses the
 //!   1 s window to unprivileged processes), and `memory.events`, whose
-//!   `high`, `max` and `oom` counters rising mean pressure;
+//!   `high`, `max` and `oom` counters rising wake it. Where cgroup2 is
+//!   mounted read-only (a container's view) no trigger can be written:
+//!   then `memory.pressure` is read at each check instead, and a stall
+//!   total that rose by 100 ms within a second counts as the trigger would
+//!   (`psi_poll`);
 //! * **both**: a check of usage against the threshold
 //!   (`MEMSHIM_PRESSURE_THRESHOLD` percent of the limit; v2: of
 //!   `memory.high` where it is set), every second where a threshold
 //!   notification exists, every 100 ms where none does (20 ms within a
 //!   tenth of the limit below the threshold) or usage is already above it.
-//!   Usage counts as pressure only if the working set
-//!   (usage minus inactive page cache, which reclaim takes without our
-//!   help) is above the threshold too.
+//!
+//! **Pressure is the working set over the threshold**: usage minus the
+//! inactive page cache, which reclaim takes without our help. Every
+//! notification (a v1 event, a PSI trigger, `memory.events` rising) wakes a
+//! check at once, and the check decides: a cgroup filled by page cache
+//! (reading a large file) raises `memory.events` `max` and stalls on
+//! reclaim, and giving up our free pages then costs us refaults and saves
+//! nothing (the kernel drops that cache instead). Such notifications are
+//! counted as `ignored`. Stalls (PSI) make the checks come every 20 ms for a
+//! second.
 //!
 //! On pressure it purges every arena at once, whatever the decay, and sets
 //! decay short ([`SHORT_DIRTY_MS`]) while pressure lasts; [`HOLD_MS`] after
@@ -55,9 +66,12 @@ const CHECK_WITH_EVENTS_MS: u64 = 1_000;
 /// Check interval without one, or with usage already above the threshold.
 const CHECK_POLLING_MS: u64 = 100;
 /// Check interval without one while usage is within a tenth of the limit
-/// below the threshold: a loader adding 8 MiB every 20 ms crosses that
-/// distance of a 320 MiB limit in about 80 ms.
+/// below the threshold (a loader adding 8 MiB every 20 ms crosses that
+/// distance of a 320 MiB limit in about 80 ms), and for [`STALL_MS`] after
+/// a stall was seen.
 const CHECK_NEAR_MS: u64 = 20;
+/// How long checks stay at [`CHECK_NEAR_MS`] after a stall (PSI).
+const STALL_MS: u64 = 1_000;
 /// How often the cgroup and its limit are looked up again (a container
 /// resized in place, a process moved to another cgroup); in the
 /// application's descriptor table only at the thread's start.
@@ -76,6 +90,8 @@ static EVENTS: AtomicU64 = AtomicU64::new(0);
 static PURGES: AtomicU64 = AtomicU64::new(0);
 static BYTES: AtomicU64 = AtomicU64::new(0);
 static GC_RUNS: AtomicU64 = AtomicU64::new(0);
+/// Notifications after which the working set was below the threshold.
+static IGNORED: AtomicU64 = AtomicU64::new(0);
 /// Microseconds from the last onset's signal to the end of its purge;
 /// `u64::MAX` for none yet.
 static LAST_PURGE_US: AtomicU64 = AtomicU64::new(u64::MAX);
@@ -101,14 +117,16 @@ enum Watch {
     Psi = 4,
     Events = 8,
     Check = 16,
+    PsiPoll = 32,
 }
 
-const WATCH_NAMES: [(Watch, &str); 5] = [
+const WATCH_NAMES: [(Watch, &str); 6] = [
     (Watch::UsageThreshold, "usage_threshold"),
     (Watch::PressureLevel, "pressure_level"),
     (Watch::Psi, "psi"),
     (Watch::Events, "memory_events"),
     (Watch::Check, "check"),
+    (Watch::PsiPoll, "psi_poll"),
 ];
 
 /// The descriptors of one watched cgroup.
@@ -124,6 +142,10 @@ struct Cg {
     /// v1: eventfd of the pressure level; v2: `memory.events`.
     second: Option<Owned>,
     last_events: memshim_proto::cgroup::MemoryEvents,
+    /// v2 where no trigger could be written (a read-only mount): the
+    /// process's `memory.pressure`, read at each check, with the stall
+    /// total (µs) and the time (ms) of the last sample.
+    psi_poll: Option<(Owned, u64, u64)>,
 }
 
 impl Cg {
@@ -139,6 +161,7 @@ impl Cg {
             first: None,
             second: None,
             last_events: memshim_proto::cgroup::MemoryEvents::default(),
+            psi_poll: None,
             threshold,
             lim,
         };
@@ -150,6 +173,12 @@ impl Cg {
                 .filter(|e| cgroup::v1_event(&cg.lim.dir, e, "memory.pressure_level", "medium"));
         } else {
             cg.first = cgroup::psi_trigger(&cg.lim.own, PSI_STALL_US, PSI_WINDOW_US);
+            if cg.first.is_none() {
+                cg.psi_poll = cgroup::open_in(&cg.lim.own, "memory.pressure", libc::O_RDONLY)
+                    .map(|f| (f, 0, 0));
+                let now = os::time::monotonic_ms();
+                let _ = cg.polled_stall(now);
+            }
             cg.second = cgroup::open_in(&cg.lim.dir, "memory.events", libc::O_RDONLY);
             cg.last_events = cg.read_events().unwrap_or_default();
         }
@@ -176,7 +205,31 @@ impl Cg {
         if self.usage.is_some() {
             w |= Watch::Check as u8;
         }
+        if self.psi_poll.is_some() {
+            w |= Watch::PsiPoll as u8;
+        }
         w
+    }
+
+    /// `psi_poll`: whether the stall total rose by [`PSI_STALL_US`] or more
+    /// per [`PSI_WINDOW_US`] since the sample a window ago (takes a new
+    /// sample once a window has passed). `None` without `psi_poll`.
+    fn polled_stall(&mut self, now_ms: u64) -> Option<bool> {
+        let (f, last_total, last_ms) = self.psi_poll.as_mut()?;
+        let window_ms = PSI_WINDOW_US / 1000;
+        if *last_ms != 0 && now_ms.saturating_sub(*last_ms) < window_ms {
+            return Some(false);
+        }
+        let mut buf = [0u8; 256];
+        let n = cgroup::read_at_start(f, &mut buf)?;
+        let total = memshim_proto::cgroup::psi_some_total(&buf[..n])?;
+        let stalled = *last_ms != 0 && {
+            let per_window = (total.saturating_sub(*last_total)) * window_ms
+                / now_ms.saturating_sub(*last_ms).max(1);
+            per_window >= PSI_STALL_US
+        };
+        (*last_total, *last_ms) = (total, now_ms);
+        Some(stalled)
     }
 
     fn read_events(&self) -> Option<memshim_proto::cgroup::MemoryEvents> {
@@ -214,6 +267,8 @@ pub struct Watcher {
     last_signal: u64,
     last_purge: u64,
     last_gc: Option<u64>,
+    /// Checks come every [`CHECK_NEAR_MS`] until then (a stall was seen).
+    stall_until: u64,
 }
 
 impl Watcher {
@@ -232,6 +287,7 @@ impl Watcher {
             last_signal: 0,
             last_purge: 0,
             last_gc: None,
+            stall_until: 0,
         }
     }
 
@@ -259,27 +315,27 @@ impl Watcher {
         n
     }
 
-    /// Handles what `poll` reported on the descriptors of [`Self::poll_fds`].
+    /// Handles what `poll` reported on the descriptors of [`Self::poll_fds`]:
+    /// each notification wakes a check at once, which decides.
     pub fn on_events(&mut self, fds: &[libc::pollfd]) {
         let t0 = os::time::monotonic_ns();
         let Some(cg) = &mut self.cg else { return };
-        let mut check = false;
-        let mut signal = false;
+        let mut woken = false;
+        let mut stalled = false;
         for p in fds.iter().filter(|p| p.revents != 0) {
             let is = |f: &Option<Owned>| f.as_ref().and_then(Owned::fd) == Some(p.fd);
             let (first, second) = (is(&cg.first), is(&cg.second));
             if cg.lim.version == 1 {
                 let f = if first { &cg.first } else { &cg.second };
-                if (first || second) && f.as_ref().is_some_and(|e| cgroup::drain_eventfd(e) > 0) {
-                    // A threshold crossing goes either way: check which.
-                    check |= first;
-                    signal |= second;
-                }
+                // A threshold crossing goes either way; the check says which.
+                woken |=
+                    (first || second) && f.as_ref().is_some_and(|e| cgroup::drain_eventfd(e) > 0);
             } else if first {
                 if p.revents & (libc::POLLERR | libc::POLLNVAL) != 0 {
                     cg.first = None; // the trigger is gone (cgroup removed)
                 } else if p.revents & libc::POLLPRI != 0 {
-                    signal = true;
+                    woken = true;
+                    stalled = true;
                 }
             } else if second {
                 // kernfs reports a modification as POLLERR | POLLPRI, and a
@@ -289,7 +345,7 @@ impl Watcher {
                     Some(now) => {
                         let old = cg.last_events;
                         cg.last_events = now;
-                        signal |= now.high > old.high || now.max > old.max || now.oom > old.oom;
+                        woken |= now.high > old.high || now.max > old.max || now.oom > old.oom;
                     }
                     None => cg.second = None,
                 }
@@ -297,10 +353,11 @@ impl Watcher {
         }
         WATCHING.store(cg.watching(), Relaxed);
         let now = os::time::monotonic_ms();
-        if signal {
-            self.signal(now, t0);
-        } else if check {
-            self.check(now, t0);
+        if stalled {
+            self.stall_until = now + STALL_MS;
+        }
+        if woken {
+            self.check(now, t0, true);
         }
     }
 
@@ -323,7 +380,7 @@ impl Watcher {
             };
         }
         if self.cg.is_some() && now >= self.next_check {
-            self.check(now, os::time::monotonic_ns());
+            self.check(now, os::time::monotonic_ns(), false);
         }
         if ACTIVE.load(Relaxed) && !self.over && now.saturating_sub(self.last_signal) >= HOLD_MS {
             restore_decay();
@@ -357,28 +414,44 @@ impl Watcher {
         publish(cg, cg.map_or(0, Cg::watching));
     }
 
-    fn check(&mut self, now: u64, t0: u64) {
-        let Some(cg) = &self.cg else { return };
+    /// Checks the working set against the threshold: its crossing is the
+    /// onset of pressure (purge at once), staying over it purges again
+    /// every [`SUSTAINED_REPURGE_MS`]. `notified`: a notification woke it
+    /// (counted as ignored if the working set is below the threshold).
+    fn check(&mut self, now: u64, t0: u64, notified: bool) {
+        let Some(cg) = &mut self.cg else { return };
+        if cg.polled_stall(now) == Some(true) {
+            self.stall_until = now + STALL_MS;
+        }
         let Some((usage, over)) = cg.over() else {
             self.next_check = now + CHECK_WITH_EVENTS_MS;
             return;
         };
-        let notified = cg.lim.version == 1 && cg.first.is_some();
-        self.next_check = now + check_interval(notified, usage, cg.threshold, cg.lim.limit);
+        let has_notice = cg.lim.version == 1 && cg.first.is_some();
+        let mut interval = check_interval(has_notice, usage, cg.threshold, cg.lim.limit);
+        if now < self.stall_until {
+            interval = interval.min(CHECK_NEAR_MS);
+        }
+        self.next_check = now + interval;
         let was = self.over;
         self.over = over;
         if over && !was {
             self.signal(now, t0);
         } else if over {
             self.last_signal = now;
-            if now.saturating_sub(self.last_purge) >= SUSTAINED_REPURGE_MS {
+            if notified && now.saturating_sub(self.last_purge) >= REPURGE_MS
+                || now.saturating_sub(self.last_purge) >= SUSTAINED_REPURGE_MS
+            {
+                EVENTS.fetch_add(u64::from(notified), Relaxed);
                 self.purge(now, None);
             }
+        } else if notified {
+            IGNORED.fetch_add(1, Relaxed);
         }
     }
 
-    /// Pressure: purge at once at its onset, again on further signals (at
-    /// most every [`REPURGE_MS`]).
+    /// The onset of pressure: purge at once (again at most every
+    /// [`REPURGE_MS`] if pressure was still on).
     fn signal(&mut self, now: u64, t0: u64) {
         EVENTS.fetch_add(1, Relaxed);
         self.last_signal = now;
@@ -486,7 +559,7 @@ fn restore_decay() {
 /// Async-signal-safe.
 pub fn after_fork_child() {
     ACTIVE.reset_to(false);
-    for c in [&EVENTS, &PURGES, &BYTES, &GC_RUNS] {
+    for c in [&EVENTS, &PURGES, &BYTES, &GC_RUNS, &IGNORED] {
         c.reset_to(0);
     }
     LAST_PURGE_US.reset_to(u64::MAX);
@@ -518,6 +591,7 @@ pub fn facts() -> PressureFacts {
         purges: PURGES.load(Relaxed),
         bytes_returned: BYTES.load(Relaxed),
         gc_runs: GC_RUNS.load(Relaxed),
+        ignored: IGNORED.load(Relaxed),
         last_purge_us: Some(LAST_PURGE_US.load(Relaxed)).filter(|&v| v != u64::MAX),
     }
 }

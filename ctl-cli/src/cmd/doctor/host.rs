@@ -73,10 +73,20 @@ fn read(p: impl AsRef<Path>) -> Option<String> {
 
 /// `cpu.max` (`"max 100000"` or `"200000 100000"`) as CPUs.
 pub fn cpu_max(s: &str) -> Option<f64> {
-    let mut it = s.split_whitespace();
-    let q = it.next()?.parse::<f64>().ok()?;
-    let p = it.next()?.parse::<f64>().ok()?;
-    (p > 0.0).then(|| q / p)
+    let (q, p) = cgroup::parse_cpu_max(s.as_bytes())?;
+    (p > 0).then(|| q as f64 / p as f64)
+}
+
+/// The tightest CPU quota (in CPUs) from the cgroup directory `dir` up to
+/// `mount`, as the shim sizes its arenas by (shim/src/options.rs): a pod's
+/// quota sits above its container's cgroup. `quota` reads one directory's.
+fn tightest_quota(mount: &Path, dir: &Path, quota: impl Fn(&Path) -> Option<f64>) -> Option<f64> {
+    let start = if dir.exists() { dir } else { mount };
+    start
+        .ancestors()
+        .take_while(|d| d.starts_with(mount))
+        .filter_map(quota)
+        .reduce(f64::min)
 }
 
 /// The cgroup of `/proc/<pid>` (`pid` may be `"self"`), read through the
@@ -95,7 +105,9 @@ pub fn cgroup_of(pid: &str) -> Option<Cgroup> {
             memory_current: read(d.join(usage)).and_then(|s| s.trim().parse().ok()),
             memory_max: read(d.join(limit)).and_then(|s| cgroup::parse_limit(&s)),
             memory_high: read(d.join("memory.high")).and_then(|s| cgroup::parse_limit(&s)),
-            cpu_quota: read(d.join("cpu.max")).and_then(|s| cpu_max(&s)),
+            cpu_quota: tightest_quota(&root, &d, |d| {
+                read(d.join("cpu.max")).and_then(|s| cpu_max(&s))
+            }),
             path,
         });
     }
@@ -112,10 +124,14 @@ pub fn cgroup_of(pid: &str) -> Option<Cgroup> {
     let (mctl, mpath) = ctl("memory")?;
     let md = root.join(&mctl).join(mpath.trim_start_matches('/'));
     let cpu_quota = ctl("cpu").and_then(|(c, p)| {
-        let d = root.join(c).join(p.trim_start_matches('/'));
-        let q: f64 = read(d.join("cpu.cfs_quota_us"))?.trim().parse().ok()?;
-        let per: f64 = read(d.join("cpu.cfs_period_us"))?.trim().parse().ok()?;
-        (q > 0.0 && per > 0.0).then(|| q / per)
+        let mount = root.join(c);
+        let d = mount.join(p.trim_start_matches('/'));
+        tightest_quota(&mount, &d, |d| {
+            let q = read(d.join("cpu.cfs_quota_us"))?;
+            let per = read(d.join("cpu.cfs_period_us"))?;
+            let (q, per) = cgroup::parse_cfs(q.as_bytes(), per.as_bytes())?;
+            (q > 0 && per > 0).then(|| q as f64 / per as f64)
+        })
     });
     let (usage, limit) = cgroup::usage_and_limit_files(1);
     Some(Cgroup {
