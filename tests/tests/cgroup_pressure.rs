@@ -143,12 +143,11 @@ fn under_pressure_a_purges_so_both_processes_live_and_the_loader_finishes() {
     if container_view() && cg.version == 2 {
         // A sees its cgroup as a pod does: the root of its cgroup
         // namespace, on a read-only cgroup2 mount.
-        let own = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
-        assert_eq!(
-            own.trim(),
-            "0::/",
-            "A is not in a cgroup namespace of its own"
-        );
+        // (/proc/<pid>/cgroup shows paths from the reader's namespace.)
+        let ns = |p: &str, n: &str| std::fs::read_link(format!("/proc/{p}/ns/{n}")).unwrap();
+        for n in ["cgroup", "pid", "mnt"] {
+            assert_ne!(ns(&pid, n), ns("self", n), "A is in this {n} namespace");
+        }
         let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
         assert!(
             mounts.lines().any(|l| l.contains(" - cgroup2 ")
@@ -358,4 +357,90 @@ fn gc_mode_collects_python_cycles_under_pressure_and_returns_their_memory() {
     assert!(u(&p["bytes_returned"]) >= 64 * MIB, "{p}");
     let o = py.finish(Duration::from_secs(10));
     assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+}
+
+/// A cgroup v2 with `memory.high` at [`LIMIT_MIB`] and `memory.max` twice
+/// that, without swap (Kubernetes memory QoS: the kubelet sets `high`
+/// below the limit), or `None` after SKIP (v1 has no `memory.high`).
+fn high_cgroup(tag: &str) -> Option<TestCgroup> {
+    let cg = TestCgroup::new(tag)?;
+    if cg.version != 2 {
+        eprintln!("SKIP: memory.high is cgroup v2's (tests/tests/cgroup_vm.rs runs this on v2)");
+        return None;
+    }
+    std::fs::write(cg.dir.join("memory.high"), (LIMIT_MIB * MIB).to_string()).unwrap();
+    std::fs::write(cg.dir.join("memory.max"), (2 * LIMIT_MIB * MIB).to_string()).unwrap();
+    let _ = std::fs::write(cg.dir.join("memory.swap.max"), "0");
+    Some(cg)
+}
+
+/// The `high` count of the cgroup's `memory.events`.
+fn high_events(cg: &TestCgroup) -> u64 {
+    std::fs::read_to_string(cg.dir.join("memory.events"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("high ")?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The A/B scenario under `memory.high` once: B's load time (ms, from its
+/// own report), the `high` events, and A's `pressure` section after.
+fn high_scenario(tag: &str, env: &[(&str, &str)]) -> Option<(f64, u64, Value)> {
+    let cg = high_cgroup(tag)?;
+    let (mut a, p) = start_a(&cg, env);
+    let pid = a.pid().to_string();
+    if env.is_empty() {
+        assert_eq!(
+            u(&p["limit"]),
+            LIMIT_MIB * MIB,
+            "the threshold is not of memory.high: {p}"
+        );
+    }
+    let b = cg
+        .cmd(
+            fixture("pressure_load", &[]),
+            [B_MIB.to_string(), "4".into(), "50".into()],
+        )
+        .run_timeout(Duration::from_secs(300));
+    assert!(
+        b.code == 0 && b.stdout.contains(&format!("loaded {B_MIB} in")),
+        "B did not finish loading under memory.high (OOM kills {}): {b:?}",
+        oom_kills(&cg)
+    );
+    assert!(alive(&mut a), "A died under memory.high");
+    let ms: f64 = b
+        .stdout
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(&format!("loaded {B_MIB} in "))?
+                .strip_suffix(" ms")?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no load time from B: {}", b.stdout));
+    Some((ms, high_events(&cg), pressure(&pid)))
+}
+
+#[test]
+fn under_memory_high_a_purges_so_the_loader_is_not_throttled() {
+    // Without the watcher: A keeps its free pages, the cgroup stays over
+    // memory.high, and the kernel throttles B (reclaim finds nothing
+    // without swap, so B sleeps on each return to user space).
+    let Some((off_ms, off_high, _)) = high_scenario("high-off", &[("MEMSHIM_PRESSURE", "off")])
+    else {
+        return;
+    };
+    let (on_ms, on_high, p) = high_scenario("high-on", &[]).unwrap();
+    eprintln!(
+        "memory.high: B loaded {B_MIB} MiB in {on_ms:.0} ms with the watcher ({on_high} high events), \
+         {off_ms:.0} ms without ({off_high}); pressure: {p}"
+    );
+    assert!(
+        u(&p["purges"]) >= 1 && u(&p["bytes_returned"]) >= 64 * MIB,
+        "{p}"
+    );
+    assert!(
+        on_ms * 2.0 < off_ms,
+        "B was throttled as long with the watcher ({on_ms:.0} ms) as without ({off_ms:.0} ms): {p}"
+    );
 }
