@@ -84,6 +84,16 @@ fn on_path(prog: &str) -> bool {
         .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()))
 }
 
+/// `mkfs.ext4` (e2fsprogs): on `PATH`, else in the sbin directories a
+/// user's `PATH` often lacks.
+fn mkfs_ext4() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
+        .map(|d| d.join("mkfs.ext4"))
+        .find(|p| p.is_file())
+}
+
 /// The kernel of `role`, or why there is none: the reason that
 /// `scripts/vm-image.sh` wrote, or what is missing here. Tests print it
 /// as their SKIP reason.
@@ -92,6 +102,9 @@ pub fn kernel(role: &str) -> Result<Kernel, String> {
         return Err(
             "qemu-system-x86_64 is not installed (make test-deps installs qemu-system-x86)".into(),
         );
+    }
+    if mkfs_ext4().is_none() {
+        return Err("mkfs.ext4 is not installed (apt-get install e2fsprogs)".into());
     }
     let cache = cache_dir();
     for skip in ["all.skip", &format!("{role}.skip")] {
@@ -416,7 +429,7 @@ fn make_disk(p: &Path, seed: &Path) {
     let f = std::fs::File::create(p).unwrap();
     f.set_len(SCRATCH_DISK_MIB << 20).unwrap();
     drop(f);
-    let o = Command::new("mkfs.ext4")
+    let o = Command::new(mkfs_ext4().unwrap_or_else(|| "mkfs.ext4".into()))
         .args(["-q", "-F", "-m", "0", "-L", "memshim-scratch", "-d"])
         .arg(seed)
         .arg(p)
