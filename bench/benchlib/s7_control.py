@@ -67,34 +67,63 @@ PY_STATES = ["sleep", "event", "select", "read", "join", "asyncio", "spin", "cca
 
 def python_states(ctx, n):
     """Median and p99 round trip of stats and gc per main-thread state."""
-    shim = by_name()["memshim"]
-    script = os.path.join(ROOT, "tests", "fixtures", "py_states.py")
     rows = []
     for state in PY_STATES:
-        with tempfile.TemporaryDirectory(prefix="memshim-bench-") as sdir:
-            env = shim.environ({"MEMSHIM_CONTROL": "on", "MEMSHIM_SOCKET_DIR": sdir})
-            proc = subprocess.Popen([ctx.python, script, state], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
-            try:
-                proc.stdout.readline()  # ready
-                path = find_socket(sdir, proc.pid)
-                proc.stdin.write("\n")
-                proc.stdin.flush()
-                proc.stdout.readline()  # entering
-                time.sleep(0.2)  # let the main thread settle into the state
-                sock, f = connect(path)
-                st = [request(f, sock, {"op": "stats"})[0] for _ in range(n)]
-                gc = [request(f, sock, {"op": "gc"})[0] for _ in range(n)]
-                sock.close()
-            finally:
-                proc.send_signal(signal.SIGUSR1)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        st, gc = round_trips([ctx.python], state, n)
         rows.append([state, len(st), fmt(median(st) * 1000), fmt(percentile(st, 99) * 1000),
                      fmt(median(gc) * 1000), fmt(percentile(gc, 99) * 1000)])
     return rows
+
+
+def _expect(proc, what, errf):
+    """Reads one line from proc's stdout; a process that ended instead is an
+    error that says how it ended and what it printed on stderr."""
+    line = proc.stdout.readline()
+    if line:
+        return line
+    code = proc.wait(timeout=30)
+    errf.seek(0)
+    raise RuntimeError(f"pid {proc.pid} ended ({code}) before printing {what!r}: {errf.read()[-2000:]!r}")
+
+
+def _tell(proc, line, errf):
+    """Writes a line to proc's stdin; see _expect."""
+    try:
+        proc.stdin.write(line)
+        proc.stdin.flush()
+    except BrokenPipeError:
+        code = proc.wait(timeout=30)
+        errf.seek(0)
+        raise RuntimeError(f"pid {proc.pid} ended ({code}) before reading {line!r}: {errf.read()[-2000:]!r}")
+
+
+def round_trips(argv, state, n):
+    """n `stats` then n `gc` round trips, in s, to `argv` running
+    tests/fixtures/py_states.py with its main thread in `state`."""
+    shim = by_name()["memshim"]
+    script = os.path.join(ROOT, "tests", "fixtures", "py_states.py")
+    with tempfile.TemporaryDirectory(prefix="ms-bench-", dir="/tmp") as sdir, \
+            tempfile.TemporaryFile("w+") as errf:
+        env = shim.environ({"MEMSHIM_CONTROL": "on", "MEMSHIM_SOCKET_DIR": sdir})
+        proc = subprocess.Popen(argv + [script, state], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=errf, text=True, env=env)
+        try:
+            _expect(proc, "ready", errf)
+            path = find_socket(sdir, proc.pid)
+            _tell(proc, "\n", errf)
+            _expect(proc, "entering", errf)
+            time.sleep(0.2)  # let the main thread settle into the state
+            sock, f = connect(path)
+            st = [request(f, sock, {"op": "stats"})[0] for _ in range(n)]
+            gc = [request(f, sock, {"op": "gc"})[0] for _ in range(n)]
+            sock.close()
+        finally:
+            proc.send_signal(signal.SIGUSR1)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    return st, gc
 
 
 def interpreters(ctx):
@@ -109,31 +138,9 @@ def interpreters(ctx):
 def versions_round_trip(ctx, interps, n):
     """Median and p99 of `stats` and `gc` to each interpreter, its main
     thread in time.sleep (py_states.py)."""
-    shim = by_name()["memshim"]
-    script = os.path.join(ROOT, "tests", "fixtures", "py_states.py")
     rows = []
     for label, argv in interps:
-        with tempfile.TemporaryDirectory(prefix="ms-bench-", dir="/tmp") as sdir:
-            env = shim.environ({"MEMSHIM_CONTROL": "on", "MEMSHIM_SOCKET_DIR": sdir})
-            proc = subprocess.Popen(argv + [script, "sleep"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.DEVNULL, text=True, env=env)
-            try:
-                proc.stdout.readline()  # ready
-                path = find_socket(sdir, proc.pid)
-                proc.stdin.write("\n")
-                proc.stdin.flush()
-                proc.stdout.readline()  # entering
-                time.sleep(0.2)  # let the main thread settle into its sleep
-                sock, f = connect(path)
-                st = [request(f, sock, {"op": "stats"})[0] for _ in range(n)]
-                gc = [request(f, sock, {"op": "gc"})[0] for _ in range(n)]
-                sock.close()
-            finally:
-                proc.send_signal(signal.SIGUSR1)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        st, gc = round_trips(argv, "sleep", n)
         rows.append([label, n, fmt(median(st) * 1000), fmt(percentile(st, 99) * 1000),
                      fmt(median(gc) * 1000), fmt(percentile(gc, 99) * 1000)])
     return rows
@@ -167,22 +174,22 @@ def exit_times(ctx, interps, rounds):
         times = {"plain": [], "shim": [], "fire": []}
         for _ in range(rounds):
             for mode in times:
-                with tempfile.TemporaryDirectory(prefix="ms-bench-", dir="/tmp") as sdir:
+                with tempfile.TemporaryDirectory(prefix="ms-bench-", dir="/tmp") as sdir, \
+                        tempfile.TemporaryFile("w+") as errf:
                     env = (by_name()["glibc"].environ() if mode == "plain" else
                            shim.environ({"MEMSHIM_CONTROL": "on", "MEMSHIM_SOCKET_DIR": sdir}))
                     proc = subprocess.Popen(argv + [script, "--gc"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                            stderr=subprocess.DEVNULL, text=True, env=env)
+                                            stderr=errf, text=True, env=env)
                     stop = threading.Event()
                     fire = None
                     if mode == "fire":
                         fire = threading.Thread(target=_fire, args=(sdir, proc.pid, stop))
                         fire.start()
-                    proc.stdout.readline()  # up
+                    _expect(proc, "up", errf)
                     if fire is not None:
                         time.sleep(0.3)  # requests arrive before and during the exit
                     t = time.perf_counter()
-                    proc.stdin.write("exit_at 0\n")
-                    proc.stdin.flush()
+                    _tell(proc, "exit_at 0\n", errf)
                     proc.wait(timeout=60)
                     times[mode].append((time.perf_counter() - t) * 1000)
                     stop.set()
@@ -235,12 +242,12 @@ def bert_release(ctx):
 def run(ctx):
     p = ctx.p["s7"]
     shim = by_name()["memshim"]
-    with tempfile.TemporaryDirectory(prefix="memshim-bench-") as sdir:
+    with tempfile.TemporaryDirectory(prefix="memshim-bench-") as sdir, tempfile.TemporaryFile("w+") as errf:
         env = {"MEMSHIM_DIRTY_DECAY_MS": "-1", "MEMSHIM_MUZZY_DECAY_MS": "-1", "MEMSHIM_SOCKET_DIR": sdir}
         proc = subprocess.Popen([ctx.programs["dirty"]], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=shim.environ(env))
+                                stderr=errf, text=True, env=shim.environ(env))
         try:
-            proc.stdout.readline()
+            _expect(proc, "start", errf)
             end, path = time.monotonic() + 3, None
             while time.monotonic() < end and path is None:
                 hits = glob.glob(os.path.join(sdir, "**", f"{proc.pid}-*.sock"), recursive=True)
@@ -256,9 +263,8 @@ def run(ctx):
             stats_t = [request(f, sock, {"op": "stats"})[0] for _ in range(p["n_stats"])]
             purge_t, freed = [], []
             for _ in range(p["n_purge"]):
-                proc.stdin.write("fill\n")
-                proc.stdin.flush()
-                proc.stdout.readline()
+                _tell(proc, "fill\n", errf)
+                _expect(proc, "ready", errf)
                 before = read_status(proc.pid)["VmRSS"]
                 d, _ = request(f, sock, {"op": "purge"})
                 purge_t.append(d)

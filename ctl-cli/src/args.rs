@@ -6,6 +6,29 @@ use clap::Args;
 use memshim_proto::endpoint::MAX_DECAY_MS;
 use memshim_proto::settings;
 
+/// Seconds between samples (`watch`, `record`): 0.1 to 3600.
+pub fn parse_interval(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if (0.1..=3600.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err("must be between 0.1 and 3600 seconds".into())
+    }
+}
+
+/// A size in bytes, with an optional unit (K, M, G, T; memshim-proto's
+/// parser, the one the settings use).
+pub fn size_parser() -> impl clap::builder::TypedValueParser<Value = u64> {
+    use clap::builder::TypedValueParser;
+    clap::builder::StringValueParser::new().try_map(|s: String| {
+        memshim_proto::settings::parse_size(s.as_bytes()).ok_or_else(|| {
+            format!("{s:?} is not a size: bytes, or a whole number with K, M, G or T (512M, 2G)")
+        })
+    })
+}
+
 /// `<PID>... | --all [--json]`, shared by purge and release.
 #[derive(Args, Debug, Clone)]
 pub struct Targets {

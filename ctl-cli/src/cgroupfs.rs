@@ -390,8 +390,12 @@ pub struct KernelStep {
     pub file: String,
     /// What was written (`null` when skipped).
     pub wrote: Option<String>,
-    /// Bytes asked for (v2), `null` for v1's `force_empty` (everything).
+    /// Bytes asked for (v2, summed over the batches), `null` for v1's
+    /// `force_empty` (everything).
     pub requested: Option<u64>,
+    /// Writes made: 1, or with `--to` on v2 one per batch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batches: Option<u32>,
     /// `done`, `partial` (v2: the kernel reclaimed less than asked),
     /// `skipped` (nothing to reclaim) or `unsupported` (no such file).
     pub outcome: &'static str,
@@ -440,6 +444,7 @@ pub fn reclaim_kernel(
         file: file.display().to_string(),
         wrote: None,
         requested: None,
+        batches: None,
         outcome: "done",
         elapsed_ms: 0.0,
         note: None,
@@ -527,6 +532,108 @@ pub fn reclaim_kernel(
             }
             Err(e) => return Err(write_failure(loc, &file, &e, pid)),
         }
+    }
+    step.elapsed_ms = t.elapsed().as_secs_f64() * 1000.0;
+    Ok(step)
+}
+
+/// Largest amount one write of `memory.reclaim` asks for with `--to`: in
+/// batches, so that reclaim stops as soon as usage is under the size asked
+/// (one large request takes what it can, and more than needed).
+pub const RECLAIM_BATCH: u64 = 64 << 20;
+
+/// `reclaim --to`: asks the kernel to reclaim page cache until usage is at
+/// most `target`. v2: `memory.reclaim` in batches of at most
+/// [`RECLAIM_BATCH`] (file pages only where there is swap), until usage is
+/// under `target`, the kernel reclaims less than asked, usage stops falling,
+/// or the page cache and reclaimable slab found at the start have been
+/// asked for. v1: `memory.force_empty` once (it takes all it can).
+pub fn reclaim_kernel_to(
+    loc: &Location,
+    target: u64,
+    swap: bool,
+    pid: Option<i32>,
+) -> Result<KernelStep, Failure> {
+    let start = read_memory(loc, pid)?;
+    if start.usage <= target {
+        return Ok(KernelStep {
+            file: control_file(loc).display().to_string(),
+            wrote: None,
+            requested: None,
+            batches: None,
+            outcome: "skipped",
+            elapsed_ms: 0.0,
+            note: Some("usage is under the size asked already".into()),
+        });
+    }
+    if loc.version != 2 {
+        return reclaim_kernel(loc, &start, swap, pid);
+    }
+    let file = control_file(loc);
+    let mut step = KernelStep {
+        file: file.display().to_string(),
+        wrote: None,
+        requested: Some(0),
+        batches: Some(0),
+        outcome: "done",
+        elapsed_ms: 0.0,
+        note: None,
+    };
+    if !file.exists() {
+        return reclaim_kernel(loc, &start, swap, pid);
+    }
+    let t = Instant::now();
+    let budget = start.page_cache + start.slab_reclaimable.unwrap_or(0);
+    let mut asked = 0u64;
+    let mut usage = start.usage;
+    let mut key = swap.then_some(" swappiness=0");
+    while usage > target && asked < budget {
+        let ask = (usage - target)
+            .min(RECLAIM_BATCH)
+            .min(budget - asked)
+            .max(1 << 20);
+        let text = format!("{ask}{}", key.unwrap_or(""));
+        let mut r = write_once(&file, &text);
+        if key.is_some() && r.as_ref().err().and_then(io::Error::raw_os_error) == Some(22) {
+            // EINVAL: a kernel before 6.8 has no swappiness key.
+            key = None;
+            step.note = Some("this kernel's memory.reclaim has no swappiness key: some anonymous memory may have \
+                              been swapped out too"
+                .into());
+            r = write_once(&file, &ask.to_string());
+        }
+        asked += ask;
+        step.requested = Some(asked);
+        step.batches = step.batches.map(|b| b + 1);
+        step.wrote = Some(text);
+        match r {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(11) => {
+                step.outcome = "partial";
+                break;
+            }
+            Err(e) => return Err(write_failure(loc, &file, &e, pid)),
+        }
+        let now = read_memory(loc, pid)?.usage;
+        if now >= usage {
+            step.outcome = "partial";
+            break;
+        }
+        usage = now;
+    }
+    if asked == 0 {
+        step.outcome = "skipped";
+        step.note = Some(if usage <= target {
+            "usage is under the size asked already".into()
+        } else {
+            "no page cache to reclaim".into()
+        });
+    } else if step.outcome == "partial" {
+        step.note = Some(
+            "the kernel reclaimed less than asked: the rest is in use (mapped and touched again, dirty, or under \
+             writeback)"
+                .into(),
+        );
     }
     step.elapsed_ms = t.elapsed().as_secs_f64() * 1000.0;
     Ok(step)

@@ -79,6 +79,8 @@ pub enum Command {
     Cgroup(cmd::cgroup::CgroupArgs),
     /// Purge every shimmed process of a cgroup, then reclaim its page cache.
     Reclaim(cmd::reclaim::ReclaimArgs),
+    /// A memory timeline of one process, as an SVG chart or an HTML page.
+    Record(cmd::record::RecordArgs),
 }
 
 impl Command {
@@ -89,7 +91,7 @@ impl Command {
             Command::Stats(a) => a.json,
             Command::Purge(a) => a.targets.json,
             Command::Decay(a) => a.json,
-            Command::Watch(_) => false,
+            Command::Watch(_) | Command::Record(_) => false,
             Command::Gc(a) => a.json,
             Command::EmptyCache(a) => a.json,
             Command::Release(a) => a.targets.json,
@@ -117,6 +119,7 @@ impl Command {
             Command::Serve(a) => cmd::serve::run(a),
             Command::Cgroup(a) => cmd::cgroup::run(a),
             Command::Reclaim(a) => cmd::reclaim::run(a),
+            Command::Record(a) => cmd::record::run(a),
         }
     }
 }

@@ -32,6 +32,8 @@ pub enum Exit {
     NoCgroup,
     /// [`status::READ_ONLY`]
     ReadOnly,
+    /// [`status::NOT_REACHED`]
+    NotReached,
 }
 
 impl Exit {
@@ -47,6 +49,7 @@ impl Exit {
             Exit::PythonStep => status::PYTHON_STEP,
             Exit::NoCgroup => status::NO_CGROUP,
             Exit::ReadOnly => status::READ_ONLY,
+            Exit::NotReached => status::NOT_REACHED,
         }
     }
 
@@ -117,7 +120,7 @@ impl Failure {
 mod tests {
     use super::*;
 
-    const ALL: [Exit; 9] = [
+    const ALL: [Exit; 10] = [
         Exit::Ok,
         Exit::Failed,
         Exit::NotFound,
@@ -127,11 +130,12 @@ mod tests {
         Exit::PythonStep,
         Exit::NoCgroup,
         Exit::ReadOnly,
+        Exit::NotReached,
     ];
 
     #[test]
     fn every_exit_is_a_shared_status_and_every_shared_status_but_usage_is_an_exit() {
-        assert_eq!(ALL.map(Exit::code), [0, 1, 3, 4, 5, 6, 7, 8, 9]);
+        assert_eq!(ALL.map(Exit::code), [0, 1, 3, 4, 5, 6, 7, 8, 9, 10]);
         let mut ours: Vec<ExitStatus> = ALL.iter().map(|e| e.status()).collect();
         ours.push(status::USAGE);
         ours.sort_by_key(|s| s.code);
@@ -153,7 +157,8 @@ mod tests {
                 "\"remote\"",
                 "\"python_step\"",
                 "\"no_cgroup\"",
-                "\"read_only\""
+                "\"read_only\"",
+                "\"not_reached\""
             ]
         );
         let f = Failure::new(Exit::NotFound, Some(7), "no such process");

@@ -22,6 +22,7 @@ mod procfs;
 mod render;
 mod shm;
 mod socket;
+mod timeline;
 
 fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse_checked();

@@ -77,8 +77,16 @@ pub const READ_ONLY: ExitStatus = ExitStatus {
     brief: "read-only cgroup filesystem",
 };
 
+/// `reclaim --to SIZE`: the cgroup's usage could not be brought under SIZE
+/// (what is left is in use).
+pub const NOT_REACHED: ExitStatus = ExitStatus {
+    code: 10,
+    name: "not_reached",
+    brief: "reclaim could not reach the size asked",
+};
+
 /// Every status, by code.
-pub const ALL: [ExitStatus; 10] = [
+pub const ALL: [ExitStatus; 11] = [
     OK,
     FAILED,
     USAGE,
@@ -89,6 +97,7 @@ pub const ALL: [ExitStatus; 10] = [
     PYTHON_STEP,
     NO_CGROUP,
     READ_ONLY,
+    NOT_REACHED,
 ];
 
 /// "Exit codes: 0 ok, 1 some targets failed, ...": the `--help` footer.

@@ -435,19 +435,25 @@ fn cgroup_quota_cpus() -> Option<u32> {
             cgroup::parse_cpu_max(&buf[..n])
         });
     }
-    for mount in [&b"/sys/fs/cgroup/cpu"[..], b"/sys/fs/cgroup/cpu,cpuacct"] {
-        let path = cgroup::proc_cgroup_path(text, Some(b"cpu")).unwrap_or(b"/");
-        let found = tightest_quota(mount, path, |dir, buf| {
-            let n = read_in(dir, b"/cpu.cfs_quota_us", buf)?;
-            let mut period = [0u8; 32];
-            let m = read_in(dir, b"/cpu.cfs_period_us", &mut period)?;
-            cgroup::parse_cfs(&buf[..n], &period[..m])
-        });
-        if found.is_some() {
-            return found;
+    // The first of v1's two usual mount names that exists is the cpu
+    // controller (the other is a link to it, or absent).
+    let mount = [&b"/sys/fs/cgroup/cpu"[..], b"/sys/fs/cgroup/cpu,cpuacct"]
+        .into_iter()
+        .find(|m| {
+            let mut b = StackBuf::<64>::new();
+            b.push(m);
+            b.as_cstr().is_some_and(os::raw::exists)
+        })?;
+    let path = cgroup::proc_cgroup_path(text, Some(b"cpu")).unwrap_or(b"/");
+    tightest_quota(mount, path, |dir, buf| {
+        let n = read_in(dir, b"/cpu.cfs_quota_us", buf)?;
+        if buf[..n].trim_ascii() == b"-1" {
+            return None; // no quota here: the period is not needed
         }
-    }
-    None
+        let mut period = [0u8; 32];
+        let m = read_in(dir, b"/cpu.cfs_period_us", &mut period)?;
+        cgroup::parse_cfs(&buf[..n], &period[..m])
+    })
 }
 
 /// Reads `dir` + `name` into `buf`; the bytes read, `None` if the file
@@ -474,7 +480,7 @@ fn tightest_quota(
     if trimmed.len() > 1 {
         dir.push(trimmed);
     }
-    if !os::raw::exists(dir.as_cstr()?) {
+    if trimmed.len() > 1 && !os::raw::exists(dir.as_cstr()?) {
         dir.truncate(mount.len());
     }
     let mut best: Option<u32> = None;

@@ -28,6 +28,7 @@ pub mod list;
 pub mod metrics;
 pub mod purge;
 pub mod reclaim;
+pub mod record;
 pub mod release;
 pub mod run;
 pub mod serve;

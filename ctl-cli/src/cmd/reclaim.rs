@@ -1,13 +1,18 @@
-//! `memshim-ctl reclaim [PID] [--json]`: purges every shimmed process of
-//! PID's memory cgroup, then asks the kernel to reclaim the cgroup's page
+//! `memshim-ctl reclaim [PID] [--to SIZE] [--gc] [--json]`: purges every
+//! shimmed process of PID's memory cgroup (with `--gc`, a `release`: gc,
+//! CUDA caches, purge), then asks the kernel to reclaim the cgroup's page
 //! cache (v2 `memory.reclaim`, v1 `memory.force_empty`), and shows each
-//! part of the charge before and after.
+//! part of the charge before and after. With `--to SIZE`, the page cache is
+//! reclaimed in batches until usage is under SIZE; where that cannot be
+//! reached, it says what is left and who holds it, and exits
+//! [`Exit::NotReached`] (an in-place resize of a pod's limit below its
+//! usage is refused by the kubelet: docs/deploy.md).
 //!
 //! Nothing is done unless the kernel step can be done: a read-only cgroup
 //! filesystem (inside a container) or missing permission fails first.
 
 use super::{Outcome, outcome_json, purge};
-use crate::args::pid_parser;
+use crate::args::{pid_parser, size_parser};
 use crate::cgroupfs::{self, KernelStep, Location};
 use crate::charge::{self, Charge, Parts};
 use crate::client::Client;
@@ -28,6 +33,15 @@ pub struct ReclaimArgs {
     /// One JSON document on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Reclaim until the cgroup's usage is at most SIZE (bytes, or with K,
+    /// M, G, T: 512M, 2G); exits 10 with what is left and who holds it
+    /// where that cannot be reached.
+    #[arg(long, value_name = "SIZE", value_parser = size_parser())]
+    pub to: Option<u64>,
+    /// Run `release` in each shimmed process (Python's gc, PyTorch's
+    /// caches, then purge) instead of `purge` alone.
+    #[arg(long)]
+    pub gc: bool,
 }
 
 /// A shimmed process that was not purged, and why.
@@ -69,12 +83,18 @@ pub fn run(a: ReclaimArgs) -> Result<Exit, Failure> {
         // A process whose socket did not answer `stats` a moment ago
         // failed; it is not asked again (it would cost another timeout).
         let result = if p.endpoint {
-            Some(
-                Client::open(p.pid).and_then(|mut c| match c.request(&Request::Purge)? {
+            Some(Client::open(p.pid).and_then(|mut c| {
+                let req = if a.gc {
+                    Request::Release
+                } else {
+                    Request::Purge
+                };
+                match c.request(&req)? {
                     Reply::Purge(r) => Ok(r),
+                    Reply::Release(r) => Ok(released(&r)),
                     other => Err(c.unexpected(&other)),
-                }),
-            )
+                }
+            }))
         } else {
             p.failure.clone().map(Err)
         };
@@ -104,12 +124,22 @@ pub fn run(a: ReclaimArgs) -> Result<Exit, Failure> {
         }
     }
     // What the kernel is asked for is the page cache as it is now.
-    let now = cgroupfs::read_memory(&loc, a.pid)?;
-    let kernel = cgroupfs::reclaim_kernel(&loc, &now, cgroupfs::swap_enabled(), a.pid)?;
+    let kernel = match a.to {
+        Some(target) => cgroupfs::reclaim_kernel_to(&loc, target, cgroupfs::swap_enabled(), a.pid)?,
+        None => {
+            let now = cgroupfs::read_memory(&loc, a.pid)?;
+            cgroupfs::reclaim_kernel(&loc, &now, cgroupfs::swap_enabled(), a.pid)?
+        }
+    };
     let after = charge::read(&loc, a.pid)?;
 
     let failed = purges.iter().any(|o| o.result.is_err()) || kernel.outcome == "unsupported";
-    let exit = if failed { Exit::Failed } else { Exit::Ok };
+    let short = a.to.filter(|&t| after.memory.usage > t);
+    let exit = match (short, failed) {
+        (Some(_), _) => Exit::NotReached,
+        (None, true) => Exit::Failed,
+        (None, false) => Exit::Ok,
+    };
     if a.json {
         let doc = serde_json::json!({
             "pid": a.pid,
@@ -119,6 +149,9 @@ pub fn run(a: ReclaimArgs) -> Result<Exit, Failure> {
             "kernel": kernel,
             "before": snapshot(&before),
             "after": snapshot(&after),
+            "to": a.to,
+            "reached": a.to.map(|t| after.memory.usage <= t),
+            "left": short.map(|t| after.memory.usage - t),
         });
         outln!("{doc}")?;
     } else {
@@ -126,7 +159,10 @@ pub fn run(a: ReclaimArgs) -> Result<Exit, Failure> {
             "{}",
             human(&loc, &purges, &skipped, &kernel, &before, &after)
         )?;
-        let kernel_failed: Vec<Failure> = (kernel.outcome == "unsupported")
+        if let Some(t) = short {
+            out!("{}", left_lines(t, &after))?;
+        }
+        let mut kernel_failed: Vec<Failure> = (kernel.outcome == "unsupported")
             .then(|| {
                 Failure::new(
                     Exit::Failed,
@@ -139,9 +175,60 @@ pub fn run(a: ReclaimArgs) -> Result<Exit, Failure> {
             })
             .into_iter()
             .collect();
+        if let Some(t) = short {
+            kernel_failed.push(
+                Failure::new(
+                    Exit::NotReached,
+                    a.pid,
+                    format!(
+                        "usage is {} after reclaim, over the {} asked: what is left is in use",
+                        bytes(after.memory.usage),
+                        bytes(t)
+                    ),
+                )
+                .hint(if a.gc {
+                    "the processes listed hold it; stop one, or ask for more".to_owned()
+                } else {
+                    "the processes listed hold it; `--gc` also runs Python's gc and empties PyTorch's caches".to_owned()
+                }),
+            );
+        }
         super::print_failures(&purges, &kernel_failed, exit);
     }
     Ok(exit)
+}
+
+/// A `release` answer in the terms of a purge: RSS before the first step
+/// and after the last, and the purge step's allocator figures.
+fn released(r: &memshim_proto::ReleaseResult) -> PurgeResult {
+    let purge = r
+        .steps
+        .iter()
+        .find(|s| s.step == memshim_proto::ReleaseStepKind::Purge);
+    PurgeResult {
+        rss_before: r.rss_before,
+        rss_after: r.rss_after,
+        released: r.released,
+        resident_before: purge.map_or(0, |s| s.before),
+        resident_after: purge.map_or(0, |s| s.after),
+        purgeable_before: 0,
+        elapsed_ms: r.elapsed_ms,
+    }
+}
+
+/// What is left over the size asked, and who holds it: the charge's parts
+/// and the cgroup's processes, largest first.
+fn left_lines(target: u64, after: &Charge) -> String {
+    let mut out = format!(
+        "\nleft: {} over the {} asked (usage {}); in use by\n",
+        bytes(after.memory.usage - target),
+        bytes(target),
+        bytes(after.memory.usage)
+    );
+    let mut procs = after.processes.clone();
+    procs.sort_by_key(|p| std::cmp::Reverse(p.rss));
+    out += &super::cgroup::processes_lines(&procs);
+    out
 }
 
 /// The kernel step in one line, and its note.
@@ -254,6 +341,7 @@ mod tests {
             file: "/sys/fs/cgroup/memory/t/memory.force_empty".into(),
             wrote: Some("0".into()),
             requested: None,
+            batches: None,
             outcome: "done",
             elapsed_ms: 3.0,
             note: None,

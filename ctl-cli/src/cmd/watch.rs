@@ -3,7 +3,7 @@
 //! device's reserved VRAM and what the driver says the process uses. On a terminal the view is redrawn in place
 //! with sparklines; otherwise (a pipe, a log) one line per sample.
 
-use crate::args::pid_parser;
+use crate::args::{parse_interval, pid_parser};
 use crate::client::Client;
 use crate::exit::{Exit, Failure};
 use crate::render::{bytes, delta, sparkline};
@@ -28,16 +28,6 @@ pub struct WatchArgs {
     pub count: Option<u64>,
 }
 
-fn parse_interval(s: &str) -> Result<f64, String> {
-    let v: f64 = s
-        .parse()
-        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
-    if (0.1..=3600.0).contains(&v) {
-        Ok(v)
-    } else {
-        Err("must be between 0.1 and 3600 seconds".into())
-    }
-}
 
 /// One sample.
 #[derive(Clone, Debug, Default)]

@@ -1,0 +1,127 @@
+//! `memshim-ctl reclaim --to SIZE`, the step before an in-place resize of a
+//! pod's limit (the kubelet refuses a limit under the pod's usage): on real
+//! memory cgroups made by the tests, it reaches a size made of page cache
+//! and freed heap, and where what is left is in use it exits 10 naming who
+//! holds it.
+
+use memshim_proto::exit;
+use memshim_tests::cgroups::*;
+use memshim_tests::control::{ctl_json, ctl_run, heap_fixture};
+use memshim_tests::*;
+use std::time::Duration;
+
+const MIB: u64 = 1 << 20;
+
+fn usage(r: &serde_json::Value, when: &str) -> u64 {
+    r[when]["memory"]["usage"].as_u64().unwrap()
+}
+
+#[test]
+fn reclaim_to_reaches_a_size_made_of_page_cache_and_freed_heap() {
+    let Some(cg) = TestCgroup::new("resize") else {
+        return;
+    };
+    // A shimmed heap with 96 MiB freed and kept (no decay), and a sleeper
+    // whose 64 MiB read left page cache charged to the cgroup.
+    let mut heap = cg
+        .cmd(heap_fixture(), Vec::<String>::new())
+        .shimmed()
+        .env("MEMSHIM_DIRTY_DECAY_MS", "-1")
+        .spawn();
+    heap.wait_for_line("started", Duration::from_secs(10));
+    heap.send("alloc 96");
+    let ready = heap.wait_for_line("ready", Duration::from_secs(30));
+    let freed: u64 = ready.split("freed=").nth(1).unwrap().parse().unwrap();
+    let file = uncached_file("cgroup-resize", 64);
+    let script = format!(
+        "cat '{}' > /dev/null; echo ready; exec sleep 600",
+        file.display()
+    );
+    let mut sleeper = cg.cmd("sh", ["-c", &script]).spawn();
+    sleeper.wait_for_line("ready", Duration::from_secs(30));
+    let hp = heap.pid().to_string();
+    wait_until(Duration::from_secs(10), || {
+        let (code, r) = ctl_json(&["cgroup", &hp]);
+        (code == 0
+            && r["processes"]
+                .as_array()?
+                .iter()
+                .any(|p| p["pid"] == heap.pid() && p["endpoint"] == true))
+        .then_some(())
+    })
+    .expect("the heap's endpoint answers");
+
+    let (_, r) = ctl_json(&["cgroup", &hp]);
+    let before = r["memory"]["usage"].as_u64().unwrap();
+    let cache = r["memory"]["page_cache"].as_u64().unwrap();
+    assert!(cache >= 48 * MIB, "page cache charged: {}", m(cache));
+    // Both the freed heap and the page cache must go for the size asked.
+    let target = before - (freed / 2 + cache / 2);
+    let (code, rr) = ctl_json(&["reclaim", "--to", &target.to_string(), &hp]);
+    eprintln!(
+        "usage {} -> {} (asked {}; freed heap {}, page cache {}): kernel {}",
+        m(usage(&rr, "before")),
+        m(usage(&rr, "after")),
+        m(target),
+        m(freed),
+        m(cache),
+        rr["kernel"]
+    );
+    assert_eq!(code, i32::from(exit::OK.code), "{rr}");
+    assert_eq!(rr["reached"], true, "{rr}");
+    assert_eq!(rr["to"], target, "{rr}");
+    assert!(rr["left"].is_null(), "{rr}");
+    assert!(usage(&rr, "after") <= target, "{rr}");
+    let purged = rr["purge"].as_array().unwrap();
+    assert!(
+        purged.iter().any(|o| o["pid"] == heap.pid()
+            && o["result"]["released"].as_u64().unwrap_or(0) > freed / 2),
+        "the heap was purged: {rr}"
+    );
+    // Sizes with units are read the way the settings read them.
+    let o = ctl_run(&["reclaim", "--to", "1T", &hp]);
+    assert_eq!(o.code, i32::from(exit::OK.code), "{o:?}");
+    assert!(o.stdout.contains("under the size asked already"), "{o:?}");
+    drop(sleeper);
+    let _ = std::fs::remove_file(file);
+}
+
+#[test]
+fn reclaim_to_under_what_is_in_use_exits_10_and_names_the_holder() {
+    let Some(cg) = TestCgroup::new("resize-held") else {
+        return;
+    };
+    // 64 MiB that a process holds and touches: no purge or reclaim can take
+    // it (there is no swap on the test machines; where there is, the
+    // swappiness=0 key or v1's force_empty leaves anonymous memory alone).
+    let src = "b = bytearray(64 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\n\
+               print('ready', flush=True)\nimport sys; sys.stdin.readline()\n";
+    let mut holder = cg.cmd(python(), ["-c", src]).spawn();
+    holder.wait_for_line("ready", Duration::from_secs(30));
+    let pid = holder.pid().to_string();
+
+    let (code, r) = ctl_json(&["reclaim", "--to", "8M", &pid]);
+    assert_eq!(code, i32::from(exit::NOT_REACHED.code), "{r}");
+    assert_eq!(r["reached"], false, "{r}");
+    let left = r["left"].as_u64().unwrap();
+    assert!(
+        left >= 48 * MIB && usage(&r, "after") == 8 * MIB + left,
+        "{r}"
+    );
+
+    let o = ctl_run(&["reclaim", "--to", "8M", &pid]);
+    assert_eq!(o.code, i32::from(exit::NOT_REACHED.code), "{o:?}");
+    let listed = o
+        .stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("left:"))
+        .any(|l| l.split_whitespace().next() == Some(pid.as_str()));
+    assert!(listed, "the holder is named under `left:`: {}", o.stdout);
+    assert!(o.stderr.contains("in use"), "{}", o.stderr);
+    holder.send("done");
+
+    // A size that is not one is a usage error, before anything is done.
+    let o = ctl_run(&["reclaim", "--to", "lots", &pid]);
+    assert_eq!(o.code, i32::from(exit::USAGE.code), "{o:?}");
+    assert!(o.stderr.contains("is not a size"), "{}", o.stderr);
+}

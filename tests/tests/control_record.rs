@@ -1,0 +1,151 @@
+//! `memshim-ctl record`: a memory timeline of a real shimmed process,
+//! written as SVG and HTML that an XML parser reads, with a marker where a
+//! purge happened; a process that ends during the recording; bad paths.
+
+use memshim_tests::control::{ctl_run, heap_fixture};
+use memshim_tests::*;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+fn out_file(name: &str) -> PathBuf {
+    let p = scratch().join(format!("record-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_file(&p);
+    p
+}
+
+/// Parses `file` as XML with Python's parser and prints, one per line, the
+/// `data-name` of each polyline and the text of each marker's title.
+fn parsed(file: &Path) -> Vec<String> {
+    let src = r#"
+import sys, xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+svg = root if root.tag.endswith('svg') else root.find('.//{http://www.w3.org/2000/svg}svg')
+assert svg is not None, 'no svg element'
+for e in svg.iter():
+    if e.tag.endswith('polyline'):
+        assert len(e.get('points').split()) >= 1
+        print('line', e.get('data-name'))
+    if e.tag.endswith('line') and e.get('class') == 'marker':
+        print('marker', ''.join(e.itertext()))
+"#;
+    let o = Cmd::new(python(), ["-c", src, &file.display().to_string()]).run();
+    assert_eq!(o.code, 0, "{} does not parse: {o:?}", file.display());
+    o.stdout.lines().map(str::to_owned).collect()
+}
+
+#[test]
+fn a_recording_draws_each_figure_and_marks_a_purge() {
+    let mut heap = Cmd::new(heap_fixture(), Vec::<String>::new())
+        .shimmed()
+        .env("MEMSHIM_DIRTY_DECAY_MS", "-1")
+        .spawn();
+    heap.wait_for_line("started", Duration::from_secs(10));
+    memshim_tests::control::wait_endpoint(heap.pid());
+    let pid = heap.pid().to_string();
+    let svg = out_file("a.svg");
+    let args = ["record", &pid, "--seconds", "3", "--interval", "0.1", "-o"];
+    let mut args: Vec<String> = args.map(String::from).to_vec();
+    args.push(svg.display().to_string());
+    let rec = Cmd::new(ctl(), args).spawn();
+    // The file appears once the first sample is in: what follows is drawn.
+    wait_until(Duration::from_secs(10), || svg.exists().then_some(()))
+        .expect("record creates its file");
+    heap.send("alloc 64");
+    heap.wait_for_line("ready", Duration::from_secs(30));
+    let purge = ctl_run(&["purge", &pid]);
+    assert_eq!(purge.code, 0, "{purge:?}");
+    let o = rec.finish(Duration::from_secs(30));
+    assert_eq!(o.code, 0, "{o:?}");
+    assert!(o.stdout.contains("samples over"), "{}", o.stdout);
+    assert!(o.stderr.is_empty(), "{}", o.stderr);
+    let items = parsed(&svg);
+    for name in ["RSS", "allocator resident", "allocator purgeable"] {
+        assert!(
+            items.contains(&format!("line {name}")),
+            "{name} is drawn: {items:?}"
+        );
+    }
+    assert!(
+        items.iter().any(|i| i.starts_with("marker purge")),
+        "the purge is marked: {items:?}"
+    );
+
+    // The page: the same chart, a table and the events.
+    let html = out_file("a.html");
+    let o = ctl_run(&["record", &pid, "--seconds", "1", "-o", &html.display().to_string()]);
+    assert_eq!(o.code, 0, "{o:?}");
+    let text = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        text.starts_with("<!DOCTYPE html>")
+            && text.contains("<td>RSS</td>")
+            && text.contains("<h2>Events</h2>"),
+        "{text}"
+    );
+    heap.send("quit");
+    let _ = heap.finish(Duration::from_secs(10));
+    for f in [svg, html] {
+        let _ = std::fs::remove_file(f);
+    }
+}
+
+#[test]
+fn a_process_that_ends_stops_the_recording_with_what_was_drawn() {
+    let mut heap = Cmd::new(heap_fixture(), Vec::<String>::new())
+        .shimmed()
+        .spawn();
+    heap.wait_for_line("started", Duration::from_secs(10));
+    memshim_tests::control::wait_endpoint(heap.pid());
+    let pid = heap.pid().to_string();
+    let svg = out_file("ends.svg");
+    let rec = Cmd::new(
+        ctl(),
+        vec![
+            "record".to_string(),
+            pid.clone(),
+            "--seconds".into(),
+            "60".into(),
+            "--interval".into(),
+            "0.1".into(),
+            "-o".into(),
+            svg.display().to_string(),
+        ],
+    )
+    .spawn();
+    wait_until(Duration::from_secs(10), || svg.exists().then_some(()))
+        .expect("record creates its file");
+    heap.send("quit");
+    let _ = heap.finish(Duration::from_secs(10));
+    let o = rec.finish(Duration::from_secs(20));
+    assert_ne!(o.code, 0, "{o:?}");
+    assert!(
+        o.stderr.contains("the recording stopped after") && o.stderr.contains("ends.svg"),
+        "{}",
+        o.stderr
+    );
+    assert!(parsed(&svg).contains(&"line RSS".to_string()));
+    let _ = std::fs::remove_file(svg);
+}
+
+#[test]
+fn bad_outputs_and_pids_fail_before_recording() {
+    let o = ctl_run(&["record", "1", "-o", "/tmp/x.png"]);
+    assert_eq!(o.code, i32::from(memshim_proto::exit::USAGE.code), "{o:?}");
+    assert!(o.stderr.contains(".svg or .html"), "{}", o.stderr);
+    let o = ctl_run(&["record", "999999999", "-o", "/tmp/x.svg"]);
+    assert_ne!(o.code, 0, "{o:?}");
+    let mut heap = Cmd::new(heap_fixture(), Vec::<String>::new())
+        .shimmed()
+        .spawn();
+    heap.wait_for_line("started", Duration::from_secs(10));
+    memshim_tests::control::wait_endpoint(heap.pid());
+    let o = ctl_run(&[
+        "record",
+        &heap.pid().to_string(),
+        "-o",
+        "/proc/no-such-dir/x.svg",
+    ]);
+    assert_eq!(o.code, i32::from(memshim_proto::exit::FAILED.code), "{o:?}");
+    assert!(o.stderr.contains("cannot write"), "{}", o.stderr);
+    heap.send("quit");
+    let _ = heap.finish(Duration::from_secs(10));
+}
