@@ -22,12 +22,12 @@ use std::time::Duration;
 /// exists they are modules of one test executable, `cgroup` (run with the
 /// filter `<module>::`); before, each was an executable of its own,
 /// `cgroup_<module>` ([`guest_tests`] tells which from the sources).
-const MODULES: &[&str] = &["pressure", "charge", "errors"];
+const MODULES: &[&str] = &["pressure", "charge", "errors", "resize"];
 
 /// What one configuration runs: every module, or the pressure tests alone
 /// (the THP and kernel cells: what huge pages and an older kernel change
-/// is how the working set and PSI behave under pressure; `charge` and
-/// `errors` read files whose format does not depend on either).
+/// is how the working set and PSI behave under pressure; `charge`,
+/// `errors` and `resize` read files whose format depends on neither).
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Set {
     All,
