@@ -29,7 +29,7 @@ HOST_ARCH    := $(shell uname -m)
 WHEEL_ENV     = PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" CARGO_PROFILE_RELEASE_DEBUG=false \
                 CARGO_PROFILE_RELEASE_STRIP=debuginfo
 
-.PHONY: all build test test-deps test-unit test-integration test-torch test-gpu lint \
+.PHONY: all build test test-deps test-unit test-integration test-torch test-vm test-gpu lint \
         install uninstall bench bench-deps bench-smoke stress clean help \
         wheel wheels wheel-x86_64 wheel-aarch64 test-aarch64 tools
 
@@ -57,11 +57,17 @@ test-unit: ## Unit tests of every crate
 	$(CARGO) test --release --workspace --lib --bins
 
 # One test binary per family, tests/tests/<family>/ (docs/design.md, "The
-# tests"); each runs its modules' tests two at a time.
-TEST_FAMILIES = core control cgroup python deploy stress
+# tests"); each runs its modules' tests two at a time. cgroup_vm runs the
+# cgroup family again inside QEMU VMs on live cgroup v2.
+TEST_FAMILIES = core control cgroup python deploy stress cgroup_vm
 
 test-integration: build ## Real processes under LD_PRELOAD (tests/), family by family
 	$(CARGO) test --release -p memshim-tests $(TEST_FAMILIES:%=--test %) --no-fail-fast -- --test-threads=2
+
+test-vm: build ## The cgroup tests on live cgroup v2, in QEMU VMs (make test runs them too; tests/vm/README.md)
+	bash scripts/vm-image.sh
+	$(CARGO) test --release -p memshim-tests --tests --no-run
+	$(CARGO) test --release -p memshim-tests --test cgroup_vm
 
 test-torch: build ## PyTorch bridge tests (fails without torch; make test-deps installs it)
 	$(CARGO) test --release -p memshim-tests --test python -- torch:: --ignored --test-threads=1

@@ -8,6 +8,18 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// Set to 1 in a test run's environment, every process that
+/// [`TestCgroup::cmd`] starts in a v2 cgroup sees it as a Kubernetes pod
+/// does: a cgroup namespace rooted at the test cgroup, cgroup2 mounted
+/// there read-only, a pid namespace of its own (with its /proc). The test
+/// VMs' container-view cells set it (tests/tests/cgroup_vm.rs).
+pub const CONTAINER_VIEW_ENV: &str = "MEMSHIM_TEST_CONTAINER_VIEW";
+
+/// Whether [`CONTAINER_VIEW_ENV`] asks for the container view.
+pub fn container_view() -> bool {
+    std::env::var_os(CONTAINER_VIEW_ENV).is_some_and(|v| v == "1")
+}
+
 /// A memory cgroup made for one test.
 pub struct TestCgroup {
     /// Its directory.
@@ -84,22 +96,37 @@ impl TestCgroup {
 
     /// `program args...`, started inside the cgroup (the shell that starts
     /// it joins first, then execs it, so all of its memory is charged here).
+    /// In the container view ([`CONTAINER_VIEW_ENV`], v2 only) it runs in
+    /// new cgroup, mount and pid namespaces, with cgroup2 mounted read-only,
+    /// as the child of `unshare` ([`Child::pid`] is still its pid).
     pub fn cmd<S: AsRef<str>>(
         &self,
         program: impl AsRef<Path>,
         args: impl IntoIterator<Item = S>,
     ) -> Cmd {
+        let pod = self.version == 2 && container_view();
+        let enter = if pod {
+            format!(
+                "exec unshare --cgroup --mount --propagation private --pid --fork --kill-child \
+                 --mount-proc sh -c 'umount -l {m} && mount -t cgroup2 -o ro,nosuid,nodev,noexec \
+                 cgroup2 {m} && exec \"$@\"' sh \"$@\"",
+                m = self.mount.display()
+            )
+        } else {
+            "exec \"$@\"".into()
+        };
         let mut a: Vec<String> = vec![
             "-c".into(),
             format!(
-                "echo $$ > '{}' && exec \"$@\"",
+                "echo $$ > '{}' && {enter}",
                 self.dir.join("cgroup.procs").display()
             ),
             "sh".into(),
             program.as_ref().display().to_string(),
         ];
         a.extend(args.into_iter().map(|s| s.as_ref().to_owned()));
-        Cmd::new("sh", a)
+        let c = Cmd::new("sh", a);
+        if pod { c.program_is_child() } else { c }
     }
 
     /// The control fixture (tests/fixtures/control_heap.c) shimmed in this

@@ -25,6 +25,7 @@ pub mod py;
 pub mod serial;
 pub mod sid;
 pub mod stress;
+pub mod vm;
 pub mod wheel;
 
 use std::ffi::OsStr;
@@ -208,6 +209,9 @@ pub struct Output {
 /// A command to run with or without the shim.
 pub struct Cmd {
     cmd: Command,
+    /// The program runs as the only child of the process started (a pid
+    /// namespace's first process: see [`Cmd::program_is_child`]).
+    program_is_child: bool,
 }
 
 impl Cmd {
@@ -245,7 +249,17 @@ impl Cmd {
                 Ok(())
             });
         }
-        Cmd { cmd }
+        Cmd {
+            cmd,
+            program_is_child: false,
+        }
+    }
+
+    /// Says that the program runs as the only child of the process this
+    /// starts (`unshare --pid --fork`): [`Child::pid`] is then the child's.
+    pub fn program_is_child(mut self) -> Cmd {
+        self.program_is_child = true;
+        self
     }
 
     /// Preloads the shim.
@@ -303,6 +317,8 @@ impl Cmd {
             stdout,
             pending: Vec::new(),
             label: String::new(),
+            program_is_child: self.program_is_child,
+            program_pid: std::cell::OnceCell::new(),
         }
     }
 }
@@ -468,6 +484,9 @@ pub struct Child {
     pending: Vec<u8>,
     /// What the process is, for failure messages (see `labelled`).
     label: String,
+    /// See [`Cmd::program_is_child`].
+    program_is_child: bool,
+    program_pid: std::cell::OnceCell<i32>,
 }
 
 impl Child {
@@ -477,9 +496,25 @@ impl Child {
         self.label = format!(" ({label})");
     }
 
-    /// Its pid.
+    /// Its pid (in this pid namespace); that of the program where it runs
+    /// as the child of the process started ([`Cmd::program_is_child`]).
     pub fn pid(&self) -> i32 {
-        self.child.id() as i32
+        let pid = self.child.id() as i32;
+        if !self.program_is_child {
+            return pid;
+        }
+        *self.program_pid.get_or_init(|| {
+            let children = format!("/proc/{pid}/task/{pid}/children");
+            wait_until(Duration::from_secs(10), || {
+                std::fs::read_to_string(&children)
+                    .ok()?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("{pid}{} started no child", self.label))
+        })
     }
 
     /// Reads stdout lines until one contains `needle`, and returns that
