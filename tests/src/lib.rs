@@ -878,6 +878,37 @@ pub fn private_tmp_prefix(files: &[&Path]) -> (String, Vec<String>) {
     )
 }
 
+/// Where scripts/test-deps.sh keeps what it fetches outside the checkout
+/// (the sid root, the VM kernels): `$MEMSHIM_CACHE_DIR`, else
+/// `${XDG_CACHE_HOME:-$HOME/.cache}/memshim`, as the script computes it.
+pub fn cache_dir() -> PathBuf {
+    let nonempty = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    nonempty("MEMSHIM_CACHE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            nonempty("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| {
+                    PathBuf::from(nonempty("HOME").unwrap_or_else(|| "/root".into())).join(".cache")
+                })
+                .join("memshim")
+        })
+}
+
+/// Runs `cmd` to its end and returns its output; a command that cannot
+/// start or fails panics with `what` and its stderr.
+pub fn run_ok(cmd: &mut Command, what: impl std::fmt::Display) -> std::process::Output {
+    let o = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+    assert!(
+        o.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
 /// Copies the executable `src` to `dst`, for tests that run a program from
 /// another path.
 ///
@@ -889,19 +920,13 @@ pub fn private_tmp_prefix(files: &[&Path]) -> (String, Vec<String>) {
 /// nothing else holds the file open for writing.
 pub fn copy_executable(src: &Path, dst: &Path) {
     let _ = std::fs::remove_file(dst);
-    let o = Command::new("cp")
-        .arg("--")
-        .arg(src)
-        .arg(dst)
-        .env_remove("LD_PRELOAD")
-        .output()
-        .expect("run cp");
-    assert!(
-        o.status.success(),
-        "cp {} {}: {}",
-        src.display(),
-        dst.display(),
-        String::from_utf8_lossy(&o.stderr)
+    run_ok(
+        Command::new("cp")
+            .arg("--")
+            .arg(src)
+            .arg(dst)
+            .env_remove("LD_PRELOAD"),
+        format_args!("cp {} {}", src.display(), dst.display()),
     );
 }
 

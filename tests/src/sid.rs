@@ -35,18 +35,7 @@ pub fn root_path() -> PathBuf {
     if let Some(p) = std::env::var_os("MEMSHIM_TEST_SID_ROOT") {
         return PathBuf::from(p);
     }
-    let nonempty = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
-    let cache = nonempty("MEMSHIM_CACHE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            nonempty("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    PathBuf::from(nonempty("HOME").unwrap_or_else(|| "/root".into())).join(".cache")
-                })
-                .join("memshim")
-        });
-    cache.join("debian-sid")
+    crate::cache_dir().join("debian-sid")
 }
 
 /// The sid root, ready to enter.

@@ -57,21 +57,9 @@ pub struct Kernel {
     pub dir: PathBuf,
 }
 
-/// The cache of `scripts/vm-image.sh`: `$MEMSHIM_CACHE_DIR/vm`, else
-/// `${XDG_CACHE_HOME:-~/.cache}/memshim/vm`.
+/// The cache of `scripts/vm-image.sh`: `vm` in [`crate::cache_dir`].
 pub fn cache_dir() -> PathBuf {
-    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
-    let base = env("MEMSHIM_CACHE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            env("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    PathBuf::from(env("HOME").unwrap_or_else(|| "/root".into())).join(".cache")
-                })
-                .join("memshim")
-        });
-    base.join("vm")
+    crate::cache_dir().join("vm")
 }
 
 fn first_line(p: &Path) -> Option<String> {
@@ -429,17 +417,12 @@ fn make_disk(p: &Path, seed: &Path) {
     let f = std::fs::File::create(p).unwrap();
     f.set_len(SCRATCH_DISK_MIB << 20).unwrap();
     drop(f);
-    let o = Command::new(mkfs_ext4().unwrap_or_else(|| "mkfs.ext4".into()))
-        .args(["-q", "-F", "-m", "0", "-L", "memshim-scratch", "-d"])
-        .arg(seed)
-        .arg(p)
-        .output()
-        .expect("run mkfs.ext4 (e2fsprogs)");
-    assert!(
-        o.status.success(),
-        "mkfs.ext4 {}: {}",
-        p.display(),
-        String::from_utf8_lossy(&o.stderr)
+    crate::run_ok(
+        Command::new(mkfs_ext4().unwrap_or_else(|| "mkfs.ext4".into()))
+            .args(["-q", "-F", "-m", "0", "-L", "memshim-scratch", "-d"])
+            .arg(seed)
+            .arg(p),
+        format_args!("mkfs.ext4 (e2fsprogs) {}", p.display()),
     );
 }
 

@@ -67,21 +67,19 @@ pub fn tools_python() -> PathBuf {
 /// machine of the wheel's architecture (`--platform`): pip accepts the tag,
 /// and the files get the modes the wheel gives them.
 pub fn pip_install_for(arch: &str, wheel: &Path, dir: &Path) {
-    let o = Command::new(tools_python())
-        .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
-        .args(["--no-index", "--no-deps", "--only-binary=:all:"])
-        .args(["--platform", &format!("manylinux_2_17_{arch}")])
-        .arg("--target")
-        .arg(dir)
-        .arg(wheel)
-        .env_remove("LD_PRELOAD")
-        .output()
-        .expect("run pip");
-    assert!(
-        o.status.success(),
-        "pip install --platform manylinux_2_17_{arch} {}: {}",
-        wheel.display(),
-        String::from_utf8_lossy(&o.stderr)
+    crate::run_ok(
+        Command::new(tools_python())
+            .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
+            .args(["--no-index", "--no-deps", "--only-binary=:all:"])
+            .args(["--platform", &format!("manylinux_2_17_{arch}")])
+            .arg("--target")
+            .arg(dir)
+            .arg(wheel)
+            .env_remove("LD_PRELOAD"),
+        format_args!(
+            "pip install --platform manylinux_2_17_{arch} {}",
+            wheel.display()
+        ),
     );
 }
 

@@ -2,7 +2,7 @@
 //! compatible pair of allocate/free works, and the library exports exactly
 //! the documented symbols.
 
-use memshim_tests::{Cmd, fixture, root, shim};
+use memshim_tests::{Cmd, fixture, root, run_ok, shim};
 use std::process::Command;
 
 /// Every symbol libmemshim.so defines for the dynamic linker (issue 2,
@@ -59,15 +59,9 @@ const GOLDEN_EXPORTS: &[&str] = &[
 
 /// The symbol names `nm ARGS FILE` lists (its last column), sorted.
 fn nm(args: &[&str], file: &std::path::Path) -> Vec<String> {
-    let o = Command::new("nm")
-        .args(args)
-        .arg(file)
-        .output()
-        .expect("run nm");
-    assert!(
-        o.status.success(),
-        "nm {args:?} {file:?} failed: {}",
-        String::from_utf8_lossy(&o.stderr)
+    let o = run_ok(
+        Command::new("nm").args(args).arg(file),
+        format_args!("nm {args:?} {file:?}"),
     );
     let mut v: Vec<String> = String::from_utf8_lossy(&o.stdout)
         .lines()

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use memshim_tests::deploy::fresh_dir;
 use memshim_tests::wheel::{assert_glibc_floor, build_wheel, tools_python, workspace_version};
-use memshim_tests::{Cmd, root, scratch, up_to_date, wait_until};
+use memshim_tests::{Cmd, root, run_ok, scratch, up_to_date, wait_until};
 
 const QEMU: &str = "qemu-aarch64-static";
 const SYSROOT: &str = "/usr/aarch64-linux-gnu";
@@ -60,19 +60,14 @@ fn fixture_aarch64(name: &str) -> PathBuf {
     if up_to_date(&out, &src) {
         return out;
     }
-    let o = Command::new(tools_python())
-        .args(["-m", "ziglang", "cc", "-target", "aarch64-linux-gnu.2.17"])
-        .args(["-O1", "-Wall", "-pthread", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .arg("-ldl")
-        .output()
-        .expect("run zig cc");
-    assert!(
-        o.status.success(),
-        "zig cc {}: {}",
-        src.display(),
-        String::from_utf8_lossy(&o.stderr)
+    run_ok(
+        Command::new(tools_python())
+            .args(["-m", "ziglang", "cc", "-target", "aarch64-linux-gnu.2.17"])
+            .args(["-O1", "-Wall", "-pthread", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .arg("-ldl"),
+        format_args!("zig cc {}", src.display()),
     );
     out
 }
