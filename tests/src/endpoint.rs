@@ -53,6 +53,17 @@ pub fn socket_path(dir: &Path, pid: i32) -> Option<PathBuf> {
     Some(dir.join(socket_name(pid)?))
 }
 
+/// Waits (at most `timeout`) until `pid`'s socket exists in `dir` as a
+/// socket, and returns its path. ([`socket_path`] only computes the name.)
+pub fn wait_socket(dir: &Path, pid: i32, timeout: Duration) -> Option<PathBuf> {
+    use std::os::unix::fs::FileTypeExt;
+    crate::wait_until(timeout, || {
+        let p = socket_path(dir, pid)?;
+        let socket = std::fs::symlink_metadata(&p).ok()?.file_type().is_socket();
+        socket.then_some(p)
+    })
+}
+
 /// The default socket directory of this test process's effective uid.
 pub fn default_dir() -> PathBuf {
     let s = std::fs::read_to_string("/proc/self/status").unwrap();

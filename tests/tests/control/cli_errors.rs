@@ -318,14 +318,16 @@ fn a_file_in_place_of_the_socket_is_named_and_a_problem_for_doctor() {
     let host = sleeper("sleep").env("MEMSHIM_SOCKET_DIR", &dir).spawn();
     let pid = host.pid();
     wait_for_shim_thread(pid);
-    let sock = wait_until(Duration::from_secs(15), || {
-        memshim_tests::endpoint::socket_path(&dir, pid)
-    })
-    .expect("no socket");
-    let o = Cmd::new(ctl(), ["stats", &pid.to_string()])
-        .env("MEMSHIM_SOCKET_DIR", &dir)
-        .run();
-    assert_eq!(o.code, 0, "{o:?}");
+    let sock = memshim_tests::endpoint::wait_socket(&dir, pid, Duration::from_secs(15))
+        .expect("no socket");
+    // The endpoint answers (its socket file appears at bind, before listen).
+    let up = wait_until(Duration::from_secs(15), || {
+        let o = Cmd::new(ctl(), ["stats", &pid.to_string()])
+            .env("MEMSHIM_SOCKET_DIR", &dir)
+            .run();
+        (o.code == 0).then_some(())
+    });
+    assert!(up.is_some(), "the endpoint never answered `stats`");
     // Put over the socket in one step: between a removal and a write the
     // shim could bind its socket there again.
     let squatter = dir.with_extension("squatter");

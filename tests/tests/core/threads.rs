@@ -306,7 +306,7 @@ fn dropping_root_with_capabilities_kept_works_while_the_shim_thread_runs() {
     // exit (the destructor removed the path bound first, which the process
     // could no longer reach, and left the new one).
     let new_dir = std::path::Path::new("/tmp/memshim-65534");
-    let moved = wait_until(T, || memshim_tests::endpoint::socket_path(new_dir, pid));
+    let moved = memshim_tests::endpoint::wait_socket(new_dir, pid, T);
     assert!(moved.is_some(), "no socket in {}", new_dir.display());
     ends_cleanly(ch);
     assert!(
