@@ -215,11 +215,14 @@ pub fn ensure_hook(py: &Py) {
         return;
     }
     HOOKED.store(true, SeqCst);
-    // SAFETY: GIL held (Py_AtExit itself needs none); `finalized` is a
-    // plain function. It fails only when 32 are registered already: then
-    // an embedder's next `Py_Initialize` finds the gate shut (requests
-    // answer "shutting down"), as before this hook existed.
-    if !FINALIZED_HOOKED.load(SeqCst) && unsafe { (api.py_at_exit)(finalized) } == 0 {
-        FINALIZED_HOOKED.store(true, SeqCst);
+    // Py_AtExit fails only when 32 are registered already: then an
+    // embedder's next `Py_Initialize` finds the gate shut (requests answer
+    // "shutting down"), as before this hook existed.
+    if !FINALIZED_HOOKED.load(SeqCst) {
+        // SAFETY: GIL held (Py_AtExit itself needs none); `finalized` is a
+        // plain function.
+        if unsafe { (api.py_at_exit)(finalized) } == 0 {
+            FINALIZED_HOOKED.store(true, SeqCst);
+        }
     }
 }
