@@ -33,6 +33,7 @@ pub mod jemalloc;
 pub mod log;
 pub mod options;
 pub mod os;
+pub mod profile;
 pub mod python;
 pub mod report;
 pub mod thread;
