@@ -19,6 +19,7 @@ mod gpu;
 mod heapprof;
 mod no_endpoint;
 mod out;
+mod pprof;
 mod procfs;
 mod render;
 mod retainers;

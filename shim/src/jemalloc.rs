@@ -594,3 +594,13 @@ pub fn prof_reset() -> Result<(), Error> {
 pub fn prof_dump(path: &core::ffi::CStr) -> Result<(), Error> {
     write(b"prof.dump\0", path.as_ptr())
 }
+
+/// `thread.prof.active = false` for the calling thread (the shim's own),
+/// so that a heap profile holds the application's allocations and not the
+/// shim's (those of the very request that takes it). Nothing if the
+/// profiler was not started with the process.
+pub fn exclude_own_thread_from_profiles() {
+    if crate::options::profile() {
+        let _ = write(b"thread.prof.active\0", false);
+    }
+}

@@ -1,5 +1,5 @@
 //! `memshim-ctl profile <PID> [--seconds N] [--every S --count N]
-//! [--format table|folded|json|svg] [-o FILE]`, `profile --diff OLD NEW`,
+//! [--format table|folded|json|svg|pprof] [-o FILE]`, `profile --diff OLD NEW`,
 //! `profile <PID> --stop`: where the live memory of a process was
 //! allocated, from jemalloc's heap profiler, switched on from outside
 //! (docs/profile.md). The process must have started with
@@ -15,7 +15,7 @@ use crate::args::{parse_interval, pid_parser};
 use crate::client::Client;
 use crate::exit::{Exit, Failure};
 use crate::heapprof::{Profile, signed_bytes};
-use crate::out::{errln, out, outln};
+use crate::out::{errln, outln};
 use crate::render::bytes;
 use clap::{Args, ValueEnum};
 use memshim_proto::{ProfileAction, ProfileReply, Reply, Request};
@@ -79,6 +79,8 @@ pub enum Format {
     Json,
     /// A flame graph.
     Svg,
+    /// pprof's protobuf (gzipped), for `go tool pprof` and its web view.
+    Pprof,
 }
 
 /// Runs `profile`.
@@ -188,25 +190,26 @@ fn emit(
     title: &str,
     active_ms: Option<u64>,
 ) -> Result<(), Failure> {
-    let text = match format {
-        Format::Table => table(p, title, a.top as usize, active_ms),
-        Format::Folded => p.folded(),
+    let data = match format {
+        Format::Table => table(p, title, a.top as usize, active_ms).into_bytes(),
+        Format::Folded => p.folded().into_bytes(),
         Format::Json => {
             let mut s = serde_json::to_string(p).unwrap_or_default();
             s.push('\n');
-            s
+            s.into_bytes()
         }
-        Format::Svg => p.svg(title),
+        Format::Svg => p.svg(title).into_bytes(),
+        Format::Pprof => crate::pprof::encode(p),
     };
     match &a.output {
-        Some(path) => std::fs::write(path, text).map_err(|e| {
+        Some(path) => std::fs::write(path, data).map_err(|e| {
             Failure::new(
                 Exit::Failed,
                 a.pid,
                 format!("writing {}: {e}", path.display()),
             )
         }),
-        None => out!("{text}"),
+        None => crate::out::write_bytes(&data),
     }
 }
 

@@ -130,6 +130,28 @@ print('\\n'.join(t.text or '' for t in root.iter() if t.tag.endswith('title')))"
         "{}",
         o.stdout
     );
+    // pprof's format, decoded by the field numbers of pprof's profile.proto.
+    let pb = out_file("heap.pb.gz");
+    let o = ctl_run(&["profile", &pid, "--format", "pprof", "-o", &pb.display().to_string()]);
+    assert_eq!(o.code, 0, "{o:?}");
+    let o = Cmd::new(python(), ["-c", PPROF_DECODER, &pb.display().to_string()]).run();
+    assert_eq!(o.code, 0, "the pprof file does not decode: {o:?}");
+    let mut lines = o.stdout.lines();
+    assert_eq!(lines.next(), Some("types inuse_objects/count inuse_space/bytes period 524288"));
+    let (mut leaks, mut total) = ([0i64; 2], 0i64);
+    for l in lines {
+        let (name, bytes) = l.trim_start_matches("sample ").rsplit_once(' ').unwrap();
+        let bytes: i64 = bytes.parse().unwrap();
+        total += bytes;
+        match name {
+            "keep_sixty_four" => leaks[0] += bytes,
+            "keep_sixteen" => leaks[1] += bytes,
+            _ => {}
+        }
+    }
+    // Both leaks are live now: together nearly all of it.
+    assert!(leaks[0] > 32 << 20 && leaks[1] > 8 << 20, "{}", o.stdout);
+    assert!((leaks[0] + leaks[1]) as f64 >= 0.9 * total as f64, "{}", o.stdout);
     let folded = ctl_run(&["profile", &pid, "--format", "folded"]);
     assert!(
         folded
@@ -149,6 +171,56 @@ print('\\n'.join(t.text or '' for t in root.iter() if t.tag.endswith('title')))"
     assert_eq!(o.code, 0, "{o:?}");
     assert!(o.stderr.is_empty(), "{}", o.stderr);
 }
+
+/// Reads a gzipped `perftools.profiles.Profile` with nothing but the wire
+/// format and the field numbers of pprof's proto/profile.proto; prints the
+/// sample types, the period, and each sample's innermost function and
+/// `inuse_space` value.
+const PPROF_DECODER: &str = r#"
+import gzip, sys
+data = gzip.decompress(open(sys.argv[1], 'rb').read())
+def varint(b, i):
+    v = s = 0
+    while True:
+        c = b[i]; i += 1; v |= (c & 0x7f) << s; s += 7
+        if c < 0x80: return v, i
+def fields(b):
+    i = 0
+    while i < len(b):
+        key, i = varint(b, i)
+        f, wt = key >> 3, key & 7
+        if wt == 0: v, i = varint(b, i)
+        elif wt == 2:
+            n, i = varint(b, i); v = b[i:i + n]; i += n
+        else: raise SystemExit('unexpected wire type %d' % wt)
+        yield f, wt, v
+def packed(v):
+    out, i = [], 0
+    while i < len(v):
+        x, i = varint(v, i); out.append(x)
+    return out
+def msg(v): return {f: x for f, _, x in fields(v)}
+strings, types, samples, locs, funcs, period = [], [], [], {}, {}, None
+for f, wt, v in fields(data):
+    if f == 1: types.append(msg(v))
+    elif f == 2:
+        s = {1: [], 2: []}
+        for ff, w2, vv in fields(v): s[ff] += packed(vv) if w2 == 2 else [vv]
+        samples.append(s)
+    elif f == 4:
+        loc = {ff: vv for ff, _, vv in fields(v) if ff != 4}
+        loc['lines'] = [msg(vv) for ff, _, vv in fields(v) if ff == 4]
+        locs[loc[1]] = loc
+    elif f == 5: fn = msg(v); funcs[fn[1]] = fn
+    elif f == 6: strings.append(v.decode())
+    elif f == 12: period = v
+assert strings[0] == '', 'string_table[0] must be empty'
+print('types', ' '.join(strings[t[1]] + '/' + strings[t[2]] for t in types), 'period', period)
+for s in samples:
+    assert len(s[2]) == len(types), s
+    fn = funcs[locs[s[1][0]]['lines'][0][1]]
+    print('sample', strings[fn[2]], s[2][1])
+"#;
 
 #[test]
 fn a_first_profile_samples_for_its_seconds_then_switches_sampling_off() {
