@@ -132,12 +132,22 @@ print('\\n'.join(t.text or '' for t in root.iter() if t.tag.endswith('title')))"
     );
     // pprof's format, decoded by the field numbers of pprof's profile.proto.
     let pb = out_file("heap.pb.gz");
-    let o = ctl_run(&["profile", &pid, "--format", "pprof", "-o", &pb.display().to_string()]);
+    let o = ctl_run(&[
+        "profile",
+        &pid,
+        "--format",
+        "pprof",
+        "-o",
+        &pb.display().to_string(),
+    ]);
     assert_eq!(o.code, 0, "{o:?}");
     let o = Cmd::new(python(), ["-c", PPROF_DECODER, &pb.display().to_string()]).run();
     assert_eq!(o.code, 0, "the pprof file does not decode: {o:?}");
     let mut lines = o.stdout.lines();
-    assert_eq!(lines.next(), Some("types inuse_objects/count inuse_space/bytes period 524288"));
+    assert_eq!(
+        lines.next(),
+        Some("types inuse_objects/count inuse_space/bytes period 524288")
+    );
     let (mut leaks, mut total) = ([0i64; 2], 0i64);
     for l in lines {
         let (name, bytes) = l.trim_start_matches("sample ").rsplit_once(' ').unwrap();
@@ -151,7 +161,11 @@ print('\\n'.join(t.text or '' for t in root.iter() if t.tag.endswith('title')))"
     }
     // Both leaks are live now: together nearly all of it.
     assert!(leaks[0] > 32 << 20 && leaks[1] > 8 << 20, "{}", o.stdout);
-    assert!((leaks[0] + leaks[1]) as f64 >= 0.9 * total as f64, "{}", o.stdout);
+    assert!(
+        (leaks[0] + leaks[1]) as f64 >= 0.9 * total as f64,
+        "{}",
+        o.stdout
+    );
     let folded = ctl_run(&["profile", &pid, "--format", "folded"]);
     assert!(
         folded
