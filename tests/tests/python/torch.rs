@@ -39,6 +39,90 @@ fn bert_on_debian_sid_python_with_debian_torch_unloaded_then_released() {
     bert_cycle(&py);
 }
 
+/// A heap profile of a real BERT on Debian's torch: while the model is
+/// loaded, PyTorch's libraries hold its weights, and the profile says so;
+/// after inference and `del model`, what they still hold is named, and is
+/// a small part of it.
+#[test]
+fn a_heap_profile_names_the_libraries_that_hold_a_bert_and_what_is_left_after_unload() {
+    let Some(s) = sid::sid_or_skip("a heap profile of BERT on Debian sid's python3") else {
+        return;
+    };
+    let minor = s.manifest("torch_python").unwrap_or("3.14");
+    let Some(py) = sid_cpythons(&[minor]).pop() else {
+        return;
+    };
+    let _machine = memshim_tests::serial::exclusive(module_path!());
+    let v = &py.label;
+    let dir = socket_dir(&format!("torch-profile-{}", py.tag()));
+    let mut child = py
+        .shimmed(&fixture_py("py_torch.py"), &[], &dir)
+        .env("MEMSHIM_PROFILE", "on")
+        .spawn();
+    child.wait_for_line("ready", Duration::from_secs(180));
+    let pid = child.pid().to_string();
+    socket_of(&dir, child.pid());
+    let ctl = |args: &[&str]| memshim_tests::Cmd::new(memshim_tests::ctl(), args).run();
+    let on = ctl(&["profile", &pid, "--seconds", "0", "--keep"]);
+    assert_eq!(on.code, 0, "{v}: {on:?}");
+    ask(&mut child, "load");
+    let held_by_torch = |o: &memshim_tests::Output| -> (i64, i64) {
+        assert_eq!(o.code, 0, "{v}: {o:?}");
+        let p: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+        let torch: i64 = p["stacks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| {
+                s["frames"].as_array().unwrap().iter().any(|f| {
+                    let l = f["library"].as_str().unwrap_or("");
+                    l.starts_with("libtorch") || l.starts_with("libc10")
+                })
+            })
+            .map(|s| s["bytes"].as_i64().unwrap())
+            .sum();
+        (torch, p["bytes"].as_i64().unwrap())
+    };
+    let (loaded_torch, loaded) = held_by_torch(&ctl(&["profile", &pid, "--json"]));
+    assert!(
+        loaded_torch > 300 << 20 && loaded_torch as f64 > 0.8 * loaded as f64,
+        "{v}: bert-base's weights are PyTorch's allocations: {:.0} of {:.0} MiB",
+        mib(loaded_torch as u64),
+        mib(loaded as u64)
+    );
+    ask(&mut child, "infer");
+    ask(&mut child, "unload");
+    let table = ctl(&["profile", &pid]);
+    assert_eq!(table.code, 0, "{v}: {table:?}");
+    // Either the libraries that still hold what was allocated since
+    // sampling started, or nothing left at all.
+    assert!(
+        table.stdout.contains("by library: ")
+            || table.stdout.contains("no live sampled allocations"),
+        "{v}: {}",
+        table.stdout
+    );
+    let (left_torch, left) = held_by_torch(&ctl(&["profile", &pid, "--json"]));
+    let _ = writeln!(
+        std::io::stderr(),
+        "profile of BERT, {v}: loaded {:.1} MiB live ({:.1} MiB from torch's libraries); after inference and del {:.1} MiB ({:.1} MiB); the table:\n{}",
+        mib(loaded as u64),
+        mib(loaded_torch as u64),
+        mib(left.max(0) as u64),
+        mib(left_torch.max(0) as u64),
+        table.stdout
+    );
+    assert!(
+        left_torch < loaded_torch / 5,
+        "{v}: after del, torch's libraries still hold {:.0} MiB",
+        mib(left_torch.max(0) as u64)
+    );
+    assert_eq!(ctl(&["profile", &pid, "--stop"]).code, 0);
+    child.send("quit");
+    let out = child.finish(Duration::from_secs(60));
+    assert_eq!((out.code, out.stderr.as_str()), (0, ""), "{v}");
+}
+
 /// Load, unload, release while the main thread sleeps, on `py`: RSS back
 /// near its baseline, the torch section there, CUDA never initialised.
 fn bert_cycle(py: &Cpython) {
