@@ -178,7 +178,7 @@ DEFAULTS_NOTE = (
     "per CPU, lowers peak RSS in scenarios 2 and 3 (one thread reuses what another freed before it decays), "
     "but threads share arenas once busy threads outnumber CPUs, and allocations of 32-64 KiB, which bypass "
     "the thread caches, then contend for the shared arena's locks: medium sizes at T=4 on two arenas ran 4x "
-    "slower in some runs, large buffers at T=2 and T=4 15-20 % slower. These readings were taken on a shared 2-core VM; when a row of this run contradicts them, the "
+    "slower in some runs, large buffers at T=2 and T=4 15-20 % slower. jemalloc's per-CPU arenas (`percpu_arena:percpu`, measured with 8 vCPUs, a cpuset and a CPU quota in a VM for issue 36) are not the default either: scenario 3's peak stayed 1.27-1.38x glibc's, and under a cpuset jemalloc turns them off and says so on stderr ([bench/FINDINGS-percpu.md](bench/FINDINGS-percpu.md)). These readings were taken on a shared 2-core VM; when a row of this run contradicts them, the "
     "table wins.")
 
 

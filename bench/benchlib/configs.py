@@ -83,6 +83,10 @@ def variants():
         # busy threads may share an arena while another sits idle (bench/FINDINGS-issue15.md, (d)).
         Config("ms-narenas1x", "memshim, one arena per CPU (auto keeps jemalloc's 4 per CPU)", SHIM,
                {"MEMSHIM_NARENAS": str(len(os.sched_getaffinity(0)))}, True),
+        # jemalloc's per-CPU arenas: a thread allocates from the arena of the CPU it runs on
+        # (bench/FINDINGS-percpu.md, issue 36; not in the full run's variants).
+        Config("ms-percpu", "memshim, percpu_arena:percpu (one arena per CPU, chosen by the running CPU)", SHIM,
+               {"MEMSHIM_MALLOC_CONF": "percpu_arena:percpu"}, True),
     ]
 
 
