@@ -325,7 +325,7 @@ def run(ctx):
                      [[n, fmt(c), fmt(w)] for n, c, w in idle]), ""]
         res.update(ab=results, idle=idle)
     if p.get("v2"):
-        v2md, v2 = run_v2(ctx, p["v2"], exes)
+        v2md, v2 = run_v2(ctx, p["v2"], exes, p)
         md += v2md
         res["v2"] = v2
     res["md"] = "\n".join(md)
@@ -339,13 +339,19 @@ V2_NOTE = (
     "Debian's kernel, this machine's root read-only over 9p (the same library, fixtures and harness code), "
     "cgroup2 with `nsdelegate,memory_recursiveprot`, THP `madvise`. Under software emulation (TCG) code runs "
     "5 to 50 times slower than here, so the scenario is smaller (the pressure tests' sizes, "
-    "tests/tests/cgroup/pressure.rs), B loads in smaller steps further apart (the same ratio of step to "
-    "headroom left for A's thread to wake and purge, at emulated speed), usage and A's RSS are polled every "
-    "{poll_ms} ms instead of every 0.2 ms, and there are fewer repetitions. Compare the rows with each "
-    "other, not the times with the host's.")
+    "tests/tests/cgroup/pressure.rs), B loads in smaller steps further apart ({steps} steps, {window} ms, from "
+    "the threshold to the limit for A's thread to wake and purge at emulated speed, against {host_steps} "
+    "steps, {host_window} ms, here), usage and A's RSS are polled every {poll_ms} ms instead of every 0.2 ms, "
+    "and there are fewer repetitions. Compare the rows with each other, not the times with the host's.")
 
 
-def run_v2(ctx, p, exes):
+def window(p):
+    """B's steps from 90 % of the limit to the limit, and the milliseconds they take."""
+    steps = p["limit_mib"] / 10 / p.get("step_mib", 8)
+    return f"{steps:.0f}", f"{steps * p.get('step_ms', 20):.0f}"
+
+
+def run_v2(ctx, p, exes, host_p):
     """Scenario 8's A/B under memory.max and memory.high inside a VM on cgroup v2: (markdown lines, results)."""
     from . import vm
     kdir, kver = vm.kernel(p.get("kernel", "newest"))
@@ -368,7 +374,8 @@ def run_v2(ctx, p, exes):
     highp = dict(p, **p.get("high", {}))
     md = [f"### On cgroup v2 (VM: kernel {v2['kernel']}, {r['vcpus']} vCPUs, {r['accel'].upper()}, "
           f"THP {v2['thp']})", "",
-          V2_NOTE.format(poll_ms=fmt(p.get("poll_s", 0.001) * 1000)), "",
+          V2_NOTE.format(poll_ms=fmt(p.get("poll_s", 0.001) * 1000), steps=window(p)[0], window=window(p)[1],
+                         host_steps=window(host_p)[0], host_window=window(host_p)[1]), "",
           "Under `memory.max`: " + describe(maxp, maxp.get("reps", 1)), "",
           table(AB_HEADERS, ab_rows(v2["max"])), "",
           "Under `memory.high` (`memory.max` twice it): the kernel throttles whoever allocates over `high` "
