@@ -102,6 +102,7 @@ def main():
     r = vm.run(kdir, ["bash", "-c", script], vcpus=a.vcpus, mem_mib=a.mem, timeout=3600 * 2, keep_share=True)
     shutil.rmtree(OUT, ignore_errors=True)
     shutil.copytree(r["share"], OUT)
+    shutil.rmtree(os.path.dirname(r["share"]), ignore_errors=True)
     with open(os.path.join(OUT, "vm.json"), "w") as f:
         json.dump({k: r[k] for k in ("code", "boot_s", "run_s", "vcpus", "accel")} | {"kernel": why}, f)
     print(f"VM ({why}, {a.vcpus} vCPUs, {r['accel']}): boot {r['boot_s']:.1f} s, run {r['run_s']:.0f} s, "
