@@ -85,7 +85,7 @@ def main():
 
     want = set(filter(None, a.configs.split(",")))
     all_configs = [c for c in competitors() if not want or c.name in want]
-    all_variants = [v for v in variants() if not want or v.name in want]
+    all_variants = [v for v in variants() if (v.name in want if want else not v.study)]
     missing = [c for c in all_configs + all_variants if c.missing()]
     configs = [c for c in all_configs if not c.missing()]
     vars_ = [v for v in all_variants if not v.missing()]
