@@ -24,6 +24,8 @@
 //!   functions std imports, which forward to `libgcc_s.so.1` loaded on first
 //!   use (`src/os/unwind.rs`). With every import defined here, the linker's
 //!   `--as-needed` drops std's `-lgcc_s`, and no exec loads that library.
+//! * `src/os/libm.c`, linked the same way: hidden `log` and `exp`, the two
+//!   libm functions jemalloc's profiler calls, so no exec loads libm.
 //! * `MEMSHIM_JE_TCACHE_MAX_LIMIT`: the largest `tcache_max` this build's
 //!   jemalloc accepts (5.3.1 clips larger values silently; see
 //!   `options::tcache_clipped`).
@@ -71,13 +73,16 @@ fn tcache_limit() {
     println!("cargo:rustc-env=MEMSHIM_JE_TCACHE_MAX_LIMIT={limit}");
 }
 
-/// Compiles `src/os/unwind.c`. `+whole-archive` puts its definitions into
+/// Compiles `src/os/unwind.c` and `src/os/libm.c`. `+whole-archive` puts its definitions into
 /// the link ahead of std, whose `_Unwind_*` references they then satisfy;
 /// unwind tables let an unwinder pass through the forwarders' own frames.
 fn unwind_forwarders() {
     println!("cargo:rerun-if-changed=src/os/unwind.c");
+    println!("cargo:rerun-if-changed=src/os/libm.c");
     cc::Build::new()
         .file("src/os/unwind.c")
+        .file("src/os/libm.c")
+        .flag("-fno-builtin")
         .flag("-funwind-tables")
         .flag("-fvisibility=hidden")
         .warnings(true)

@@ -84,6 +84,9 @@ def variants():
         # busy threads may share an arena while another sits idle (bench/FINDINGS-issue15.md, (d)).
         Config("ms-narenas1x", "memshim, one arena per CPU (auto keeps jemalloc's 4 per CPU)", SHIM,
                {"MEMSHIM_NARENAS": str(len(os.sched_getaffinity(0)))}, True),
+        # jemalloc's heap profiler ready but not sampling (bench/FINDINGS-profiling.md).
+        Config("ms-profile", "memshim, MEMSHIM_PROFILE=on (heap profiler ready, not sampling)", SHIM,
+               {"MEMSHIM_PROFILE": "on"}, True),
         # jemalloc's per-CPU arenas: a thread allocates from the arena of the CPU it runs on
         # (bench/FINDINGS-percpu.md, issue 36; bench/percpu_study.py names it, the full run leaves it out).
         Config("ms-percpu", "memshim, percpu_arena:percpu (one arena per CPU, chosen by the running CPU)", SHIM,

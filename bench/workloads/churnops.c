@@ -4,7 +4,9 @@
  *   small   1000 live slots of 16..256 B      medium  200 live slots of 1..64 KiB
  * Each thread does OPS free+malloc pairs on its own slots (first 64 B written), then frees them.
  *
- * usage: churnops small|medium OPS [THREADS]   -> {"event":"done",...}; measure it from outside */
+ * usage: churnops small|medium OPS [THREADS]   -> {"event":"done",...}; measure it from outside
+ * CHURNOPS_WAIT=1: print {"event":"waiting"} and start the work only after a line on stdin
+ * (bench/profcost.py switches the heap profiler on in between). */
 #include "common.h"
 #include <pthread.h>
 
@@ -38,6 +40,11 @@ int main(int argc, char **argv) {
     small = argv[1][0] == 's';
     ops = atol(argv[2]);
     int t = argc > 3 ? atoi(argv[3]) : 1;
+    if (getenv("CHURNOPS_WAIT")) {
+        char line[16];
+        emit("waiting", NULL);
+        if (!fgets(line, sizeof line, stdin)) return 2;
+    }
     if (t <= 1) {
         run(NULL);
         emit("done", NULL);

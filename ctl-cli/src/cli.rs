@@ -81,6 +81,8 @@ pub enum Command {
     Reclaim(cmd::reclaim::ReclaimArgs),
     /// A memory timeline of one process, as an SVG chart or an HTML page.
     Record(cmd::record::RecordArgs),
+    /// Where a process's live memory was allocated: a heap profile, taken from outside.
+    Profile(cmd::profile::ProfileArgs),
 }
 
 impl Command {
@@ -99,6 +101,7 @@ impl Command {
             Command::Doctor(a) => a.json,
             Command::Cgroup(a) => a.json,
             Command::Reclaim(a) => a.json,
+            Command::Profile(a) => a.json,
         }
     }
 
@@ -120,6 +123,7 @@ impl Command {
             Command::Cgroup(a) => cmd::cgroup::run(a),
             Command::Reclaim(a) => cmd::reclaim::run(a),
             Command::Record(a) => cmd::record::run(a),
+            Command::Profile(a) => cmd::profile::run(a),
         }
     }
 }

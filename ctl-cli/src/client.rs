@@ -248,7 +248,10 @@ impl Client {
     /// was closed unread, so the request did not run: it is sent again on
     /// a new connection, as in [`Client::open_proc`].
     pub fn request(&mut self, req: &Request) -> Result<Reply, Failure> {
-        let slow = matches!(req, Request::Gc | Request::EmptyCache | Request::Release);
+        let slow = matches!(
+            req,
+            Request::Gc | Request::EmptyCache | Request::Release | Request::Profile { .. }
+        );
         let mut attempt = 0;
         loop {
             self.conn.set_timeout(if slow { LONG } else { SHORT });
@@ -333,6 +336,7 @@ pub fn remote_failure(pid: i32, e: &memshim_proto::ErrorReply) -> Failure {
     let exit = match e.code {
         ErrorCode::PermissionDenied => Exit::Permission,
         ErrorCode::PythonUnavailable => Exit::PythonStep,
+        ErrorCode::ProfilingOff => Exit::NoProfiler,
         _ => Exit::Remote,
     };
     let f = Failure::new(exit, Some(pid), e.to_string());

@@ -34,6 +34,8 @@ pub enum Exit {
     ReadOnly,
     /// [`status::NOT_REACHED`]
     NotReached,
+    /// [`status::NO_PROFILER`]
+    NoProfiler,
 }
 
 impl Exit {
@@ -50,6 +52,7 @@ impl Exit {
             Exit::NoCgroup => status::NO_CGROUP,
             Exit::ReadOnly => status::READ_ONLY,
             Exit::NotReached => status::NOT_REACHED,
+            Exit::NoProfiler => status::NO_PROFILER,
         }
     }
 
@@ -120,7 +123,7 @@ impl Failure {
 mod tests {
     use super::*;
 
-    const ALL: [Exit; 10] = [
+    const ALL: [Exit; 11] = [
         Exit::Ok,
         Exit::Failed,
         Exit::NotFound,
@@ -131,11 +134,12 @@ mod tests {
         Exit::NoCgroup,
         Exit::ReadOnly,
         Exit::NotReached,
+        Exit::NoProfiler,
     ];
 
     #[test]
     fn every_exit_is_a_shared_status_and_every_shared_status_but_usage_is_an_exit() {
-        assert_eq!(ALL.map(Exit::code), [0, 1, 3, 4, 5, 6, 7, 8, 9, 10]);
+        assert_eq!(ALL.map(Exit::code), [0, 1, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
         let mut ours: Vec<ExitStatus> = ALL.iter().map(|e| e.status()).collect();
         ours.push(status::USAGE);
         ours.sort_by_key(|s| s.code);
@@ -158,7 +162,8 @@ mod tests {
                 "\"python_step\"",
                 "\"no_cgroup\"",
                 "\"read_only\"",
-                "\"not_reached\""
+                "\"not_reached\"",
+                "\"no_profiler\""
             ]
         );
         let f = Failure::new(Exit::NotFound, Some(7), "no such process");

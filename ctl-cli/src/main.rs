@@ -16,12 +16,16 @@ mod client;
 mod cmd;
 mod exit;
 mod gpu;
+mod heapprof;
 mod no_endpoint;
 mod out;
+mod pprof;
 mod procfs;
 mod render;
+mod retainers;
 mod shm;
 mod socket;
+mod symbols;
 mod timeline;
 
 fn main() -> std::process::ExitCode {

@@ -21,6 +21,14 @@ pub fn write(args: std::fmt::Arguments<'_>) -> Result<(), Failure> {
         .map_err(|e| Failure::new(Exit::Failed, None, format!("writing to stdout: {e}")))
 }
 
+/// Writes raw bytes to stdout and flushes it (a binary format).
+pub fn write_bytes(b: &[u8]) -> Result<(), Failure> {
+    let mut o = std::io::stdout().lock();
+    o.write_all(b)
+        .and_then(|()| o.flush())
+        .map_err(|e| Failure::new(Exit::Failed, None, format!("writing to stdout: {e}")))
+}
+
 /// `print!` that returns `Result<(), Failure>` instead of panicking.
 macro_rules! out {
     ($($arg:tt)*) => { $crate::out::write(format_args!($($arg)*)) };

@@ -31,6 +31,9 @@ pub enum ErrorCode {
     PythonUnavailable,
     /// The allocator or the OS refused (message says which call).
     Internal,
+    /// `profile`: the process started without `MEMSHIM_PROFILE=on`, so
+    /// jemalloc's profiler cannot be switched on in it.
+    ProfilingOff,
     /// A code this build does not know (sent by a newer server).
     #[serde(other)]
     Unknown,
@@ -51,6 +54,7 @@ impl ErrorCode {
             ErrorCode::InvalidArgument => "invalid_argument",
             ErrorCode::PythonUnavailable => "python_unavailable",
             ErrorCode::Internal => "internal",
+            ErrorCode::ProfilingOff => "profiling_off",
             ErrorCode::Unknown => "unknown",
         }
     }

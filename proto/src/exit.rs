@@ -85,8 +85,16 @@ pub const NOT_REACHED: ExitStatus = ExitStatus {
     brief: "reclaim could not reach the size asked",
 };
 
+/// `profile`: the process cannot be profiled (it started without
+/// `MEMSHIM_PROFILE=on`, or has no unwinder).
+pub const NO_PROFILER: ExitStatus = ExitStatus {
+    code: 11,
+    name: "no_profiler",
+    brief: "the process cannot be profiled",
+};
+
 /// Every status, by code.
-pub const ALL: [ExitStatus; 11] = [
+pub const ALL: [ExitStatus; 12] = [
     OK,
     FAILED,
     USAGE,
@@ -98,6 +106,7 @@ pub const ALL: [ExitStatus; 11] = [
     NO_CGROUP,
     READ_ONLY,
     NOT_REACHED,
+    NO_PROFILER,
 ];
 
 /// "Exit codes: 0 ok, 1 some targets failed, ...": the `--help` footer.

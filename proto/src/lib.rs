@@ -29,6 +29,7 @@ mod error;
 pub mod exit;
 #[cfg(test)]
 mod golden;
+mod profile;
 mod python;
 pub mod settings;
 mod stats;
@@ -36,6 +37,7 @@ mod stats;
 pub use actions::*;
 pub use endpoint::*;
 pub use error::*;
+pub use profile::*;
 pub use python::*;
 pub use stats::*;
 
@@ -47,8 +49,9 @@ pub const PROTOCOL_VERSION: u32 = 1;
 pub const MIN_PROTOCOL_VERSION: u32 = 1;
 /// Longest request line the server accepts, `\n` included.
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
-/// Longest response line a client should accept, `\n` included.
-pub const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
+/// Longest response line a client should accept, `\n` included (a heap
+/// profile of a large process is the longest answer).
+pub const MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
 /// Milliseconds a connection may stay without sending a complete request before
 /// the server closes it (counted from the accept or from the end of the last
 /// answer; what arrived while the server was busy elsewhere is read first).
@@ -94,6 +97,13 @@ pub enum Request {
     EmptyCache,
     /// gc, then empty_cache, then purge ([`ReleaseResult`]).
     Release,
+    /// jemalloc's heap profiler: start, stop, reset, or dump
+    /// ([`ProfileReply`]); needs `MEMSHIM_PROFILE=on` in the process.
+    Profile {
+        /// What to do (default: report the state).
+        #[serde(default)]
+        action: ProfileAction,
+    },
 }
 
 /// Every `op` this build knows, in documentation order.
@@ -105,6 +115,7 @@ pub const OPS: &[&str] = &[
     "gc",
     "empty_cache",
     "release",
+    "profile",
 ];
 
 impl Request {
@@ -118,6 +129,7 @@ impl Request {
             Request::Gc => "gc",
             Request::EmptyCache => "empty_cache",
             Request::Release => "release",
+            Request::Profile { .. } => "profile",
         }
     }
 }
@@ -166,6 +178,8 @@ pub enum Reply {
     EmptyCache(EmptyCacheResult),
     /// Answer to `release`.
     Release(ReleaseResult),
+    /// Answer to `profile`.
+    Profile(Box<ProfileReply>),
 }
 
 /// One response line: `{"ok":{...}}` or `{"error":{...}}`.

@@ -324,6 +324,21 @@ pub const CUDA_IDLE_MIN_MB: Spec = Spec {
     },
 };
 
+/// `MEMSHIM_PROFILE`: jemalloc's heap profiler, started with the process
+/// but inactive (`prof:true,prof_active:false`) so that `memshim-ctl
+/// profile` can switch sampling on and off from outside. Off by default:
+/// BENCHMARKS.md, "Profiling", has what it costs.
+pub const PROFILE: Spec = Spec {
+    name: "MEMSHIM_PROFILE",
+    default: "off",
+    doc: "on: jemalloc's heap profiler is ready in the process, inactive until `memshim-ctl profile` starts sampling (one sample per 512 KiB allocated); off: no profiling",
+    expect: BOOL,
+    kind: Kind::Int {
+        parse: parse_bool,
+        default: 0,
+    },
+};
+
 /// `MEMSHIM_LIB` (memshim-ctl only).
 pub const LIB: Spec = Spec {
     name: "MEMSHIM_LIB",
@@ -348,6 +363,7 @@ pub const ALL: &[&Spec] = &[
     &FD_TABLE,
     &CUDA_IDLE_MS,
     &CUDA_IDLE_MIN_MB,
+    &PROFILE,
     &LIB,
 ];
 

@@ -558,3 +558,49 @@ pub fn background_thread() -> bool {
 pub fn stats_enabled() -> bool {
     read::<bool>(b"config.stats\0").unwrap_or(false)
 }
+
+// --- Heap profiles -------------------------------------------------------------
+//
+// With `MEMSHIM_PROFILE=on` jemalloc starts with `prof:true,prof_active:false`
+// (options.rs): its profiler is ready, and samples nothing until
+// `prof.active` is set (`profile.rs`, on the shim's thread).
+
+/// `opt.prof`: the profiler was started with the process.
+pub fn prof_ready() -> bool {
+    read::<bool>(b"opt.prof\0").unwrap_or(false)
+}
+
+/// `prof.active`: sampling is on.
+pub fn prof_active() -> bool {
+    read::<bool>(b"prof.active\0").unwrap_or(false)
+}
+
+/// Sets `prof.active`.
+pub fn set_prof_active(on: bool) -> Result<(), Error> {
+    write(b"prof.active\0", on)
+}
+
+/// `prof.lg_sample`: one sample per 2^n bytes allocated, on average.
+pub fn prof_lg_sample() -> u32 {
+    read::<usize>(b"prof.lg_sample\0").map_or(0, |n| n as u32)
+}
+
+/// `prof.reset`: forgets every sample, keeping the sampling interval.
+pub fn prof_reset() -> Result<(), Error> {
+    run(b"prof.reset\0")
+}
+
+/// `prof.dump`: writes the heap profile to `path` (jemalloc `creat`s it).
+pub fn prof_dump(path: &core::ffi::CStr) -> Result<(), Error> {
+    write(b"prof.dump\0", path.as_ptr())
+}
+
+/// `thread.prof.active = false` for the calling thread (the shim's own),
+/// so that a heap profile holds the application's allocations and not the
+/// shim's (those of the very request that takes it). Nothing if the
+/// profiler was not started with the process.
+pub fn exclude_own_thread_from_profiles() {
+    if crate::options::profile() {
+        let _ = write(b"thread.prof.active\0", false);
+    }
+}

@@ -11,7 +11,8 @@
 //!   ([`deepbind`]), jemalloc's configuration hook, the constructor.
 //! * [`thread`]: when the shim may have a thread, the thread itself, fork.
 //! * [`control`]: the per-process control endpoint the thread serves.
-//! * [`python`]: the CPython / PyTorch bridge used by control requests.
+//! * [`python`]: the CPython / PyTorch bridge used by control requests;
+//!   [`profile`]: jemalloc's heap profiler, switched by a control request.
 //! * [`os`] (the only libc caller besides `exports` and `python::ffi`),
 //!   [`jemalloc`] (the only `mallctl` caller), [`options`] (the `MEMSHIM_*`
 //!   table), [`log`] (the warning line) and [`report`] (`MEMSHIM_VERBOSE`).
@@ -33,6 +34,7 @@ pub mod jemalloc;
 pub mod log;
 pub mod options;
 pub mod os;
+pub mod profile;
 pub mod python;
 pub mod report;
 pub mod thread;

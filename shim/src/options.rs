@@ -129,6 +129,7 @@ static FD_TABLE: Int = Int::new(&spec::FD_TABLE);
 static CUDA_IDLE_MS: Int = Int::new(&spec::CUDA_IDLE_MS); // 0 = off
 static CUDA_IDLE_MIN_MB: Int = Int::new(&spec::CUDA_IDLE_MIN_MB);
 static PRESSURE: Int = Int::new(&spec::PRESSURE);
+static PROFILE: Int = Int::new(&spec::PROFILE);
 static PRESSURE_THRESHOLD: Int = Int::new(&spec::PRESSURE_THRESHOLD);
 static SOCKET_DIR: Text = Text::new();
 static MALLOC_CONF: Text = Text::new();
@@ -187,6 +188,10 @@ pub const TABLE: &[Setting] = &[
     Setting {
         spec: &spec::CUDA_IDLE_MIN_MB,
         value: Value::Int(&CUDA_IDLE_MIN_MB),
+    },
+    Setting {
+        spec: &spec::PROFILE,
+        value: Value::Int(&PROFILE),
     },
     Setting {
         spec: &spec::LIB,
@@ -323,6 +328,12 @@ fn compose_conf() {
     );
     if let Some(n) = auto_narenas() {
         let _ = write!(s, ",narenas:{n}");
+    }
+    //    The heap profiler, ready but not sampling: `memshim-ctl profile`
+    //    sets `prof.active` (jemalloc.rs, "Heap profiles"). Without
+    //    `prof:true` here it can never be switched on in this process.
+    if PROFILE.get() != 0 {
+        let _ = write!(s, ",prof:true,prof_active:false");
     }
     //    Under an address-space limit (`ulimit -v`: RLIMIT_AS; RLIMIT_DATA,
     //    which counts private writable mappings), what jemalloc keeps for
@@ -567,6 +578,10 @@ pub fn pressure_threshold_pct() -> u64 {
 /// `MEMSHIM_CLEAR_DEEPBIND`.
 pub fn clear_deepbind() -> bool {
     CLEAR_DEEPBIND.get() != 0
+}
+/// `MEMSHIM_PROFILE`: whether jemalloc's heap profiler is ready.
+pub fn profile() -> bool {
+    PROFILE.get() != 0
 }
 /// `MEMSHIM_VERBOSE`.
 pub fn verbose() -> bool {

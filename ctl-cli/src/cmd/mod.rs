@@ -26,6 +26,7 @@ pub mod empty_cache;
 pub mod gc;
 pub mod list;
 pub mod metrics;
+pub mod profile;
 pub mod purge;
 pub mod reclaim;
 pub mod record;

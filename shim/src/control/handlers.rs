@@ -1,7 +1,7 @@
 //! What each request does. Runs on the shim's thread, one request at a
 //! time; nothing here blocks longer than the Python bridge's time limit.
 
-use super::Ctx;
+use super::{Ctx, socket};
 use crate::options::{self, Control};
 use crate::os::ResetTo;
 use crate::{jemalloc, os};
@@ -304,6 +304,14 @@ pub fn dispatch(req: &Request, ctx: &Ctx<'_>) -> Response {
         Request::Gc => gc().map(Reply::Gc),
         Request::EmptyCache => empty_cache().map(Reply::EmptyCache),
         Request::Release => release().map(Reply::Release),
+        Request::Profile { action } => {
+            let heap = socket::join(
+                &socket::dir(),
+                &format!("{}.heap", socket::name(ctx.starttime, ctx.pidns)),
+            );
+            crate::profile::request(action, super::now_ms(), &heap)
+                .map(|r| Reply::Profile(Box::new(r)))
+        }
     };
     match r {
         Ok(reply) => Response::Ok(reply),

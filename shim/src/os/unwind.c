@@ -10,7 +10,8 @@
  *
  * So the ten are defined here, hidden (nothing is exported, and the
  * application's own `_Unwind_*` lookups never see these), and each jumps to
- * the function of the same name in libgcc_s.so.1, loaded on first use. That
+ * the function of the same name in libgcc_s.so.1, loaded on first use
+ * (but `_Unwind_Backtrace`, below, only once the shim has loaded it). That
  * is the library glibc itself loads for `pthread_exit` and cancellation, so
  * a process with the shim still has exactly one unwinder, as without it.
  * os/unwind.rs says when the shim loads it ahead of need.
@@ -100,11 +101,31 @@ static void *required(int i) {
     return f;
 }
 
+/* The one forwarder that never loads the library itself: jemalloc's heap
+ * profiler calls it from inside allocations, and once at its own
+ * initialisation holding its init lock (prof_unwind_init), where loading a
+ * library, which allocates, would deadlock. Until the shim has loaded
+ * libgcc_s on its own thread (`memshim_unwind_load`, which the profiler's
+ * switch and the Python bridge call first), a backtrace comes back empty. */
 HIDDEN reason_t _Unwind_Backtrace(trace_fn trace, void *arg) {
-    void *f = target(BACKTRACE);
-    /* No unwinder: an empty backtrace. */
-    if (!f) return URC_END_OF_STACK;
+    void *f = __atomic_load_n(&slots[BACKTRACE], __ATOMIC_ACQUIRE);
+    /* Not loaded (or no unwinder): an empty backtrace. */
+    if (!f || !memshim_unwind_ready()) return URC_END_OF_STACK;
     return ((reason_t (*)(trace_fn, void *))f)(trace, arg);
+}
+
+static reason_t warm_up_step(struct _Unwind_Context *c, void *arg) {
+    (void)c;
+    (void)arg;
+    return 0; /* _URC_NO_REASON: walk on */
+}
+
+/* One backtrace of the calling thread through libgcc (once loaded), so that
+ * libgcc sets up what it keeps for unwinding here rather than inside the
+ * first allocation jemalloc's profiler samples; jemalloc's own
+ * prof_unwind_init does the same. */
+HIDDEN void memshim_unwind_warm_up(void) {
+    _Unwind_Backtrace(warm_up_step, NULL);
 }
 
 HIDDEN uintptr_t _Unwind_GetDataRelBase(struct _Unwind_Context *c) {

@@ -6,8 +6,12 @@
 //! exec pays for that library's constructor (its `cpuid`s trap to the
 //! hypervisor in a VM), and a process never holds a second unwinder.
 //!
-//! With `panic = "abort"` the only callers are std's backtraces and a
-//! forced unwind that crosses std's frames. A forced unwind is driven by
+//! With `panic = "abort"` the callers are std's backtraces, a forced
+//! unwind that crosses std's frames, and jemalloc's heap profiler, which
+//! takes a backtrace inside an allocation. `_Unwind_Backtrace` is the one
+//! forwarder that never loads the library itself (an empty backtrace
+//! until it is loaded): the profiler's switch (`profile.rs`) calls [`load`]
+//! on the shim's thread before sampling starts. A forced unwind is driven by
 //! glibc's `libgcc_s.so.1`, which glibc loads for it, on the exiting thread,
 //! if nothing has yet. The shim's threads that run the application's code,
 //! the Python bridge's job threads, may be ended that way (CPython's
@@ -19,6 +23,7 @@ use core::ffi::c_int;
 
 unsafe extern "C" {
     fn memshim_unwind_load() -> c_int;
+    fn memshim_unwind_warm_up();
     #[cfg(test)]
     fn memshim_unwind_ready() -> c_int;
 }
@@ -31,6 +36,18 @@ pub fn load() -> bool {
     // SAFETY: unwind.c's loader: dlmopen and dlsym, then atomic stores of
     // the addresses found; callable from any thread.
     unsafe { memshim_unwind_load() != 0 }
+}
+
+/// Takes one backtrace of this thread (after [`load`]), so that libgcc
+/// sets up what it keeps for unwinding here, on the shim's thread, and not
+/// inside the first sampled allocation.
+/// (Not std's `Backtrace`: it imports `_Unwind_GetCFA` and
+/// `_Unwind_FindEnclosingFunction`, which would bring `libgcc_s.so.1` back
+/// as a dependency.)
+pub fn warm_up() {
+    // SAFETY: unwind.c's function walks this thread's stack through the
+    // forwarder (an empty walk if libgcc_s is not loaded).
+    unsafe { memshim_unwind_warm_up() }
 }
 
 #[cfg(test)]
@@ -48,6 +65,17 @@ mod tests {
             before, 0,
             "the forwarders ran already: did another test panic?"
         );
+        // `_Unwind_Backtrace` never loads the library itself (jemalloc's
+        // profiler calls it inside allocations): before `load`, an empty
+        // backtrace, and still nothing loaded.
+        let bt = std::backtrace::Backtrace::force_capture().to_string();
+        assert!(
+            !bt.contains("backtraces_go_through_the_forwarders_to_libgcc_s"),
+            "{bt}"
+        );
+        // SAFETY: as above.
+        assert_eq!(unsafe { super::memshim_unwind_ready() }, 0);
+        assert!(super::load());
         let bt = std::backtrace::Backtrace::force_capture().to_string();
         assert!(
             bt.contains("backtraces_go_through_the_forwarders_to_libgcc_s"),
@@ -55,6 +83,5 @@ mod tests {
         );
         // SAFETY: as above.
         assert_eq!(unsafe { super::memshim_unwind_ready() }, 1);
-        assert!(super::load());
     }
 }

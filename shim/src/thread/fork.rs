@@ -106,6 +106,7 @@ pub(super) extern "C" fn child() {
     super::pressure::after_fork_child();
     crate::python::after_fork_child();
     super::cuda_idle::after_fork_child();
+    crate::profile::after_fork_child();
 }
 
 /// For a fork: if the process is alone but for the shim's threads

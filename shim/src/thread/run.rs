@@ -168,6 +168,7 @@ extern "C" fn main(_: *mut c_void) -> *mut c_void {
     jemalloc::lift_first_arena_threshold(true);
     os::thread::set_name(c"memshim");
     let _ = jemalloc::disable_own_tcache();
+    jemalloc::exclude_own_thread_from_profiles();
     leave_the_application_table();
     let mut own = Held {
         wake: Wake::open(),

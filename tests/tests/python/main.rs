@@ -1,6 +1,7 @@
 //! The Python bridge on real CPythons: every version, the main thread's
 //! states, release and gc, hostile hosts, interpreter lifecycles, the CUDA
-//! paths and idle return with a stand-in torch, and real PyTorch. One test
+//! paths and idle return with a stand-in torch, real PyTorch, and Python
+//! functions in heap profiles (`-X perf`). One test
 //! binary; the modules were separate binaries before (`python_<module>`).
 //! `make test-torch` runs the one test that needs the default python3's
 //! torch (`torch::`, ignored otherwise).
@@ -9,6 +10,7 @@ mod cuda_idle;
 mod cuda_paths;
 mod hostile;
 mod lifecycle;
+mod profile;
 mod reach;
 mod release;
 mod torch;

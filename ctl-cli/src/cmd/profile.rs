@@ -1,0 +1,253 @@
+//! `memshim-ctl profile <PID> [--seconds N] [--every S --count N]
+//! [--format table|folded|json|svg|pprof] [-o FILE]`, `profile --diff OLD NEW`,
+//! `profile <PID> --stop`: where the live memory of a process was
+//! allocated, from jemalloc's heap profiler, switched on from outside
+//! (docs/profile.md). The process must have started with
+//! `MEMSHIM_PROFILE=on`; without it the answer is exit 11 and how to turn
+//! it on.
+//!
+//! If sampling was off, this command switches it on, waits `--seconds`
+//! (default 10), takes the profile and switches it off again (`--keep`
+//! leaves it on). Only allocations made while sampling is on are seen, and
+//! stay in later profiles for as long as they are live.
+
+use crate::args::{parse_interval, pid_parser};
+use crate::client::Client;
+use crate::exit::{Exit, Failure};
+use crate::heapprof::{Profile, signed_bytes};
+use crate::out::{errln, outln};
+use crate::render::bytes;
+use clap::{Args, ValueEnum};
+use memshim_proto::{ProfileAction, ProfileReply, Reply, Request};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How long a first profile samples when `--seconds` is not given.
+const DEFAULT_SECONDS: u64 = 10;
+
+/// Options of `profile`.
+#[derive(Args, Debug)]
+pub struct ProfileArgs {
+    /// Process id.
+    #[arg(value_parser = pid_parser(), required_unless_present = "diff")]
+    pub pid: Option<i32>,
+    /// Seconds to sample before the profile is taken (default: 10 when this
+    /// command switches sampling on, 0 when it was on already).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=86400))]
+    pub seconds: Option<u64>,
+    /// Growth mode: after the first profile, take one every S seconds and
+    /// show what grew since the one before (the leak view).
+    #[arg(long, value_name = "S", value_parser = parse_interval)]
+    pub every: Option<f64>,
+    /// How many growth steps `--every` takes.
+    #[arg(long, default_value_t = 1, requires = "every", value_parser = clap::value_parser!(u32).range(1..=10000))]
+    pub count: u32,
+    /// Leave sampling on after this command.
+    #[arg(long)]
+    pub keep: bool,
+    /// Forget what was sampled before, then profile.
+    #[arg(long)]
+    pub reset: bool,
+    /// Only switch sampling off.
+    #[arg(long, conflicts_with_all = ["seconds", "every", "keep", "reset", "diff"])]
+    pub stop: bool,
+    /// The difference NEW minus OLD of two profiles saved with `--format json`.
+    #[arg(long, num_args = 2, value_names = ["OLD", "NEW"], conflicts_with = "pid")]
+    pub diff: Option<Vec<PathBuf>>,
+    /// How to show it.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+    /// Same as `--format json`.
+    #[arg(long)]
+    pub json: bool,
+    /// Rows of the table.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=100000))]
+    pub top: u64,
+    /// Write to FILE instead of stdout.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+/// Output formats.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// The top call sites, by live bytes (and what each library holds).
+    Table,
+    /// Folded stacks (`outer;...;inner bytes`) for flamegraph.pl, inferno, speedscope.
+    Folded,
+    /// The symbolized profile (what `--diff` reads).
+    Json,
+    /// A flame graph.
+    Svg,
+    /// pprof's protobuf (gzipped), for `go tool pprof` and its web view.
+    Pprof,
+}
+
+/// Runs `profile`.
+pub fn run(a: ProfileArgs) -> Result<Exit, Failure> {
+    let format = if a.json { Format::Json } else { a.format };
+    if let Some(files) = &a.diff {
+        let old = load(&files[0])?;
+        let new = load(&files[1])?;
+        let d = Profile::diff(&old, &new);
+        let title = format!("{} \u{2192} {}", files[0].display(), files[1].display());
+        emit(&a, format, &d, &title, None)?;
+        return Ok(Exit::Ok);
+    }
+    let pid = a.pid.unwrap_or_default();
+    if a.stop {
+        let r = ask(pid, ProfileAction::Stop)?;
+        outln!(
+            "{pid}: sampling {}",
+            if r.changed { "stopped" } else { "was off" }
+        )?;
+        return Ok(Exit::Ok);
+    }
+    if a.reset {
+        ask(pid, ProfileAction::Reset)?;
+    }
+    let state = ask(pid, ProfileAction::Start)?;
+    let started = state.changed;
+    let wait = a
+        .seconds
+        .unwrap_or(if started { DEFAULT_SECONDS } else { 0 });
+    if started {
+        errln!(
+            "memshim-ctl: sampling started in {pid} (one sample per {} allocated); profiling what is allocated from now on{}",
+            bytes(1u64 << state.lg_sample.min(63)),
+            if wait > 0 {
+                format!(", for {wait} s")
+            } else {
+                String::new()
+            }
+        );
+    }
+    let result = profile_after(&a, format, pid, wait);
+    if started && !a.keep {
+        // Switched off whatever happened above: a process left sampling
+        // pays for it on every allocation.
+        let _ = ask(pid, ProfileAction::Stop);
+    }
+    result
+}
+
+fn profile_after(a: &ProfileArgs, format: Format, pid: i32, wait: u64) -> Result<Exit, Failure> {
+    std::thread::sleep(Duration::from_secs(wait));
+    let (mut prev, mut active_ms) = dump(pid)?;
+    let Some(every) = a.every else {
+        let title = format!("pid {pid}");
+        emit(a, format, &prev, &title, active_ms)?;
+        return Ok(Exit::Ok);
+    };
+    for step in 1..=a.count {
+        std::thread::sleep(Duration::from_secs_f64(every));
+        let (cur, ms) = dump(pid)?;
+        active_ms = ms;
+        let grown = Profile::diff(&prev, &cur);
+        let title = format!("pid {pid}: growth {step} of {}, {every} s", a.count);
+        emit(a, format, &grown, &title, active_ms)?;
+        prev = cur;
+    }
+    Ok(Exit::Ok)
+}
+
+/// One `profile` request on a connection of its own (the wait between two
+/// is longer than the endpoint keeps an idle connection).
+fn ask(pid: i32, action: ProfileAction) -> Result<ProfileReply, Failure> {
+    let mut c = Client::open(pid)?;
+    match c.request(&Request::Profile { action })? {
+        Reply::Profile(r) => Ok(*r),
+        other => Err(c.unexpected(&other)),
+    }
+}
+
+fn dump(pid: i32) -> Result<(Profile, Option<u64>), Failure> {
+    let r = ask(pid, ProfileAction::Dump)?;
+    let d = r.dump.unwrap_or_default();
+    Ok((Profile::from_dump(pid, r.lg_sample, &d), r.active_ms))
+}
+
+fn load(path: &PathBuf) -> Result<Profile, Failure> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Failure::new(Exit::Failed, None, format!("{}: {e}", path.display())))?;
+    serde_json::from_str(&text).map_err(|e| {
+        Failure::new(
+            Exit::Failed,
+            None,
+            format!(
+                "{}: not a profile written by `profile --format json`: {e}",
+                path.display()
+            ),
+        )
+    })
+}
+
+/// Writes one profile in `format`, to `-o FILE` or stdout.
+fn emit(
+    a: &ProfileArgs,
+    format: Format,
+    p: &Profile,
+    title: &str,
+    active_ms: Option<u64>,
+) -> Result<(), Failure> {
+    let data = match format {
+        Format::Table => table(p, title, a.top as usize, active_ms).into_bytes(),
+        Format::Folded => p.folded().into_bytes(),
+        Format::Json => {
+            let mut s = serde_json::to_string(p).unwrap_or_default();
+            s.push('\n');
+            s.into_bytes()
+        }
+        Format::Svg => p.svg(title).into_bytes(),
+        Format::Pprof => crate::pprof::encode(p),
+    };
+    match &a.output {
+        Some(path) => std::fs::write(path, data).map_err(|e| {
+            Failure::new(
+                Exit::Failed,
+                a.pid,
+                format!("writing {}: {e}", path.display()),
+            )
+        }),
+        None => crate::out::write_bytes(&data),
+    }
+}
+
+/// The table: a header line, the top call sites, what each library's
+/// functions hold, and the known retainers among them.
+fn table(p: &Profile, title: &str, top: usize, active_ms: Option<u64>) -> String {
+    let mut s = format!(
+        "{title}: {} live in {} allocations (estimated from one sample per {} allocated{})\n\n",
+        signed_bytes(p.bytes),
+        p.objects,
+        bytes(1u64 << p.lg_sample.min(63)),
+        active_ms.map_or(String::new(), |ms| format!(
+            "; sampling on for {:.1} s",
+            ms as f64 / 1000.0
+        )),
+    );
+    s.push_str(&p.top_table(top));
+    let libs = p.by_library();
+    if !libs.is_empty() {
+        let list: Vec<String> = libs
+            .iter()
+            .take(8)
+            .map(|(l, b)| format!("{l} {}", signed_bytes(*b)))
+            .collect();
+        s.push_str(&format!("\nby library: {}\n", list.join(", ")));
+    }
+    let py = p.by_python();
+    if !py.is_empty() {
+        let list: Vec<String> = py
+            .iter()
+            .take(8)
+            .map(|(f, b)| format!("{} {}", f.trim_start_matches("py::"), signed_bytes(*b)))
+            .collect();
+        s.push_str(&format!("by Python function: {}\n", list.join(", ")));
+    }
+    for r in crate::retainers::found(p) {
+        s.push_str(&format!("\n{r}\n"));
+    }
+    s.push_str("\nOnly allocations made while sampling was on are seen (docs/profile.md).\n");
+    s
+}

@@ -1,0 +1,421 @@
+//! A heap profile after symbolization, for `profile`: what it holds, how
+//! it is shown (a table of call sites, folded stacks, JSON, a flame graph
+//! in SVG), and the difference of two (docs/profile.md).
+//!
+//! Frames are kept innermost first, as jemalloc takes them, without the
+//! allocator's own frames (those in libmemshim.so) and the wrappers that
+//! only pass an allocation on (`operator new`, `PyMem_Malloc`, ...): the
+//! first frame is the function that asked for the memory.
+
+use crate::render::{bytes, table};
+use crate::symbols::{Frame, Symbolizer};
+use crate::timeline::escape;
+use memshim_proto::HeapDump;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+
+/// Where the allocator's own frames are: cut from every stack.
+const ALLOCATOR_LIBRARY: &str = "libmemshim.so";
+
+/// Functions that only pass an allocation on to `malloc`: cut from the
+/// inner end of a stack too, so that the allocating frame is the one that
+/// asked (`PyByteArray_Resize`, not `_PyObject_Malloc`).
+fn is_wrapper(function: &str) -> bool {
+    const PY: &[&str] = &[
+        "PyObject_Malloc",
+        "PyObject_Calloc",
+        "PyObject_Realloc",
+        "PyMem_Malloc",
+        "PyMem_Calloc",
+        "PyMem_Realloc",
+        "PyMem_RawMalloc",
+        "PyMem_RawCalloc",
+        "PyMem_RawRealloc",
+    ];
+    let f = function.trim_start_matches('_');
+    PY.contains(&f)
+        // operator new and new[] (all overloads), and glibc's strdup family.
+        || function.starts_with("_Znw")
+        || function.starts_with("_Zna")
+        || matches!(function, "strdup" | "__strdup" | "strndup" | "__strndup")
+}
+
+/// One call stack and what it holds live.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Stack {
+    /// Estimated live bytes (negative in a difference: freed).
+    pub bytes: i64,
+    /// Estimated live allocations.
+    pub objects: i64,
+    /// Innermost first.
+    pub frames: Vec<Frame>,
+}
+
+/// A symbolized profile (what `--format json` writes and `--diff` reads).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Profile {
+    /// The process (absent in a difference).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<i32>,
+    /// One sample per 2^lg_sample bytes allocated.
+    pub lg_sample: u32,
+    /// Estimated live bytes over all stacks.
+    pub bytes: i64,
+    /// Estimated live allocations over all stacks.
+    pub objects: i64,
+    /// By bytes, largest first.
+    pub stacks: Vec<Stack>,
+}
+
+impl Profile {
+    /// Symbolizes a dump of process `pid`.
+    pub fn from_dump(pid: i32, lg_sample: u32, d: &HeapDump) -> Profile {
+        let mut sym = Symbolizer::new(Some(pid), d.maps.clone());
+        let mut cache: HashMap<u32, Frame> = HashMap::new();
+        let mut merged: HashMap<Vec<Frame>, (i64, i64)> = HashMap::new();
+        for s in &d.stacks {
+            let mut frames: Vec<Frame> = s
+                .frames
+                .iter()
+                .map(|&i| {
+                    cache
+                        .entry(i)
+                        .or_insert_with(|| sym.frame(d.addrs.get(i as usize).copied().unwrap_or(0)))
+                        .clone()
+                })
+                .collect();
+            let own = frames
+                .iter()
+                .take_while(|f| f.library == ALLOCATOR_LIBRARY || is_wrapper(&f.function))
+                .count();
+            frames.drain(..own.min(frames.len().saturating_sub(1)));
+            let e = merged.entry(frames).or_default();
+            e.0 += s.bytes as i64;
+            e.1 += s.objects as i64;
+        }
+        Profile::from_stacks(Some(pid), lg_sample, merged)
+    }
+
+    fn from_stacks(
+        pid: Option<i32>,
+        lg_sample: u32,
+        m: HashMap<Vec<Frame>, (i64, i64)>,
+    ) -> Profile {
+        let mut stacks: Vec<Stack> = m
+            .into_iter()
+            .filter(|(_, (b, o))| *b != 0 || *o != 0)
+            .map(|(frames, (bytes, objects))| Stack {
+                bytes,
+                objects,
+                frames,
+            })
+            .collect();
+        stacks.sort_by(|a, b| {
+            b.bytes
+                .cmp(&a.bytes)
+                .then_with(|| a.frames.len().cmp(&b.frames.len()))
+        });
+        Profile {
+            pid,
+            lg_sample,
+            bytes: stacks.iter().map(|s| s.bytes).sum(),
+            objects: stacks.iter().map(|s| s.objects).sum(),
+            stacks,
+        }
+    }
+
+    /// `new` minus `old`, stack by stack: what grew (positive) and what was
+    /// freed (negative) between the two.
+    pub fn diff(old: &Profile, new: &Profile) -> Profile {
+        let mut m: HashMap<Vec<Frame>, (i64, i64)> = HashMap::new();
+        for (p, sign) in [(new, 1), (old, -1)] {
+            for s in &p.stacks {
+                let e = m.entry(s.frames.clone()).or_default();
+                e.0 += sign * s.bytes;
+                e.1 += sign * s.objects;
+            }
+        }
+        Profile::from_stacks(None, new.lg_sample, m)
+    }
+
+    /// Per function: (bytes it allocated itself, bytes under it anywhere
+    /// in the stack), by its own bytes, largest first.
+    pub fn by_function(&self) -> Vec<(Frame, i64, i64)> {
+        let mut own: HashMap<&Frame, i64> = HashMap::new();
+        let mut cum: HashMap<&Frame, i64> = HashMap::new();
+        for s in &self.stacks {
+            if let Some(f) = s.frames.first() {
+                *own.entry(f).or_default() += s.bytes;
+            }
+            let mut seen: Vec<&Frame> = Vec::new();
+            for f in &s.frames {
+                if !seen.contains(&f) {
+                    seen.push(f);
+                    *cum.entry(f).or_default() += s.bytes;
+                }
+            }
+        }
+        let mut rows: Vec<(Frame, i64, i64)> = cum
+            .iter()
+            .map(|(f, &c)| ((*f).clone(), own.get(f).copied().unwrap_or(0), c))
+            .collect();
+        rows.sort_by(|a, b| {
+            b.1.abs()
+                .cmp(&a.1.abs())
+                .then(b.2.abs().cmp(&a.2.abs()))
+                .then_with(|| a.0.function.cmp(&b.0.function))
+        });
+        rows
+    }
+
+    /// Per Python function (CPython 3.12+ under `-X perf`: the perf map
+    /// names its trampolines): the bytes of the stacks it is the innermost
+    /// Python function of. Empty without a perf map.
+    pub fn by_python(&self) -> Vec<(String, i64)> {
+        let mut m: HashMap<&str, i64> = HashMap::new();
+        for s in &self.stacks {
+            if let Some(f) = s
+                .frames
+                .iter()
+                .find(|f| f.library == crate::symbols::PERF_MAP)
+            {
+                *m.entry(f.function.as_str()).or_default() += s.bytes;
+            }
+        }
+        let mut v: Vec<(String, i64)> = m.into_iter().map(|(k, b)| (k.to_string(), b)).collect();
+        v.sort_by(|a, b| b.1.abs().cmp(&a.1.abs()).then_with(|| a.0.cmp(&b.0)));
+        v
+    }
+
+    /// Per library: the bytes its functions allocated themselves.
+    pub fn by_library(&self) -> Vec<(String, i64)> {
+        let mut m: HashMap<&str, i64> = HashMap::new();
+        for s in &self.stacks {
+            if let Some(f) = s.frames.first() {
+                *m.entry(f.library.as_str()).or_default() += s.bytes;
+            }
+        }
+        let mut v: Vec<(String, i64)> = m.into_iter().map(|(k, b)| (k.to_string(), b)).collect();
+        v.sort_by(|a, b| b.1.abs().cmp(&a.1.abs()).then_with(|| a.0.cmp(&b.0)));
+        v
+    }
+
+    /// The top `n` call sites: a table with each function's own live bytes
+    /// and share, the bytes under it, and its library.
+    pub fn top_table(&self, n: usize) -> String {
+        let total = self.bytes.unsigned_abs().max(1) as f64;
+        let rows: Vec<Vec<String>> = self
+            .by_function()
+            .into_iter()
+            .filter(|r| r.1 != 0)
+            .take(n)
+            .map(|(f, own, cum)| {
+                vec![
+                    signed_bytes(own),
+                    format!("{:.1}%", own as f64 * 100.0 / total),
+                    signed_bytes(cum),
+                    f.function,
+                    f.library,
+                ]
+            })
+            .collect();
+        if rows.is_empty() {
+            return "no live sampled allocations\n".into();
+        }
+        table(
+            &["LIVE", "SHARE", "WITH CALLEES", "FUNCTION", "LIBRARY"],
+            &rows,
+        )
+    }
+
+    /// Folded stacks (`outer;...;inner bytes`), one line per stack, for
+    /// flamegraph.pl, speedscope or inferno.
+    pub fn folded(&self) -> String {
+        let mut out = String::new();
+        for s in &self.stacks {
+            let names: Vec<String> = s
+                .frames
+                .iter()
+                .rev()
+                .map(|f| f.function.replace([';', '\n'], "_"))
+                .collect();
+            out.push_str(&format!("{} {}\n", names.join(";"), s.bytes));
+        }
+        out
+    }
+
+    /// A flame graph: the outermost frames at the bottom, each box as wide
+    /// as the live bytes under it, its title the exact figure. Growth only
+    /// in a difference (what was freed is in the table and the JSON).
+    pub fn svg(&self, title: &str) -> String {
+        let mut root = Node::default();
+        for s in self.stacks.iter().filter(|s| s.bytes > 0) {
+            let mut n = &mut root;
+            n.bytes += s.bytes;
+            for f in s.frames.iter().rev() {
+                let i = match n.children.iter().position(|c| c.frame.as_ref() == Some(f)) {
+                    Some(i) => i,
+                    None => {
+                        n.children.push(Node {
+                            frame: Some(f.clone()),
+                            ..Node::default()
+                        });
+                        n.children.len() - 1
+                    }
+                };
+                n = &mut n.children[i];
+                n.bytes += s.bytes;
+            }
+        }
+        let (w, row) = (1200.0, 17.0);
+        let depth = root.depth();
+        let h = row * (depth as f64 + 1.0) + 50.0;
+        let mut body = String::new();
+        let scale = if root.bytes > 0 {
+            w / root.bytes as f64
+        } else {
+            0.0
+        };
+        root.draw(&mut body, 0.0, h - 20.0 - row, row, scale, root.bytes);
+        format!(
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n\
+<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" font-family=\"monospace\" font-size=\"11\">\n\
+<rect x=\"0\" y=\"0\" width=\"{w}\" height=\"{h}\" fill=\"#ffffff\"/>\n\
+<text x=\"4\" y=\"16\" font-size=\"13\">{} \u{2014} {} live, one sample per {} allocated</text>\n{body}</svg>\n",
+            escape(title),
+            bytes(root.bytes.max(0) as u64),
+            bytes(1u64 << self.lg_sample.min(63)),
+        )
+    }
+}
+
+/// `1.5 MiB`, or `-1.5 MiB` for a negative figure.
+pub fn signed_bytes(b: i64) -> String {
+    if b < 0 {
+        format!("-{}", bytes(b.unsigned_abs()))
+    } else {
+        bytes(b as u64)
+    }
+}
+
+#[derive(Default)]
+struct Node {
+    frame: Option<Frame>,
+    bytes: i64,
+    children: Vec<Node>,
+}
+
+impl Node {
+    fn depth(&self) -> usize {
+        1 + self.children.iter().map(Node::depth).max().unwrap_or(0)
+    }
+
+    fn draw(&self, out: &mut String, x: f64, y: f64, row: f64, scale: f64, total: i64) {
+        let width = self.bytes as f64 * scale;
+        if width < 0.5 {
+            return;
+        }
+        let (name, lib) = match &self.frame {
+            Some(f) => (f.function.as_str(), f.library.as_str()),
+            None => ("all", ""),
+        };
+        let hue = name
+            .bytes()
+            .fold(0u32, |h, c| h.wrapping_mul(31).wrapping_add(u32::from(c)))
+            % 40;
+        let share = self.bytes as f64 * 100.0 / total.max(1) as f64;
+        out.push_str(&format!(
+            "<g><title>{} ({}) {} live, {share:.1}%</title><rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{width:.1}\" height=\"{:.1}\" fill=\"hsl({},80%,60%)\" stroke=\"#ffffff\" stroke-width=\"0.5\"/>",
+            escape(name),
+            escape(lib),
+            bytes(self.bytes.max(0) as u64),
+            row - 1.0,
+            hue + 10,
+        ));
+        let chars = ((width - 6.0) / 6.6).floor() as usize;
+        if chars >= 3 {
+            let label: String = if name.chars().count() > chars {
+                name.chars()
+                    .take(chars.saturating_sub(2))
+                    .chain("..".chars())
+                    .collect()
+            } else {
+                name.to_string()
+            };
+            out.push_str(&format!(
+                "<text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
+                x + 3.0,
+                y + row - 5.0,
+                escape(&label)
+            ));
+        }
+        out.push_str("</g>\n");
+        let mut cx = x;
+        for c in &self.children {
+            c.draw(out, cx, y - row, row, scale, total);
+            cx += c.bytes as f64 * scale;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f(name: &str) -> Frame {
+        Frame {
+            function: name.into(),
+            library: "app".into(),
+        }
+    }
+
+    fn profile(stacks: &[(i64, &[&str])]) -> Profile {
+        let m = stacks
+            .iter()
+            .map(|(b, fr)| (fr.iter().map(|n| f(n)).collect(), (*b, 1)))
+            .collect();
+        Profile::from_stacks(Some(1), 19, m)
+    }
+
+    #[test]
+    fn functions_are_ranked_by_what_they_allocated_themselves() {
+        let p = profile(&[(64 << 20, &["leak", "main"]), (1 << 20, &["other", "main"])]);
+        let rows = p.by_function();
+        assert_eq!(rows[0], (f("leak"), 64 << 20, 64 << 20));
+        assert_eq!(rows[1], (f("other"), 1 << 20, 1 << 20));
+        assert_eq!(rows[2], (f("main"), 0, 65 << 20));
+        let t = p.top_table(10);
+        assert!(t.contains("64.0 MiB") && t.contains("98.5%"), "{t}");
+        assert!(
+            !t.contains("main"),
+            "a function with no bytes of its own is not a call site: {t}"
+        );
+        assert_eq!(p.folded(), "main;leak 67108864\nmain;other 1048576\n");
+    }
+
+    #[test]
+    fn a_difference_shows_only_what_changed() {
+        let old = profile(&[(64 << 20, &["first", "main"])]);
+        let new = profile(&[
+            (64 << 20, &["first", "main"]),
+            (32 << 20, &["second", "main"]),
+        ]);
+        let d = Profile::diff(&old, &new);
+        assert_eq!(d.stacks.len(), 1);
+        assert_eq!(d.stacks[0].frames[0], f("second"));
+        assert_eq!(d.bytes, 32 << 20);
+    }
+
+    #[test]
+    fn the_flame_graph_is_svg_with_a_box_per_frame() {
+        let p = profile(&[(64 << 20, &["leak<T>", "main"])]);
+        let svg = p.svg("pid 1");
+        assert!(svg.starts_with("<?xml") && svg.ends_with("</svg>\n"));
+        assert!(svg.contains("leak&lt;T&gt;"), "{svg}");
+        assert_eq!(
+            svg.matches("<rect").count(),
+            4,
+            "background, all, main, leak"
+        );
+    }
+}

@@ -1,0 +1,363 @@
+//! Addresses of another process to function names, for `profile`.
+//!
+//! The process sends its executable file mappings with the profile; each
+//! file is read here (through `/proc/PID/root`, so a container's files are
+//! its own, falling back to the path as given), its ELF symbol tables
+//! (`.symtab` where the file was not stripped, `.dynsym` always) give the
+//! functions, and an address is placed in the load segment it falls in.
+//! 64-bit little-endian ELF only (x86_64, aarch64). A function that has no
+//! symbol is shown as `library+0xoffset`.
+//!
+//! C++ and Rust names are shown by [`demangle`]: the qualified name only,
+//! without parameter types or template arguments, which is what a profile
+//! table has room for.
+//!
+//! Code that is in no file (a JIT's) is looked up in the process's perf map,
+//! `/tmp/perf-<pid>.map` (pid as the process sees itself), where CPython
+//! 3.12+ run with `-X perf` names each Python function's trampoline
+//! `py::<function>:<file>`.
+
+use memshim_proto::Mapping;
+use std::collections::HashMap;
+
+/// Where an address is: its function (if a symbol covers it) and its file.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Frame {
+    /// The function's name, demangled; `lib+0x..` when there is no symbol.
+    pub function: String,
+    /// The file's name without its directory (`libtorch_cpu.so`).
+    pub library: String,
+}
+
+/// One ELF file's functions and load segments.
+struct Elf {
+    /// (start, size, name), sorted by start.
+    funcs: Vec<(u64, u64, String)>,
+    /// (file offset, vaddr, file size) of each PT_LOAD.
+    loads: Vec<(u64, u64, u64)>,
+}
+
+/// Symbolizes the addresses of one process.
+pub struct Symbolizer {
+    pid: Option<i32>,
+    root: String,
+    maps: Vec<Mapping>,
+    files: HashMap<String, Option<Elf>>,
+    /// The perf map's (start, size, name), sorted; read on first need.
+    perf: Option<Vec<(u64, u64, String)>>,
+}
+
+/// The library a perf map's functions are shown in.
+pub const PERF_MAP: &str = "[perf map]";
+
+impl Symbolizer {
+    /// For the process `pid` (files read through `/proc/PID/root`).
+    pub fn new(pid: Option<i32>, mut maps: Vec<Mapping>) -> Symbolizer {
+        maps.sort_by_key(|m| m.start);
+        Symbolizer {
+            pid,
+            root: pid.map(|p| format!("/proc/{p}/root")).unwrap_or_default(),
+            maps,
+            files: HashMap::new(),
+            perf: None,
+        }
+    }
+
+    /// The frame of a return address (looked up one byte before it, inside
+    /// the call instruction).
+    pub fn frame(&mut self, addr: u64) -> Frame {
+        let pc = addr.saturating_sub(1);
+        let i = self.maps.partition_point(|m| m.start <= pc);
+        let Some(m) = i
+            .checked_sub(1)
+            .map(|i| &self.maps[i])
+            .filter(|m| pc < m.end)
+        else {
+            if let Some(name) = self.perf_map(pc) {
+                return Frame {
+                    function: name,
+                    library: PERF_MAP.into(),
+                };
+            }
+            return Frame {
+                function: format!("{addr:#x}"),
+                library: "?".into(),
+            };
+        };
+        let (path, file_off) = (m.path.clone(), pc - m.start + m.offset);
+        let library = path.rsplit('/').next().unwrap_or(&path).to_string();
+        let root = self.root.clone();
+        let elf = self
+            .files
+            .entry(path.clone())
+            .or_insert_with(|| read_elf(&root, &path));
+        let function = elf
+            .as_ref()
+            .and_then(|e| e.function(file_off))
+            .map(demangle)
+            .unwrap_or_else(|| format!("{library}+{file_off:#x}"));
+        Frame { function, library }
+    }
+}
+
+impl Symbolizer {
+    /// The perf map's name for `pc`, if the process has a perf map.
+    fn perf_map(&mut self, pc: u64) -> Option<String> {
+        let pid = self.pid?;
+        let root = self.root.clone();
+        let map = self.perf.get_or_insert_with(|| read_perf_map(&root, pid));
+        let i = map.partition_point(|e| e.0 <= pc).checked_sub(1)?;
+        let (start, size, name) = &map[i];
+        (pc < start + size).then(|| name.clone())
+    }
+}
+
+/// `/tmp/perf-<pid>.map` of process `pid`, its pid as it sees itself (the
+/// last `NSpid` of its status), read through its root.
+fn read_perf_map(root: &str, pid: i32) -> Vec<(u64, u64, String)> {
+    let own = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .and_then(|v| v.split_whitespace().last().map(str::to_owned))
+        })
+        .unwrap_or_else(|| pid.to_string());
+    let text = std::fs::read_to_string(format!("{root}/tmp/perf-{own}.map")).unwrap_or_default();
+    let mut v: Vec<(u64, u64, String)> = text
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.splitn(3, ' ');
+            let start = u64::from_str_radix(it.next()?, 16).ok()?;
+            let size = u64::from_str_radix(it.next()?, 16).ok()?;
+            Some((start, size, it.next()?.to_string()))
+        })
+        .collect();
+    v.sort_by_key(|e| e.0);
+    v
+}
+
+impl Elf {
+    fn function(&self, file_off: u64) -> Option<&str> {
+        let &(off, vaddr, _) = self
+            .loads
+            .iter()
+            .find(|&&(off, _, size)| file_off >= off && file_off < off + size)?;
+        let v = file_off - off + vaddr;
+        let i = self.funcs.partition_point(|f| f.0 <= v).checked_sub(1)?;
+        let (start, size, name) = &self.funcs[i];
+        // A symbol of size 0 (hand-written assembly) covers up to the next.
+        (*size == 0 || v < start + size).then_some(name.as_str())
+    }
+}
+
+fn read_elf(root: &str, path: &str) -> Option<Elf> {
+    let bytes = std::fs::read(format!("{root}{path}"))
+        .or_else(|_| std::fs::read(path))
+        .ok()?;
+    parse_elf(&bytes)
+}
+
+fn u16_at(b: &[u8], o: usize) -> Option<u64> {
+    Some(u64::from(u16::from_le_bytes(
+        b.get(o..o + 2)?.try_into().ok()?,
+    )))
+}
+fn u32_at(b: &[u8], o: usize) -> Option<u64> {
+    Some(u64::from(u32::from_le_bytes(
+        b.get(o..o + 4)?.try_into().ok()?,
+    )))
+}
+fn u64_at(b: &[u8], o: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?))
+}
+
+/// The functions and load segments of a 64-bit little-endian ELF file.
+fn parse_elf(b: &[u8]) -> Option<Elf> {
+    if b.get(0..4)? != b"\x7fELF" || *b.get(4)? != 2 || *b.get(5)? != 1 {
+        return None;
+    }
+    let (phoff, shoff) = (u64_at(b, 0x20)? as usize, u64_at(b, 0x28)? as usize);
+    let (phentsize, phnum) = (u16_at(b, 0x36)? as usize, u16_at(b, 0x38)? as usize);
+    let (shentsize, shnum) = (u16_at(b, 0x3a)? as usize, u16_at(b, 0x3c)? as usize);
+    let mut loads = Vec::new();
+    for i in 0..phnum {
+        let p = phoff + i * phentsize;
+        if u32_at(b, p)? == 1 {
+            // PT_LOAD: p_offset, p_vaddr, p_filesz
+            loads.push((u64_at(b, p + 8)?, u64_at(b, p + 16)?, u64_at(b, p + 32)?));
+        }
+    }
+    let mut funcs = Vec::new();
+    for i in 0..shnum {
+        let s = shoff + i * shentsize;
+        let kind = u32_at(b, s + 4)?;
+        // SHT_SYMTAB (2) or SHT_DYNSYM (11), with their string table.
+        if kind != 2 && kind != 11 {
+            continue;
+        }
+        let (off, size, link) = (
+            u64_at(b, s + 0x18)? as usize,
+            u64_at(b, s + 0x20)? as usize,
+            u32_at(b, s + 0x28)? as usize,
+        );
+        let strs = shoff + link * shentsize;
+        let (str_off, str_size) = (
+            u64_at(b, strs + 0x18)? as usize,
+            u64_at(b, strs + 0x20)? as usize,
+        );
+        let strtab = b.get(str_off..str_off.checked_add(str_size)?)?;
+        for k in 0..size / 24 {
+            let e = off + k * 24;
+            let info = *b.get(e + 4)?;
+            let shndx = u16_at(b, e + 6)?;
+            // STT_FUNC (2) or STT_GNU_IFUNC (10), defined.
+            if !matches!(info & 0xf, 2 | 10) || shndx == 0 {
+                continue;
+            }
+            let (value, sz) = (u64_at(b, e + 8)?, u64_at(b, e + 16)?);
+            let name_off = u32_at(b, e)? as usize;
+            let name = strtab
+                .get(name_off..)
+                .and_then(|n| n.split(|&c| c == 0).next());
+            if let Some(n) = name.filter(|n| !n.is_empty()) {
+                funcs.push((value, sz, String::from_utf8_lossy(n).into_owned()));
+            }
+        }
+    }
+    funcs.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    funcs.dedup_by_key(|f| f.0);
+    Some(Elf { funcs, loads })
+}
+
+/// An Itanium C++ (or Rust legacy) mangled name to its qualified name,
+/// without parameters or template arguments: `_ZN2at6native5emptyEv` is
+/// `at::native::empty`. Other names are returned as they are.
+pub fn demangle(name: &str) -> String {
+    let Some(rest) = name.strip_prefix("_Z") else {
+        return name.to_string();
+    };
+    let b = rest.as_bytes();
+    let mut i = 0;
+    let mut parts: Vec<String> = Vec::new();
+    let nested = b.first() == Some(&b'N');
+    if nested {
+        i += 1;
+        // CV and ref qualifiers of a member function.
+        while matches!(b.get(i), Some(b'r' | b'V' | b'K' | b'R' | b'O')) {
+            i += 1;
+        }
+    }
+    loop {
+        match b.get(i) {
+            Some(c) if c.is_ascii_digit() => {
+                let start = i;
+                while b.get(i).is_some_and(u8::is_ascii_digit) {
+                    i += 1;
+                }
+                let Ok(n) = rest[start..i].parse::<usize>() else {
+                    return name.to_string();
+                };
+                let Some(part) = rest.get(i..i + n) else {
+                    return name.to_string();
+                };
+                parts.push(part.to_string());
+                i += n;
+                if !nested {
+                    break;
+                }
+            }
+            // `St` (std::), a substitution we cannot expand, template args.
+            Some(b'S') if b.get(i + 1) == Some(&b't') => {
+                parts.push("std".into());
+                i += 2;
+            }
+            Some(b'I') if nested => {
+                let mut depth = 0;
+                while let Some(&c) = b.get(i) {
+                    i += 1;
+                    match c {
+                        b'I' => depth += 1,
+                        b'E' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                break;
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            Some(b'C' | b'D') if nested => {
+                let tilde = if b[i] == b'D' { "~" } else { "" };
+                let class = parts.last().cloned().unwrap_or_default();
+                parts.push(format!("{tilde}{class}"));
+                i += 2;
+            }
+            _ => break,
+        }
+    }
+    // Rust's legacy mangling ends with a hash part `h0123456789abcdef`.
+    if parts.len() > 1
+        && parts.last().is_some_and(|p| {
+            p.len() == 17 && p.starts_with('h') && p[1..].bytes().all(|c| c.is_ascii_hexdigit())
+        })
+    {
+        parts.pop();
+    }
+    if parts.is_empty() {
+        name.to_string()
+    } else {
+        parts.join("::")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mangled_names_read_as_their_qualified_name() {
+        assert_eq!(
+            demangle("_ZN2at6native5emptyEN3c108ArrayRefIlEE"),
+            "at::native::empty"
+        );
+        assert_eq!(demangle("_Z15keep_sixty_fourv"), "keep_sixty_four");
+        assert_eq!(demangle("_ZN3foo3barIiE3bazEv"), "foo::bar::baz");
+        assert_eq!(
+            demangle("_ZNKSt6vectorIiSaIiEE4sizeEv"),
+            "std::vector::size"
+        );
+        assert_eq!(
+            demangle("_ZN4core3fmt5write17h0123456789abcdefE"),
+            "core::fmt::write"
+        );
+        assert_eq!(demangle("_ZN3FooC2Ev"), "Foo::Foo");
+        assert_eq!(demangle("_ZN3FooD1Ev"), "Foo::~Foo");
+        assert_eq!(demangle("PyList_Append"), "PyList_Append");
+        assert_eq!(demangle("_Zbroken"), "_Zbroken");
+    }
+
+    #[test]
+    fn this_test_binary_symbolizes_its_own_function() {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let maps: Vec<Mapping> = maps
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                let (s, e) = f[0].split_once('-')?;
+                (f.len() >= 6 && f[1].contains('x') && f[5].starts_with('/')).then(|| Mapping {
+                    start: u64::from_str_radix(s, 16).unwrap(),
+                    end: u64::from_str_radix(e, 16).unwrap(),
+                    offset: u64::from_str_radix(f[2], 16).unwrap(),
+                    path: f[5..].join(" "),
+                })
+            })
+            .collect();
+        let mut s = Symbolizer::new(None, maps);
+        let addr = demangle as *const () as u64 + 1;
+        let f = s.frame(addr);
+        assert!(f.function.ends_with("symbols::demangle"), "{f:?}");
+        assert!(f.library.starts_with("memshim_ctl"), "{f:?}");
+    }
+}

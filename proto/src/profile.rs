@@ -1,0 +1,216 @@
+//! The `profile` request: jemalloc's heap profiler, switched from outside
+//! (docs/profile.md). The shim answers with the live sampled allocations
+//! as raw stacks of addresses and the process's executable mappings; the
+//! client symbolizes them.
+
+use serde::{Deserialize, Serialize};
+
+/// What a `profile` request does.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ProfileAction {
+    /// Report whether sampling is on; change nothing.
+    #[default]
+    Status,
+    /// Start sampling (`prof.active = true`); nothing if it is on already.
+    Start,
+    /// Stop sampling (`prof.active = false`); what was sampled stays.
+    Stop,
+    /// Forget every sample taken so far (`prof.reset`); sampling stays as it is.
+    Reset,
+    /// The live sampled allocations now ([`HeapDump`]).
+    Dump,
+}
+
+/// The answer to `profile`.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ProfileReply {
+    /// Sampling is on (after the action).
+    pub active: bool,
+    /// This request switched sampling on or off.
+    pub changed: bool,
+    /// One sample per 2^lg_sample bytes allocated, on average.
+    pub lg_sample: u32,
+    /// Milliseconds since sampling was last started by a `profile` request
+    /// (absent while it is off, or when it was started otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_ms: Option<u64>,
+    /// The live sampled allocations (action `dump` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dump: Option<HeapDump>,
+}
+
+/// The live allocations jemalloc sampled, by call stack. Counts are
+/// unbiased estimates of all live allocations made while sampling was on
+/// (not only the sampled ones): see [`unbias`].
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct HeapDump {
+    /// Every distinct return address of the stacks, once.
+    pub addrs: Vec<u64>,
+    /// One row per distinct call stack with live allocations.
+    pub stacks: Vec<HeapStack>,
+    /// Estimated live bytes over all stacks.
+    pub bytes: u64,
+    /// Estimated live allocations over all stacks.
+    pub objects: u64,
+    /// The process's executable file mappings, to symbolize the addresses.
+    pub maps: Vec<Mapping>,
+    /// Milliseconds the dump took inside the process.
+    pub elapsed_ms: f64,
+}
+
+/// Live allocations made from one call stack.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct HeapStack {
+    /// Estimated live bytes.
+    pub bytes: u64,
+    /// Estimated live allocations.
+    pub objects: u64,
+    /// Indexes into [`HeapDump::addrs`], innermost frame first.
+    pub frames: Vec<u32>,
+}
+
+/// One executable mapping of a file (a line of `/proc/PID/maps`).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Mapping {
+    /// First address.
+    pub start: u64,
+    /// One past the last address.
+    pub end: u64,
+    /// Offset in the file of `start`.
+    pub offset: u64,
+    /// The file, as the process sees it.
+    pub path: String,
+}
+
+impl HeapDump {
+    /// Parses jemalloc's heap profile (`heap_v2/<interval>`, stacks of `@ 0x..`
+    /// lines each followed by their `t*:` totals, then `MAPPED_LIBRARIES:`).
+    /// Keeps the executable file mappings only. `None` if it is not one.
+    pub fn parse(text: &str) -> Option<(u32, HeapDump)> {
+        let mut lines = text.lines();
+        let head = lines.next()?;
+        let interval: u64 = head.strip_prefix("heap_v2/")?.trim().parse().ok()?;
+        let lg_sample = 63 - interval.max(1).leading_zeros();
+        let mut d = HeapDump::default();
+        let mut index = std::collections::HashMap::<u64, u32>::new();
+        let mut frames: Option<Vec<u32>> = None;
+        let mut in_maps = false;
+        for line in lines {
+            if in_maps {
+                if let Some(m) = parse_map(line) {
+                    d.maps.push(m);
+                }
+            } else if line.starts_with("MAPPED_LIBRARIES:") {
+                in_maps = true;
+            } else if let Some(rest) = line.strip_prefix('@') {
+                let mut f = Vec::new();
+                for a in rest.split_whitespace() {
+                    let a = u64::from_str_radix(a.trim_start_matches("0x"), 16).ok()?;
+                    let next = d.addrs.len() as u32;
+                    let i = *index.entry(a).or_insert(next);
+                    if i == next {
+                        d.addrs.push(a);
+                    }
+                    f.push(i);
+                }
+                frames = Some(f);
+            } else if let Some(counts) = line.trim_start().strip_prefix("t*:") {
+                let (objects, bytes) = unbias(parse_counts(counts)?, interval);
+                match frames.take() {
+                    Some(frames) if objects > 0 || bytes > 0 => d.stacks.push(HeapStack {
+                        bytes,
+                        objects,
+                        frames,
+                    }),
+                    Some(_) => {}
+                    // The first `t*:` line is the whole profile's.
+                    None => {}
+                }
+            }
+        }
+        d.bytes = d.stacks.iter().map(|s| s.bytes).sum();
+        d.objects = d.stacks.iter().map(|s| s.objects).sum();
+        Some((lg_sample, d))
+    }
+}
+
+/// jemalloc's figures for one stack are the sampled ones, prepared so that
+/// pprof's (and jeprof's) correction gives its own unbiased estimate
+/// (prof_data.c, "The unbiasing story is long"): with `c` objects of `s`
+/// bytes sampled at one per `interval` bytes, both are divided by the
+/// chance that an allocation of the average size was sampled,
+/// 1 - e^(-(s/c)/interval).
+fn unbias((objects, bytes): (u64, u64), interval: u64) -> (u64, u64) {
+    if objects == 0 || interval <= 1 {
+        return (objects, bytes);
+    }
+    let avg = bytes as f64 / objects as f64;
+    let p = 1.0 - (-avg / interval as f64).exp();
+    if p <= 0.0 {
+        return (objects, bytes);
+    }
+    (
+        (objects as f64 / p).round() as u64,
+        (bytes as f64 / p).round() as u64,
+    )
+}
+
+/// `" 3: 1572864 [0: 0]"` -> (3, 1572864).
+fn parse_counts(s: &str) -> Option<(u64, u64)> {
+    let (objects, rest) = s.trim().split_once(':')?;
+    let bytes = rest.split_whitespace().next()?;
+    Some((objects.trim().parse().ok()?, bytes.parse().ok()?))
+}
+
+/// An executable mapping of a file, from one `/proc/PID/maps` line.
+fn parse_map(line: &str) -> Option<Mapping> {
+    let mut it = line.split_whitespace();
+    let range = it.next()?;
+    let perms = it.next()?;
+    let offset = it.next()?;
+    let _dev = it.next()?;
+    let _inode = it.next()?;
+    let path = it.collect::<Vec<_>>().join(" ");
+    if !perms.contains('x') || !path.starts_with('/') {
+        return None;
+    }
+    let (start, end) = range.split_once('-')?;
+    Some(Mapping {
+        start: u64::from_str_radix(start, 16).ok()?,
+        end: u64::from_str_radix(end, 16).ok()?,
+        offset: u64::from_str_radix(offset, 16).ok()?,
+        path,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_heap_profile_of_jemalloc_parses() {
+        let text = "heap_v2/524288\n  t*: 65: 68157440 [0: 0]\n  t0: 65: 68157440 [0: 0]\n\
+@ 0x55d5a5f2a1c4 0x55d5a5f2a0e0 0x7f9ef6029d90\n  t*: 55: 57671680 [0: 0]\n  t0: 55: 57671680 [0: 0]\n\
+@ 0x55d5a5f2a1d0 0x55d5a5f2a0e0\n  t*: 58: 475136 [0: 0]\n\
+@ 0x55d5a5f2a1d8\n  t*: 0: 0 [0: 0]\n\n\
+MAPPED_LIBRARIES:\n55d5a5f29000-55d5a5f2b000 r-xp 00001000 fe:00 10092608   /tmp/leak with space\n\
+7f9ef6000000-7f9ef6100000 rw-p 00000000 00:00 0 \n";
+        let (lg, d) = HeapDump::parse(text).unwrap();
+        assert_eq!(lg, 19);
+        assert_eq!(d.stacks.len(), 2);
+        // 55 of 1 MiB sampled at 512 KiB: each had a chance of 1 - e^-2.
+        let p = 1.0 - (-2.0f64).exp();
+        assert_eq!(d.stacks[0].objects, (55.0 / p).round() as u64);
+        assert_eq!(d.stacks[0].bytes, (57671680.0 / p).round() as u64);
+        // 58 of 8 KiB: one in 64 is sampled, 3741 estimated (4096 were made).
+        assert_eq!(d.stacks[1].objects, 3741, "{:?}", d.stacks[1]);
+        assert_eq!(d.bytes, d.stacks[0].bytes + d.stacks[1].bytes);
+        assert_eq!(d.addrs.len(), 5);
+        assert_eq!(d.stacks[1].frames, vec![3, 1]);
+        assert_eq!(d.maps.len(), 1);
+        assert_eq!(d.maps[0].path, "/tmp/leak with space");
+        assert_eq!(d.maps[0].offset, 0x1000);
+        assert!(HeapDump::parse("not a profile").is_none());
+    }
+}

@@ -1,0 +1,119 @@
+//! Heap profiles from outside: the `profile` request (docs/profile.md).
+//!
+//! jemalloc can sample allocations only if it started with `prof:true`,
+//! which `MEMSHIM_PROFILE=on` asks for, inactive (`prof_active:false`):
+//! see options.rs for the string and BENCHMARKS.md for what it costs. This
+//! module switches sampling on and off and reads the live samples, on the
+//! shim's thread, one request at a time.
+//!
+//! Call stacks come from libgcc's `_Unwind_Backtrace`, the unwinder glibc
+//! itself loads: a process holds one unwinder, as without the shim. The
+//! forwarder in os/unwind.c never loads it inside an allocation, so
+//! [`start`] loads it here first, and takes one backtrace, so that libgcc
+//! sets up its own state on this thread rather than inside a sample. No
+//! `libgcc_s.so.1` (a static or distroless image): sampling is refused.
+//!
+//! A dump goes through a file: jemalloc writes its profile only to a path
+//! (`prof.dump`). The file is `<socket dir>/<socket name>.heap` (the caller
+//! gives the path), in the
+//! directory that holds this process's socket (owned by its uid, mode
+//! 0700), read back at once and removed.
+
+use crate::{jemalloc, options, os};
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use memshim_proto::{ErrorCode, ErrorReply, HeapDump, ProfileAction, ProfileReply};
+use std::ffi::CString;
+use std::time::Instant;
+
+/// Monotonic ms when a `profile` request last started sampling; 0: never,
+/// or stopped since.
+static STARTED_MS: AtomicU64 = AtomicU64::new(0);
+
+fn off() -> ErrorReply {
+    ErrorReply::new(
+        ErrorCode::ProfilingOff,
+        "this process started without MEMSHIM_PROFILE=on, so jemalloc's profiler cannot be switched on in it; \
+         restart it with MEMSHIM_PROFILE=on (it samples nothing until asked)",
+    )
+}
+
+fn internal(what: &str, e: impl core::fmt::Display) -> ErrorReply {
+    ErrorReply::new(ErrorCode::Internal, format!("{what} failed: {e}"))
+}
+
+/// Runs one `profile` request.
+pub fn request(
+    action: ProfileAction,
+    now_ms: u64,
+    dump_path: &CString,
+) -> Result<ProfileReply, ErrorReply> {
+    if !options::profile() || !jemalloc::prof_ready() {
+        return Err(off());
+    }
+    let was = jemalloc::prof_active();
+    let mut dump = None;
+    match action {
+        ProfileAction::Status => {}
+        ProfileAction::Start if !was => start(now_ms)?,
+        ProfileAction::Start => {}
+        ProfileAction::Stop => {
+            jemalloc::set_prof_active(false).map_err(|e| internal("prof.active", e))?;
+            STARTED_MS.store(0, Relaxed);
+        }
+        ProfileAction::Reset => jemalloc::prof_reset().map_err(|e| internal("prof.reset", e))?,
+        ProfileAction::Dump => dump = Some(read_dump(dump_path)?),
+    }
+    let active = jemalloc::prof_active();
+    let started = STARTED_MS.load(Relaxed);
+    Ok(ProfileReply {
+        active,
+        changed: active != was,
+        lg_sample: jemalloc::prof_lg_sample(),
+        active_ms: (active && started != 0).then(|| now_ms.saturating_sub(started)),
+        dump,
+    })
+}
+
+/// Loads the unwinder, warms it up on this thread, then starts sampling.
+fn start(now_ms: u64) -> Result<(), ErrorReply> {
+    if !os::unwind::load() {
+        return Err(ErrorReply::new(
+            ErrorCode::ProfilingOff,
+            "libgcc_s.so.1 could not be loaded in this process, and without it no call stack can be taken; \
+             install the libgcc-s1 package (libgcc on RHEL) in the image",
+        ));
+    }
+    os::unwind::warm_up();
+    jemalloc::set_prof_active(true).map_err(|e| internal("prof.active", e))?;
+    STARTED_MS.store(now_ms.max(1), Relaxed);
+    Ok(())
+}
+
+/// Dumps the live samples through a file next to the socket.
+fn read_dump(path: &CString) -> Result<HeapDump, ErrorReply> {
+    use std::os::unix::ffi::OsStrExt;
+    let t0 = Instant::now();
+    let file = std::ffi::OsStr::from_bytes(path.as_bytes());
+    let _ = std::fs::remove_file(file);
+    let dumped = jemalloc::prof_dump(path);
+    let text = std::fs::read(file);
+    let _ = std::fs::remove_file(file);
+    dumped.map_err(|e| internal(&format!("prof.dump to {}", path.to_string_lossy()), e))?;
+    let text = text.map_err(|e| internal(&format!("reading {}", path.to_string_lossy()), e))?;
+    let text = String::from_utf8_lossy(&text);
+    let (_, mut dump) = HeapDump::parse(&text).ok_or_else(|| {
+        internal(
+            "reading jemalloc's heap profile",
+            "not in the heap_v2 format",
+        )
+    })?;
+    dump.elapsed_ms = t0.elapsed().as_secs_f64() * 1000.0;
+    Ok(dump)
+}
+
+/// Fork child: the parent's `profile` request did not start the child's
+/// sampling clock. Async-signal-safe.
+pub fn after_fork_child() {
+    use crate::os::ResetTo;
+    STARTED_MS.reset_to(0);
+}

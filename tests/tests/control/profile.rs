@@ -1,0 +1,318 @@
+//! `memshim-ctl profile`: a heap profile of a real shimmed process, taken
+//! from outside. The function that keeps 64 MiB holds at least 80 % of the
+//! sampled live bytes; the difference of two profiles around a second
+//! leak shows only the second; the flame graph parses as SVG; a process
+//! started without `MEMSHIM_PROFILE=on` gets exit 11 and how to turn it on;
+//! sampling while the process forks and allocates stalls nothing.
+
+use memshim_tests::control::{ctl_run, wait_endpoint};
+use memshim_tests::*;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::time::Duration;
+
+fn out_file(name: &str) -> PathBuf {
+    let p = scratch().join(format!("profile-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_file(&p);
+    p
+}
+
+/// The fixture under the shim with the profiler ready (or not), its
+/// endpoint answering.
+fn leaker(profile: bool) -> Child {
+    let mut c = Cmd::new(fixture("profile_leak", &[]), Vec::<String>::new()).shimmed();
+    if profile {
+        c = c.env("MEMSHIM_PROFILE", "on");
+    }
+    let mut c = c.spawn();
+    c.wait_for_line("started", Duration::from_secs(10));
+    wait_endpoint(c.pid());
+    c
+}
+
+/// `profile PID --format json -o FILE`, parsed.
+fn json_profile(pid: &str, name: &str) -> (PathBuf, Value) {
+    let f = out_file(name);
+    let o = ctl_run(&[
+        "profile",
+        pid,
+        "--format",
+        "json",
+        "-o",
+        &f.display().to_string(),
+    ]);
+    assert_eq!(o.code, 0, "{o:?}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+    (f, v)
+}
+
+/// Bytes of the stacks whose allocating frame is `function`.
+fn held_by(p: &Value, function: &str) -> i64 {
+    p["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["frames"][0]["function"] == function)
+        .map(|s| s["bytes"].as_i64().unwrap())
+        .sum()
+}
+
+#[test]
+fn a_profile_names_the_function_that_keeps_the_memory_and_a_diff_the_new_leak() {
+    let mut app = leaker(true);
+    let pid = app.pid().to_string();
+    // Switched on, and left on: what follows is sampled.
+    let o = ctl_run(&["profile", &pid, "--seconds", "0", "--keep"]);
+    assert_eq!(o.code, 0, "{o:?}");
+    assert!(o.stderr.contains("sampling started"), "{o:?}");
+    app.send("first");
+    app.wait_for_line("kept first", Duration::from_secs(10));
+
+    let (p1, first) = json_profile(&pid, "1.json");
+    let total = first["bytes"].as_i64().unwrap();
+    let leak = held_by(&first, "keep_sixty_four");
+    assert!(
+        leak as f64 >= 0.8 * total as f64 && leak > 32 << 20,
+        "keep_sixty_four holds {leak} of {total} sampled live bytes: {first}"
+    );
+    let lib = &first["stacks"][0]["frames"][0]["library"];
+    assert_eq!(lib, "profile_leak", "{first}");
+
+    let table = ctl_run(&["profile", &pid, "--top", "3"]);
+    assert_eq!(table.code, 0, "{table:?}");
+    let line = table
+        .stdout
+        .lines()
+        .find(|l| l.contains("keep_sixty_four"))
+        .unwrap_or_else(|| panic!("{}", table.stdout));
+    assert!(line.contains("profile_leak"), "{line}");
+
+    app.send("second");
+    app.wait_for_line("kept second", Duration::from_secs(10));
+    let (p2, _) = json_profile(&pid, "2.json");
+    let o = ctl_run(&[
+        "profile",
+        "--diff",
+        &p1.display().to_string(),
+        &p2.display().to_string(),
+        "--json",
+    ]);
+    assert_eq!(o.code, 0, "{o:?}");
+    let diff: Value = serde_json::from_str(&o.stdout).unwrap();
+    let grown = held_by(&diff, "keep_sixteen");
+    assert!(grown > 8 << 20, "the second leak grew: {diff}");
+    assert_eq!(
+        held_by(&diff, "keep_sixty_four"),
+        0,
+        "only the second: {diff}"
+    );
+    assert_eq!(diff["bytes"].as_i64(), Some(grown), "nothing else: {diff}");
+
+    // The flame graph, read by Python's XML parser; folded stacks.
+    let svg = out_file("f.svg");
+    let o = ctl_run(&[
+        "profile",
+        &pid,
+        "--format",
+        "svg",
+        "-o",
+        &svg.display().to_string(),
+    ]);
+    assert_eq!(o.code, 0, "{o:?}");
+    let src = "import sys, xml.etree.ElementTree as ET\n\
+root = ET.parse(sys.argv[1]).getroot()\n\
+assert root.tag.endswith('svg'), root.tag\n\
+print('\\n'.join(t.text or '' for t in root.iter() if t.tag.endswith('title')))";
+    let o = Cmd::new(python(), ["-c", src, &svg.display().to_string()]).run();
+    assert_eq!(o.code, 0, "the SVG does not parse: {o:?}");
+    assert!(
+        o.stdout.contains("keep_sixty_four (profile_leak)"),
+        "{}",
+        o.stdout
+    );
+    // pprof's format, decoded by the field numbers of pprof's profile.proto.
+    let pb = out_file("heap.pb.gz");
+    let o = ctl_run(&[
+        "profile",
+        &pid,
+        "--format",
+        "pprof",
+        "-o",
+        &pb.display().to_string(),
+    ]);
+    assert_eq!(o.code, 0, "{o:?}");
+    let o = Cmd::new(python(), ["-c", PPROF_DECODER, &pb.display().to_string()]).run();
+    assert_eq!(o.code, 0, "the pprof file does not decode: {o:?}");
+    let mut lines = o.stdout.lines();
+    assert_eq!(
+        lines.next(),
+        Some("types inuse_objects/count inuse_space/bytes period 524288")
+    );
+    let (mut leaks, mut total) = ([0i64; 2], 0i64);
+    for l in lines {
+        let (name, bytes) = l.trim_start_matches("sample ").rsplit_once(' ').unwrap();
+        let bytes: i64 = bytes.parse().unwrap();
+        total += bytes;
+        match name {
+            "keep_sixty_four" => leaks[0] += bytes,
+            "keep_sixteen" => leaks[1] += bytes,
+            _ => {}
+        }
+    }
+    // Both leaks are live now: together nearly all of it.
+    assert!(leaks[0] > 32 << 20 && leaks[1] > 8 << 20, "{}", o.stdout);
+    assert!(
+        (leaks[0] + leaks[1]) as f64 >= 0.9 * total as f64,
+        "{}",
+        o.stdout
+    );
+    let folded = ctl_run(&["profile", &pid, "--format", "folded"]);
+    assert!(
+        folded
+            .stdout
+            .lines()
+            .any(|l| l.contains(";keep_sixty_four ") || l.starts_with("keep_sixty_four ")),
+        "{folded:?}"
+    );
+
+    let o = ctl_run(&["profile", &pid, "--stop"]);
+    assert_eq!(
+        (o.code, o.stdout.trim()),
+        (0, format!("{pid}: sampling stopped").as_str())
+    );
+    app.send("quit");
+    let o = app.finish(Duration::from_secs(10));
+    assert_eq!(o.code, 0, "{o:?}");
+    assert!(o.stderr.is_empty(), "{}", o.stderr);
+}
+
+/// Reads a gzipped `perftools.profiles.Profile` with nothing but the wire
+/// format and the field numbers of pprof's proto/profile.proto; prints the
+/// sample types, the period, and each sample's innermost function and
+/// `inuse_space` value.
+const PPROF_DECODER: &str = r#"
+import gzip, sys
+data = gzip.decompress(open(sys.argv[1], 'rb').read())
+def varint(b, i):
+    v = s = 0
+    while True:
+        c = b[i]; i += 1; v |= (c & 0x7f) << s; s += 7
+        if c < 0x80: return v, i
+def fields(b):
+    i = 0
+    while i < len(b):
+        key, i = varint(b, i)
+        f, wt = key >> 3, key & 7
+        if wt == 0: v, i = varint(b, i)
+        elif wt == 2:
+            n, i = varint(b, i); v = b[i:i + n]; i += n
+        else: raise SystemExit('unexpected wire type %d' % wt)
+        yield f, wt, v
+def packed(v):
+    out, i = [], 0
+    while i < len(v):
+        x, i = varint(v, i); out.append(x)
+    return out
+def msg(v): return {f: x for f, _, x in fields(v)}
+strings, types, samples, locs, funcs, period = [], [], [], {}, {}, None
+for f, wt, v in fields(data):
+    if f == 1: types.append(msg(v))
+    elif f == 2:
+        s = {1: [], 2: []}
+        for ff, w2, vv in fields(v): s[ff] += packed(vv) if w2 == 2 else [vv]
+        samples.append(s)
+    elif f == 4:
+        loc = {ff: vv for ff, _, vv in fields(v) if ff != 4}
+        loc['lines'] = [msg(vv) for ff, _, vv in fields(v) if ff == 4]
+        locs[loc[1]] = loc
+    elif f == 5: fn = msg(v); funcs[fn[1]] = fn
+    elif f == 6: strings.append(v.decode())
+    elif f == 12: period = v
+assert strings[0] == '', 'string_table[0] must be empty'
+print('types', ' '.join(strings[t[1]] + '/' + strings[t[2]] for t in types), 'period', period)
+for s in samples:
+    assert len(s[2]) == len(types), s
+    fn = funcs[locs[s[1][0]]['lines'][0][1]]
+    print('sample', strings[fn[2]], s[2][1])
+"#;
+
+#[test]
+fn a_first_profile_samples_for_its_seconds_then_switches_sampling_off() {
+    let mut app = leaker(true);
+    let pid = app.pid().to_string();
+    let f = out_file("window.json");
+    let run = Cmd::new(
+        ctl(),
+        [
+            "profile",
+            &pid,
+            "--seconds",
+            "3",
+            "--json",
+            "-o",
+            &f.display().to_string(),
+        ],
+    )
+    .spawn();
+    // Inside the window.
+    std::thread::sleep(Duration::from_millis(1000));
+    app.send("first");
+    app.wait_for_line("kept first", Duration::from_secs(10));
+    let o = run.finish(Duration::from_secs(30));
+    assert_eq!(o.code, 0, "{o:?}");
+    let p: Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+    assert!(held_by(&p, "keep_sixty_four") > 32 << 20, "{p}");
+    let o = ctl_run(&["profile", &pid, "--stop"]);
+    assert_eq!(o.stdout.trim(), format!("{pid}: sampling was off"), "{o:?}");
+    app.send("quit");
+    assert_eq!(app.finish(Duration::from_secs(10)).code, 0);
+}
+
+#[test]
+fn without_memshim_profile_the_answer_is_exit_11_and_how_to_turn_it_on() {
+    let mut app = leaker(false);
+    let pid = app.pid().to_string();
+    let o = ctl_run(&["profile", &pid, "--seconds", "0"]);
+    assert_eq!(o.code, 11, "{o:?}");
+    assert!(o.stderr.contains("MEMSHIM_PROFILE=on"), "{}", o.stderr);
+    assert!(o.stdout.is_empty(), "{}", o.stdout);
+    app.send("quit");
+    let o = app.finish(Duration::from_secs(10));
+    assert_eq!(o.code, 0, "{o:?}");
+    // Bad uses: a diff of files that are not profiles, no pid.
+    let junk = out_file("junk.json");
+    std::fs::write(&junk, "{}").unwrap();
+    let j = junk.display().to_string();
+    let o = ctl_run(&["profile", "--diff", &j, &j]);
+    assert_eq!(o.code, 1, "{o:?}");
+    assert!(o.stderr.contains("not a profile"), "{}", o.stderr);
+    assert_eq!(ctl_run(&["profile"]).code, 2);
+}
+
+#[test]
+fn profiles_taken_while_the_process_forks_and_allocates_stall_nothing() {
+    let mut app = leaker(true);
+    let pid = app.pid().to_string();
+    assert_eq!(
+        ctl_run(&["profile", &pid, "--seconds", "0", "--keep"]).code,
+        0
+    );
+    // 3 s of four allocating threads and about 100 forks a second, with a
+    // profile taken as fast as memshim-ctl can ask.
+    app.send("storm 100 3");
+    let mut dumps = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    while std::time::Instant::now() < deadline {
+        let o = ctl_run(&["profile", &pid, "--json"]);
+        assert_eq!(o.code, 0, "{o:?}");
+        dumps += 1;
+    }
+    let line = app.wait_for_line("stormed", Duration::from_secs(30));
+    let forks: u64 = line.trim_start_matches("stormed ").trim().parse().unwrap();
+    assert!(forks > 20 && dumps > 2, "{forks} forks, {dumps} profiles");
+    assert_eq!(ctl_run(&["profile", &pid, "--stop"]).code, 0);
+    app.send("quit");
+    let o = app.finish(Duration::from_secs(10));
+    assert_eq!(o.code, 0, "{o:?}");
+    assert!(o.stderr.is_empty(), "{}", o.stderr);
+}
