@@ -5,6 +5,10 @@
   python3 bench/harness.py --smoke   every scenario once with tiny parameters (make bench-smoke, CI):
                                      writes bench/out/smoke/; checks that each scenario produced numbers
 Options: --only s1,s4 (scenarios), --configs glibc,memshim,... (subset), --out DIR (report elsewhere).
+  python3 bench/harness.py --full --only s8 --update
+                                     reruns the scenarios of --only and replaces their sections in the
+                                     existing BENCHMARKS.md, each headed by the command, commit and date that
+                                     made it; the rest of the file stays as the last full run wrote it
 Stdlib only. Missing comparison allocators are reported as missing, never as failures."""
 
 import argparse
@@ -47,10 +51,14 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated scenario ids (s1..s8)")
     ap.add_argument("--configs", default="", help="comma-separated configuration names")
     ap.add_argument("--out", default="", help="directory for the report (default: repo root / bench/out/smoke)")
+    ap.add_argument("--update", action="store_true",
+                    help="with --only: replace those scenarios' sections in the existing report, keep the rest")
     ap.add_argument("--set", action="append", default=[], metavar="S.KEY=VALUE",
                     help="override a parameter, e.g. --set s4.kernels=large,medium --set reps.s4=1 (JSON or a "
                          "comma list)")
     a = ap.parse_args()
+    if a.update and not a.only:
+        ap.error("--update needs --only (the scenarios whose sections to replace)")
 
     params = copy.deepcopy(SMOKE if a.smoke else FULL)
     for item in a.set:
@@ -77,7 +85,7 @@ def main():
 
     want = set(filter(None, a.configs.split(",")))
     all_configs = [c for c in competitors() if not want or c.name in want]
-    all_variants = [v for v in variants() if not want or v.name in want]
+    all_variants = [v for v in variants() if (v.name in want if want else not v.study)]
     missing = [c for c in all_configs + all_variants if c.missing()]
     configs = [c for c in all_configs if not c.missing()]
     vars_ = [v for v in all_variants if not v.missing()]
@@ -106,7 +114,10 @@ def main():
             results[sid] = {"md": f"**harness error:** `{e}`"}
         durations[sid] = time.monotonic() - t
     total = time.monotonic() - ctx.t_start
-    report = write_report(ctx, a, machine, missing, results, durations, total, errors)
+    if a.update:
+        report = update_report(ctx, results, durations, errors)
+    else:
+        report = write_report(ctx, a, machine, missing, results, durations, total, errors)
     ctx.log(f"wrote {report}")
     if a.smoke:
         errors += smoke_checks(results, only)
@@ -142,6 +153,9 @@ def smoke_checks(r, only):
         need("md" in r.get("s7", {}), "s7 did not report")
     if sel("s8"):
         need("md" in r.get("s8", {}), "s8 did not report")
+        v2 = r.get("s8", {}).get("v2")  # None where the VM said SKIP
+        need(v2 is None or all(rs and all(x["before"] for x in rs) for k in ("max", "high") for rs in v2[k].values()),
+             "s8 on cgroup v2 produced no numbers")
     return errs
 
 
@@ -164,8 +178,44 @@ DEFAULTS_NOTE = (
     "per CPU, lowers peak RSS in scenarios 2 and 3 (one thread reuses what another freed before it decays), "
     "but threads share arenas once busy threads outnumber CPUs, and allocations of 32-64 KiB, which bypass "
     "the thread caches, then contend for the shared arena's locks: medium sizes at T=4 on two arenas ran 4x "
-    "slower in some runs, large buffers at T=2 and T=4 15-20 % slower. These readings were taken on a shared 2-core VM; when a row of this run contradicts them, the "
+    "slower in some runs, large buffers at T=2 and T=4 15-20 % slower. jemalloc's per-CPU arenas (`percpu_arena:percpu`, measured with 8 vCPUs, a cpuset and a CPU quota in a VM for issue 36) are not the default either: scenario 3's peak stayed 1.27-1.38x glibc's, and under a cpuset jemalloc turns them off and says so on stderr ([bench/FINDINGS-percpu.md](bench/FINDINGS-percpu.md)). These readings were taken on a shared 2-core VM; when a row of this run contradicts them, the "
     "table wins.")
+
+
+def provenance():
+    """The commit this checkout is at, and whether files differ from it (the report itself aside)."""
+    import subprocess
+    git = lambda *a: subprocess.run(["git", "-C", ROOT] + list(a), capture_output=True, text=True).stdout.strip()  # noqa: E731
+    head = git("rev-parse", "--short=12", "HEAD") or "unknown"
+    dirty = [ln for ln in git("status", "--porcelain", "--untracked-files=no").splitlines()
+             if not ln.endswith("BENCHMARKS.md")]
+    return head + (" with uncommitted changes" if dirty else "")
+
+
+def update_report(ctx, results, durations, errors):
+    """Replaces the sections of the scenarios in `results` in the existing report (--update)."""
+    path = os.path.join(ctx.out_dir, "BENCHMARKS.md")
+    with open(path) as f:
+        lines = f.read().split("\n")
+    cmd = "python3 bench/harness.py " + " ".join(sys.argv[1:])
+    for sid, title, _ in SCENARIOS:
+        if sid not in results:
+            continue
+        head = f"## {title}"
+        if head not in lines:
+            raise SystemExit(f"harness: --update: no section '{head}' in {path}; run --full first")
+        i = lines.index(head)
+        j = next((k for k in range(i + 1, len(lines)) if lines[k].startswith("## ")), len(lines))
+        note = (f"*This section was rerun on its own by `{cmd}` at commit {provenance()}, "
+                f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, in {durations[sid] / 60:.1f} min "
+                f"(load average at end {' '.join(open('/proc/loadavg').read().split()[:3])}); the other sections are "
+                "the full run's.*")
+        if errors:
+            note += " **This rerun had harness errors:** " + "; ".join(errors)
+        lines[i:j] = [head, "", note, "", results[sid]["md"], ""]
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    return path
 
 
 def write_report(ctx, a, machine, missing, results, durations, total, errors):

@@ -26,6 +26,7 @@ class Config:
     preload: str = ""  # LD_PRELOAD path, "" for glibc
     env: dict = field(default_factory=dict)
     variant: bool = False  # a memshim tuning variant (defaults study), not a competitor
+    study: bool = False    # a variant of a separate study: only where --configs names it
 
     def missing(self):
         return bool(self.preload) and not os.path.exists(self.preload)
@@ -83,6 +84,10 @@ def variants():
         # busy threads may share an arena while another sits idle (bench/FINDINGS-issue15.md, (d)).
         Config("ms-narenas1x", "memshim, one arena per CPU (auto keeps jemalloc's 4 per CPU)", SHIM,
                {"MEMSHIM_NARENAS": str(len(os.sched_getaffinity(0)))}, True),
+        # jemalloc's per-CPU arenas: a thread allocates from the arena of the CPU it runs on
+        # (bench/FINDINGS-percpu.md, issue 36; bench/percpu_study.py names it, the full run leaves it out).
+        Config("ms-percpu", "memshim, percpu_arena:percpu (one arena per CPU, chosen by the running CPU)", SHIM,
+               {"MEMSHIM_MALLOC_CONF": "percpu_arena:percpu"}, True, study=True),
     ]
 
 
