@@ -30,17 +30,16 @@ impl Cli {
     /// usage error (exit 2), combinations clap cannot check itself too.
     pub fn parse_checked() -> Cli {
         let cli = Cli::parse();
-        if let Command::Serve(a) = &cli.command
-            && let Some(why) = cmd::serve::conflict(a)
-        {
+        let (name, why) = match &cli.command {
+            Command::Serve(a) => ("serve", cmd::serve::conflict(a)),
+            Command::Profile(a) => ("profile", cmd::profile::conflict(a).map(str::to_owned)),
+            _ => ("", None),
+        };
+        if let Some(why) = why {
             let mut all = Cli::command();
-            // `serve`'s own usage line, as clap prints for its other errors.
-            let serve = all
-                .find_subcommand_mut("serve")
-                .cloned()
-                .unwrap_or_default();
-            serve
-                .bin_name("memshim-ctl serve")
+            // The subcommand's own usage line, as clap prints for its other errors.
+            let sub = all.find_subcommand_mut(name).cloned().unwrap_or_default();
+            sub.bin_name(format!("memshim-ctl {name}"))
                 .error(clap::error::ErrorKind::ArgumentConflict, why)
                 .exit();
         }

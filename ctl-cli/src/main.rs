@@ -21,6 +21,7 @@ mod no_endpoint;
 mod out;
 mod pprof;
 mod procfs;
+mod pytrace;
 mod render;
 mod retainers;
 mod shm;

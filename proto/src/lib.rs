@@ -104,6 +104,23 @@ pub enum Request {
         #[serde(default)]
         action: ProfileAction,
     },
+    /// CPython's tracemalloc through the bridge: start, snapshot, stop
+    /// ([`PyTraceReply`]).
+    PythonTrace {
+        /// What to do (default: report the state).
+        #[serde(default)]
+        action: PyTraceAction,
+        /// `start`: frames kept per allocation (1 to 64; default 1).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        frames: Option<u32>,
+        /// `start`: the shim stops tracing after this many seconds (1 to
+        /// 3600; default 60) if no `stop` came first.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seconds: Option<u64>,
+        /// `snapshot`: lines returned (1 to 10000; default 100).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        top: Option<u32>,
+    },
 }
 
 /// Every `op` this build knows, in documentation order.
@@ -116,6 +133,7 @@ pub const OPS: &[&str] = &[
     "empty_cache",
     "release",
     "profile",
+    "python_trace",
 ];
 
 impl Request {
@@ -130,6 +148,7 @@ impl Request {
             Request::EmptyCache => "empty_cache",
             Request::Release => "release",
             Request::Profile { .. } => "profile",
+            Request::PythonTrace { .. } => "python_trace",
         }
     }
 }
@@ -180,6 +199,8 @@ pub enum Reply {
     Release(ReleaseResult),
     /// Answer to `profile`.
     Profile(Box<ProfileReply>),
+    /// Answer to `python_trace`.
+    PythonTrace(Box<PyTraceReply>),
 }
 
 /// One response line: `{"ok":{...}}` or `{"error":{...}}`.

@@ -214,3 +214,78 @@ MAPPED_LIBRARIES:\n55d5a5f29000-55d5a5f2b000 r-xp 00001000 fe:00 10092608   /tmp
         assert!(HeapDump::parse("not a profile").is_none());
     }
 }
+
+/// What a `python_trace` request does (CPython's tracemalloc).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum PyTraceAction {
+    /// Report whether tracemalloc traces; change nothing.
+    #[default]
+    Status,
+    /// Start tracing (`frames` deep), to be stopped by the shim after
+    /// `seconds` at the latest; nothing if the program traces already.
+    Start,
+    /// The live traced memory now, by the line that allocated it.
+    Snapshot,
+    /// Stop tracing, if this shim started it (the program's own tracing
+    /// is never stopped).
+    Stop,
+}
+
+/// The most seconds tracemalloc may run when the shim starts it.
+pub const MAX_PY_TRACE_SECONDS: u64 = 3600;
+/// The most frames a `python_trace` start may ask for.
+pub const MAX_PY_TRACE_FRAMES: u32 = 64;
+
+/// The answer to `python_trace`.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct PyTraceReply {
+    /// tracemalloc traces now (after the action).
+    pub tracing: bool,
+    /// The shim started it (and stops it at the deadline, or on `stop`).
+    pub ours: bool,
+    /// This request started or stopped it.
+    pub changed: bool,
+    /// Frames kept per allocation.
+    pub frames: u32,
+    /// Bytes tracemalloc sees allocated now, and its peak.
+    pub traced_bytes: u64,
+    /// Peak of `traced_bytes` since tracing started.
+    pub peak_bytes: u64,
+    /// What tracemalloc itself holds for its traces.
+    pub overhead_bytes: u64,
+    /// Milliseconds until the shim stops the tracing it started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stops_in_ms: Option<u64>,
+    /// The live traced memory by line (action `snapshot`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<PySnapshot>,
+}
+
+/// Live traced memory, by the line that allocated it (innermost frame).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct PySnapshot {
+    /// The lines holding most, largest first (at most the `top` asked for).
+    pub lines: Vec<PyLine>,
+    /// Bytes over every trace.
+    pub bytes: u64,
+    /// Live traced allocations.
+    pub count: u64,
+    /// Distinct lines (`lines` may hold fewer).
+    pub distinct_lines: u64,
+    /// Milliseconds the snapshot held the GIL.
+    pub elapsed_ms: f64,
+}
+
+/// What one line of Python code holds.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct PyLine {
+    /// The file, as the code object names it.
+    pub file: String,
+    /// The line number.
+    pub line: u32,
+    /// Live bytes.
+    pub bytes: u64,
+    /// Live allocations.
+    pub count: u64,
+}

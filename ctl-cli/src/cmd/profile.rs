@@ -18,7 +18,9 @@ use crate::heapprof::{Profile, signed_bytes};
 use crate::out::{errln, outln};
 use crate::render::bytes;
 use clap::{Args, ValueEnum};
-use memshim_proto::{ProfileAction, ProfileReply, Reply, Request};
+use memshim_proto::{
+    MAX_PY_TRACE_SECONDS, ProfileAction, ProfileReply, PyTraceAction, PyTraceReply, Reply, Request,
+};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -48,9 +50,13 @@ pub struct ProfileArgs {
     /// Forget what was sampled before, then profile.
     #[arg(long)]
     pub reset: bool,
-    /// Only switch sampling off.
+    /// Only switch sampling off (with --python: tracemalloc, if memshim started it).
     #[arg(long, conflicts_with_all = ["seconds", "every", "keep", "reset", "diff"])]
     pub stop: bool,
+    /// Python lines instead of native call sites: CPython's tracemalloc,
+    /// started through the bridge for --seconds and stopped again.
+    #[arg(long, conflicts_with_all = ["diff", "reset"])]
+    pub python: bool,
     /// The difference NEW minus OLD of two profiles saved with `--format json`.
     #[arg(long, num_args = 2, value_names = ["OLD", "NEW"], conflicts_with = "pid")]
     pub diff: Option<Vec<PathBuf>>,
@@ -83,6 +89,13 @@ pub enum Format {
     Pprof,
 }
 
+/// A combination clap cannot check itself (`cli.rs` reports it as a usage
+/// error, exit 2).
+pub fn conflict(a: &ProfileArgs) -> Option<&'static str> {
+    (a.python && !a.json && !matches!(a.format, Format::Table | Format::Json))
+        .then_some("--python shows Python lines as a table or as JSON only (--format table|json)")
+}
+
 /// Runs `profile`.
 pub fn run(a: ProfileArgs) -> Result<Exit, Failure> {
     let format = if a.json { Format::Json } else { a.format };
@@ -95,6 +108,9 @@ pub fn run(a: ProfileArgs) -> Result<Exit, Failure> {
         return Ok(Exit::Ok);
     }
     let pid = a.pid.unwrap_or_default();
+    if a.python {
+        return run_python(&a, format, pid);
+    }
     if a.stop {
         let r = ask(pid, ProfileAction::Stop)?;
         outln!(
@@ -250,4 +266,119 @@ fn table(p: &Profile, title: &str, top: usize, active_ms: Option<u64>) -> String
     }
     s.push_str("\nOnly allocations made while sampling was on are seen (docs/profile.md).\n");
     s
+}
+
+/// One `python_trace` request on a connection of its own.
+fn ask_py(pid: i32, action: PyTraceAction, seconds: Option<u64>) -> Result<PyTraceReply, Failure> {
+    let mut c = Client::open(pid)?;
+    let req = Request::PythonTrace {
+        action,
+        frames: None,
+        seconds,
+        top: Some(10_000),
+    };
+    match c.request(&req)? {
+        Reply::PythonTrace(r) => Ok(*r),
+        other => Err(c.unexpected(&other)),
+    }
+}
+
+/// `profile --python`: tracemalloc started (bounded: the shim stops it
+/// after the whole run plus a minute even if this command is killed),
+/// snapshots by line, stopped again unless `--keep`.
+fn run_python(a: &ProfileArgs, format: Format, pid: i32) -> Result<Exit, Failure> {
+    if a.stop {
+        let r = ask_py(pid, PyTraceAction::Stop, None)?;
+        outln!(
+            "{pid}: tracemalloc {}",
+            match (r.changed, r.tracing) {
+                (true, _) => "stopped",
+                (false, true) => "is the program's own (left on)",
+                (false, false) => "was off",
+            }
+        )?;
+        return Ok(Exit::Ok);
+    }
+    let state = ask_py(pid, PyTraceAction::Status, None)?;
+    let wait = a
+        .seconds
+        .unwrap_or(if state.tracing { 0 } else { DEFAULT_SECONDS });
+    let growth = a.every.map_or(0.0, |e| e * f64::from(a.count));
+    let bound = (wait as f64 + growth + 60.0).ceil() as u64;
+    let started = ask_py(
+        pid,
+        PyTraceAction::Start,
+        Some(bound.min(MAX_PY_TRACE_SECONDS)),
+    )?;
+    if started.changed {
+        errln!(
+            "memshim-ctl: tracemalloc started in {pid}; Python allocations from now on are traced{}",
+            if wait > 0 {
+                format!(", for {wait} s")
+            } else {
+                String::new()
+            }
+        );
+    }
+    let result = python_after(a, format, pid, wait);
+    if started.changed && !a.keep {
+        let _ = ask_py(pid, PyTraceAction::Stop, None);
+    }
+    result
+}
+
+fn python_after(a: &ProfileArgs, format: Format, pid: i32, wait: u64) -> Result<Exit, Failure> {
+    std::thread::sleep(Duration::from_secs(wait));
+    let mut prev = ask_py(pid, PyTraceAction::Snapshot, None)?;
+    let top = a.top as usize;
+    let Some(every) = a.every else {
+        let text = match format {
+            Format::Json => format!("{}\n", serde_json::to_string(&prev).unwrap_or_default()),
+            _ => crate::pytrace::report(pid, &prev, top),
+        };
+        return write_out(a, text.as_bytes());
+    };
+    for step in 1..=a.count {
+        std::thread::sleep(Duration::from_secs_f64(every));
+        let cur = ask_py(pid, PyTraceAction::Snapshot, None)?;
+        let (Some(old), Some(new)) = (&prev.snapshot, &cur.snapshot) else {
+            return Err(Failure::new(
+                Exit::Failed,
+                Some(pid),
+                "tracemalloc stopped tracing in the process",
+            ));
+        };
+        let rows = crate::pytrace::growth(old, new);
+        let total = new.bytes as i64 - old.bytes as i64;
+        let text = match format {
+            Format::Json => format!(
+                "{}\n",
+                serde_json::json!({ "pid": pid, "step": step, "growth_bytes": total, "lines": rows })
+            ),
+            _ => format!(
+                "pid {pid}: growth {step} of {}, {every} s: {} by Python allocations\n\n{}{}",
+                a.count,
+                signed_bytes(total),
+                crate::pytrace::table_of(pid, &rows, total, top),
+                crate::pytrace::footer(&cur)
+            ),
+        };
+        write_out(a, text.as_bytes())?;
+        prev = cur;
+    }
+    Ok(Exit::Ok)
+}
+
+fn write_out(a: &ProfileArgs, data: &[u8]) -> Result<Exit, Failure> {
+    match &a.output {
+        Some(path) => std::fs::write(path, data).map_err(|e| {
+            Failure::new(
+                Exit::Failed,
+                a.pid,
+                format!("writing {}: {e}", path.display()),
+            )
+        })?,
+        None => crate::out::write_bytes(data)?,
+    }
+    Ok(Exit::Ok)
 }

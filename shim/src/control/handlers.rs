@@ -292,6 +292,50 @@ pub fn release() -> Result<ReleaseResult, ErrorReply> {
     })
 }
 
+/// `python_trace`: tracemalloc through the bridge, its arguments checked
+/// here (frames 1-64, default 1; seconds 1-3600, default 60; top 1-10000,
+/// default 100).
+pub fn python_trace(
+    action: PyTraceAction,
+    frames: Option<u32>,
+    seconds: Option<u64>,
+    top: Option<u32>,
+) -> Result<PyTraceReply, ErrorReply> {
+    use crate::python::PyTraceJob as J;
+    let bad = |m: String| Err(ErrorReply::new(ErrorCode::InvalidArgument, m));
+    let frames = frames.unwrap_or(1);
+    if !(1..=MAX_PY_TRACE_FRAMES).contains(&frames) {
+        return bad(format!(
+            "frames {frames} is not from 1 to {MAX_PY_TRACE_FRAMES}"
+        ));
+    }
+    let seconds = seconds.unwrap_or(60);
+    if !(1..=MAX_PY_TRACE_SECONDS).contains(&seconds) {
+        return bad(format!(
+            "seconds {seconds} is not from 1 to {MAX_PY_TRACE_SECONDS}"
+        ));
+    }
+    let top = top.unwrap_or(100);
+    if !(1..=10_000).contains(&top) {
+        return bad(format!("top {top} is not from 1 to 10000"));
+    }
+    let now_ms = super::now_ms();
+    let job = match action {
+        PyTraceAction::Status => J::Status { now_ms },
+        PyTraceAction::Start => J::Start {
+            frames,
+            deadline_ms: now_ms + seconds * 1000,
+            now_ms,
+        },
+        PyTraceAction::Snapshot => J::Snapshot {
+            top: top as usize,
+            now_ms,
+        },
+        PyTraceAction::Stop => J::Stop { now_ms },
+    };
+    crate::python::py_trace(job, PY_ACTION_TIMEOUT).map_err(ErrorReply::python)
+}
+
 /// Runs one decoded request (other than `hello`).
 pub fn dispatch(req: &Request, ctx: &Ctx<'_>) -> Response {
     let r = match *req {
@@ -312,6 +356,12 @@ pub fn dispatch(req: &Request, ctx: &Ctx<'_>) -> Response {
             crate::profile::request(action, super::now_ms(), &heap)
                 .map(|r| Reply::Profile(Box::new(r)))
         }
+        Request::PythonTrace {
+            action,
+            frames,
+            seconds,
+            top,
+        } => python_trace(action, frames, seconds, top).map(|r| Reply::PythonTrace(Box::new(r))),
     };
     match r {
         Ok(reply) => Response::Ok(reply),

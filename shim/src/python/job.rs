@@ -64,6 +64,39 @@ pub enum Job {
         /// The least unused cache worth returning.
         min_unused: u64,
     },
+    /// tracemalloc (`tracemalloc.rs`).
+    PyTrace(PyTraceJob),
+}
+
+/// What a tracemalloc job does (`tracemalloc.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PyTraceJob {
+    /// The state.
+    Status {
+        /// The shim's monotonic clock at the request.
+        now_ms: u64,
+    },
+    /// Start tracing.
+    Start {
+        /// Frames kept per allocation.
+        frames: u32,
+        /// When the shim stops it (monotonic ms).
+        deadline_ms: u64,
+        /// The shim's monotonic clock at the request.
+        now_ms: u64,
+    },
+    /// The lines holding most.
+    Snapshot {
+        /// How many lines.
+        top: usize,
+        /// The shim's monotonic clock at the request.
+        now_ms: u64,
+    },
+    /// Stop what the shim started.
+    Stop {
+        /// The shim's monotonic clock at the request.
+        now_ms: u64,
+    },
 }
 
 /// What a job produced.
@@ -78,6 +111,8 @@ pub enum Done {
     CudaRelease(Vec<ReleaseStep>),
     /// The idle return's look.
     CudaIdle(super::cuda::IdleCheck),
+    /// tracemalloc's state (and snapshot).
+    PyTrace(Box<memshim_proto::PyTraceReply>),
 }
 
 /// A job's outcome.
@@ -712,5 +747,20 @@ fn execute(py: &Py, job: Job) -> Outcome {
         Job::CudaIdle { expect, min_unused } => super::cuda::idle_check(py, expect, min_unused)
             .map(Done::CudaIdle)
             .map_err(err),
+        Job::PyTrace(t) => {
+            use super::tracemalloc as tm;
+            match t {
+                PyTraceJob::Status { now_ms } => tm::status(py, now_ms),
+                PyTraceJob::Start {
+                    frames,
+                    deadline_ms,
+                    now_ms,
+                } => tm::start(py, frames, deadline_ms, now_ms),
+                PyTraceJob::Snapshot { top, now_ms } => tm::snapshot(py, top, now_ms),
+                PyTraceJob::Stop { now_ms } => tm::stop(py, now_ms),
+            }
+            .map(|r| Done::PyTrace(Box::new(r)))
+            .map_err(err)
+        }
     }
 }

@@ -22,6 +22,7 @@
 //! * `gc.rs`, `pymalloc.rs`: the `python` section and the `gc` action.
 //! * `torch.rs`: the `torch` section.
 //! * `cuda.rs`: the `empty_cache` action and the CUDA steps of `release`.
+//! * `tracemalloc.rs`: `profile --python` (tracemalloc, bounded in time).
 
 mod cuda;
 pub use cuda::IdleCheck;
@@ -33,8 +34,10 @@ mod object;
 mod pymalloc;
 mod threads;
 mod torch;
+mod tracemalloc;
 mod version;
 
+pub use job::PyTraceJob;
 use job::{Done, Job};
 use memshim_proto::{
     EmptyCacheResult, GcResult, PythonSection, PythonUnavailable, ReleaseStep, TorchSection,
@@ -116,6 +119,26 @@ pub fn cuda_idle_check(
     match job::run(Job::CudaIdle { expect, min_unused }, timeout)? {
         Done::CudaIdle(r) => Ok(r),
         _ => Err(unexpected()),
+    }
+}
+
+/// A tracemalloc request (`tracemalloc.rs`).
+pub fn py_trace(
+    t: PyTraceJob,
+    timeout: Duration,
+) -> Result<memshim_proto::PyTraceReply, PythonUnavailable> {
+    match job::run(Job::PyTrace(t), timeout)? {
+        Done::PyTrace(r) => Ok(*r),
+        _ => Err(unexpected()),
+    }
+}
+
+/// Stops the tracing the shim started once its deadline has passed (the
+/// shim's thread, every turn; a busy interpreter is tried again on the
+/// next).
+pub fn py_trace_tick(now_ms: u64) {
+    if tracemalloc::due(now_ms) {
+        let _ = py_trace(PyTraceJob::Stop { now_ms }, Duration::from_millis(200));
     }
 }
 

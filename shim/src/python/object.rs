@@ -87,6 +87,25 @@ impl Py {
         (!m.is_null() && m != self.api.none()).then(|| self.own_borrowed(m))
     }
 
+    /// `import name` of a module built into CPython (no Python code of its
+    /// own runs); `sys.modules[name]` if the program imported it already.
+    pub fn import(&self, name: &CStr) -> PyResult<Obj<'_>> {
+        if let Some(m) = self.imported(name) {
+            return Ok(m);
+        }
+        // SAFETY: GIL held; returns a new reference or NULL with an
+        // exception (taken by `own`).
+        self.own(unsafe {
+            (self.api.import_module_level)(
+                name.as_ptr(),
+                core::ptr::null_mut(),
+                core::ptr::null_mut(),
+                core::ptr::null_mut(),
+                0,
+            )
+        })
+    }
+
     /// `sys.<name>` (borrowed from `sys`, returned as a new reference).
     pub fn sys_attr(&self, name: &CStr) -> Option<Obj<'_>> {
         // SAFETY: GIL held; borrowed result or NULL (no exception).

@@ -236,6 +236,7 @@ extern "C" fn main(_: *mut c_void) -> *mut c_void {
             last_decay = now;
         }
         cuda_idle.tick(now);
+        crate::python::py_trace_tick(now);
         let threads = os::proc::thread_count();
         let alone = threads.is_some_and(|n| n <= 1 + our_threads());
         if alone && os::proc::leader_exited() && try_stop(&mut own, false) {

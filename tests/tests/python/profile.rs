@@ -1,10 +1,164 @@
-//! `memshim-ctl profile` of real CPythons 3.12+ run with `-X perf`: the
-//! native profile names the Python function that keeps the memory (from
-//! the perf map CPython writes), on pyenv's and Debian sid's interpreters.
+//! `memshim-ctl profile` of real CPythons: with `--python` (tracemalloc
+//! through the bridge, every version) the line that keeps the memory, the
+//! growth between two snapshots, the shim's deadline, the program's own
+//! tracing left alone; and under `-X perf` (3.12+) the native profile names
+//! the Python function, from the perf map CPython writes. pyenv's and
+//! Debian sid's interpreters.
 
+use memshim_proto::{PyTraceAction, Reply, Request};
 use memshim_tests::py::*;
 use memshim_tests::{Cmd, ctl};
 use std::time::Duration;
+
+/// The rows of the first table in `out` (after its `LIVE` header, up to
+/// the blank line).
+fn table_rows(out: &str) -> Vec<&str> {
+    out.lines()
+        .skip_while(|l| !l.trim_start().starts_with("LIVE"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .collect()
+}
+
+/// The fixture's line that keeps the memory, and its number.
+fn grow_line() -> (String, u32) {
+    let script = fixture_py("py_profile.py");
+    let text = std::fs::read_to_string(&script).unwrap();
+    let n = text
+        .lines()
+        .position(|l| l.contains("kept.append(bytearray(1 << 20))"))
+        .unwrap() as u32
+        + 1;
+    (format!("{}:{n}", script.display()), n)
+}
+
+fn trace(
+    sock: &std::path::Path,
+    action: PyTraceAction,
+    seconds: Option<u64>,
+) -> memshim_proto::PyTraceReply {
+    let req = Request::PythonTrace {
+        action,
+        frames: None,
+        seconds,
+        top: None,
+    };
+    match ok(request(sock, &req)) {
+        Reply::PythonTrace(r) => *r,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn python_lines_name_the_line_that_keeps_the_memory_on_every_cpython() {
+    let (where_, _) = grow_line();
+    for py in cpythons() {
+        let v = &py.label;
+        let dir = socket_dir(&format!("pytrace-{}", py.tag()));
+        let mut child = py.shimmed(&fixture_py("py_profile.py"), &[], &dir).spawn();
+        child.wait_for_line("ready", Duration::from_secs(30));
+        let pid = child.pid().to_string();
+        let sock = socket_of(&dir, child.pid());
+        // A first profile: tracemalloc on for 3 s, the growth inside.
+        let run = Cmd::new(ctl(), ["profile", &pid, "--python", "--seconds", "3"]).spawn();
+        std::thread::sleep(Duration::from_millis(1000));
+        child.send("grow");
+        child.wait_for_line("grown", Duration::from_secs(30));
+        let o = run.finish(Duration::from_secs(60));
+        assert_eq!(o.code, 0, "{v}: {o:?}");
+        let first = table_rows(&o.stdout).first().copied().unwrap_or("");
+        assert!(
+            first.contains(&where_) && first.contains("kept.append"),
+            "{v}: the top line is the one that keeps the memory:\n{}",
+            o.stdout
+        );
+        let share: f64 = first
+            .split_whitespace()
+            .nth(2)
+            .unwrap()
+            .trim_end_matches('%')
+            .parse()
+            .unwrap();
+        assert!(share >= 80.0, "{v}: {first}");
+        assert!(o.stderr.contains("tracemalloc started"), "{v}: {o:?}");
+        // Switched off again afterwards.
+        let s = trace(&sock, PyTraceAction::Status, None);
+        assert!(!s.tracing, "{v}: {s:?}");
+
+        // The shim's deadline stops what it started, with no client left.
+        let s = trace(&sock, PyTraceAction::Start, Some(1));
+        assert!(s.tracing && s.ours && s.changed, "{v}: {s:?}");
+        memshim_tests::wait_until(Duration::from_secs(10), || {
+            (!trace(&sock, PyTraceAction::Status, None).tracing).then_some(())
+        })
+        .unwrap_or_else(|| panic!("{v}: tracemalloc still on after its deadline"));
+
+        // The program's own tracing is reported, never stopped.
+        child.send("trace");
+        child.wait_for_line("tracing", Duration::from_secs(10));
+        let o = Cmd::new(ctl(), ["profile", &pid, "--python", "--json"]).run();
+        assert_eq!(o.code, 0, "{v}: {o:?}");
+        let r: memshim_proto::PyTraceReply = serde_json::from_str(&o.stdout).unwrap();
+        assert!(r.tracing && !r.ours, "{v}: {r:?}");
+        child.send("traced");
+        assert_eq!(
+            child
+                .wait_for_line("traced", Duration::from_secs(10))
+                .trim(),
+            "traced True",
+            "{v}"
+        );
+
+        child.send("quit");
+        let done = child.finish(Duration::from_secs(30));
+        assert_eq!((done.code, done.stderr.as_str()), (0, ""), "{v}: {done:?}");
+    }
+}
+
+#[test]
+fn python_growth_shows_only_what_grew() {
+    let (where_, _) = grow_line();
+    let py = default_python();
+    let dir = socket_dir("pytrace-growth");
+    let mut child = py.shimmed(&fixture_py("py_profile.py"), &[], &dir).spawn();
+    child.wait_for_line("ready", Duration::from_secs(30));
+    let pid = child.pid().to_string();
+    socket_of(&dir, child.pid());
+    let run = Cmd::new(
+        ctl(),
+        [
+            "profile",
+            &pid,
+            "--python",
+            "--seconds",
+            "0",
+            "--every",
+            "3",
+            "--count",
+            "1",
+        ],
+    )
+    .spawn();
+    std::thread::sleep(Duration::from_millis(1500));
+    child.send("grow");
+    child.wait_for_line("grown", Duration::from_secs(30));
+    let o = run.finish(Duration::from_secs(60));
+    assert_eq!(o.code, 0, "{o:?}");
+    assert!(o.stdout.contains("growth 1 of 1"), "{}", o.stdout);
+    let rows: Vec<&str> = table_rows(&o.stdout)
+        .into_iter()
+        .filter(|l| l.contains(" MiB "))
+        .collect();
+    assert_eq!(
+        rows.len(),
+        1,
+        "only the line that grew holds MiB: {}",
+        o.stdout
+    );
+    assert!(rows[0].contains(&where_), "{}", o.stdout);
+    child.send("quit");
+    assert_eq!(child.finish(Duration::from_secs(30)).code, 0);
+}
 
 #[test]
 fn a_native_profile_names_the_python_function_under_x_perf() {
