@@ -316,3 +316,27 @@ fn profiles_taken_while_the_process_forks_and_allocates_stall_nothing() {
     assert_eq!(o.code, 0, "{o:?}");
     assert!(o.stderr.is_empty(), "{}", o.stderr);
 }
+
+#[test]
+fn a_process_that_exits_while_it_is_profiled_exits_as_it_would_and_the_profile_says_so() {
+    let mut app = leaker(true);
+    let pid = app.pid().to_string();
+    let run = Cmd::new(ctl(), ["profile", &pid, "--seconds", "2"]).spawn();
+    std::thread::sleep(Duration::from_millis(500));
+    // Sampling is on now; the process ends during the window.
+    app.send("first");
+    app.wait_for_line("kept first", Duration::from_secs(10));
+    app.send("quit");
+    let t0 = std::time::Instant::now();
+    let o = app.finish(Duration::from_secs(10));
+    assert_eq!(o.code, 0, "{o:?}");
+    assert!(o.stderr.is_empty(), "{}", o.stderr);
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "the exit waited {:?}",
+        t0.elapsed()
+    );
+    let p = run.finish(Duration::from_secs(30));
+    assert_eq!(p.code, 3, "no such process any more: {p:?}");
+    assert!(p.stdout.is_empty(), "{p:?}");
+}
