@@ -84,7 +84,7 @@ def main():
     os.makedirs(out_dir, exist_ok=True)
 
     want = set(filter(None, a.configs.split(",")))
-    all_configs = [c for c in competitors() if not want or c.name in want]
+    all_configs = [c for c in competitors() if (c.name in want if want else not c.study)]
     all_variants = [v for v in variants() if (v.name in want if want else not v.study)]
     missing = [c for c in all_configs + all_variants if c.missing()]
     configs = [c for c in all_configs if not c.missing()]

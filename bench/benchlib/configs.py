@@ -56,7 +56,13 @@ def competitors():
     ] + [Config(name, label, preload=anchor_path(name)) for name, (_, label) in ANCHORS.items()] + [
         Config("memshim", "memshim, defaults", preload=SHIM),
     ] + ([Config("memshim-base", "memshim, defaults, " + os.environ.get("BENCH_BASE_LABEL", "earlier build")
-                 + f" ({BASE_SHIM})", preload=BASE_SHIM)] if BASE_SHIM else [])
+                 + f" ({BASE_SHIM})", preload=BASE_SHIM)] if BASE_SHIM else []) + [
+        # The heap profiler's cost (bench/FINDINGS-profiling.md): only where --configs names them.
+        Config("ms-profile", "memshim, MEMSHIM_PROFILE=on (heap profiler ready, not sampling)", SHIM,
+               {"MEMSHIM_PROFILE": "on"}, study=True),
+        Config("ms-sampling", "memshim, MEMSHIM_PROFILE=start (sampling one allocation per 512 KiB from the start)",
+               SHIM, {"MEMSHIM_PROFILE": "start"}, study=True),
+    ]
 
 
 # memshim variants for choosing the defaults; each differs from the defaults in one knob.

@@ -326,15 +326,16 @@ pub const CUDA_IDLE_MIN_MB: Spec = Spec {
 
 /// `MEMSHIM_PROFILE`: jemalloc's heap profiler, started with the process
 /// but inactive (`prof:true,prof_active:false`) so that `memshim-ctl
-/// profile` can switch sampling on and off from outside. Off by default:
-/// BENCHMARKS.md, "Profiling", has what it costs.
+/// profile` can switch sampling on and off from outside; `start`: sampling
+/// from the start. Off by default: bench/FINDINGS-profiling.md has what it
+/// costs.
 pub const PROFILE: Spec = Spec {
     name: "MEMSHIM_PROFILE",
     default: "off",
-    doc: "on: jemalloc's heap profiler is ready in the process, inactive until `memshim-ctl profile` starts sampling (one sample per 512 KiB allocated); off: no profiling",
-    expect: BOOL,
+    doc: "on: jemalloc's heap profiler is ready in the process, inactive until `memshim-ctl profile` starts sampling (one sample per 512 KiB allocated); start: sampling from the start; off: no profiling",
+    expect: "on, off or start",
     kind: Kind::Int {
-        parse: parse_bool,
+        parse: parse_profile,
         default: 0,
     },
 };
@@ -444,6 +445,15 @@ pub fn parse_pressure(v: &[u8]) -> Option<i64> {
         return Some(Pressure::Gc as i64);
     }
     parse_bool(v).map(|b| if b == 1 { Pressure::On } else { Pressure::Off } as i64)
+}
+
+/// `MEMSHIM_PROFILE`: off (or a false boolean) 0, on (or a true one) 1,
+/// `start` 2.
+pub fn parse_profile(v: &[u8]) -> Option<i64> {
+    if is(v, "start") {
+        return Some(2);
+    }
+    parse_bool(v)
 }
 
 /// A whole percentage from 10 to 99 (an optional trailing `%`).

@@ -585,6 +585,7 @@ extern "C" fn constructor() {
     }
     thread::on_load(interposed);
     crate::deepbind::init();
+    crate::profile::at_load();
 }
 
 /// Called by the exported `dlopen` before glibc's while

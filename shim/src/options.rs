@@ -583,6 +583,10 @@ pub fn clear_deepbind() -> bool {
 pub fn profile() -> bool {
     PROFILE.get() != 0
 }
+/// `MEMSHIM_PROFILE=start`: sampling from the start.
+pub fn profile_from_start() -> bool {
+    PROFILE.get() == 2
+}
 /// `MEMSHIM_VERBOSE`.
 pub fn verbose() -> bool {
     VERBOSE.get() != 0

@@ -74,6 +74,23 @@ pub fn request(
     })
 }
 
+/// `MEMSHIM_PROFILE=start`: sampling from the library's constructor on,
+/// the unwinder loaded there first (a constructor may load a library: the
+/// loader's lock is recursive, and nothing allocates inside jemalloc here).
+/// Samples made before, by allocations in earlier constructors, are not
+/// taken. A process without `libgcc_s.so.1` gets one warning line.
+pub fn at_load() {
+    if !options::profile_from_start() {
+        return;
+    }
+    if let Err(e) = start(os::time::monotonic_ms()) {
+        crate::log::warning(format_args!(
+            "MEMSHIM_PROFILE=start: sampling could not start: {}",
+            e.message
+        ));
+    }
+}
+
 /// Loads the unwinder, warms it up on this thread, then starts sampling.
 fn start(now_ms: u64) -> Result<(), ErrorReply> {
     if !os::unwind::load() {

@@ -340,3 +340,25 @@ fn a_process_that_exits_while_it_is_profiled_exits_as_it_would_and_the_profile_s
     assert_eq!(p.code, 3, "no such process any more: {p:?}");
     assert!(p.stdout.is_empty(), "{p:?}");
 }
+
+#[test]
+fn memshim_profile_start_samples_from_the_start_and_profile_leaves_it_on() {
+    let mut app = Cmd::new(fixture("profile_leak", &[]), Vec::<String>::new())
+        .shimmed()
+        .env("MEMSHIM_PROFILE", "start")
+        .spawn();
+    app.wait_for_line("started", Duration::from_secs(10));
+    // Before any memshim-ctl command.
+    app.send("first");
+    app.wait_for_line("kept first", Duration::from_secs(10));
+    wait_endpoint(app.pid());
+    let pid = app.pid().to_string();
+    let (_, p) = json_profile(&pid, "start.json");
+    assert!(held_by(&p, "keep_sixty_four") > 32 << 20, "{p}");
+    // `profile` did not switch it on, so it did not switch it off.
+    let o = ctl_run(&["profile", &pid, "--stop"]);
+    assert_eq!(o.stdout.trim(), format!("{pid}: sampling stopped"), "{o:?}");
+    app.send("quit");
+    let o = app.finish(Duration::from_secs(10));
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+}
