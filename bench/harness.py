@@ -218,6 +218,20 @@ def update_report(ctx, results, durations, errors):
     return path
 
 
+# What heap profiling costs is measured by its own tools and run, not by every full run (two more
+# configurations on every scenario would add a third to its time): bench/FINDINGS-profiling.md.
+PROFILING_NOTE = (
+    "What jemalloc's heap profiler (`memshim-ctl profile`, docs/profile.md) costs is measured apart, in "
+    "[bench/FINDINGS-profiling.md](bench/FINDINGS-profiling.md): compiled in (every build) and off, ready "
+    "(`MEMSHIM_PROFILE=on`) and sampling at 512 KiB (`MEMSHIM_PROFILE=start`), on scenarios 4 to 6 side by "
+    "side with the build before profiling (`harness.py --full --only s4,s5,s6 --configs "
+    "glibc,memshim,memshim-base,ms-profile,ms-sampling`), in instructions (`bench/profcost.py`, "
+    "`bench/execcost.py`), and what tracemalloc (`profile --python`) costs while on. In short: compiled in "
+    "and off stays within 1 % on the allocation path; ready costs 1-64 KiB allocations about 4 % of "
+    "instructions, which is why it is a setting; sampling and tracemalloc are switched off after each "
+    "profile.")
+
+
 def write_report(ctx, a, machine, missing, results, durations, total, errors):
     path = os.path.join(ctx.out_dir, "BENCHMARKS.md")
     cmd = "python3 bench/harness.py " + " ".join(sys.argv[1:])
@@ -269,6 +283,8 @@ def write_report(ctx, a, machine, missing, results, durations, total, errors):
               "µs/exec minus the other's. jemalloc531, mimalloc3 and mimalloc2 are the newest releases on "
               "crates.io (bench/anchors, built by `make bench-deps`).", "",
               standings(results, present), ""]
+    if ctx.mode == "full":
+        o += ["## Heap profiling", "", PROFILING_NOTE, ""]
     if any(s in results for s in ("s1", "s2", "s3", "s4", "s5", "s6")):
         o += ["## Closing note: targets", "",
               "memshim with its defaults against the issue's targets, in this run. \"floor\" = the lowest "

@@ -24,8 +24,8 @@
 //!   functions std imports, which forward to `libgcc_s.so.1` loaded on first
 //!   use (`src/os/unwind.rs`). With every import defined here, the linker's
 //!   `--as-needed` drops std's `-lgcc_s`, and no exec loads that library.
-//! * `src/os/libm.c`, linked the same way: hidden `log` and `exp`, the two
-//!   libm functions jemalloc's profiler calls, so no exec loads libm.
+//! * `src/os/libm.c`, linked the same way: hidden `log`, `exp` and `round`,
+//!   the libm functions jemalloc's profiler calls, so no exec loads libm.
 //! * `MEMSHIM_JE_TCACHE_MAX_LIMIT`: the largest `tcache_max` this build's
 //!   jemalloc accepts (5.3.1 clips larger values silently; see
 //!   `options::tcache_clipped`).

@@ -103,6 +103,10 @@ pub enum Request {
         /// What to do (default: report the state).
         #[serde(default)]
         action: ProfileAction,
+        /// `start`: the shim switches sampling off again after this many
+        /// seconds (1 to 86400; default 3600) if no `stop` came first.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seconds: Option<u64>,
     },
     /// CPython's tracemalloc through the bridge: start, snapshot, stop
     /// ([`PyTraceReply`]).

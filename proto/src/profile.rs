@@ -22,6 +22,12 @@ pub enum ProfileAction {
     Dump,
 }
 
+/// The most seconds sampling started by a `profile` request may last.
+pub const MAX_PROFILE_SECONDS: u64 = 86_400;
+/// How long sampling started by a `profile` request lasts when the request
+/// does not say.
+pub const DEFAULT_PROFILE_SECONDS: u64 = 3600;
+
 /// The answer to `profile`.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct ProfileReply {
@@ -35,6 +41,10 @@ pub struct ProfileReply {
     /// (absent while it is off, or when it was started otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_ms: Option<u64>,
+    /// Milliseconds until the shim switches off the sampling a `profile`
+    /// request started (absent: no deadline, or off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stops_in_ms: Option<u64>,
     /// The live sampled allocations (action `dump` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dump: Option<HeapDump>,
@@ -57,7 +67,22 @@ pub struct HeapDump {
     pub maps: Vec<Mapping>,
     /// Milliseconds the dump took inside the process.
     pub elapsed_ms: f64,
+    /// Stacks left out to keep the answer under [`MAX_DUMP_STACKS`] (the
+    /// smallest ones), and their bytes (included in `bytes`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dropped_stacks: u64,
+    /// Bytes of the stacks left out.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dropped_bytes: u64,
 }
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+/// The most stacks one dump sends (the largest by live bytes): with up to
+/// 128 frames each, what fits in an answer of `MAX_RESPONSE_BYTES`.
+pub const MAX_DUMP_STACKS: usize = 20_000;
 
 /// Live allocations made from one call stack.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -131,7 +156,33 @@ impl HeapDump {
         }
         d.bytes = d.stacks.iter().map(|s| s.bytes).sum();
         d.objects = d.stacks.iter().map(|s| s.objects).sum();
+        d.keep_largest(MAX_DUMP_STACKS);
         Some((lg_sample, d))
+    }
+
+    /// Keeps the `n` stacks with the most live bytes (totals unchanged, the
+    /// rest counted in `dropped_*`), and only the addresses they use.
+    pub fn keep_largest(&mut self, n: usize) {
+        if self.stacks.len() <= n {
+            return;
+        }
+        self.stacks.sort_by_key(|s| core::cmp::Reverse(s.bytes));
+        let dropped = self.stacks.split_off(n);
+        self.dropped_stacks = dropped.len() as u64;
+        self.dropped_bytes = dropped.iter().map(|s| s.bytes).sum();
+        let mut remap = std::collections::HashMap::<u32, u32>::new();
+        let mut addrs = Vec::new();
+        for s in &mut self.stacks {
+            for f in &mut s.frames {
+                let next = addrs.len() as u32;
+                let i = *remap.entry(*f).or_insert(next);
+                if i == next {
+                    addrs.push(self.addrs[*f as usize]);
+                }
+                *f = i;
+            }
+        }
+        self.addrs = addrs;
     }
 }
 
@@ -212,6 +263,12 @@ MAPPED_LIBRARIES:\n55d5a5f29000-55d5a5f2b000 r-xp 00001000 fe:00 10092608   /tmp
         assert_eq!(d.maps[0].path, "/tmp/leak with space");
         assert_eq!(d.maps[0].offset, 0x1000);
         assert!(HeapDump::parse("not a profile").is_none());
+        let mut k = d.clone();
+        k.keep_largest(1);
+        assert_eq!((k.stacks.len(), k.dropped_stacks), (1, 1));
+        assert_eq!(k.dropped_bytes, d.stacks[1].bytes);
+        assert_eq!(k.addrs, vec![d.addrs[0], d.addrs[1], d.addrs[2]]);
+        assert_eq!(k.stacks[0].frames, vec![0, 1, 2]);
     }
 }
 

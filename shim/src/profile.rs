@@ -21,13 +21,18 @@
 
 use crate::{jemalloc, options, os};
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use memshim_proto::{ErrorCode, ErrorReply, HeapDump, ProfileAction, ProfileReply};
+use memshim_proto::{
+    DEFAULT_PROFILE_SECONDS, ErrorCode, ErrorReply, HeapDump, MAX_PROFILE_SECONDS, ProfileAction,
+    ProfileReply,
+};
 use std::ffi::CString;
 use std::time::Instant;
 
-/// Monotonic ms when a `profile` request last started sampling; 0: never,
-/// or stopped since.
+/// Monotonic ms when sampling last started; 0: never, or stopped since.
 static STARTED_MS: AtomicU64 = AtomicU64::new(0);
+/// Monotonic ms at which the shim switches off the sampling a `profile`
+/// request started; 0: none (off, or `MEMSHIM_PROFILE=start`).
+static DEADLINE_MS: AtomicU64 = AtomicU64::new(0);
 
 fn off() -> ErrorReply {
     ErrorReply::new(
@@ -44,34 +49,73 @@ fn internal(what: &str, e: impl core::fmt::Display) -> ErrorReply {
 /// Runs one `profile` request.
 pub fn request(
     action: ProfileAction,
+    seconds: Option<u64>,
     now_ms: u64,
     dump_path: &CString,
 ) -> Result<ProfileReply, ErrorReply> {
     if !options::profile() || !jemalloc::prof_ready() {
         return Err(off());
     }
+    let seconds = seconds.unwrap_or(DEFAULT_PROFILE_SECONDS);
+    if !(1..=MAX_PROFILE_SECONDS).contains(&seconds) {
+        return Err(ErrorReply::new(
+            ErrorCode::InvalidArgument,
+            format!("seconds {seconds} is not from 1 to {MAX_PROFILE_SECONDS}"),
+        ));
+    }
     let was = jemalloc::prof_active();
     let mut dump = None;
     match action {
         ProfileAction::Status => {}
-        ProfileAction::Start if !was => start(now_ms)?,
-        ProfileAction::Start => {}
-        ProfileAction::Stop => {
-            jemalloc::set_prof_active(false).map_err(|e| internal("prof.active", e))?;
-            STARTED_MS.store(0, Relaxed);
+        ProfileAction::Start if !was => {
+            start(now_ms)?;
+            DEADLINE_MS.store(now_ms + seconds * 1000, Relaxed);
         }
+        // Sampling a request started: the later deadline of the two.
+        ProfileAction::Start => {
+            let d = DEADLINE_MS.load(Relaxed);
+            if d != 0 {
+                DEADLINE_MS.store(d.max(now_ms + seconds * 1000), Relaxed);
+            }
+        }
+        ProfileAction::Stop => stop()?,
         ProfileAction::Reset => jemalloc::prof_reset().map_err(|e| internal("prof.reset", e))?,
         ProfileAction::Dump => dump = Some(read_dump(dump_path)?),
     }
     let active = jemalloc::prof_active();
     let started = STARTED_MS.load(Relaxed);
+    let deadline = DEADLINE_MS.load(Relaxed);
     Ok(ProfileReply {
         active,
         changed: active != was,
         lg_sample: jemalloc::prof_lg_sample(),
         active_ms: (active && started != 0).then(|| now_ms.saturating_sub(started)),
+        stops_in_ms: (active && deadline != 0).then(|| deadline.saturating_sub(now_ms)),
         dump,
     })
+}
+
+fn stop() -> Result<(), ErrorReply> {
+    jemalloc::set_prof_active(false).map_err(|e| internal("prof.active", e))?;
+    STARTED_MS.store(0, Relaxed);
+    DEADLINE_MS.store(0, Relaxed);
+    Ok(())
+}
+
+/// Whether sampling a request started has a deadline still to come: the
+/// shim's thread stays until it has switched it off.
+pub fn pending() -> bool {
+    DEADLINE_MS.load(Relaxed) != 0
+}
+
+/// The shim's thread, every turn: switches off the sampling a request
+/// started once its deadline has passed (a client killed during its wait
+/// does not leave the process sampling).
+pub fn tick(now_ms: u64) {
+    let d = DEADLINE_MS.load(Relaxed);
+    if d != 0 && now_ms >= d {
+        let _ = stop();
+    }
 }
 
 /// `MEMSHIM_PROFILE=start`: sampling from the library's constructor on,
@@ -128,9 +172,16 @@ fn read_dump(path: &CString) -> Result<HeapDump, ErrorReply> {
     Ok(dump)
 }
 
-/// Fork child: the parent's `profile` request did not start the child's
-/// sampling clock. Async-signal-safe.
+/// Fork child: sampling a `profile` request started in the parent is the
+/// parent's; the child, which nobody asked to sample, stops (it may never
+/// run a shim thread that would see the deadline). `MEMSHIM_PROFILE=start`
+/// sampling goes on, as the environment asks. Runs after jemalloc's own
+/// child handler (its locks are new, and this thread is the only one).
 pub fn after_fork_child() {
     use crate::os::ResetTo;
-    STARTED_MS.reset_to(0);
+    if DEADLINE_MS.load(Relaxed) != 0 {
+        let _ = jemalloc::set_prof_active(false);
+        STARTED_MS.reset_to(0);
+        DEADLINE_MS.reset_to(0);
+    }
 }

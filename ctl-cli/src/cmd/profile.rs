@@ -19,7 +19,8 @@ use crate::out::{errln, outln};
 use crate::render::bytes;
 use clap::{Args, ValueEnum};
 use memshim_proto::{
-    MAX_PY_TRACE_SECONDS, ProfileAction, ProfileReply, PyTraceAction, PyTraceReply, Reply, Request,
+    MAX_PROFILE_SECONDS, MAX_PY_TRACE_SECONDS, ProfileAction, ProfileReply, PyTraceAction,
+    PyTraceReply, Reply, Request,
 };
 use std::path::PathBuf;
 use std::time::Duration;
@@ -92,8 +93,24 @@ pub enum Format {
 /// A combination clap cannot check itself (`cli.rs` reports it as a usage
 /// error, exit 2).
 pub fn conflict(a: &ProfileArgs) -> Option<&'static str> {
-    (a.python && !a.json && !matches!(a.format, Format::Table | Format::Json))
-        .then_some("--python shows Python lines as a table or as JSON only (--format table|json)")
+    if a.python && !a.json && !matches!(a.format, Format::Table | Format::Json) {
+        return Some(
+            "--python shows Python lines as a table or as JSON only (--format table|json)",
+        );
+    }
+    let growth = a.every.map_or(0.0, |e| e * f64::from(a.count));
+    let long = |cap: u64| a.seconds.unwrap_or(0) as f64 + growth + 60.0 > cap as f64;
+    if a.python && long(MAX_PY_TRACE_SECONDS) {
+        return Some(
+            "--python runs tracemalloc for at most an hour: --seconds and --every x --count must add up to under 3540 s",
+        );
+    }
+    if long(MAX_PROFILE_SECONDS) {
+        return Some(
+            "sampling runs for at most a day: --seconds and --every x --count must add up to under 86340 s",
+        );
+    }
+    None
 }
 
 /// Runs `profile`.
@@ -104,7 +121,7 @@ pub fn run(a: ProfileArgs) -> Result<Exit, Failure> {
         let new = load(&files[1])?;
         let d = Profile::diff(&old, &new);
         let title = format!("{} \u{2192} {}", files[0].display(), files[1].display());
-        emit(&a, format, &d, &title, None)?;
+        emit(&a, format, &d, &title, None, false)?;
         return Ok(Exit::Ok);
     }
     let pid = a.pid.unwrap_or_default();
@@ -122,11 +139,16 @@ pub fn run(a: ProfileArgs) -> Result<Exit, Failure> {
     if a.reset {
         ask(pid, ProfileAction::Reset)?;
     }
-    let state = ask(pid, ProfileAction::Start)?;
-    let started = state.changed;
+    let before = ask(pid, ProfileAction::Status)?;
     let wait = a
         .seconds
-        .unwrap_or(if started { DEFAULT_SECONDS } else { 0 });
+        .unwrap_or(if before.active { 0 } else { DEFAULT_SECONDS });
+    let state = ask_for(
+        pid,
+        ProfileAction::Start,
+        Some(bound(&a, wait, MAX_PROFILE_SECONDS)),
+    )?;
+    let started = state.changed;
     if started {
         errln!(
             "memshim-ctl: sampling started in {pid} (one sample per {} allocated); profiling what is allocated from now on{}",
@@ -142,9 +164,39 @@ pub fn run(a: ProfileArgs) -> Result<Exit, Failure> {
     if started && !a.keep {
         // Switched off whatever happened above: a process left sampling
         // pays for it on every allocation.
-        let _ = ask(pid, ProfileAction::Stop);
+        return switched_off(pid, result, ask(pid, ProfileAction::Stop).map(|_| ()));
     }
     result
+}
+
+/// How long what this command starts may last at most, in seconds: its
+/// wait and growth steps and a minute more; with `--keep`, `cap`.
+fn bound(a: &ProfileArgs, wait: u64, cap: u64) -> u64 {
+    if a.keep {
+        return cap;
+    }
+    let growth = a.every.map_or(0.0, |e| e * f64::from(a.count));
+    ((wait as f64 + growth + 60.0).ceil() as u64).min(cap)
+}
+
+/// The command's result, unless switching off what it started failed
+/// (then it did not do its whole job: a warning and a failure).
+fn switched_off(
+    pid: i32,
+    result: Result<Exit, Failure>,
+    off: Result<(), Failure>,
+) -> Result<Exit, Failure> {
+    match (result, off) {
+        (Ok(_), Err(f)) => Err(Failure::new(
+            f.exit,
+            Some(pid),
+            format!(
+                "the profile was taken, but switching it off again failed ({}); the process stops by itself at the deadline",
+                f.message
+            ),
+        )),
+        (r, _) => r,
+    }
 }
 
 fn profile_after(a: &ProfileArgs, format: Format, pid: i32, wait: u64) -> Result<Exit, Failure> {
@@ -152,7 +204,7 @@ fn profile_after(a: &ProfileArgs, format: Format, pid: i32, wait: u64) -> Result
     let (mut prev, mut active_ms) = dump(pid)?;
     let Some(every) = a.every else {
         let title = format!("pid {pid}");
-        emit(a, format, &prev, &title, active_ms)?;
+        emit(a, format, &prev, &title, active_ms, false)?;
         return Ok(Exit::Ok);
     };
     for step in 1..=a.count {
@@ -161,7 +213,7 @@ fn profile_after(a: &ProfileArgs, format: Format, pid: i32, wait: u64) -> Result
         active_ms = ms;
         let grown = Profile::diff(&prev, &cur);
         let title = format!("pid {pid}: growth {step} of {}, {every} s", a.count);
-        emit(a, format, &grown, &title, active_ms)?;
+        emit(a, format, &grown, &title, active_ms, step > 1)?;
         prev = cur;
     }
     Ok(Exit::Ok)
@@ -170,8 +222,14 @@ fn profile_after(a: &ProfileArgs, format: Format, pid: i32, wait: u64) -> Result
 /// One `profile` request on a connection of its own (the wait between two
 /// is longer than the endpoint keeps an idle connection).
 fn ask(pid: i32, action: ProfileAction) -> Result<ProfileReply, Failure> {
+    ask_for(pid, action, None)
+}
+
+/// `ask`, with the seconds after which the shim switches off sampling this
+/// start begins (so a client killed during its wait leaves none behind).
+fn ask_for(pid: i32, action: ProfileAction, seconds: Option<u64>) -> Result<ProfileReply, Failure> {
     let mut c = Client::open(pid)?;
-    match c.request(&Request::Profile { action })? {
+    match c.request(&Request::Profile { action, seconds })? {
         Reply::Profile(r) => Ok(*r),
         other => Err(c.unexpected(&other)),
     }
@@ -180,6 +238,13 @@ fn ask(pid: i32, action: ProfileAction) -> Result<ProfileReply, Failure> {
 fn dump(pid: i32) -> Result<(Profile, Option<u64>), Failure> {
     let r = ask(pid, ProfileAction::Dump)?;
     let d = r.dump.unwrap_or_default();
+    if d.dropped_stacks > 0 {
+        errln!(
+            "memshim-ctl: {pid} has more sampled stacks than one answer carries: the {} smallest ({}) are left out",
+            d.dropped_stacks,
+            bytes(d.dropped_bytes)
+        );
+    }
     Ok((Profile::from_dump(pid, r.lg_sample, &d), r.active_ms))
 }
 
@@ -205,6 +270,7 @@ fn emit(
     p: &Profile,
     title: &str,
     active_ms: Option<u64>,
+    append: bool,
 ) -> Result<(), Failure> {
     let data = match format {
         Format::Table => table(p, title, a.top as usize, active_ms).into_bytes(),
@@ -217,16 +283,7 @@ fn emit(
         Format::Svg => p.svg(title).into_bytes(),
         Format::Pprof => crate::pprof::encode(p),
     };
-    match &a.output {
-        Some(path) => std::fs::write(path, data).map_err(|e| {
-            Failure::new(
-                Exit::Failed,
-                a.pid,
-                format!("writing {}: {e}", path.display()),
-            )
-        }),
-        None => crate::out::write_bytes(&data),
-    }
+    write_out(a, &data, append).map(|_| ())
 }
 
 /// The table: a header line, the top call sites, what each library's
@@ -322,7 +379,8 @@ fn run_python(a: &ProfileArgs, format: Format, pid: i32) -> Result<Exit, Failure
     }
     let result = python_after(a, format, pid, wait);
     if started.changed && !a.keep {
-        let _ = ask_py(pid, PyTraceAction::Stop, None);
+        let off = ask_py(pid, PyTraceAction::Stop, None).map(|_| ());
+        return switched_off(pid, result, off);
     }
     result
 }
@@ -330,13 +388,20 @@ fn run_python(a: &ProfileArgs, format: Format, pid: i32) -> Result<Exit, Failure
 fn python_after(a: &ProfileArgs, format: Format, pid: i32, wait: u64) -> Result<Exit, Failure> {
     std::thread::sleep(Duration::from_secs(wait));
     let mut prev = ask_py(pid, PyTraceAction::Snapshot, None)?;
+    if prev.snapshot.is_none() {
+        return Err(Failure::new(
+            Exit::Failed,
+            Some(pid),
+            "tracemalloc is not tracing in the process (the program, or the shim at its deadline, stopped it)",
+        ));
+    }
     let top = a.top as usize;
     let Some(every) = a.every else {
         let text = match format {
             Format::Json => format!("{}\n", serde_json::to_string(&prev).unwrap_or_default()),
             _ => crate::pytrace::report(pid, &prev, top),
         };
-        return write_out(a, text.as_bytes());
+        return write_out(a, text.as_bytes(), false);
     };
     for step in 1..=a.count {
         std::thread::sleep(Duration::from_secs_f64(every));
@@ -363,21 +428,31 @@ fn python_after(a: &ProfileArgs, format: Format, pid: i32, wait: u64) -> Result<
                 crate::pytrace::footer(&cur)
             ),
         };
-        write_out(a, text.as_bytes())?;
+        write_out(a, text.as_bytes(), step > 1)?;
         prev = cur;
     }
     Ok(Exit::Ok)
 }
 
-fn write_out(a: &ProfileArgs, data: &[u8]) -> Result<Exit, Failure> {
+/// Writes to `-o FILE` (appended to after the first step of `--every`) or
+/// stdout.
+fn write_out(a: &ProfileArgs, data: &[u8], append: bool) -> Result<Exit, Failure> {
+    use std::io::Write;
     match &a.output {
-        Some(path) => std::fs::write(path, data).map_err(|e| {
-            Failure::new(
-                Exit::Failed,
-                a.pid,
-                format!("writing {}: {e}", path.display()),
-            )
-        })?,
+        Some(path) => std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(path)
+            .and_then(|mut f| f.write_all(data))
+            .map_err(|e| {
+                Failure::new(
+                    Exit::Failed,
+                    a.pid,
+                    format!("writing {}: {e}", path.display()),
+                )
+            })?,
         None => crate::out::write_bytes(data)?,
     }
     Ok(Exit::Ok)

@@ -348,12 +348,12 @@ pub fn dispatch(req: &Request, ctx: &Ctx<'_>) -> Response {
         Request::Gc => gc().map(Reply::Gc),
         Request::EmptyCache => empty_cache().map(Reply::EmptyCache),
         Request::Release => release().map(Reply::Release),
-        Request::Profile { action } => {
+        Request::Profile { action, seconds } => {
             let heap = socket::join(
                 &socket::dir(),
                 &format!("{}.heap", socket::name(ctx.starttime, ctx.pidns)),
             );
-            crate::profile::request(action, super::now_ms(), &heap)
+            crate::profile::request(action, seconds, super::now_ms(), &heap)
                 .map(|r| Reply::Profile(Box::new(r)))
         }
         Request::PythonTrace {

@@ -3,12 +3,12 @@
  * With profiling compiled in, jemalloc calls `log` to draw the bytes until
  * its next sample (prof.c) and `exp` to unbias the counts of a heap dump
  * (prof_data.c), and `round` for the latter, which gcc inlines and zig's
- * clang (the wheel's build) does not. Taking them from libm.so.6 would load that library into
- * every process, profiled or not: 9 more system calls and page faults and
+ * clang (the wheel's build) does not. Taking them from libm.so.6 would
+ * load that library into every process, profiled or not: 9 more system calls and page faults and
  * about 33,000 more instructions per exec of `/bin/true`
  * (bench/FINDINGS-profiling.md). None needs libm's last bit: they only
  * scale a sampling interval. So they are defined here, hidden (the
- * application's own `log` and `exp` are never these), accurate to a few
+ * application's own `log`, `exp` and `round` are never these), accurate to a few
  * units in the last place over the whole double range.
  *
  * Compiled by shim/build.rs with unwind.c. */

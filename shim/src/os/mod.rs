@@ -16,6 +16,7 @@
 //! | [`env`] | the environment, read without libc |
 //! | [`memstream`] | an in-memory `FILE*` |
 //! | [`overcommit`] | the kernel's overcommit heuristic, for jemalloc's `MAP_NORESERVE` mappings |
+//! | [`libm`] | the `log`, `exp` and `round` jemalloc's profiler calls (with `libm.c`) |
 //! | [`unwind`] | std's unwinder, forwarded to the `libgcc_s.so.1` glibc loads (with `unwind.c`) |
 //!
 //! Contract: nothing here panics on bad input; errors come back as
@@ -30,6 +31,7 @@ pub mod env;
 pub mod fd;
 pub mod fence;
 pub mod interpose;
+pub mod libm;
 pub mod memstream;
 pub mod overcommit;
 pub mod proc;

@@ -19,6 +19,7 @@
  * Compiled by shim/build.rs and linked whole into libmemshim.so. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -107,11 +108,43 @@ static void *required(int i) {
  * library, which allocates, would deadlock. Until the shim has loaded
  * libgcc_s on its own thread (`memshim_unwind_load`, which the profiler's
  * switch and the Python bridge call first), a backtrace comes back empty. */
+/* Backtraces under way, and a fork under way. Before glibc 2.35 (or with a
+ * libgcc before 12) the unwinder finds unwind tables with dl_iterate_phdr,
+ * which holds the loader's write lock, and fork does not reset that lock in
+ * the child: a fork while another thread took a sampled backtrace would
+ * leave the child's loader locked for good. So a fork waits (bounded) for
+ * the backtraces under way, and none starts until it is done
+ * (`memshim_unwind_fork_*`, from the shim's fork handlers while profiling
+ * is ready). */
+static unsigned in_flight;
+static int forking;
+
 HIDDEN reason_t _Unwind_Backtrace(trace_fn trace, void *arg) {
     void *f = __atomic_load_n(&slots[BACKTRACE], __ATOMIC_ACQUIRE);
     /* Not loaded (or no unwinder): an empty backtrace. */
     if (!f || !memshim_unwind_ready()) return URC_END_OF_STACK;
-    return ((reason_t (*)(trace_fn, void *))f)(trace, arg);
+    if (__atomic_load_n(&forking, __ATOMIC_ACQUIRE)) return URC_END_OF_STACK;
+    __atomic_add_fetch(&in_flight, 1, __ATOMIC_SEQ_CST);
+    reason_t r = URC_END_OF_STACK;
+    if (!__atomic_load_n(&forking, __ATOMIC_SEQ_CST))
+        r = ((reason_t (*)(trace_fn, void *))f)(trace, arg);
+    __atomic_sub_fetch(&in_flight, 1, __ATOMIC_SEQ_CST);
+    return r;
+}
+
+/* Fork prepare: no new backtrace, and those under way end (a backtrace is
+ * microseconds; after `max_spins` yields the fork goes on, as it would
+ * without the shim). */
+HIDDEN void memshim_unwind_fork_prepare(unsigned max_spins) {
+    __atomic_store_n(&forking, 1, __ATOMIC_SEQ_CST);
+    for (unsigned i = 0; i < max_spins && __atomic_load_n(&in_flight, __ATOMIC_SEQ_CST) != 0; i++)
+        sched_yield();
+}
+
+/* Fork parent and child: backtraces again (none is under way in a child). */
+HIDDEN void memshim_unwind_fork_done(int child) {
+    if (child) __atomic_store_n(&in_flight, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&forking, 0, __ATOMIC_RELEASE);
 }
 
 static reason_t warm_up_step(struct _Unwind_Context *c, void *arg) {

@@ -24,6 +24,8 @@ use core::ffi::c_int;
 unsafe extern "C" {
     fn memshim_unwind_load() -> c_int;
     fn memshim_unwind_warm_up();
+    fn memshim_unwind_fork_prepare(max_spins: core::ffi::c_uint);
+    fn memshim_unwind_fork_done(child: c_int);
     #[cfg(test)]
     fn memshim_unwind_ready() -> c_int;
 }
@@ -48,6 +50,21 @@ pub fn warm_up() {
     // SAFETY: unwind.c's function walks this thread's stack through the
     // forwarder (an empty walk if libgcc_s is not loaded).
     unsafe { memshim_unwind_warm_up() }
+}
+
+/// Fork prepare handler, while jemalloc's profiler is ready: no backtrace
+/// starts, and those under way (sampled allocations of other threads) end
+/// first, at most about a thousand yields (unwind.c says why).
+/// Async-signal-safe (atomics and `sched_yield`).
+pub fn fork_prepare() {
+    // SAFETY: atomics and sched_yield in unwind.c.
+    unsafe { memshim_unwind_fork_prepare(1000) }
+}
+
+/// Fork parent and child handlers: backtraces again. Async-signal-safe.
+pub fn fork_done(child: bool) {
+    // SAFETY: atomic stores in unwind.c.
+    unsafe { memshim_unwind_fork_done(c_int::from(child)) }
 }
 
 #[cfg(test)]

@@ -133,6 +133,11 @@ pub fn py_trace(
     }
 }
 
+/// Whether tracing the shim started has a deadline still to come.
+pub fn py_trace_pending() -> bool {
+    tracemalloc::pending()
+}
+
 /// Stops the tracing the shim started once its deadline has passed (the
 /// shim's thread, every turn; a busy interpreter is tried again on the
 /// next).

@@ -27,6 +27,11 @@ static OURS: AtomicBool = AtomicBool::new(false);
 /// Monotonic ms at which the shim stops the tracing it started; 0: none.
 static DEADLINE_MS: AtomicU64 = AtomicU64::new(0);
 
+/// Whether the shim's own tracing has a deadline to come.
+pub fn pending() -> bool {
+    DEADLINE_MS.load(SeqCst) != 0
+}
+
 /// Whether the shim's own tracing is past its deadline (shim's thread).
 pub fn due(now_ms: u64) -> bool {
     let d = DEADLINE_MS.load(SeqCst);

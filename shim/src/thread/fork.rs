@@ -78,6 +78,10 @@ pub(super) extern "C" fn prepare() {
     // After the stop above: a thread that is stopping must still be able to
     // close its descriptors.
     os::fd::before_fork();
+    // No sampled backtrace may be under way at the fork (os/unwind.c).
+    if crate::options::profile() {
+        os::unwind::fork_prepare();
+    }
     // Last, where glibc ran jemalloc's own prepare when it registered first.
     crate::jemalloc::prefork();
 }
@@ -87,6 +91,9 @@ pub(super) extern "C" fn parent() {
     let _e = KeepErrno::new();
     crate::jemalloc::postfork_parent();
     os::fd::after_fork_parent();
+    if crate::options::profile() {
+        os::unwind::fork_done(false);
+    }
 }
 
 /// Fork child handler: the shim's threads do not exist here.
@@ -96,6 +103,9 @@ pub(super) extern "C" fn child() {
     // The forking thread is the child's main thread.
     super::LEADER_GONE.store(false, core::sync::atomic::Ordering::Relaxed);
     crate::jemalloc::postfork_child();
+    if crate::options::profile() {
+        os::unwind::fork_done(true);
+    }
     // No shim thread here to return what the first arena keeps.
     crate::jemalloc::lift_first_arena_threshold(false);
     os::fd::after_fork_child();

@@ -237,6 +237,7 @@ extern "C" fn main(_: *mut c_void) -> *mut c_void {
         }
         cuda_idle.tick(now);
         crate::python::py_trace_tick(now);
+        crate::profile::tick(now);
         let threads = os::proc::thread_count();
         let alone = threads.is_some_and(|n| n <= 1 + our_threads());
         if alone && os::proc::leader_exited() && try_stop(&mut own, false) {
@@ -247,8 +248,11 @@ extern "C" fn main(_: *mut c_void) -> *mut c_void {
             // every signal, even SIGTERM would stay pending.
             return finish();
         }
+        // Sampling or tracing a request started waits for the thread to
+        // switch it off at its deadline.
+        let owed = crate::profile::pending() || crate::python::py_trace_pending();
         if options::control() == Control::Auto {
-            if alone {
+            if alone && !owed {
                 let since = *alone_since.get_or_insert(now);
                 if now.saturating_sub(since) >= alone_grace_ms(dirty) && try_stop(&mut own, false) {
                     return finish();

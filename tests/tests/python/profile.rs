@@ -61,7 +61,12 @@ fn python_lines_name_the_line_that_keeps_the_memory_on_every_cpython() {
         let sock = socket_of(&dir, child.pid());
         // A first profile: tracemalloc on for 3 s, the growth inside.
         let run = Cmd::new(ctl(), ["profile", &pid, "--python", "--seconds", "3"]).spawn();
-        std::thread::sleep(Duration::from_millis(1000));
+        memshim_tests::wait_until(Duration::from_secs(20), || {
+            trace(&sock, PyTraceAction::Status, None)
+                .tracing
+                .then_some(())
+        })
+        .unwrap_or_else(|| panic!("{v}: tracemalloc never started"));
         child.send("grow");
         child.wait_for_line("grown", Duration::from_secs(30));
         let o = run.finish(Duration::from_secs(60));

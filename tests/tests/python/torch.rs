@@ -90,6 +90,15 @@ fn a_heap_profile_names_the_libraries_that_hold_a_bert_and_what_is_left_after_un
         mib(loaded_torch as u64),
         mib(loaded as u64)
     );
+    let loaded_table = ctl(&["profile", &pid]);
+    assert!(
+        loaded_table
+            .stdout
+            .lines()
+            .any(|l| l.starts_with("by library: libc10")),
+        "{v}: the library that holds the weights is named first: {}",
+        loaded_table.stdout
+    );
     ask(&mut child, "infer");
     ask(&mut child, "unload");
     let table = ctl(&["profile", &pid]);
