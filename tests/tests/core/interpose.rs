@@ -203,6 +203,15 @@ const JEMALLOC_IMPORTS: &[(&str, &str)] = &[
     ("secure_getenv", "wrapped: the configuration hook"),
     ("__ctype_b_loc", "no errno"),
     (
+        "_Unwind_Backtrace",
+        "heap profiles: a sampled allocation's backtrace (os/unwind.c), never in free",
+    ),
+    (
+        "_Unwind_GetIP",
+        "heap profiles: inside _Unwind_Backtrace's callback; no errno",
+    ),
+    ("_exit", "does not return"),
+    (
         "__errno_location",
         "jemalloc sets ENOMEM on failed allocations",
     ),
@@ -211,15 +220,29 @@ const JEMALLOC_IMPORTS: &[(&str, &str)] = &[
     ("abort", "does not return"),
     ("atexit", "start-up only"),
     ("clock_gettime", "sets errno only for a bad clock id"),
-    ("creat", "heap profiling only (not built)"),
+    ("close", "heap profiles: prof.dump, on the shim's thread"),
+    ("creat", "heap profiles: prof.dump, on the shim's thread"),
     ("dlsym", "background threads only (off)"),
+    (
+        "exp",
+        "the shim's own (os/libm.c): sets no errno; heap profiles' start-up",
+    ),
     ("getpid", "no errno"),
     ("gettid", "no errno"),
     ("gettimeofday", "no errno for valid arguments"),
+    (
+        "log",
+        "the shim's own (os/libm.c): sets no errno; a sampled allocation",
+    ),
+    ("memcmp", "no errno"),
     ("memchr", "no errno"),
     ("memcpy", "no errno"),
     ("memmove", "no errno"),
     ("memset", "no errno"),
+    (
+        "open",
+        "heap profiles: prof.dump reads /proc/self/maps, on the shim's thread",
+    ),
     (
         "pthread_atfork",
         "wrapped: its handlers run inside the shim's",
@@ -229,7 +252,10 @@ const JEMALLOC_IMPORTS: &[(&str, &str)] = &[
     ("pthread_cond_timedwait", "background threads only (off)"),
     ("pthread_cond_wait", "background threads only (off)"),
     ("pthread_create", "background threads only (off)"),
-    ("pthread_getname_np", "heap profiling only (not built)"),
+    (
+        "pthread_getname_np",
+        "heap profiles' thread names only (prof_sys_thread_name, off)",
+    ),
     ("pthread_join", "background threads only (off)"),
     ("pthread_key_create", "start-up only"),
     ("pthread_mutex_init", "returns its error; no errno"),
@@ -245,6 +271,10 @@ const JEMALLOC_IMPORTS: &[(&str, &str)] = &[
     ("pthread_sigmask", "background threads only (off)"),
     ("readlink", "start-up only (its configuration file)"),
     (
+        "round",
+        "the shim's own (os/libm.c): sets no errno; heap profiles' start-up",
+    ),
+    (
         "sbrk",
         "allocation only, when mmap fails (dss); jemalloc then sets ENOMEM",
     ),
@@ -254,6 +284,7 @@ const JEMALLOC_IMPORTS: &[(&str, &str)] = &[
     ("sched_yield", "no errno"),
     ("sigfillset", "background threads only (off)"),
     ("strchr", "no errno"),
+    ("strcpy", "no errno"),
     ("strcmp", "no errno"),
     ("strerror_r", "error messages only"),
     ("strlen", "no errno"),
