@@ -72,7 +72,10 @@ def run(kdir, argv, env=None, cwd=ROOT, vcpus=1, mem_mib=1536, thp="madvise", ti
     env = dict(env or {})
     job += [f"env={k}={os.environ[k]}" for k in PASSED_ENV if k in os.environ and k not in env]
     job += [f"env={k}={v}" for k, v in env.items()] + [f"env=VM_SHARE={share}"]
-    job += [f"cwd={cwd}", f"share={share}", "tmpfs=/tmp", "tmpfs=/run", "tmpfs=/dev/shm",
+    # A fresh /tmp, unless what the VM must see lies under it (a checkout in /tmp, as CI's fresh
+    # clone): the overlay makes it writable all the same (tests/src/vm.rs does the same).
+    tmp = [] if any(p.startswith("/tmp/") for p in (ROOT, cwd, share)) else ["tmpfs=/tmp"]
+    job += [f"cwd={cwd}", f"share={share}"] + tmp + ["tmpfs=/run", "tmpfs=/dev/shm",
             "cgroup2=nsdelegate,memory_recursiveprot", "controllers=+memory +cpu +cpuset", f"thp={thp}",
             "hostname=memshim-vm"]
     with open(os.path.join(share, "job"), "wb") as f:
