@@ -68,9 +68,9 @@ pub struct Profile {
 }
 
 impl Profile {
-    /// Symbolizes a dump of process `pid`.
-    pub fn from_dump(pid: i32, lg_sample: u32, d: &HeapDump) -> Profile {
-        let mut sym = Symbolizer::new(Some(pid), d.maps.clone());
+    /// Symbolizes a dump of process `pid`, which sees itself as `own_pid`.
+    pub fn from_dump(pid: i32, own_pid: i32, lg_sample: u32, d: &HeapDump) -> Profile {
+        let mut sym = Symbolizer::new(Some((pid, own_pid)), d.maps.clone());
         let mut cache: HashMap<u32, Frame> = HashMap::new();
         let mut merged: HashMap<Vec<Frame>, (i64, i64)> = HashMap::new();
         for s in &d.stacks {

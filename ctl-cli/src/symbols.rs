@@ -39,7 +39,8 @@ struct Elf {
 
 /// Symbolizes the addresses of one process.
 pub struct Symbolizer {
-    pid: Option<i32>,
+    /// The process's pid as it sees itself (its perf map's name).
+    own_pid: Option<i32>,
     root: String,
     maps: Vec<Mapping>,
     files: HashMap<String, Option<Elf>>,
@@ -51,12 +52,15 @@ pub struct Symbolizer {
 pub const PERF_MAP: &str = "[perf map]";
 
 impl Symbolizer {
-    /// For the process `pid` (files read through `/proc/PID/root`).
-    pub fn new(pid: Option<i32>, mut maps: Vec<Mapping>) -> Symbolizer {
+    /// For the process `pid` (files read through `/proc/PID/root`), which
+    /// sees itself as `own_pid` (`procfs::Proc::nspid`).
+    pub fn new(pid: Option<(i32, i32)>, mut maps: Vec<Mapping>) -> Symbolizer {
         maps.sort_by_key(|m| m.start);
         Symbolizer {
-            pid,
-            root: pid.map(|p| format!("/proc/{p}/root")).unwrap_or_default(),
+            own_pid: pid.map(|p| p.1),
+            root: pid
+                .map(|p| format!("/proc/{}/root", p.0))
+                .unwrap_or_default(),
             maps,
             files: HashMap::new(),
             perf: None,
@@ -103,26 +107,18 @@ impl Symbolizer {
 impl Symbolizer {
     /// The perf map's name for `pc`, if the process has a perf map.
     fn perf_map(&mut self, pc: u64) -> Option<String> {
-        let pid = self.pid?;
+        let own = self.own_pid?;
         let root = self.root.clone();
-        let map = self.perf.get_or_insert_with(|| read_perf_map(&root, pid));
+        let map = self.perf.get_or_insert_with(|| read_perf_map(&root, own));
         let i = map.partition_point(|e| e.0 <= pc).checked_sub(1)?;
         let (start, size, name) = &map[i];
         (pc < start + size).then(|| name.clone())
     }
 }
 
-/// `/tmp/perf-<pid>.map` of process `pid`, its pid as it sees itself (the
-/// last `NSpid` of its status), read through its root.
-fn read_perf_map(root: &str, pid: i32) -> Vec<(u64, u64, String)> {
-    let own = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("NSpid:"))
-                .and_then(|v| v.split_whitespace().last().map(str::to_owned))
-        })
-        .unwrap_or_else(|| pid.to_string());
+/// `/tmp/perf-<own>.map` (`own`: the pid as the process sees itself),
+/// read through its root.
+fn read_perf_map(root: &str, own: i32) -> Vec<(u64, u64, String)> {
     let text = std::fs::read_to_string(format!("{root}/tmp/perf-{own}.map")).unwrap_or_default();
     let mut v: Vec<(u64, u64, String)> = text
         .lines()

@@ -228,7 +228,14 @@ fn ask(pid: i32, action: ProfileAction) -> Result<ProfileReply, Failure> {
 /// `ask`, with the seconds after which the shim switches off sampling this
 /// start begins (so a client killed during its wait leaves none behind).
 fn ask_for(pid: i32, action: ProfileAction, seconds: Option<u64>) -> Result<ProfileReply, Failure> {
-    let mut c = Client::open(pid)?;
+    ask_on(&mut Client::open(pid)?, action, seconds)
+}
+
+fn ask_on(
+    c: &mut Client,
+    action: ProfileAction,
+    seconds: Option<u64>,
+) -> Result<ProfileReply, Failure> {
     match c.request(&Request::Profile { action, seconds })? {
         Reply::Profile(r) => Ok(*r),
         other => Err(c.unexpected(&other)),
@@ -236,7 +243,8 @@ fn ask_for(pid: i32, action: ProfileAction, seconds: Option<u64>) -> Result<Prof
 }
 
 fn dump(pid: i32) -> Result<(Profile, Option<u64>), Failure> {
-    let r = ask(pid, ProfileAction::Dump)?;
+    let mut c = Client::open(pid)?;
+    let r = ask_on(&mut c, ProfileAction::Dump, None)?;
     let d = r.dump.unwrap_or_default();
     if d.dropped_stacks > 0 {
         errln!(
@@ -245,7 +253,11 @@ fn dump(pid: i32) -> Result<(Profile, Option<u64>), Failure> {
             bytes(d.dropped_bytes)
         );
     }
-    Ok((Profile::from_dump(pid, r.lg_sample, &d), r.active_ms))
+    let own_pid = c.proc.nspid;
+    Ok((
+        Profile::from_dump(pid, own_pid, r.lg_sample, &d),
+        r.active_ms,
+    ))
 }
 
 fn load(path: &PathBuf) -> Result<Profile, Failure> {

@@ -182,23 +182,11 @@ pub fn ensure_hook(py: &Py) {
         return;
     }
     let api = py.api();
+    // A plain import of a builtin module (an exception is cleared by
+    // `import`).
     let registrar = py
-        .imported(c"atexit")
-        .or_else(|| {
-            // SAFETY: GIL held; a plain import of a builtin module, which
-            // returns a new reference or NULL with an exception (cleared
-            // by `adopt`).
-            unsafe {
-                py.adopt((api.import_module_level)(
-                    c"atexit".as_ptr(),
-                    core::ptr::null_mut(),
-                    core::ptr::null_mut(),
-                    core::ptr::null_mut(),
-                    0,
-                ))
-            }
-            .ok()
-        })
+        .import(c"atexit")
+        .ok()
         .and_then(|m| py.attr(&m, c"register").ok());
     let Some(register) = registrar else {
         return;

@@ -43,9 +43,6 @@ pub fn due(now_ms: u64) -> bool {
 // stops it at the same deadline: nothing is reset in the child.
 
 fn module<'p>(py: &'p Py) -> PyResult<Obj<'p>> {
-    if let Some(m) = py.imported(c"_tracemalloc") {
-        return Ok(m);
-    }
     py.import(c"_tracemalloc")
 }
 

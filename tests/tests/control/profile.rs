@@ -52,18 +52,24 @@ fn wait_sampling(pid: i32) {
         .expect("sampling never started");
 }
 
-/// `profile PID --format json -o FILE`, parsed.
-fn json_profile(pid: &str, name: &str) -> (PathBuf, Value) {
+/// `profile PID --format FORMAT -o FILE` (it must succeed): the file.
+fn profile_to(pid: &str, format: &str, name: &str) -> PathBuf {
     let f = out_file(name);
     let o = ctl_run(&[
         "profile",
         pid,
         "--format",
-        "json",
+        format,
         "-o",
         &f.display().to_string(),
     ]);
     assert_eq!(o.code, 0, "{o:?}");
+    f
+}
+
+/// `profile PID --format json -o FILE`, parsed.
+fn json_profile(pid: &str, name: &str) -> (PathBuf, Value) {
+    let f = profile_to(pid, "json", name);
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
     (f, v)
 }
@@ -131,16 +137,7 @@ fn a_profile_names_the_function_that_keeps_the_memory_and_a_diff_the_new_leak() 
     assert_eq!(diff["bytes"].as_i64(), Some(grown), "nothing else: {diff}");
 
     // The flame graph, read by Python's XML parser; folded stacks.
-    let svg = out_file("f.svg");
-    let o = ctl_run(&[
-        "profile",
-        &pid,
-        "--format",
-        "svg",
-        "-o",
-        &svg.display().to_string(),
-    ]);
-    assert_eq!(o.code, 0, "{o:?}");
+    let svg = profile_to(&pid, "svg", "f.svg");
     let src = "import sys, xml.etree.ElementTree as ET\n\
 root = ET.parse(sys.argv[1]).getroot()\n\
 assert root.tag.endswith('svg'), root.tag\n\
@@ -153,16 +150,7 @@ print('\\n'.join(t.text or '' for t in root.iter() if t.tag.endswith('title')))"
         o.stdout
     );
     // pprof's format, decoded by the field numbers of pprof's profile.proto.
-    let pb = out_file("heap.pb.gz");
-    let o = ctl_run(&[
-        "profile",
-        &pid,
-        "--format",
-        "pprof",
-        "-o",
-        &pb.display().to_string(),
-    ]);
-    assert_eq!(o.code, 0, "{o:?}");
+    let pb = profile_to(&pid, "pprof", "heap.pb.gz");
     let o = Cmd::new(python(), ["-c", PPROF_DECODER, &pb.display().to_string()]).run();
     assert_eq!(o.code, 0, "the pprof file does not decode: {o:?}");
     let mut lines = o.stdout.lines();
