@@ -268,4 +268,10 @@ pub struct ConfigState {
     /// reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub private_fds: Option<bool>,
+    /// The huge page size at which purges split the huge pages they cover
+    /// in part, so that the memory cgroup gets their pages back at once
+    /// (0: huge pages do not back the heap). `null` from releases before
+    /// it was reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thp_split_bytes: Option<u64>,
 }

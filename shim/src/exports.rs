@@ -529,10 +529,11 @@ wrap_target!("__wrap_pthread_atfork", wrap_pthread_atfork);
 /// trampoline `$sym`): glibc's `$name`, reached as `$real`, keeping errno.
 ///
 /// With `refuse: COND => VALUE`, the wrapper returns VALUE without calling
-/// glibc when COND (over the arguments) holds.
+/// glibc when COND (over the arguments) holds. With `before: EXPR`, it
+/// evaluates EXPR (which may call `$real`) first.
 macro_rules! keeps_errno {
     ($name:ident, $real:ident, $wrap:ident, $sym:literal, ($($arg:ident: $ty:ty),*) -> $ret:ty
-        $(, refuse: $cond:expr => $refused:expr)?) => {
+        $(, refuse: $cond:expr => $refused:expr)? $(, before: $before:expr)?) => {
         #[cfg(not(test))]
         unsafe extern "C" {
             /// glibc's function, as renamed by `--wrap` (see `build.rs`).
@@ -552,6 +553,7 @@ macro_rules! keeps_errno {
             $(if $cond {
                 return $refused;
             })?
+            $($before;)?
             // SAFETY: forwarding the caller's arguments unchanged.
             unsafe { $real($($arg),*) }
         }
@@ -560,8 +562,27 @@ macro_rules! keeps_errno {
     };
 }
 
+// A purge's `MADV_DONTNEED` first splits the huge pages it covers only in
+// part, where huge pages may back the heap, so that the memory cgroup gets
+// their free pages back at once (os/thp.rs).
 keeps_errno!(madvise, __real_madvise, wrap_madvise, "__wrap_madvise",
-    (addr: *mut c_void, len: usize, advice: c_int) -> c_int);
+    (addr: *mut c_void, len: usize, advice: c_int) -> c_int,
+    before: split_before_dontneed(addr, len, advice));
+
+/// `MADV_FREE` for the parts of huge pages a `MADV_DONTNEED` of `len` bytes
+/// at `addr` covers in part (os/thp.rs). Inside `free`: no lock, no
+/// allocation; errno is the wrapper's to keep.
+fn split_before_dontneed(addr: *mut c_void, len: usize, advice: c_int) {
+    if advice != libc::MADV_DONTNEED {
+        return;
+    }
+    os::thp::split_edges(addr as usize, len, |a, l| {
+        // SAFETY: a part of the caller's range, which it is about to
+        // discard: MADV_FREE loses nothing that MADV_DONTNEED would keep.
+        unsafe { __real_madvise(a as *mut c_void, l, libc::MADV_FREE) };
+    });
+}
+
 // A `MAP_NORESERVE` mapping the kernel's overcommit heuristic would have
 // refused without that flag fails as it would have (os/overcommit.rs), so
 // that an impossible `malloc` returns NULL as under glibc.

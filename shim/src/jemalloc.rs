@@ -559,6 +559,18 @@ pub fn stats_enabled() -> bool {
     read::<bool>(b"config.stats\0").unwrap_or(false)
 }
 
+/// `opt.thp` (`default`, `always` or `never`): what jemalloc asks of
+/// transparent huge pages for its mappings (`MADV_HUGEPAGE` for `always`
+/// where the system's mode is `madvise`, `MADV_NOHUGEPAGE` for `never`).
+/// `None` where this jemalloc has no such option.
+pub fn opt_thp() -> Option<&'static core::ffi::CStr> {
+    match read::<*const c_char>(b"opt.thp\0") {
+        // SAFETY: jemalloc's static NUL-terminated name of the mode.
+        Ok(p) if !p.is_null() => Some(unsafe { core::ffi::CStr::from_ptr(p) }),
+        _ => None,
+    }
+}
+
 // --- Heap profiles -------------------------------------------------------------
 //
 // With `MEMSHIM_PROFILE=on` jemalloc starts with `prof:true,prof_active:false`

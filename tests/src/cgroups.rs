@@ -149,6 +149,19 @@ impl TestCgroup {
         (heap, freed)
     }
 
+    /// What the kernel charges it now (`memory.current`, v1:
+    /// `memory.usage_in_bytes`): the figure limits, dashboards and the OOM
+    /// killer go by.
+    pub fn usage(&self) -> u64 {
+        let f = if self.version == 2 {
+            "memory.current"
+        } else {
+            "memory.usage_in_bytes"
+        };
+        let s = std::fs::read_to_string(self.dir.join(f)).unwrap();
+        s.trim().parse().unwrap_or_else(|_| panic!("{f}: {s:?}"))
+    }
+
     /// Its `memory.stat`.
     pub fn stat(&self) -> BTreeMap<String, u64> {
         std::fs::read_to_string(self.dir.join("memory.stat"))

@@ -81,6 +81,7 @@ fn config(ctx: &Ctx<'_>) -> ConfigState {
         deepbind_cleared: ctx.facts.deepbind_cleared,
         thread_starts: ctx.facts.thread_starts,
         private_fds: Some(ctx.facts.private_fds),
+        thp_split_bytes: Some(os::thp::split_size() as u64),
     }
 }
 

@@ -16,6 +16,7 @@
 //! | [`env`] | the environment, read without libc |
 //! | [`memstream`] | an in-memory `FILE*` |
 //! | [`overcommit`] | the kernel's overcommit heuristic, for jemalloc's `MAP_NORESERVE` mappings |
+//! | [`thp`] | transparent huge pages: splitting the ones a purge covers in part |
 //! | [`libm`] | the `log`, `exp` and `round` jemalloc's profiler calls (with `libm.c`) |
 //! | [`unwind`] | std's unwinder, forwarded to the `libgcc_s.so.1` glibc loads (with `unwind.c`) |
 //!
@@ -38,6 +39,7 @@ pub mod proc;
 pub mod raw;
 pub mod sock;
 pub mod spawner;
+pub mod thp;
 pub mod thread;
 pub mod time;
 pub mod unwind;

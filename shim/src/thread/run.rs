@@ -180,6 +180,11 @@ extern "C" fn main(_: *mut c_void) -> *mut c_void {
     let mut cuda_idle = super::cuda_idle::Watcher::new(last_decay);
     let mut alone_since: Option<u64> = None;
     let mut watcher = Watcher::new();
+    // Where huge pages may back the heap, purges split the ones they cover
+    // in part (os/thp.rs). Looked at again later only in the thread's own
+    // table: reading a file opens a descriptor for a moment.
+    os::thp::refresh();
+    let mut next_thp_look = last_decay + os::thp::LOOK_MS;
     loop {
         let dirty = jemalloc::decay_ms()
             .map(|d| d.0)
@@ -234,6 +239,10 @@ extern "C" fn main(_: *mut c_void) -> *mut c_void {
         if dirty >= 0 && now.saturating_sub(last_decay) >= tick as u64 {
             let _ = jemalloc::decay_all();
             last_decay = now;
+        }
+        if now >= next_thp_look && os::fd::private() {
+            os::thp::refresh();
+            next_thp_look = now + os::thp::LOOK_MS;
         }
         cuda_idle.tick(now);
         crate::python::py_trace_tick(now);

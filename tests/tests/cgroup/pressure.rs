@@ -227,6 +227,78 @@ fn under_pressure_a_purges_so_both_processes_live_and_the_loader_finishes() {
     assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
 }
 
+/// THP as the kernel's `enabled` file says it: `always`, `madvise` or
+/// `never` (`None` without THP).
+fn thp_mode() -> Option<String> {
+    let s = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok()?;
+    Some(s.split('[').nth(1)?.split(']').next()?.to_owned())
+}
+
+/// A purge that covers part of a huge page unmaps that part (RSS drops)
+/// but leaves the whole page charged to the cgroup until reclaim splits
+/// it: under a limit the OOM killer can come first. The shim splits such
+/// pages as it purges (shim/src/os/thp.rs), so the cgroup's usage drops
+/// with A's RSS. Twice: with A's heap as the kernel's mode puts it (in huge
+/// pages in the VMs' THP `always` cells), and with jemalloc asking for huge
+/// pages (`thp:always`, which `madvise`, Debian's default and this
+/// machine's, grants: huge pages on the host's cgroup v1 too).
+#[test]
+fn a_purge_gives_the_cgroup_back_what_it_takes_from_rss_in_huge_pages_too() {
+    let _machine = memshim_tests::serial::exclusive(module_path!());
+    let mode = thp_mode();
+    for conf in ["", "thp:always"] {
+        let Some(cg) = limited_cgroup("pressure-thp") else {
+            return;
+        };
+        let (mut a, _) = start_a(&cg, &[("MEMSHIM_MALLOC_CONF", conf)]);
+        let pid = a.pid().to_string();
+        let (rss0, huge0, usage0) = (rss_bytes(a.pid()), anon_huge_bytes(a.pid()), cg.usage());
+        let (code, r) = ctl_json(&["purge", &pid]);
+        assert_eq!(code, 0, "purge: {r}");
+        let (rss1, usage1) = (rss_bytes(a.pid()), cg.usage());
+        let split = u(&stats(&pid)["config"]["thp_split_bytes"]);
+        eprintln!(
+            "THP {mode:?}, MEMSHIM_MALLOC_CONF={conf:?}: A's RSS {} ({} in huge pages) -> {}, \
+             the cgroup's usage {} -> {}; purges split at {split} B",
+            m(rss0),
+            m(huge0),
+            m(rss1),
+            m(usage0),
+            m(usage1)
+        );
+        assert!(rss1 + 64 * MIB <= rss0, "A's RSS did not drop: {}", m(rss1));
+        // Not vacuous where it matters: where A's heap is in huge pages, the
+        // shim knows it.
+        if huge0 >= 32 * MIB {
+            assert!(
+                split >= 2 * MIB,
+                "{} in huge pages, split at {split}",
+                m(huge0)
+            );
+        }
+        if conf == "thp:always" && mode.as_deref() == Some("madvise") {
+            assert!(
+                huge0 >= 32 * MIB,
+                "jemalloc's thp:always: {} in huge pages",
+                m(huge0)
+            );
+        }
+        // The cgroup got back (nearly) all that A's RSS gave: without the
+        // split, under THP, it got none of it.
+        let given = rss0 - rss1;
+        assert!(
+            usage1 + given * 9 / 10 <= usage0,
+            "A's RSS gave {}, the cgroup's usage went {} -> {}",
+            m(given),
+            m(usage0),
+            m(usage1)
+        );
+        a.send("quit");
+        let o = a.finish(Duration::from_secs(10));
+        assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    }
+}
+
 #[test]
 fn without_pressure_watching_the_oom_killer_ends_a_or_b() {
     // A cgroup filled to its limit, and the OOM killer.
