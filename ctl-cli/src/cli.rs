@@ -32,7 +32,7 @@ impl Cli {
         let cli = Cli::parse();
         let (name, why) = match &cli.command {
             Command::Serve(a) => ("serve", cmd::serve::conflict(a)),
-            Command::Profile(a) => ("profile", cmd::profile::conflict(a).map(str::to_owned)),
+            Command::Profile(a) => ("profile", cmd::profile::conflict(a)),
             _ => ("", None),
         };
         if let Some(why) = why {

@@ -820,6 +820,13 @@ pub fn proc_status(pid: i32, key: &str) -> Option<u64> {
         .ok()
 }
 
+/// This machine's transparent huge page mode, as the kernel's `enabled`
+/// file selects it: `always`, `madvise` or `never` (`None` without THP).
+pub fn thp_mode() -> Option<String> {
+    let s = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok()?;
+    Some(s.split('[').nth(1)?.split(']').next()?.to_owned())
+}
+
 /// Resident set size of `pid` in bytes (VmRSS).
 pub fn rss_bytes(pid: i32) -> u64 {
     proc_status(pid, "VmRSS").expect("VmRSS") * 1024

@@ -92,25 +92,37 @@ pub enum Format {
 
 /// A combination clap cannot check itself (`cli.rs` reports it as a usage
 /// error, exit 2).
-pub fn conflict(a: &ProfileArgs) -> Option<&'static str> {
+pub fn conflict(a: &ProfileArgs) -> Option<String> {
     if a.python && !a.json && !matches!(a.format, Format::Table | Format::Json) {
         return Some(
-            "--python shows Python lines as a table or as JSON only (--format table|json)",
+            "--python shows Python lines as a table or as JSON only (--format table|json)".into(),
         );
     }
-    let growth = a.every.map_or(0.0, |e| e * f64::from(a.count));
-    let long = |cap: u64| a.seconds.unwrap_or(0) as f64 + growth + 60.0 > cap as f64;
+    let long = |cap: u64| span_s(a, a.seconds.unwrap_or(0)) > cap as f64;
+    let under = |cap: u64| cap - MARGIN_S;
     if a.python && long(MAX_PY_TRACE_SECONDS) {
-        return Some(
-            "--python runs tracemalloc for at most an hour: --seconds and --every x --count must add up to under 3540 s",
-        );
+        return Some(format!(
+            "--python runs tracemalloc for at most an hour: --seconds and --every x --count must add up to under {} s",
+            under(MAX_PY_TRACE_SECONDS)
+        ));
     }
     if long(MAX_PROFILE_SECONDS) {
-        return Some(
-            "sampling runs for at most a day: --seconds and --every x --count must add up to under 86340 s",
-        );
+        return Some(format!(
+            "sampling runs for at most a day: --seconds and --every x --count must add up to under {} s",
+            under(MAX_PROFILE_SECONDS)
+        ));
     }
     None
+}
+
+/// What the shim is given beyond the command's own run before it switches
+/// off what the command started (the last answer's time, a slow machine).
+const MARGIN_S: u64 = 60;
+
+/// Seconds what this command starts must last: its `wait`, the growth steps
+/// (`--every` x `--count`) and [`MARGIN_S`].
+fn span_s(a: &ProfileArgs, wait: u64) -> f64 {
+    wait as f64 + a.every.map_or(0.0, |e| e * f64::from(a.count)) + MARGIN_S as f64
 }
 
 /// Runs `profile`.
@@ -169,14 +181,13 @@ pub fn run(a: ProfileArgs) -> Result<Exit, Failure> {
     result
 }
 
-/// How long what this command starts may last at most, in seconds: its
-/// wait and growth steps and a minute more; with `--keep`, `cap`.
+/// How long what this command starts may last at most, in seconds:
+/// [`span_s`]; with `--keep`, `cap`.
 fn bound(a: &ProfileArgs, wait: u64, cap: u64) -> u64 {
     if a.keep {
         return cap;
     }
-    let growth = a.every.map_or(0.0, |e| e * f64::from(a.count));
-    ((wait as f64 + growth + 60.0).ceil() as u64).min(cap)
+    (span_s(a, wait).ceil() as u64).min(cap)
 }
 
 /// The command's result, unless switching off what it started failed

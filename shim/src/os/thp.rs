@@ -7,7 +7,7 @@
 //! memory cgroup**, until reclaim splits it ("deferred split"). The
 //! cgroup's usage, which dashboards and the OOM killer read, does not move;
 //! under a limit the OOM killer can come before reclaim has split enough
-//! (docs/design.md, "Transparent huge pages"). `MADV_FREE` on such a part
+//! (docs/design.md, "RSS is not the charge"). `MADV_FREE` on such a part
 //! splits the folio at once (since Linux 4.5); the `MADV_DONTNEED` that
 //! follows then frees its pages, and the cgroup's usage drops with RSS.
 //!

@@ -227,13 +227,6 @@ fn under_pressure_a_purges_so_both_processes_live_and_the_loader_finishes() {
     assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
 }
 
-/// THP as the kernel's `enabled` file says it: `always`, `madvise` or
-/// `never` (`None` without THP).
-fn thp_mode() -> Option<String> {
-    let s = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok()?;
-    Some(s.split('[').nth(1)?.split(']').next()?.to_owned())
-}
-
 /// A purge that covers part of a huge page unmaps that part (RSS drops)
 /// but leaves the whole page charged to the cgroup until reclaim splits
 /// it: under a limit the OOM killer can come first. The shim splits such

@@ -30,17 +30,22 @@ fn leaker(profile: bool) -> Child {
     c
 }
 
-/// Whether the process samples now (a `profile` status request).
-fn sampling(pid: i32) -> bool {
-    use memshim_proto::{ProfileAction, Reply, Request};
+/// One `profile` control request to `pid`, on its socket.
+fn profile_request(
+    pid: i32,
+    action: memshim_proto::ProfileAction,
+    seconds: Option<u64>,
+) -> memshim_proto::Response {
     let dir = memshim_tests::endpoint::default_dir();
     let sock = memshim_tests::endpoint::socket_path(&dir, pid).expect("a socket");
-    let req = Request::Profile {
-        action: ProfileAction::Status,
-        seconds: None,
-    };
-    match memshim_tests::py::ok(memshim_tests::py::request(&sock, &req)) {
-        Reply::Profile(r) => r.active,
+    memshim_tests::py::request(&sock, &memshim_proto::Request::Profile { action, seconds })
+}
+
+/// Whether the process samples now (a `profile` status request).
+fn sampling(pid: i32) -> bool {
+    let r = profile_request(pid, memshim_proto::ProfileAction::Status, None);
+    match memshim_tests::py::ok(r) {
+        memshim_proto::Reply::Profile(r) => r.active,
         other => panic!("{other:?}"),
     }
 }
@@ -385,15 +390,10 @@ fn memshim_profile_start_samples_from_the_start_and_profile_leaves_it_on() {
 
 #[test]
 fn sampling_a_request_started_stops_at_its_deadline_with_no_client_left() {
-    use memshim_proto::{ProfileAction, Reply, Request};
+    use memshim_proto::{ProfileAction, Reply};
     let mut app = leaker(true);
-    let dir = memshim_tests::endpoint::default_dir();
-    let sock = memshim_tests::endpoint::socket_path(&dir, app.pid()).expect("a socket");
-    let start = Request::Profile {
-        action: ProfileAction::Start,
-        seconds: Some(1),
-    };
-    let Reply::Profile(r) = memshim_tests::py::ok(memshim_tests::py::request(&sock, &start)) else {
+    let start = profile_request(app.pid(), ProfileAction::Start, Some(1));
+    let Reply::Profile(r) = memshim_tests::py::ok(start) else {
         panic!()
     };
     assert!(
@@ -404,11 +404,7 @@ fn sampling_a_request_started_stops_at_its_deadline_with_no_client_left() {
         (!sampling(app.pid())).then_some(())
     })
     .expect("sampling still on after its deadline");
-    let bad = Request::Profile {
-        action: ProfileAction::Start,
-        seconds: Some(0),
-    };
-    let e = memshim_tests::py::request(&sock, &bad);
+    let e = profile_request(app.pid(), ProfileAction::Start, Some(0));
     assert!(
         matches!(e, memshim_proto::Response::Error(ref e) if e.code == memshim_proto::ErrorCode::InvalidArgument),
         "{e:?}"

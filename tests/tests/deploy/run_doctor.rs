@@ -194,8 +194,7 @@ fn doctor_without_pid_shows_host_facts_and_the_library_run_would_use() {
     let o = Cmd::new(installed_ctl(), ["doctor"]).run();
     assert_eq!(o.code, 0, "{o:?}");
     assert!(o.stdout.contains(&installed_lib()), "{}", o.stdout);
-    let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap();
-    let mode = &thp[thp.find('[').unwrap() + 1..thp.find(']').unwrap()];
+    let mode = memshim_tests::thp_mode().expect("a THP mode");
     assert!(
         o.stdout.contains(&format!("THP        enabled={mode}")),
         "{}",
