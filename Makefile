@@ -29,7 +29,7 @@ HOST_ARCH    := $(shell uname -m)
 WHEEL_ENV     = PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" CARGO_PROFILE_RELEASE_DEBUG=false \
                 CARGO_PROFILE_RELEASE_STRIP=debuginfo
 
-.PHONY: all build test test-deps test-unit test-integration test-torch test-vm test-gpu lint \
+.PHONY: all build test test-deps test-unit test-integration test-torch test-shipped test-vm test-gpu lint \
         install uninstall bench bench-deps bench-smoke stress clean help \
         wheel wheels wheel-x86_64 wheel-aarch64 test-aarch64 tools
 
@@ -48,7 +48,7 @@ test: test-deps ## Install what the tests need, then run every test (what CI run
 	    $(MAKE) wheels WHEEL_DIR=target/test-scratch/wheels && $(MAKE) wheel-x86_64; \
 	else echo "SKIP aarch64 wheel: rustup has no aarch64-unknown-linux-gnu standard library and could not fetch it"; \
 	    $(MAKE) wheel-x86_64; fi
-	$(MAKE) test-unit test-integration test-torch bench-smoke
+	$(MAKE) test-unit test-integration test-torch bench-smoke test-shipped
 
 test-deps: ## Install what the tests need and this machine lacks (idempotent; scripts/test-deps.sh)
 	bash scripts/test-deps.sh
@@ -63,6 +63,23 @@ TEST_FAMILIES = core control cgroup python deploy stress cgroup_vm
 
 test-integration: build ## Real processes under LD_PRELOAD (tests/), family by family
 	$(CARGO) test --release -p memshim-tests $(TEST_FAMILIES:%=--test %) --no-fail-fast -- --test-threads=2
+
+# The families whose outcome depends on how the library was built, again
+# with the wheel's library and CLI (what pip users preload: zig, glibc 2.17;
+# docs/design.md, "Portability"): profiling, sampling under CPython, numpy
+# and torch, the interposed symbols and errno, the Python bridge's reach,
+# and the exec-cost smoke. Each test binary names the build it runs.
+SHIPPED_DIR  := target/$(HOST_ARCH)-unknown-linux-gnu/release
+SHIPPED_ENV  := MEMSHIM_TEST_LIB=$(CURDIR)/$(SHIPPED_DIR)/libmemshim.so MEMSHIM_TEST_CTL=$(CURDIR)/$(SHIPPED_DIR)/memshim-ctl
+test-shipped: wheel-$(HOST_ARCH) ## The build-dependent families against the wheel's library (make test runs them)
+	@echo "== test-shipped: the wheel's build, $(SHIPPED_DIR)/libmemshim.so and memshim-ctl"
+	$(SHIPPED_ENV) $(CARGO) test --release -p memshim-tests --test core --no-fail-fast -- --test-threads=2 \
+	    interpose:: compat::free_keeps_errno
+	$(SHIPPED_ENV) $(CARGO) test --release -p memshim-tests --test control --no-fail-fast -- --test-threads=2 profile::
+	$(SHIPPED_ENV) $(CARGO) test --release -p memshim-tests --test python --no-fail-fast -- --test-threads=2 \
+	    profile:: sampling:: reach:: torch::a_heap_profile
+	$(PYTHON) bench/harness.py --smoke --only s6 --configs glibc,memshim,memshim-wheel,mimalloc \
+	    --out target/test-scratch/bench-shipped
 
 test-vm: build ## The cgroup tests on live cgroup v2, in QEMU VMs (make test runs them too; tests/vm/README.md)
 	bash scripts/vm-image.sh

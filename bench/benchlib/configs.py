@@ -9,6 +9,9 @@ LIBDIR = "/usr/lib/x86_64-linux-gnu"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # BENCH_SHIM=/path/libmemshim.so measures another build (default: this checkout's release build).
 SHIM = os.environ.get("BENCH_SHIM") or os.path.join(ROOT, "target", "release", "libmemshim.so")
+# The wheel's build of the same checkout (`make wheel`: zig, glibc 2.17's symbols), what pip users preload;
+# "memshim-wheel", only where --configs names it (make test-shipped's smoke, BENCHMARKS.md's start-up runs).
+WHEEL_SHIM = os.path.join(ROOT, "target", f"{os.uname().machine}-unknown-linux-gnu", "release", "libmemshim.so")
 # BENCH_BASE_SHIM=/path/libmemshim.so adds "memshim-base", an earlier build measured in the same run,
 # for before/after tables of a change (BENCH_BASE_LABEL names it).
 BASE_SHIM = os.environ.get("BENCH_BASE_SHIM", "")
@@ -57,6 +60,8 @@ def competitors():
         Config("memshim", "memshim, defaults", preload=SHIM),
     ] + ([Config("memshim-base", "memshim, defaults, " + os.environ.get("BENCH_BASE_LABEL", "earlier build")
                  + f" ({BASE_SHIM})", preload=BASE_SHIM)] if BASE_SHIM else []) + [
+        Config("memshim-wheel", "memshim, defaults, the wheel's build (make wheel: zig, glibc 2.17)",
+               preload=WHEEL_SHIM, study=True),
         # The heap profiler's cost (bench/FINDINGS-profiling.md): only where --configs names them.
         Config("ms-profile", "memshim, MEMSHIM_PROFILE=on (heap profiler ready, not sampling)", SHIM,
                {"MEMSHIM_PROFILE": "on"}, study=True),

@@ -6,8 +6,9 @@ ALL_VARIANTS = ["ms-decay0", "ms-decay5s", "ms-decay10s", "ms-nodecay", "ms-over
                 "ms-oblivious", "ms-narenas1x"]
 # The registry anchors (mimalloc3, jemalloc531) join the Python and start-up scenarios; mimalloc2 only
 # scenarios 1-4, to keep the full run's time in check.
-PY_CONFIGS = ["glibc", "jemalloc", "tcmalloc", "mimalloc", "mimalloc3", "jemalloc531", "memshim"] + (
-    ["memshim-base"] if BASE_SHIM else [])
+# memshim-wheel (the wheel's build) runs where --configs names it (make test-shipped; BENCHMARKS.md's s6).
+PY_CONFIGS = ["glibc", "jemalloc", "tcmalloc", "mimalloc", "mimalloc3", "jemalloc531", "memshim",
+              "memshim-wheel"] + (["memshim-base"] if BASE_SHIM else [])
 
 # s8 on live cgroup v2, in the tests' VM (TCG: code runs 5-50x slower): the pressure tests' sizes
 # (tests/tests/cgroup/pressure.rs: A fits under the threshold even under THP `always`), B in 4 MiB steps

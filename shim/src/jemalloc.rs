@@ -582,6 +582,18 @@ pub fn prof_ready() -> bool {
     read::<bool>(b"opt.prof\0").unwrap_or(false)
 }
 
+/// `config.prof_libgcc`: this jemalloc takes its call stacks with libgcc's
+/// DWARF unwinder (`_Unwind_Backtrace`). Its configure script chooses that
+/// only where a test program links `-lgcc` with that symbol; elsewhere (zig,
+/// the wheel's linker, before `.cargo/config.toml` answered the check) it
+/// falls back to `__builtin_frame_address`, a walk of frame pointers that
+/// follows whatever a frame compiled without them left in `rbp`: a SIGSEGV
+/// in the first sampled allocation under CPython (issue 44). Sampling is
+/// refused where this is false (`profile.rs`).
+pub fn prof_unwinds_with_dwarf() -> bool {
+    read::<bool>(b"config.prof_libgcc\0").unwrap_or(false)
+}
+
 /// `prof.active`: sampling is on.
 pub fn prof_active() -> bool {
     read::<bool>(b"prof.active\0").unwrap_or(false)

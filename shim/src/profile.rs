@@ -137,6 +137,14 @@ pub fn at_load() {
 
 /// Loads the unwinder, warms it up on this thread, then starts sampling.
 fn start(now_ms: u64) -> Result<(), ErrorReply> {
+    if !jemalloc::prof_unwinds_with_dwarf() {
+        return Err(ErrorReply::new(
+            ErrorCode::ProfilingOff,
+            "this libmemshim.so was built with a jemalloc that walks frame pointers for its call stacks, \
+             which crashes on code built without them; sampling is refused (rebuild it with `make` or \
+             `make wheel`, which configure jemalloc for libgcc's unwinder)",
+        ));
+    }
     if !os::unwind::load() {
         return Err(ErrorReply::new(
             ErrorCode::ProfilingOff,

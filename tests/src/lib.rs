@@ -57,9 +57,42 @@ fn artifact(env: &str, rel: &str) -> PathBuf {
     p
 }
 
-/// Path of libmemshim.so.
+/// Path of libmemshim.so: the cargo build, or the one `MEMSHIM_TEST_LIB`
+/// names (`make test-shipped`: the wheel's). The first call of a test
+/// binary names it on stderr, past libtest's capture.
 pub fn shim() -> PathBuf {
-    artifact("MEMSHIM_TEST_LIB", "target/release/libmemshim.so")
+    static NAMED: std::sync::Once = std::sync::Once::new();
+    let p = artifact("MEMSHIM_TEST_LIB", "target/release/libmemshim.so");
+    NAMED.call_once(|| {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "memshim-tests: libmemshim.so under test: {}",
+            build_of(&p)
+        );
+    });
+    p
+}
+
+/// Which build of libmemshim.so the tests preload, for their messages:
+/// "the cargo build (target/release/libmemshim.so)" or "the wheel's build
+/// (target/x86_64-unknown-linux-gnu/release/libmemshim.so)".
+pub fn build_under_test() -> String {
+    build_of(&shim())
+}
+
+fn build_of(lib: &Path) -> String {
+    let shown = lib.strip_prefix(root()).unwrap_or(lib).display();
+    let kind = if lib == root().join("target/release/libmemshim.so") {
+        "the cargo build"
+    } else if lib.starts_with(root().join("target"))
+        && lib.to_string_lossy().contains("-linux-gnu/")
+    {
+        "the wheel's build"
+    } else {
+        "an installed copy"
+    };
+    format!("{kind} ({shown})")
 }
 
 /// Path of memshim-ctl.

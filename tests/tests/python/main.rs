@@ -13,5 +13,6 @@ mod lifecycle;
 mod profile;
 mod reach;
 mod release;
+mod sampling;
 mod torch;
 mod versions;

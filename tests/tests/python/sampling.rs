@@ -1,0 +1,114 @@
+//! Heap sampling inside real CPythons, with numpy and torch loaded: every
+//! sampled allocation takes a call stack through frames that CPython,
+//! numpy's and PyTorch's wheels and Debian's builds compiled without frame
+//! pointers. The wheel's library once walked frame pointers there and
+//! crashed at its first sample (issue 44); `make test` runs this module
+//! against both builds (`make test-shipped`), and each message names the
+//! library under test ([`memshim_tests::build_under_test`]).
+
+use memshim_tests::py::*;
+use memshim_tests::{Cmd, build_under_test, ctl, mib};
+use std::time::Duration;
+
+/// pyenv's 3.11 and Debian sid's 3.14 (with Debian's numpy and torch).
+fn pythons() -> Vec<Cpython> {
+    let mut out: Vec<Cpython> = cpythons()
+        .into_iter()
+        .filter(|p| (p.origin(), p.minor.as_str()) == ("pyenv", "3.11"))
+        .collect();
+    out.extend(sid_cpythons(&["3.14"]));
+    assert!(!out.is_empty(), "neither pyenv's 3.11 nor sid's 3.14");
+    out
+}
+
+/// Whether `module` imports in `py` (without the shim).
+fn has(py: &Cpython, module: &str) -> bool {
+    py.cmd(["-c", &format!("import {module}")]).run().code == 0
+}
+
+/// `MEMSHIM_PROFILE=start`: sampling from the constructor on, so every
+/// import and every array below is sampled as it is made. Exit 0, empty
+/// stderr, the same stdout as without the shim.
+#[test]
+fn memshim_profile_start_with_numpy_and_torch_imported_exits_as_without() {
+    let lib = build_under_test();
+    for py in pythons() {
+        let v = format!("{} with {lib}", py.label);
+        assert!(
+            has(&py, "numpy"),
+            "{v}: numpy is not installed (make test-deps)"
+        );
+        let mut code = String::from(
+            "import numpy\nkept = [numpy.ones(1 << 20) for _ in range(8)]\n\
+             junk = [bytearray(1 << 16) for _ in range(256)]\n",
+        );
+        if has(&py, "torch") {
+            code.push_str("import torch\nt = [torch.ones(1 << 20) for _ in range(8)]\n");
+        } else {
+            memshim_tests::skip(format_args!("{v}: torch is not installed: numpy only"));
+        }
+        code.push_str("print(sum(a.size for a in kept))\n");
+        let plain = py.cmd(["-c", &code]).run();
+        assert_eq!(plain.code, 0, "{v}, without the shim: {plain:?}");
+        let o = py
+            .cmd(["-c", &code])
+            .shimmed()
+            .env("MEMSHIM_PROFILE", "start")
+            .run();
+        assert_eq!(
+            (o.code, o.stderr.as_str(), o.stdout.as_str()),
+            (0, "", plain.stdout.as_str()),
+            "{v}: {o:?}"
+        );
+    }
+}
+
+/// `MEMSHIM_PROFILE=on`, sampling switched on from outside, then numpy
+/// allocates: the process lives, and the profile holds the arrays, under
+/// numpy's library and the function that keeps them.
+#[test]
+fn a_numpy_program_sampled_from_outside_lives_and_its_profile_shows_the_arrays() {
+    let lib = build_under_test();
+    for py in pythons() {
+        let v = format!("{} with {lib}", py.label);
+        let dir = socket_dir(&format!("sampling-{}", py.tag()));
+        let mut child = py
+            .shimmed(&fixture_py("py_numpy.py"), &[], &dir)
+            .env("MEMSHIM_PROFILE", "on")
+            .spawn();
+        child.wait_for_line("ready", Duration::from_secs(60));
+        let pid = child.pid().to_string();
+        socket_of(&dir, child.pid());
+        let run = |args: &[&str]| Cmd::new(ctl(), args).run();
+        let on = run(&["profile", &pid, "--seconds", "0", "--keep"]);
+        assert_eq!(on.code, 0, "{v}: {on:?}");
+        ask(&mut child, "alloc");
+        let o = run(&["profile", &pid, "--json"]);
+        assert_eq!(o.code, 0, "{v}: {o:?}");
+        let p: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+        let numpy: i64 = p["stacks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| {
+                s["frames"].as_array().unwrap().iter().any(|f| {
+                    f["library"]
+                        .as_str()
+                        .is_some_and(|l| l.starts_with("_multiarray_umath"))
+                })
+            })
+            .map(|s| s["bytes"].as_i64().unwrap())
+            .sum();
+        // 16 arrays of 8 MiB: each is sampled (one sample per 512 KiB).
+        assert!(
+            numpy >= 100 << 20,
+            "{v}: numpy's library holds {:.1} MiB of the 128 MiB of arrays in\n{}",
+            mib(numpy.max(0) as u64),
+            o.stdout
+        );
+        assert_eq!(run(&["profile", &pid, "--stop"]).code, 0, "{v}");
+        child.send("quit");
+        let out = child.finish(Duration::from_secs(30));
+        assert_eq!((out.code, out.stderr.as_str()), (0, ""), "{v}: {out:?}");
+    }
+}
