@@ -26,6 +26,7 @@ mod render;
 mod retainers;
 mod shm;
 mod socket;
+mod speedscope;
 mod symbols;
 mod timeline;
 

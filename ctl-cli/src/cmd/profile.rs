@@ -1,5 +1,5 @@
 //! `memshim-ctl profile <PID> [--seconds N] [--every S --count N]
-//! [--format table|folded|json|svg|pprof] [-o FILE]`, `profile --diff OLD NEW`,
+//! [--format table|folded|json|svg|pprof|speedscope] [-o FILE]`, `profile --diff OLD NEW`,
 //! `profile <PID> --stop`: where the live memory of a process was
 //! allocated, from jemalloc's heap profiler, switched on from outside
 //! (docs/profile.md). The process must have started with
@@ -88,6 +88,8 @@ pub enum Format {
     Svg,
     /// pprof's protobuf (gzipped), for `go tool pprof` and its web view.
     Pprof,
+    /// speedscope's JSON (a sampled profile weighted by live bytes).
+    Speedscope,
 }
 
 /// A combination clap cannot check itself (`cli.rs` reports it as a usage
@@ -305,6 +307,7 @@ fn emit(
         }
         Format::Svg => p.svg(title).into_bytes(),
         Format::Pprof => crate::pprof::encode(p),
+        Format::Speedscope => crate::speedscope::encode(p, title).into_bytes(),
     };
     write_out(a, &data, append).map(|_| ())
 }

@@ -412,3 +412,45 @@ fn sampling_a_request_started_stops_at_its_deadline_with_no_client_left() {
     app.send("quit");
     assert_eq!(app.finish(Duration::from_secs(10)).code, 0);
 }
+
+/// `--format speedscope`: a sampled profile, weighted by live bytes, that
+/// speedscope opens; the function that keeps the memory is a frame, and
+/// its samples weigh what the JSON profile says it holds.
+#[test]
+fn a_speedscope_profile_weighs_each_stack_by_its_live_bytes() {
+    let mut app = leaker(true);
+    let pid = app.pid().to_string();
+    let o = ctl_run(&["profile", &pid, "--seconds", "0", "--keep"]);
+    assert_eq!(o.code, 0, "{o:?}");
+    app.send("first");
+    app.wait_for_line("kept first", Duration::from_secs(10));
+    let f = profile_to(&pid, "speedscope", "s.speedscope.json");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+    assert_eq!(
+        v["$schema"], "https://www.speedscope.app/file-format-schema.json",
+        "{v}"
+    );
+    let frames = v["shared"]["frames"].as_array().unwrap();
+    let leak = frames
+        .iter()
+        .position(|f| f["name"] == "keep_sixty_four")
+        .unwrap_or_else(|| panic!("no keep_sixty_four frame: {v}"));
+    let prof = &v["profiles"][0];
+    assert_eq!(
+        (&prof["type"], &prof["unit"]),
+        (&"sampled".into(), &"bytes".into())
+    );
+    let samples = prof["samples"].as_array().unwrap();
+    let weights = prof["weights"].as_array().unwrap();
+    assert_eq!(samples.len(), weights.len(), "{prof}");
+    let held: i64 = samples
+        .iter()
+        .zip(weights)
+        .filter(|(s, _)| s.as_array().unwrap().last() == Some(&leak.into()))
+        .map(|(_, w)| w.as_i64().unwrap())
+        .sum();
+    assert!(held > 32 << 20, "keep_sixty_four weighs {held}: {prof}");
+    app.send("quit");
+    let o = app.finish(Duration::from_secs(10));
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+}
