@@ -228,6 +228,17 @@ pub fn skip(what: impl std::fmt::Display) {
     let _ = writeln!(std::io::stderr(), "SKIP: {what}");
 }
 
+/// Whether `tool` is an executable file in a directory of `PATH`.
+pub fn have(tool: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|d| {
+            std::fs::metadata(d.join(tool))
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    })
+}
+
 /// Result of a finished command.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Output {

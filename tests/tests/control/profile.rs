@@ -181,6 +181,34 @@ print('\\n'.join(t.text or '' for t in root.iter() if t.tag.endswith('title')))"
         "{}",
         o.stdout
     );
+    // The same file, read by pprof itself (Debian's golang-go).
+    if memshim_tests::have("go") {
+        let o = Cmd::new(
+            "go",
+            [
+                "tool",
+                "pprof",
+                "-top",
+                "-sample_index=inuse_space",
+                &pb.display().to_string(),
+            ],
+        )
+        .env("HOME", scratch())
+        .run();
+        assert_eq!(o.code, 0, "go tool pprof: {o:?}");
+        let top: Vec<&str> = o.stdout.lines().filter(|l| l.contains('%')).collect();
+        for f in ["keep_sixty_four", "keep_sixteen"] {
+            assert!(
+                top.iter().any(|l| l.split_whitespace().last() == Some(f)),
+                "go tool pprof -top names {f}:\n{}",
+                o.stdout
+            );
+        }
+    } else {
+        memshim_tests::skip(
+            "go tool pprof: go is not installed (Debian package golang-go; make test-deps installs it)",
+        );
+    }
     let folded = ctl_run(&["profile", &pid, "--format", "folded"]);
     assert!(
         folded
