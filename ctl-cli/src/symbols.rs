@@ -226,86 +226,59 @@ fn parse_elf(b: &[u8]) -> Option<Elf> {
     Some(Elf { funcs, loads })
 }
 
-/// An Itanium C++ (or Rust legacy) mangled name to its qualified name,
-/// without parameters or template arguments: `_ZN2at6native5emptyEv` is
-/// `at::native::empty`. Other names are returned as they are.
+/// A mangled name to its qualified name, without parameters, return type or
+/// template arguments: `_ZN2at6native5emptyEv` is `at::native::empty`.
+/// Rust names (legacy `_ZN...17h<hash>E` and v0 `_R...`) by rustc-demangle,
+/// without their hash; Itanium C++ names by cpp_demangle. Other names, and
+/// names neither library reads, are returned as they are.
 pub fn demangle(name: &str) -> String {
-    let Some(rest) = name.strip_prefix("_Z") else {
+    if let Ok(d) = rustc_demangle::try_demangle(name) {
+        // `{:#}` leaves the hash out.
+        return format!("{d:#}");
+    }
+    if !name.starts_with("_Z") {
         return name.to_string();
-    };
-    let b = rest.as_bytes();
-    let mut i = 0;
-    let mut parts: Vec<String> = Vec::new();
-    let nested = b.first() == Some(&b'N');
-    if nested {
-        i += 1;
-        // CV and ref qualifiers of a member function.
-        while matches!(b.get(i), Some(b'r' | b'V' | b'K' | b'R' | b'O')) {
-            i += 1;
-        }
     }
-    loop {
-        match b.get(i) {
-            Some(c) if c.is_ascii_digit() => {
-                let start = i;
-                while b.get(i).is_some_and(u8::is_ascii_digit) {
-                    i += 1;
-                }
-                let Ok(n) = rest[start..i].parse::<usize>() else {
-                    return name.to_string();
-                };
-                let Some(part) = rest.get(i..i + n) else {
-                    return name.to_string();
-                };
-                parts.push(part.to_string());
-                i += n;
-                if !nested {
-                    break;
-                }
-            }
-            // `St` (std::), a substitution we cannot expand, template args.
-            Some(b'S') if b.get(i + 1) == Some(&b't') => {
-                parts.push("std".into());
-                i += 2;
-            }
-            Some(b'I') if nested => {
-                let mut depth = 0;
-                while let Some(&c) = b.get(i) {
-                    i += 1;
-                    match c {
-                        b'I' => depth += 1,
-                        b'E' => {
-                            depth -= 1;
-                            if depth == 0 {
-                                break;
-                            }
-                        }
-                        _ => {}
-                    }
-                }
-            }
-            Some(b'C' | b'D') if nested => {
-                let tilde = if b[i] == b'D' { "~" } else { "" };
-                let class = parts.last().cloned().unwrap_or_default();
-                parts.push(format!("{tilde}{class}"));
-                i += 2;
-            }
-            _ => break,
-        }
-    }
-    // Rust's legacy mangling ends with a hash part `h0123456789abcdef`.
-    if parts.len() > 1
-        && parts.last().is_some_and(|p| {
-            p.len() == 17 && p.starts_with('h') && p[1..].bytes().all(|c| c.is_ascii_hexdigit())
-        })
+    let opts = cpp_demangle::DemangleOptions::new()
+        .no_params()
+        .no_return_type();
+    match cpp_demangle::Symbol::new(name)
+        .ok()
+        .and_then(|s| s.demangle_with_options(&opts).ok())
     {
-        parts.pop();
+        Some(d) => without_template_args(d.trim_end_matches(" const")),
+        None => name.to_string(),
     }
-    if parts.is_empty() {
-        name.to_string()
-    } else {
-        parts.join("::")
+}
+
+/// `std::vector<int, std::allocator<int> >::size` to `std::vector::size`:
+/// every balanced `<...>` removed, but the `<` and `>` of an operator's name
+/// (`operator<<`, `operator->`).
+fn without_template_args(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut depth = 0usize;
+    let mut rest = s;
+    while let Some(c) = rest.chars().next() {
+        if depth == 0 && rest.starts_with("operator") {
+            let op_len = "operator".len()
+                + rest["operator".len()..]
+                    .chars()
+                    .take_while(|c| "<>=-!+*/%&|^~[]()".contains(*c))
+                    .map(char::len_utf8)
+                    .sum::<usize>();
+            out.push_str(&rest[..op_len]);
+            rest = &rest[op_len..];
+            continue;
+        }
+        match c {
+            '<' => depth += 1,
+            '>' if depth > 0 => depth -= 1,
+            _ if depth == 0 => out.push(c),
+            _ => {}
+        }
+        rest = &rest[c.len_utf8()..];
     }
+    out
 }
 
 #[cfg(test)]
@@ -332,6 +305,21 @@ mod tests {
         assert_eq!(demangle("_ZN3FooD1Ev"), "Foo::~Foo");
         assert_eq!(demangle("PyList_Append"), "PyList_Append");
         assert_eq!(demangle("_Zbroken"), "_Zbroken");
+        // What the hand-written reader did not read: substitutions, nested
+        // templates, operators, Rust's v0 mangling.
+        assert_eq!(
+            demangle("_ZN3c1010TensorImpl7releaseERKSt10shared_ptrIS0_E"),
+            "c10::TensorImpl::release"
+        );
+        assert_eq!(
+            demangle("_ZNSt6vectorISt4pairIiiESaIS1_EE9push_backEOS1_"),
+            "std::vector::push_back"
+        );
+        assert_eq!(demangle("_ZlsRSoRK3Foo"), "operator<<");
+        assert_eq!(
+            demangle("_RNvNtCs1234_7mycrate3foo3bar"),
+            "mycrate::foo::bar"
+        );
     }
 
     #[test]
