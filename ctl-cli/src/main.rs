@@ -15,6 +15,7 @@ mod cli;
 mod client;
 mod cmd;
 mod exit;
+mod flame;
 mod gpu;
 mod heapprof;
 mod no_endpoint;

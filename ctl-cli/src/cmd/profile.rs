@@ -305,7 +305,7 @@ fn emit(
             s.push('\n');
             s.into_bytes()
         }
-        Format::Svg => p.svg(title).into_bytes(),
+        Format::Svg => crate::flame::svg(p, title).into_bytes(),
         Format::Pprof => crate::pprof::encode(p),
         Format::Speedscope => crate::speedscope::encode(p, title).into_bytes(),
     };

@@ -482,3 +482,113 @@ fn a_speedscope_profile_weighs_each_stack_by_its_live_bytes() {
     let o = app.finish(Duration::from_secs(10));
     assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
 }
+
+/// The flame graph as a person uses it, in headless Chromium: a click on a
+/// frame zooms into it (the others hide, "Reset Zoom" shows), and a search
+/// highlights the frames that match and says how much they hold. Checked
+/// on the DOM Chromium ends with; a screenshot is left in scratch.
+#[test]
+fn the_flame_graph_zooms_on_a_click_and_highlights_a_search_in_chromium() {
+    if !memshim_tests::have("chromium") {
+        memshim_tests::skip(
+            "the flame graph in Chromium: chromium is not installed (make test-deps installs it)",
+        );
+        return;
+    }
+    let mut app = leaker(true);
+    let pid = app.pid().to_string();
+    assert_eq!(
+        ctl_run(&["profile", &pid, "--seconds", "0", "--keep"]).code,
+        0
+    );
+    for step in ["first", "second"] {
+        app.send(step);
+        app.wait_for_line(&format!("kept {step}"), Duration::from_secs(10));
+    }
+    let svg = std::fs::read_to_string(profile_to(&pid, "svg", "chromium.svg")).unwrap();
+    app.send("quit");
+    assert_eq!(app.finish(Duration::from_secs(10)).code, 0);
+    // What a person does: search for one leak, then click the other.
+    // (inferno's `init` runs on the SVG's own load event; `searchbtn` is
+    // its variable, set there.)
+    let person = r##"<script type="text/ecmascript"><![CDATA[
+function person() {
+  if (!searchbtn) { setTimeout(person, 10); return; }
+  search("keep_sixteen");
+  var gs = document.querySelectorAll("#frames > g");
+  for (var i = 0; i < gs.length; i++)
+    if (gs[i].querySelector("title").textContent.indexOf("keep_sixty_four ") == 0)
+      gs[i].dispatchEvent(new MouseEvent("click", {bubbles: true}));
+}
+window.addEventListener("load", function() { setTimeout(person, 0); });
+]]></script>
+</svg>"##;
+    // Before the document's own end (the frames are an <svg> inside it).
+    let (body, _) = svg.rsplit_once("</svg>").expect("an SVG document");
+    let page = out_file("chromium-person.svg");
+    std::fs::write(&page, format!("{body}{person}\n")).unwrap();
+    let chromium = |extra: &[&str]| {
+        let profile_dir = out_file("chromium-user-data");
+        let mut args = vec![
+            "--headless".to_string(),
+            "--no-sandbox".into(),
+            "--disable-gpu".into(),
+            "--no-first-run".into(),
+            "--disable-background-networking".into(),
+            "--disable-component-update".into(),
+            "--disable-sync".into(),
+            format!("--user-data-dir={}", profile_dir.display()),
+            "--virtual-time-budget=5000".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args.push(format!("file://{}", page.display()));
+        Cmd::new("chromium", args).run()
+    };
+    let dom = chromium(&["--dump-dom"]);
+    assert_eq!(dom.code, 0, "{dom:?}");
+    let d = &dom.stdout;
+    // The search: "Matched: N%", N > 0.
+    let matched = d
+        .split("id=\"matched\"")
+        .nth(1)
+        .and_then(|r| r.split_once('>'))
+        .map(|(_, r)| r.split('<').next().unwrap_or(""))
+        .unwrap_or("");
+    let pct: f64 = matched
+        .trim()
+        .strip_prefix("Matched: ")
+        .and_then(|p| p.trim_end_matches('%').parse().ok())
+        .unwrap_or_else(|| panic!("no match count after the search: {matched:?}"));
+    assert!(pct > 0.0 && pct < 100.0, "{matched}");
+    // The click: "Reset Zoom" shown, the other leak's frame hidden.
+    let unzoom = d.split("id=\"unzoom\"").nth(1).unwrap_or("");
+    assert!(
+        unzoom.trim_start().starts_with("class=\"\""),
+        "Reset Zoom is not shown after the click: {}",
+        &unzoom[..unzoom.len().min(80)]
+    );
+    let frame_of = |f: &str| {
+        d.split("<g")
+            .find(|g| g.contains(&format!("<title>{f} (profile_leak)")))
+            .unwrap_or_else(|| panic!("no frame of {f}"))
+            .to_string()
+    };
+    assert!(
+        frame_of("keep_sixteen").contains("class=\"hide\""),
+        "keep_sixteen is not hidden by the zoom"
+    );
+    assert!(!frame_of("keep_sixty_four").contains("class=\"hide\""));
+    let shot = out_file("flamegraph.png");
+    let o = chromium(&[
+        "--hide-scrollbars",
+        "--window-size=1200,900",
+        &format!("--screenshot={}", shot.display()),
+    ]);
+    assert_eq!(o.code, 0, "{o:?}");
+    let png = std::fs::read(&shot).unwrap();
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "{} bytes",
+        png.len()
+    );
+}
