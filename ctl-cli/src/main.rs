@@ -24,6 +24,7 @@ mod pprof;
 mod procfs;
 mod pytrace;
 mod render;
+mod report;
 mod retainers;
 mod shm;
 mod socket;

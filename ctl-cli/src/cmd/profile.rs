@@ -1,5 +1,5 @@
 //! `memshim-ctl profile <PID> [--seconds N] [--every S --count N]
-//! [--format table|folded|json|svg|pprof|speedscope] [-o FILE]`, `profile --diff OLD NEW`,
+//! [--format table|folded|json|svg|pprof|speedscope|html] [-o FILE]`, `profile --diff OLD NEW`,
 //! `profile <PID> --stop`: where the live memory of a process was
 //! allocated, from jemalloc's heap profiler, switched on from outside
 //! (docs/profile.md). The process must have started with
@@ -90,6 +90,9 @@ pub enum Format {
     Pprof,
     /// speedscope's JSON (a sampled profile weighted by live bytes).
     Speedscope,
+    /// One HTML file: the table and the interactive flame graph (`-o
+    /// FILE.html` chooses it when no --format is given).
+    Html,
 }
 
 /// A combination clap cannot check itself (`cli.rs` reports it as a usage
@@ -129,7 +132,15 @@ fn span_s(a: &ProfileArgs, wait: u64) -> f64 {
 
 /// Runs `profile`.
 pub fn run(a: ProfileArgs) -> Result<Exit, Failure> {
-    let format = if a.json { Format::Json } else { a.format };
+    let html_file = a.output.as_ref().is_some_and(|o| {
+        o.extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("html"))
+    });
+    let format = match a.format {
+        _ if a.json => Format::Json,
+        Format::Table if html_file => Format::Html,
+        f => f,
+    };
     if let Some(files) = &a.diff {
         let old = load(&files[0])?;
         let new = load(&files[1])?;
@@ -308,6 +319,10 @@ fn emit(
         Format::Svg => crate::flame::svg(p, title).into_bytes(),
         Format::Pprof => crate::pprof::encode(p),
         Format::Speedscope => crate::speedscope::encode(p, title).into_bytes(),
+        Format::Html => {
+            let text = table(p, title, a.top as usize, active_ms);
+            crate::report::profile(p, title, &text).into_bytes()
+        }
     };
     write_out(a, &data, append).map(|_| ())
 }

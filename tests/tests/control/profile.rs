@@ -527,24 +527,7 @@ window.addEventListener("load", function() { setTimeout(person, 0); });
     let (body, _) = svg.rsplit_once("</svg>").expect("an SVG document");
     let page = out_file("chromium-person.svg");
     std::fs::write(&page, format!("{body}{person}\n")).unwrap();
-    let chromium = |extra: &[&str]| {
-        let profile_dir = out_file("chromium-user-data");
-        let mut args = vec![
-            "--headless".to_string(),
-            "--no-sandbox".into(),
-            "--disable-gpu".into(),
-            "--no-first-run".into(),
-            "--disable-background-networking".into(),
-            "--disable-component-update".into(),
-            "--disable-sync".into(),
-            format!("--user-data-dir={}", profile_dir.display()),
-            "--virtual-time-budget=5000".into(),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        args.push(format!("file://{}", page.display()));
-        Cmd::new("chromium", args).run()
-    };
-    let dom = chromium(&["--dump-dom"]);
+    let dom = chromium(&page, &["--dump-dom"]);
     assert_eq!(dom.code, 0, "{dom:?}");
     let d = &dom.stdout;
     // The search: "Matched: N%", N > 0.
@@ -579,11 +562,107 @@ window.addEventListener("load", function() { setTimeout(person, 0); });
     );
     assert!(!frame_of("keep_sixty_four").contains("class=\"hide\""));
     let shot = out_file("flamegraph.png");
-    let o = chromium(&[
-        "--hide-scrollbars",
-        "--window-size=1200,900",
-        &format!("--screenshot={}", shot.display()),
-    ]);
+    let o = chromium(
+        &page,
+        &[
+            "--hide-scrollbars",
+            "--window-size=1200,900",
+            &format!("--screenshot={}", shot.display()),
+        ],
+    );
+    assert_eq!(o.code, 0, "{o:?}");
+    let png = std::fs::read(&shot).unwrap();
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "{} bytes",
+        png.len()
+    );
+}
+
+/// Headless Chromium on the file `page` with `extra` arguments (its own
+/// empty profile directory, no network of its own), finished.
+fn chromium(page: &std::path::Path, extra: &[&str]) -> memshim_tests::Output {
+    // One profile directory per run: Chromium locks its directory.
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let profile_dir = out_file(&format!("chromium-user-data-{n}"));
+    let _ = std::fs::remove_dir_all(&profile_dir);
+    let mut args = vec![
+        "--headless".to_string(),
+        "--no-sandbox".into(),
+        "--disable-gpu".into(),
+        "--no-first-run".into(),
+        "--disable-background-networking".into(),
+        "--disable-component-update".into(),
+        "--disable-sync".into(),
+        format!("--user-data-dir={}", profile_dir.display()),
+        "--virtual-time-budget=5000".into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.push(format!("file://{}", page.display()));
+    Cmd::new("chromium", args).run()
+}
+
+/// `profile -o report.html`: one self-contained file with the table and
+/// the flame graph, as Chromium shows it (its DOM, and a screenshot left
+/// in scratch).
+#[test]
+fn an_html_report_holds_the_table_and_the_flame_graph_in_one_file() {
+    let mut app = leaker(true);
+    let pid = app.pid().to_string();
+    assert_eq!(
+        ctl_run(&["profile", &pid, "--seconds", "0", "--keep"]).code,
+        0
+    );
+    app.send("first");
+    app.wait_for_line("kept first", Duration::from_secs(10));
+    let page = out_file("report.html");
+    let o = ctl_run(&["profile", &pid, "-o", &page.display().to_string()]);
+    assert_eq!((o.code, o.stdout.as_str()), (0, ""), "{o:?}");
+    app.send("quit");
+    assert_eq!(app.finish(Duration::from_secs(10)).code, 0);
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.starts_with("<!DOCTYPE html>"), "{html}");
+    assert!(
+        !html.contains("http://")
+            || html.matches("http://").count() == html.matches("xmlns").count(),
+        "nothing is fetched: {html}"
+    );
+    if !memshim_tests::have("chromium") {
+        memshim_tests::skip(
+            "the HTML report in Chromium: chromium is not installed (make test-deps installs it)",
+        );
+        return;
+    }
+    let dom = chromium(&page, &["--dump-dom"]);
+    assert_eq!(dom.code, 0, "{dom:?}");
+    let table = dom
+        .stdout
+        .split("<pre id=\"table\">")
+        .nth(1)
+        .and_then(|r| r.split("</pre>").next())
+        .unwrap_or_else(|| panic!("no table in {}", dom.stdout));
+    assert!(
+        table
+            .lines()
+            .any(|l| l.contains("keep_sixty_four") && l.contains("profile_leak")),
+        "{table}"
+    );
+    assert!(
+        dom.stdout
+            .contains("<object id=\"flamegraph\" type=\"image/svg+xml\""),
+        "{}",
+        dom.stdout
+    );
+    let shot = out_file("report.png");
+    let o = chromium(
+        &page,
+        &[
+            "--hide-scrollbars",
+            "--window-size=1200,1000",
+            &format!("--screenshot={}", shot.display()),
+        ],
+    );
     assert_eq!(o.code, 0, "{o:?}");
     let png = std::fs::read(&shot).unwrap();
     assert!(
