@@ -29,10 +29,13 @@ pub struct Frame {
     pub library: String,
 }
 
-/// One ELF file's functions and load segments.
+/// One ELF file's functions and load segments. Names stay in the file
+/// until a lookup needs one.
 struct Elf {
-    /// (start, size, name), sorted by start.
-    funcs: Vec<(u64, u64, String)>,
+    file: ElfFile,
+    /// (start, size, file offset of the NUL-terminated name), sorted by
+    /// start.
+    funcs: Vec<(u64, u64, u64)>,
     /// (file offset, vaddr, file size) of each PT_LOAD.
     loads: Vec<(u64, u64, u64)>,
 }
@@ -98,7 +101,7 @@ impl Symbolizer {
         let function = elf
             .as_ref()
             .and_then(|e| e.function(file_off))
-            .map(demangle)
+            .map(|n| demangle(&n))
             .unwrap_or_else(|| format!("{library}+{file_off:#x}"));
         Frame { function, library }
     }
@@ -134,24 +137,69 @@ fn read_perf_map(root: &str, own: i32) -> Vec<(u64, u64, String)> {
 }
 
 impl Elf {
-    fn function(&self, file_off: u64) -> Option<&str> {
+    fn function(&self, file_off: u64) -> Option<String> {
         let &(off, vaddr, _) = self
             .loads
             .iter()
             .find(|&&(off, _, size)| file_off >= off && file_off < off + size)?;
         let v = file_off - off + vaddr;
         let i = self.funcs.partition_point(|f| f.0 <= v).checked_sub(1)?;
-        let (start, size, name) = &self.funcs[i];
+        let &(start, size, name) = &self.funcs[i];
         // A symbol of size 0 (hand-written assembly) covers up to the next.
-        (*size == 0 || v < start + size).then_some(name.as_str())
+        if size != 0 && v >= start + size {
+            return None;
+        }
+        self.file.c_string(name)
     }
 }
 
 fn read_elf(root: &str, path: &str) -> Option<Elf> {
-    let bytes = std::fs::read(format!("{root}{path}"))
-        .or_else(|_| std::fs::read(path))
+    let file = std::fs::File::open(format!("{root}{path}"))
+        .or_else(|_| std::fs::File::open(path))
         .ok()?;
-    parse_elf(&bytes)
+    parse_elf(ElfFile(file))
+}
+
+/// An ELF file read piece by piece: its headers and symbol tables, then
+/// only the names a lookup finds, never the whole file (libtorch_cpu.so is
+/// 450 MB with a 78 MB string table; reading it whole made `profile` of a
+/// BERT take half a gigabyte).
+struct ElfFile(std::fs::File);
+
+impl ElfFile {
+    /// `len` bytes at `off`; `None` past the end (a truncated or odd file)
+    /// or for a length no ELF table has (over 1 GiB).
+    fn read(&self, off: u64, len: u64) -> Option<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        if len > 1 << 30 {
+            return None;
+        }
+        let mut buf = vec![0u8; len as usize];
+        self.0.read_exact_at(&mut buf, off).ok()?;
+        Some(buf)
+    }
+
+    /// The NUL-terminated string at `off` (a symbol's name: C++ names run
+    /// to kilobytes), at most 64 KiB of it.
+    fn c_string(&self, off: u64) -> Option<String> {
+        use std::os::unix::fs::FileExt;
+        let mut name = Vec::new();
+        let mut chunk = [0u8; 512];
+        while name.len() < 64 << 10 {
+            let n = self.0.read_at(&mut chunk, off + name.len() as u64).ok()?;
+            if n == 0 {
+                break;
+            }
+            match chunk[..n].iter().position(|&c| c == 0) {
+                Some(end) => {
+                    name.extend_from_slice(&chunk[..end]);
+                    break;
+                }
+                None => name.extend_from_slice(&chunk[..n]),
+            }
+        }
+        (!name.is_empty()).then(|| String::from_utf8_lossy(&name).into_owned())
+    }
 }
 
 fn u16_at(b: &[u8], o: usize) -> Option<u64> {
@@ -169,61 +217,69 @@ fn u64_at(b: &[u8], o: usize) -> Option<u64> {
 }
 
 /// The functions and load segments of a 64-bit little-endian ELF file.
-fn parse_elf(b: &[u8]) -> Option<Elf> {
-    if b.get(0..4)? != b"\x7fELF" || *b.get(4)? != 2 || *b.get(5)? != 1 {
+fn parse_elf(f: ElfFile) -> Option<Elf> {
+    let h = f.read(0, 64)?;
+    if h.get(0..4)? != b"\x7fELF" || *h.get(4)? != 2 || *h.get(5)? != 1 {
         return None;
     }
-    let (phoff, shoff) = (u64_at(b, 0x20)? as usize, u64_at(b, 0x28)? as usize);
-    let (phentsize, phnum) = (u16_at(b, 0x36)? as usize, u16_at(b, 0x38)? as usize);
-    let (shentsize, shnum) = (u16_at(b, 0x3a)? as usize, u16_at(b, 0x3c)? as usize);
+    let (phoff, shoff) = (u64_at(&h, 0x20)?, u64_at(&h, 0x28)?);
+    let (phentsize, phnum) = (u16_at(&h, 0x36)?, u16_at(&h, 0x38)?);
+    let (shentsize, shnum) = (u16_at(&h, 0x3a)?, u16_at(&h, 0x3c)?);
+    let ph = f.read(phoff, phentsize * phnum)?;
     let mut loads = Vec::new();
-    for i in 0..phnum {
-        let p = phoff + i * phentsize;
-        if u32_at(b, p)? == 1 {
+    for i in 0..phnum as usize {
+        let p = i * phentsize as usize;
+        if u32_at(&ph, p)? == 1 {
             // PT_LOAD: p_offset, p_vaddr, p_filesz
-            loads.push((u64_at(b, p + 8)?, u64_at(b, p + 16)?, u64_at(b, p + 32)?));
+            loads.push((
+                u64_at(&ph, p + 8)?,
+                u64_at(&ph, p + 16)?,
+                u64_at(&ph, p + 32)?,
+            ));
         }
     }
+    let sh = f.read(shoff, shentsize * shnum)?;
+    let section = |i: usize| -> Option<(u64, u64, u64, usize)> {
+        let s = i * shentsize as usize;
+        // sh_type, sh_offset, sh_size, sh_link
+        Some((
+            u32_at(&sh, s + 4)?,
+            u64_at(&sh, s + 0x18)?,
+            u64_at(&sh, s + 0x20)?,
+            u32_at(&sh, s + 0x28)? as usize,
+        ))
+    };
     let mut funcs = Vec::new();
-    for i in 0..shnum {
-        let s = shoff + i * shentsize;
-        let kind = u32_at(b, s + 4)?;
+    for i in 0..shnum as usize {
+        let (kind, off, size, link) = section(i)?;
         // SHT_SYMTAB (2) or SHT_DYNSYM (11), with their string table.
         if kind != 2 && kind != 11 {
             continue;
         }
-        let (off, size, link) = (
-            u64_at(b, s + 0x18)? as usize,
-            u64_at(b, s + 0x20)? as usize,
-            u32_at(b, s + 0x28)? as usize,
-        );
-        let strs = shoff + link * shentsize;
-        let (str_off, str_size) = (
-            u64_at(b, strs + 0x18)? as usize,
-            u64_at(b, strs + 0x20)? as usize,
-        );
-        let strtab = b.get(str_off..str_off.checked_add(str_size)?)?;
-        for k in 0..size / 24 {
-            let e = off + k * 24;
-            let info = *b.get(e + 4)?;
-            let shndx = u16_at(b, e + 6)?;
+        let (_, str_off, str_size, _) = section(link)?;
+        let syms = f.read(off, size - size % 24)?;
+        for e in syms.chunks_exact(24) {
+            let info = e[4];
+            let shndx = u16_at(e, 6)?;
             // STT_FUNC (2) or STT_GNU_IFUNC (10), defined.
             if !matches!(info & 0xf, 2 | 10) || shndx == 0 {
                 continue;
             }
-            let (value, sz) = (u64_at(b, e + 8)?, u64_at(b, e + 16)?);
-            let name_off = u32_at(b, e)? as usize;
-            let name = strtab
-                .get(name_off..)
-                .and_then(|n| n.split(|&c| c == 0).next());
-            if let Some(n) = name.filter(|n| !n.is_empty()) {
-                funcs.push((value, sz, String::from_utf8_lossy(n).into_owned()));
+            let (value, sz) = (u64_at(e, 8)?, u64_at(e, 16)?);
+            let name_off = u32_at(e, 0)?;
+            // A name inside its table, and not the empty one at 0.
+            if name_off != 0 && name_off < str_size {
+                funcs.push((value, sz, str_off + name_off));
             }
         }
     }
     funcs.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
     funcs.dedup_by_key(|f| f.0);
-    Some(Elf { funcs, loads })
+    Some(Elf {
+        file: f,
+        funcs,
+        loads,
+    })
 }
 
 /// A mangled name to its qualified name, without parameters, return type or
