@@ -2,7 +2,7 @@
 //! `memshim-proto` (the one the tests use too), with what failed said for
 //! a person: which pid, which path, what to do.
 
-use crate::exit::{Exit, Failure};
+use crate::exit::{self, Failure};
 use crate::no_endpoint;
 use crate::procfs::{self, Proc};
 use crate::socket::{self, SocketLoc};
@@ -107,7 +107,7 @@ impl Client {
             }
             Err(ConnectError::Missing) => {
                 let (why, hint) = no_endpoint::why(&p, &loc);
-                return Err(Failure::new(Exit::NoEndpoint, Some(p.pid), why)
+                return Err(Failure::new(exit::NO_ENDPOINT, Some(p.pid), why)
                     .hint(hint)
                     .into());
             }
@@ -126,7 +126,7 @@ impl Client {
                         path.display()
                     )
                 };
-                return Err(Failure::new(Exit::NoEndpoint, Some(p.pid), why)
+                return Err(Failure::new(exit::NO_ENDPOINT, Some(p.pid), why)
                     .hint(hint)
                     .into());
             }
@@ -135,7 +135,7 @@ impl Client {
             }
             Err(ConnectError::Other(e)) => {
                 return Err(Failure::new(
-                    Exit::Failed,
+                    exit::FAILED,
                     Some(p.pid),
                     format!("connecting to {}: {e}", path.display()),
                 )
@@ -170,7 +170,7 @@ impl Client {
         }
         if !socket::hello_matches(&c.hello, &c.proc) {
             return Err(Failure::new(
-                Exit::Remote,
+                exit::REMOTE,
                 Some(c.proc.pid),
                 format!(
                     "{} answered as pid {} started at {}, not pid {} started at {}; refusing to use it",
@@ -193,7 +193,7 @@ impl Client {
         }
         match e {
             ClientError::Undecodable(_) => Failure::new(
-                Exit::Remote,
+                exit::REMOTE,
                 Some(self.proc.pid),
                 format!("{e} from {}", path.display()),
             )
@@ -212,7 +212,7 @@ impl Client {
             {
                 let (why, hint) = no_endpoint::why(&self.proc, &self.loc);
                 Failure::new(
-                    Exit::NoEndpoint,
+                    exit::NO_ENDPOINT,
                     Some(self.proc.pid),
                     format!(
                         "{}: {e}: the shim's thread stopped listening while memshim-ctl talked to it; {why}",
@@ -225,7 +225,7 @@ impl Client {
             // the process's next thread, or an `exec` replaced the program
             // (the socket's name stays the same).
             _ if connection_lost(e) => Failure::new(
-                Exit::NoEndpoint,
+                exit::NO_ENDPOINT,
                 Some(self.proc.pid),
                 format!(
                     "{}: {e}: the connection broke while the process runs, and its socket listens again (the \
@@ -236,7 +236,7 @@ impl Client {
             )
             .hint("ask again"),
             _ => Failure::new(
-                Exit::Failed,
+                exit::FAILED,
                 Some(self.proc.pid),
                 format!("{}: {e}", path.display()),
             ),
@@ -287,7 +287,7 @@ impl Client {
             .and_then(|v| v["kind"].as_str().map(str::to_owned))
             .unwrap_or_default();
         Failure::new(
-            Exit::Remote,
+            exit::REMOTE,
             Some(self.proc.pid),
             format!("unexpected {kind:?} answer"),
         )
@@ -311,7 +311,7 @@ fn connection_lost(e: &ClientError) -> bool {
 /// what failed on it.
 fn stopped(pid: i32, what: &str) -> Failure {
     Failure::new(
-        Exit::Failed,
+        exit::FAILED,
         Some(pid),
         format!(
             "{what}: the process is stopped (SIGSTOP, a job-control stop or a debugger), so nothing in it runs"
@@ -323,7 +323,7 @@ fn stopped(pid: i32, what: &str) -> Failure {
 /// The failure for a process that exited while memshim-ctl talked to it.
 fn exited(p: &Proc, path: &str, what: &str) -> Failure {
     Failure::new(
-        Exit::NotFound,
+        exit::NOT_FOUND,
         Some(p.pid),
         format!("the process exited while memshim-ctl talked to it ({path}: {what})"),
     )
@@ -334,10 +334,10 @@ fn exited(p: &Proc, path: &str, what: &str) -> Failure {
 pub fn remote_failure(pid: i32, e: &memshim_proto::ErrorReply) -> Failure {
     use memshim_proto::{ErrorCode, PythonUnavailable as U};
     let exit = match e.code {
-        ErrorCode::PermissionDenied => Exit::Permission,
-        ErrorCode::PythonUnavailable => Exit::PythonStep,
-        ErrorCode::ProfilingOff => Exit::NoProfiler,
-        _ => Exit::Remote,
+        ErrorCode::PermissionDenied => exit::PERMISSION,
+        ErrorCode::PythonUnavailable => exit::PYTHON_STEP,
+        ErrorCode::ProfilingOff => exit::NO_PROFILER,
+        _ => exit::REMOTE,
     };
     let f = Failure::new(exit, Some(pid), e.to_string());
     match &e.python {

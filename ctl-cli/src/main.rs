@@ -36,7 +36,7 @@ fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse_checked();
     let json = cli.command.json();
     match cli.command.run() {
-        Ok(code) => code.into(),
+        Ok(exit) => std::process::ExitCode::from(exit.code),
         Err(failure) => out::report(&failure, json),
     }
 }

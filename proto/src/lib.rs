@@ -29,6 +29,7 @@ mod error;
 pub mod exit;
 #[cfg(test)]
 mod golden;
+pub mod procfs;
 mod profile;
 mod python;
 pub mod settings;

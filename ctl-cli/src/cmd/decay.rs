@@ -2,7 +2,7 @@
 
 use crate::args::pid_parser;
 use crate::client::Client;
-use crate::exit::{Exit, Failure};
+use crate::exit::{self, Exit, Failure};
 use crate::out::outln;
 use clap::Args;
 use memshim_proto::{Reply, Request};
@@ -52,5 +52,5 @@ pub fn run(a: DecayArgs) -> Result<Exit, Failure> {
             show(r.muzzy_decay_ms)
         )?;
     }
-    Ok(Exit::Ok)
+    Ok(exit::OK)
 }

@@ -3,7 +3,7 @@
 
 use crate::args::pid_parser;
 use crate::client::Client;
-use crate::exit::{Exit, Failure};
+use crate::exit::{self, Exit, Failure};
 use crate::out::outln;
 use crate::render::{bytes, delta, ms};
 use clap::Args;
@@ -47,5 +47,5 @@ pub fn run(a: EmptyCacheArgs) -> Result<Exit, Failure> {
             delta(r.reserved_before, r.reserved_after)
         )?;
     }
-    Ok(Exit::Ok)
+    Ok(exit::OK)
 }

@@ -2,7 +2,7 @@
 
 use crate::args::pid_parser;
 use crate::client::Client;
-use crate::exit::{Exit, Failure};
+use crate::exit::{self, Exit, Failure};
 use crate::out::outln;
 use crate::render::{bytes, delta, ms};
 use clap::Args;
@@ -39,5 +39,5 @@ pub fn run(a: GcArgs) -> Result<Exit, Failure> {
             delta(r.rss_before, r.rss_after)
         )?;
     }
-    Ok(Exit::Ok)
+    Ok(exit::OK)
 }

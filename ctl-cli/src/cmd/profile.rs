@@ -3,8 +3,8 @@
 //! `profile <PID> --stop`: where the live memory of a process was
 //! allocated, from jemalloc's heap profiler, switched on from outside
 //! (docs/profile.md). The process must have started with
-//! `MEMSHIM_PROFILE=on`; without it the answer is exit 11 and how to turn
-//! it on.
+//! `MEMSHIM_PROFILE=on`; without it the answer is
+//! [`exit::NO_PROFILER`] and how to turn it on.
 //!
 //! If sampling was off, this command switches it on, waits `--seconds`
 //! (default 10), takes the profile and switches it off again (`--keep`
@@ -13,7 +13,7 @@
 
 use crate::args::{parse_interval, pid_parser};
 use crate::client::Client;
-use crate::exit::{Exit, Failure};
+use crate::exit::{self, Exit, Failure};
 use crate::heapprof::{Profile, signed_bytes};
 use crate::out::{errln, outln};
 use crate::render::bytes;
@@ -96,7 +96,7 @@ pub enum Format {
 }
 
 /// A combination clap cannot check itself (`cli.rs` reports it as a usage
-/// error, exit 2).
+/// error, [`exit::USAGE`]).
 pub fn conflict(a: &ProfileArgs) -> Option<String> {
     if a.python && !a.json && !matches!(a.format, Format::Table | Format::Json) {
         return Some(
@@ -147,7 +147,7 @@ pub fn run(a: ProfileArgs) -> Result<Exit, Failure> {
         let d = Profile::diff(&old, &new);
         let title = format!("{} \u{2192} {}", files[0].display(), files[1].display());
         emit(&a, format, &d, &title, None, false)?;
-        return Ok(Exit::Ok);
+        return Ok(exit::OK);
     }
     let pid = a.pid.unwrap_or_default();
     if a.python {
@@ -159,7 +159,7 @@ pub fn run(a: ProfileArgs) -> Result<Exit, Failure> {
             "{pid}: sampling {}",
             if r.changed { "stopped" } else { "was off" }
         )?;
-        return Ok(Exit::Ok);
+        return Ok(exit::OK);
     }
     if a.reset {
         ask(pid, ProfileAction::Reset)?;
@@ -229,7 +229,7 @@ fn profile_after(a: &ProfileArgs, format: Format, pid: i32, wait: u64) -> Result
     let Some(every) = a.every else {
         let title = format!("pid {pid}");
         emit(a, format, &prev, &title, active_ms, false)?;
-        return Ok(Exit::Ok);
+        return Ok(exit::OK);
     };
     for step in 1..=a.count {
         std::thread::sleep(Duration::from_secs_f64(every));
@@ -240,7 +240,7 @@ fn profile_after(a: &ProfileArgs, format: Format, pid: i32, wait: u64) -> Result
         emit(a, format, &grown, &title, active_ms, step > 1)?;
         prev = cur;
     }
-    Ok(Exit::Ok)
+    Ok(exit::OK)
 }
 
 /// One `profile` request on a connection of its own (the wait between two
@@ -286,10 +286,10 @@ fn dump(pid: i32) -> Result<(Profile, Option<u64>), Failure> {
 
 fn load(path: &PathBuf) -> Result<Profile, Failure> {
     let text = std::fs::read_to_string(path)
-        .map_err(|e| Failure::new(Exit::Failed, None, format!("{}: {e}", path.display())))?;
+        .map_err(|e| Failure::new(exit::FAILED, None, format!("{}: {e}", path.display())))?;
     serde_json::from_str(&text).map_err(|e| {
         Failure::new(
-            Exit::Failed,
+            exit::FAILED,
             None,
             format!(
                 "{}: not a profile written by `profile --format json`: {e}",
@@ -395,7 +395,7 @@ fn run_python(a: &ProfileArgs, format: Format, pid: i32) -> Result<Exit, Failure
                 (false, false) => "was off",
             }
         )?;
-        return Ok(Exit::Ok);
+        return Ok(exit::OK);
     }
     let state = ask_py(pid, PyTraceAction::Status, None)?;
     let wait = a
@@ -431,7 +431,7 @@ fn python_after(a: &ProfileArgs, format: Format, pid: i32, wait: u64) -> Result<
     let mut prev = ask_py(pid, PyTraceAction::Snapshot, None)?;
     if prev.snapshot.is_none() {
         return Err(Failure::new(
-            Exit::Failed,
+            exit::FAILED,
             Some(pid),
             "tracemalloc is not tracing in the process (the program, or the shim at its deadline, stopped it)",
         ));
@@ -449,7 +449,7 @@ fn python_after(a: &ProfileArgs, format: Format, pid: i32, wait: u64) -> Result<
         let cur = ask_py(pid, PyTraceAction::Snapshot, None)?;
         let (Some(old), Some(new)) = (&prev.snapshot, &cur.snapshot) else {
             return Err(Failure::new(
-                Exit::Failed,
+                exit::FAILED,
                 Some(pid),
                 "tracemalloc stopped tracing in the process",
             ));
@@ -472,7 +472,7 @@ fn python_after(a: &ProfileArgs, format: Format, pid: i32, wait: u64) -> Result<
         write_out(a, text.as_bytes(), step > 1)?;
         prev = cur;
     }
-    Ok(Exit::Ok)
+    Ok(exit::OK)
 }
 
 /// Writes to `-o FILE` (appended to after the first step of `--every`) or
@@ -489,12 +489,12 @@ fn write_out(a: &ProfileArgs, data: &[u8], append: bool) -> Result<Exit, Failure
             .and_then(|mut f| f.write_all(data))
             .map_err(|e| {
                 Failure::new(
-                    Exit::Failed,
+                    exit::FAILED,
                     a.pid,
                     format!("writing {}: {e}", path.display()),
                 )
             })?,
         None => crate::out::write_bytes(data)?,
     }
-    Ok(Exit::Ok)
+    Ok(exit::OK)
 }

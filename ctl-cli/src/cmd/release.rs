@@ -2,7 +2,7 @@
 
 use super::{Outcome, for_targets, outcome_json, print_failures};
 use crate::args::Targets;
-use crate::exit::{Exit, Failure};
+use crate::exit::{self, Exit, Failure};
 use crate::out::{out, outln};
 use crate::render::{bytes, delta, ms, table};
 use clap::Args;
@@ -17,7 +17,7 @@ pub struct ReleaseArgs {
 }
 
 /// Runs `release`. A process whose release had a step that could not run
-/// or failed counts as failed (exit 7 for a single target), though what the
+/// or failed counts as failed ([`exit::PYTHON_STEP`] for a single target), though what the
 /// other steps did is reported as usual.
 pub fn run(a: ReleaseArgs) -> Result<Exit, Failure> {
     let (outcomes, exit) = for_targets(&a.targets, |c| match c.request(&Request::Release)? {
@@ -30,7 +30,7 @@ pub fn run(a: ReleaseArgs) -> Result<Exit, Failure> {
         .flat_map(|(pid, r)| {
             r.failed_steps().map(move |s| {
                 Failure::new(
-                    Exit::PythonStep,
+                    exit::PYTHON_STEP,
                     Some(pid),
                     format!(
                         "release: the {} step could not run: {}",
@@ -66,9 +66,9 @@ fn overall(exit: Exit, targets: usize, outcomes: &[Outcome<ReleaseResult>], part
         })
         .count();
     if targets == 1 && bad == 1 {
-        Exit::PythonStep
+        exit::PYTHON_STEP
     } else {
-        Exit::Failed
+        exit::FAILED
     }
 }
 
@@ -194,7 +194,7 @@ mod tests {
             "{h}"
         );
         assert!(h.contains("-924.0 MiB"), "{h}");
-        assert_eq!(overall(Exit::Ok, 1, &o, false), Exit::Ok);
+        assert_eq!(overall(exit::OK, 1, &o, false), exit::OK);
     }
 
     #[test]
@@ -221,9 +221,9 @@ mod tests {
             "{}",
             human(&o)
         );
-        assert_eq!(overall(Exit::Ok, 1, &o, true), Exit::PythonStep);
+        assert_eq!(overall(exit::OK, 1, &o, true), exit::PYTHON_STEP);
         let o = vec![one(5, bad), one(6, ok)];
-        assert_eq!(overall(Exit::Ok, 2, &o, true), Exit::Failed);
+        assert_eq!(overall(exit::OK, 2, &o, true), exit::FAILED);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use crate::args::pid_parser;
 use crate::client::Client;
-use crate::exit::{Exit, Failure};
+use crate::exit::{self, Exit, Failure};
 use crate::gpu;
 use crate::out::{out, outln};
 use crate::render::{bytes, kv, ms, opt_bytes, table};
@@ -61,7 +61,7 @@ pub fn run(a: StatsArgs) -> Result<Exit, Failure> {
         out!("{}", human(&s, a.pid, &c.proc.command))?;
         out!("{}", human_vram(&vram, why.as_deref()))?;
     }
-    Ok(Exit::Ok)
+    Ok(exit::OK)
 }
 
 /// The driver's view beside torch's, per device.

@@ -2,9 +2,10 @@
 //! from outside. The function that keeps 64 MiB holds at least 80 % of the
 //! sampled live bytes; the difference of two profiles around a second
 //! leak shows only the second; the flame graph parses as SVG; a process
-//! started without `MEMSHIM_PROFILE=on` gets exit 11 and how to turn it on;
+//! started without `MEMSHIM_PROFILE=on` gets `no_profiler` and how to turn it on;
 //! sampling while the process forks and allocates stalls nothing.
 
+use memshim_proto::exit::{FAILED, NO_PROFILER, NOT_FOUND, USAGE};
 use memshim_tests::control::{ctl_run, wait_endpoint};
 use memshim_tests::*;
 use serde_json::Value;
@@ -312,11 +313,11 @@ fn a_first_profile_samples_for_its_seconds_then_switches_sampling_off() {
 }
 
 #[test]
-fn without_memshim_profile_the_answer_is_exit_11_and_how_to_turn_it_on() {
+fn without_memshim_profile_the_answer_is_no_profiler_and_how_to_turn_it_on() {
     let mut app = leaker(false);
     let pid = app.pid().to_string();
     let o = ctl_run(&["profile", &pid, "--seconds", "0"]);
-    assert_eq!(o.code, 11, "{o:?}");
+    assert_eq!(o.code, i32::from(NO_PROFILER.code), "{o:?}");
     assert!(o.stderr.contains("MEMSHIM_PROFILE=on"), "{}", o.stderr);
     assert!(o.stdout.is_empty(), "{}", o.stdout);
     app.send("quit");
@@ -327,9 +328,9 @@ fn without_memshim_profile_the_answer_is_exit_11_and_how_to_turn_it_on() {
     std::fs::write(&junk, "{}").unwrap();
     let j = junk.display().to_string();
     let o = ctl_run(&["profile", "--diff", &j, &j]);
-    assert_eq!(o.code, 1, "{o:?}");
+    assert_eq!(o.code, i32::from(FAILED.code), "{o:?}");
     assert!(o.stderr.contains("not a profile"), "{}", o.stderr);
-    assert_eq!(ctl_run(&["profile"]).code, 2);
+    assert_eq!(ctl_run(&["profile"]).code, i32::from(USAGE.code));
 }
 
 #[test]
@@ -390,7 +391,11 @@ fn a_process_that_exits_while_it_is_profiled_exits_as_it_would_and_the_profile_s
         t0.elapsed()
     );
     let p = run.finish(Duration::from_secs(30));
-    assert_eq!(p.code, 3, "no such process any more: {p:?}");
+    assert_eq!(
+        p.code,
+        i32::from(NOT_FOUND.code),
+        "no such process any more: {p:?}"
+    );
     assert!(p.stdout.is_empty(), "{p:?}");
 }
 
