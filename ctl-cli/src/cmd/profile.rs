@@ -20,7 +20,7 @@ use crate::render::bytes;
 use clap::{Args, ValueEnum};
 use memshim_proto::{
     MAX_PROFILE_SECONDS, MAX_PY_TRACE_SECONDS, ProfileAction, ProfileReply, PyTraceAction,
-    PyTraceReply, Reply, Request,
+    PyTraceReply, Request,
 };
 use std::path::PathBuf;
 use std::time::Duration;
@@ -247,10 +247,8 @@ fn ask_on(
     action: ProfileAction,
     seconds: Option<u64>,
 ) -> Result<ProfileReply, Failure> {
-    match c.request(&Request::Profile { action, seconds })? {
-        Reply::Profile(r) => Ok(*r),
-        other => Err(c.unexpected(&other)),
-    }
+    c.ask::<Box<ProfileReply>>(&Request::Profile { action, seconds })
+        .map(|r| *r)
 }
 
 fn dump(pid: i32) -> Result<(Profile, Option<u64>), Failure> {
@@ -357,10 +355,7 @@ fn ask_py(pid: i32, action: PyTraceAction, seconds: Option<u64>) -> Result<PyTra
         seconds,
         top: Some(10_000),
     };
-    match c.request(&req)? {
-        Reply::PythonTrace(r) => Ok(*r),
-        other => Err(c.unexpected(&other)),
-    }
+    c.ask::<Box<PyTraceReply>>(&req).map(|r| *r)
 }
 
 /// `profile --python`: tracemalloc started (bounded: the shim stops it
