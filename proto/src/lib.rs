@@ -52,7 +52,7 @@ pub const MIN_PROTOCOL_VERSION: u32 = 1;
 /// Longest request line the server accepts, `\n` included.
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 /// Longest response line a client should accept, `\n` included (a heap
-/// profile of a large process is the longest answer).
+/// profile sent inline by a shim of an earlier release is the longest).
 pub const MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
 /// Milliseconds a connection may stay without sending a complete request before
 /// the server closes it (counted from the accept or from the end of the last

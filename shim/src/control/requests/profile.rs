@@ -3,15 +3,14 @@
 use super::super::{Ctx, socket};
 use memshim_proto::*;
 
-/// `profile`: the dump file is named for the process's socket, beside it.
+/// `profile`: the dump file is named for the process's socket, beside it;
+/// the client reads it.
 pub fn handle(
     action: ProfileAction,
     seconds: Option<u64>,
     ctx: &Ctx<'_>,
 ) -> Result<Box<ProfileReply>, ErrorReply> {
-    let heap = socket::join(
-        &socket::dir(),
-        &format!("{}.heap", socket::name(ctx.starttime, ctx.pidns)),
-    );
-    crate::profile::request(action, seconds, super::super::now_ms(), &heap).map(Box::new)
+    let name = format!("{}.heap", socket::name(ctx.starttime, ctx.pidns));
+    let heap = socket::join(&socket::dir(), &name);
+    crate::profile::request(action, seconds, super::super::now_ms(), &heap, &name).map(Box::new)
 }
