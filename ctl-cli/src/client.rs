@@ -7,15 +7,16 @@ use crate::no_endpoint;
 use crate::procfs::{self, Proc};
 use crate::socket::{self, SocketLoc};
 use memshim_proto::client::{ClientError, ConnectError, Connection};
-use memshim_proto::{HelloReply, Reply, Request, Response, StatsReport};
+use memshim_proto::{Answer, HelloReply, Reply, Request, Response, StatsReport, Wait};
 use std::time::Duration;
 
 pub use memshim_proto::client::connect;
 
 /// Time limit for connecting and for simple requests.
 const SHORT: Duration = Duration::from_secs(5);
-/// Time limit for requests that may wait for Python (gc, empty_cache,
-/// release): the shim waits at most 5 s for the interpreter, then works.
+/// Time limit for requests declared [`Wait::Long`] (those that may wait
+/// for Python or the profiler): the shim waits at most 5 s for the
+/// interpreter, then works.
 const LONG: Duration = Duration::from_secs(60);
 
 /// How long a connection that broke in the middle of a request may take to
@@ -248,13 +249,13 @@ impl Client {
     /// was closed unread, so the request did not run: it is sent again on
     /// a new connection, as in [`Client::open_proc`].
     pub fn request(&mut self, req: &Request) -> Result<Reply, Failure> {
-        let slow = matches!(
-            req,
-            Request::Gc | Request::EmptyCache | Request::Release | Request::Profile { .. }
-        );
+        let limit = match req.wait() {
+            Wait::Short => SHORT,
+            Wait::Long => LONG,
+        };
         let mut attempt = 0;
         loop {
-            self.conn.set_timeout(if slow { LONG } else { SHORT });
+            self.conn.set_timeout(limit);
             match self.conn.request(req).map_err(|e| self.io_failure(&e))? {
                 Response::Ok(r) => return Ok(r),
                 Response::Error(e)
@@ -269,27 +270,35 @@ impl Client {
         }
     }
 
+    /// Sends `req` and returns its answer as `R`, the reply payload that
+    /// `req`'s declaration names (proto's `requests!`); an answer of
+    /// another kind is a failure.
+    pub fn ask<R: Answer>(&mut self, req: &Request) -> Result<R, Failure> {
+        debug_assert_eq!(
+            R::KIND,
+            req.op(),
+            "asked {} for a {} reply",
+            req.op(),
+            R::KIND
+        );
+        let r = self.request(req)?;
+        R::from_reply(r).map_err(|other| self.unexpected(&other))
+    }
+
     /// `stats` of the process (no arenas, no PSS).
     pub fn stats(&mut self) -> Result<Box<StatsReport>, Failure> {
-        match self.request(&Request::Stats {
+        self.ask(&Request::Stats {
             arenas: false,
             pss: false,
-        })? {
-            Reply::Stats(s) => Ok(s),
-            other => Err(self.unexpected(&other)),
-        }
+        })
     }
 
     /// The failure for a reply of the wrong kind.
-    pub fn unexpected(&self, r: &Reply) -> Failure {
-        let kind = serde_json::to_value(r)
-            .ok()
-            .and_then(|v| v["kind"].as_str().map(str::to_owned))
-            .unwrap_or_default();
+    fn unexpected(&self, r: &Reply) -> Failure {
         Failure::new(
             exit::REMOTE,
             Some(self.proc.pid),
-            format!("unexpected {kind:?} answer"),
+            format!("unexpected {:?} answer", r.kind()),
         )
     }
 }

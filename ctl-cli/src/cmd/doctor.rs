@@ -540,12 +540,13 @@ pub fn ask_endpoint(p: &Proc) -> Endpoint {
         arenas: false,
         pss: false,
     };
-    match Client::open_proc(p.clone()).and_then(|mut c| c.request(&req)) {
-        Ok(memshim_proto::Reply::Stats(s)) => Endpoint::Answered {
+    let asked = Client::open_proc(p.clone())
+        .and_then(|mut c| c.ask::<Box<memshim_proto::StatsReport>>(&req));
+    match asked {
+        Ok(s) => Endpoint::Answered {
             interposed: s.config.interposed,
             cuda: s.torch.as_ref().map(cuda_notes).unwrap_or_default(),
         },
-        Ok(_) => Endpoint::Unreachable("answered stats with another kind of reply".into()),
         // The file exists (checked above), so "no endpoint" is a file
         // nobody listens on (left over from before an exec): explained by
         // the process's state like a missing one.

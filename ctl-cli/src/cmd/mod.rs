@@ -36,12 +36,41 @@ pub mod serve;
 pub mod stats;
 pub mod watch;
 
-use crate::args::Targets;
+use crate::args::{Targets, pid_parser};
 use crate::client::Client;
 use crate::exit::{self, Exit, Failure};
-use crate::out::errln;
+use crate::out::{errln, outln};
 use crate::procfs;
 use crate::socket;
+use memshim_proto::{Answer, Request};
+
+/// Options of a command that asks one process one thing (`gc`,
+/// `empty-cache`).
+#[derive(clap::Args, Debug)]
+pub struct OneArgs {
+    /// Process id.
+    #[arg(value_parser = pid_parser())]
+    pub pid: i32,
+    /// One JSON document on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Sends `req` to the process of `a` and prints its answer: the reply as
+/// one JSON document with `--json`, else the line `line` makes of it.
+pub fn ask_one<R: Answer + serde::Serialize>(
+    a: &OneArgs,
+    req: &Request,
+    line: impl FnOnce(&R) -> String,
+) -> Result<Exit, Failure> {
+    let r: R = Client::open(a.pid)?.ask(req)?;
+    if a.json {
+        outln!("{}", serde_json::to_string(&r).unwrap_or_default())?;
+    } else {
+        outln!("pid {}: {}", a.pid, line(&r))?;
+    }
+    Ok(exit::OK)
+}
 
 /// The outcome for one target of a multi-target command.
 pub struct Outcome<T> {

@@ -21,7 +21,7 @@ use crate::out::{out, outln};
 use crate::render::{bytes, delta, ms, table};
 use clap::Args;
 use memshim_proto::cgroup::CgroupMemory;
-use memshim_proto::{PurgeResult, Reply, Request};
+use memshim_proto::{PurgeResult, Request};
 use serde::Serialize;
 
 /// Options of `reclaim`.
@@ -93,15 +93,10 @@ pub fn run(a: ReclaimArgs) -> Result<Exit, Failure> {
         // failed; it is not asked again (it would cost another timeout).
         let result = if p.endpoint {
             Some(Client::open(p.pid).and_then(|mut c| {
-                let req = if a.gc {
-                    Request::Release
+                if a.gc {
+                    c.ask(&Request::Release).map(|r| released(&r))
                 } else {
-                    Request::Purge
-                };
-                match c.request(&req)? {
-                    Reply::Purge(r) => Ok(r),
-                    Reply::Release(r) => Ok(released(&r)),
-                    other => Err(c.unexpected(&other)),
+                    c.ask(&Request::Purge)
                 }
             }))
         } else {

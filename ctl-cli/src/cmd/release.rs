@@ -6,7 +6,7 @@ use crate::exit::{self, Exit, Failure};
 use crate::out::{out, outln};
 use crate::render::{bytes, delta, ms, table};
 use clap::Args;
-use memshim_proto::{ReleaseResult, Reply, Request, StepOutcome};
+use memshim_proto::{ReleaseResult, Request, StepOutcome};
 
 /// Options of `release`.
 #[derive(Args, Debug)]
@@ -20,10 +20,7 @@ pub struct ReleaseArgs {
 /// or failed counts as failed ([`exit::PYTHON_STEP`] for a single target), though what the
 /// other steps did is reported as usual.
 pub fn run(a: ReleaseArgs) -> Result<Exit, Failure> {
-    let (outcomes, exit) = for_targets(&a.targets, |c| match c.request(&Request::Release)? {
-        Reply::Release(r) => Ok(r),
-        other => Err(c.unexpected(&other)),
-    })?;
+    let (outcomes, exit) = for_targets(&a.targets, |c| c.ask::<ReleaseResult>(&Request::Release))?;
     let partial: Vec<Failure> = outcomes
         .iter()
         .filter_map(|o| o.result.as_ref().ok().map(|r| (o.pid, r)))
