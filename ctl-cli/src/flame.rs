@@ -65,33 +65,14 @@ fn folded(p: &Profile) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::heapprof::Stack;
-    use crate::symbols::Frame;
+    use crate::heapprof::test_profile;
 
     #[test]
     fn the_graph_is_inferno_s_interactive_svg_with_a_box_per_frame() {
-        let f = |n: &str| Frame {
-            function: n.into(),
-            library: "app".into(),
-        };
-        let p = Profile {
-            pid: Some(7),
-            lg_sample: 19,
-            bytes: 3 << 20,
-            objects: 2,
-            stacks: vec![
-                Stack {
-                    bytes: 3 << 20,
-                    objects: 2,
-                    frames: vec![f("leaf;odd"), f("main")],
-                },
-                Stack {
-                    bytes: -1,
-                    objects: -1,
-                    frames: vec![f("freed"), f("main")],
-                },
-            ],
-        };
+        let p = test_profile(&[
+            (3 << 20, &[("leaf;odd", "app"), ("main", "app")]),
+            (-1, &[("freed", "app"), ("main", "app")]),
+        ]);
         let s = svg(&p, "pid 7");
         assert!(s.contains("<svg"), "{s}");
         assert!(s.contains("pid 7"), "{s}");

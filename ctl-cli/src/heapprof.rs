@@ -253,6 +253,33 @@ pub fn signed_bytes(b: i64) -> String {
     }
 }
 
+/// A profile of `stacks` (bytes, frames innermost first as (function,
+/// library)), one allocation per stack (minus one for a freed one), taken
+/// as they are: for the tests of the files that write profiles.
+#[cfg(test)]
+pub fn test_profile(stacks: &[(i64, &[(&str, &str)])]) -> Profile {
+    Profile {
+        pid: Some(7),
+        lg_sample: 19,
+        bytes: stacks.iter().map(|s| s.0).sum(),
+        objects: stacks.iter().map(|s| s.0.signum()).sum(),
+        stacks: stacks
+            .iter()
+            .map(|(bytes, frames)| Stack {
+                bytes: *bytes,
+                objects: bytes.signum(),
+                frames: frames
+                    .iter()
+                    .map(|(f, l)| Frame {
+                        function: f.to_string(),
+                        library: l.to_string(),
+                    })
+                    .collect(),
+            })
+            .collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

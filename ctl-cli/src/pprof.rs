@@ -217,33 +217,15 @@ fn location<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::heapprof::Stack;
+    use crate::heapprof::test_profile;
     use std::io::Read;
 
     #[test]
     fn the_gzipped_message_decodes_to_the_stacks_functions_and_libraries() {
-        let f = |n: &str, l: &str| Frame {
-            function: n.into(),
-            library: l.into(),
-        };
-        let p = Profile {
-            pid: Some(7),
-            lg_sample: 19,
-            bytes: 3 << 20,
-            objects: 3,
-            stacks: vec![
-                Stack {
-                    bytes: 2 << 20,
-                    objects: 2,
-                    frames: vec![f("leaf", "app"), f("main", "app")],
-                },
-                Stack {
-                    bytes: -(1 << 20),
-                    objects: -1,
-                    frames: vec![f("alloc_cpu", "libc10.so"), f("main", "app")],
-                },
-            ],
-        };
+        let p = test_profile(&[
+            (2 << 20, &[("leaf", "app"), ("main", "app")]),
+            (-(1 << 20), &[("alloc_cpu", "libc10.so"), ("main", "app")]),
+        ]);
         let gz = encode(&p);
         assert_eq!(&gz[..2], &[0x1f, 0x8b]);
         let mut body = vec![];

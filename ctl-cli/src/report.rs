@@ -47,25 +47,11 @@ object {{ width: 100%; min-height: 400px; border: 1px solid #ddd; }}
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::heapprof::Stack;
-    use crate::symbols::Frame;
+    use crate::heapprof::test_profile;
 
     #[test]
     fn the_report_holds_the_table_and_the_flame_graph_in_one_file() {
-        let p = Profile {
-            pid: Some(7),
-            lg_sample: 19,
-            bytes: 1 << 20,
-            objects: 1,
-            stacks: vec![Stack {
-                bytes: 1 << 20,
-                objects: 1,
-                frames: vec![Frame {
-                    function: "grow<T>".into(),
-                    library: "app".into(),
-                }],
-            }],
-        };
+        let p = test_profile(&[(1 << 20, &[("grow<T>", "app")])]);
         let h = profile(&p, "pid 7", "grow<T> 1.0 MiB\n");
         assert!(h.starts_with("<!DOCTYPE html>"));
         assert!(

@@ -95,7 +95,7 @@ fn contains_ci(hay: &str, needle: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::heapprof::Stack;
+    use crate::heapprof::{Stack, test_profile};
 
     #[test]
     fn a_retainer_is_named_only_when_it_holds_memory() {
@@ -134,49 +134,39 @@ mod tests {
     /// itself is the pool's.
     #[test]
     fn a_byte_is_named_by_the_retainer_closest_to_its_allocation_only() {
-        let frame = |f: &str, l: &str| Frame {
-            function: f.into(),
-            library: l.into(),
-        };
-        let on_a_gomp_thread = |inner: Vec<Frame>| {
-            let mut v = inner;
-            v.push(frame("at::parallel_for", "libtorch_cpu.so"));
-            v.push(frame("gomp_thread_start", "libgomp-a34b3233.so.1"));
-            v.push(frame("start_thread", "libc.so.6"));
-            v.push(frame("clone", "libc.so.6"));
-            v
-        };
-        let p = Profile {
-            pid: None,
-            lg_sample: 19,
-            bytes: 9 << 20,
-            objects: 3,
-            stacks: vec![
-                Stack {
-                    bytes: 8 << 20,
-                    objects: 1,
-                    frames: on_a_gomp_thread(vec![
-                        frame("mm_internal_malloc", "libtorch_cpu.so"),
-                        frame("sgemm_oncopy", "libtorch_cpu.so"),
-                    ]),
-                },
-                Stack {
-                    bytes: 1 << 20,
-                    objects: 1,
-                    frames: vec![
-                        frame("gomp_malloc", "libgomp-a34b3233.so.1"),
-                        frame("gomp_team_start", "libgomp-a34b3233.so.1"),
-                        frame("main", "app"),
-                    ],
-                },
-                // PyTorch's own buffer on a pool thread: nobody's.
-                Stack {
-                    bytes: 4 << 20,
-                    objects: 1,
-                    frames: on_a_gomp_thread(vec![frame("c10::alloc_cpu", "libc10.so")]),
-                },
-            ],
-        };
+        const GOMP: &str = "libgomp-a34b3233.so.1";
+        let p = test_profile(&[
+            (
+                8 << 20,
+                &[
+                    ("mm_internal_malloc", "libtorch_cpu.so"),
+                    ("sgemm_oncopy", "libtorch_cpu.so"),
+                    ("at::parallel_for", "libtorch_cpu.so"),
+                    ("gomp_thread_start", GOMP),
+                    ("start_thread", "libc.so.6"),
+                    ("clone", "libc.so.6"),
+                ],
+            ),
+            (
+                1 << 20,
+                &[
+                    ("gomp_malloc", GOMP),
+                    ("gomp_team_start", GOMP),
+                    ("main", "app"),
+                ],
+            ),
+            // PyTorch's own buffer on a pool thread: nobody's.
+            (
+                4 << 20,
+                &[
+                    ("c10::alloc_cpu", "libc10.so"),
+                    ("at::parallel_for", "libtorch_cpu.so"),
+                    ("gomp_thread_start", GOMP),
+                    ("start_thread", "libc.so.6"),
+                    ("clone", "libc.so.6"),
+                ],
+            ),
+        ]);
         let lines = found(&p);
         assert_eq!(lines.len(), 2, "{lines:?}");
         assert!(

@@ -58,37 +58,15 @@ pub fn encode(p: &Profile, title: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::heapprof::Stack;
+    use crate::heapprof::test_profile;
 
     #[test]
     fn stacks_become_weighted_samples_outermost_first_with_shared_frames() {
-        let f = |n: &str| Frame {
-            function: n.into(),
-            library: "app".into(),
-        };
-        let p = Profile {
-            pid: Some(7),
-            lg_sample: 19,
-            bytes: 3 << 20,
-            objects: 3,
-            stacks: vec![
-                Stack {
-                    bytes: 2 << 20,
-                    objects: 2,
-                    frames: vec![f("leaf"), f("main")],
-                },
-                Stack {
-                    bytes: 1 << 20,
-                    objects: 1,
-                    frames: vec![f("other"), f("main")],
-                },
-                Stack {
-                    bytes: -5,
-                    objects: -1,
-                    frames: vec![f("freed"), f("main")],
-                },
-            ],
-        };
+        let p = test_profile(&[
+            (2 << 20, &[("leaf", "app"), ("main", "app")]),
+            (1 << 20, &[("other", "app"), ("main", "app")]),
+            (-5, &[("freed", "app"), ("main", "app")]),
+        ]);
         let v: Value = serde_json::from_str(&encode(&p, "pid 7")).unwrap();
         let names: Vec<&str> = v["shared"]["frames"]
             .as_array()
