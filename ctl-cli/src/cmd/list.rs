@@ -1,11 +1,11 @@
 //! `memshim-ctl list [--json]`: every visible process with the shim loaded.
 
-use crate::client::{self, Client};
 use crate::exit::{self, Exit, Failure};
-use crate::out::{out, outln};
-use crate::procfs::{self, Proc};
-use crate::render;
-use crate::socket;
+use crate::output::print::{out, outln};
+use crate::output::render;
+use crate::reach::client::{self, Client};
+use crate::reach::procfs::{self, Proc};
+use crate::reach::socket;
 use clap::Args;
 use memshim_proto::client::ConnectError;
 use memshim_proto::endpoint::SocketName;

@@ -3,8 +3,8 @@
 use super::{Outcome, for_targets, outcome_json, print_failures};
 use crate::args::Targets;
 use crate::exit::{self, Exit, Failure};
-use crate::out::{out, outln};
-use crate::render::{bytes, delta, ms, table};
+use crate::output::print::{out, outln};
+use crate::output::render::{bytes, delta, ms, table};
 use clap::Args;
 use memshim_proto::{ReleaseResult, Request, StepOutcome};
 

@@ -2,11 +2,11 @@
 //! Every figure is defined in docs/stats.md.
 
 use crate::args::pid_parser;
-use crate::client::Client;
 use crate::exit::{self, Exit, Failure};
 use crate::gpu;
-use crate::out::{out, outln};
-use crate::render::{bytes, kv, ms, opt_bytes, table};
+use crate::output::print::{out, outln};
+use crate::output::render::{bytes, kv, ms, opt_bytes, table};
+use crate::reach::client::Client;
 use clap::Args;
 use memshim_proto::settings::{self, Pressure};
 use memshim_proto::{

@@ -10,8 +10,8 @@
 //! `has_functions` is set), one location per distinct frame, each one line
 //! of one function whose file name is the library.
 
-use crate::heapprof::Profile;
-use crate::symbols::Frame;
+use crate::profile::heap::Profile;
+use crate::profile::symbols::Frame;
 use prost::Message;
 use std::collections::HashMap;
 use std::io::Write;
@@ -217,7 +217,7 @@ fn location<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::heapprof::test_profile;
+    use crate::profile::heap::test_profile;
     use std::io::Read;
 
     #[test]

@@ -6,9 +6,9 @@
 //! `function (library)`. Growth only in a difference (what was freed is in
 //! the table and the JSON). inferno is CDDL-1.0 (docs/design.md).
 
-use crate::heapprof::Profile;
-use crate::render::bytes;
-use crate::timeline::escape;
+use crate::output::render::bytes;
+use crate::output::timeline::escape;
+use crate::profile::heap::Profile;
 use inferno::flamegraph::{self, Options, Palette, color::BasicPalette};
 
 /// The SVG document; `title` heads it.
@@ -65,7 +65,7 @@ fn folded(p: &Profile) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::heapprof::test_profile;
+    use crate::profile::heap::test_profile;
 
     #[test]
     fn the_graph_is_inferno_s_interactive_svg_with_a_box_per_frame() {

@@ -7,8 +7,8 @@
 //! only pass an allocation on (`operator new`, `PyMem_Malloc`, ...): the
 //! first frame is the function that asked for the memory.
 
-use crate::render::{bytes, table};
-use crate::symbols::{Frame, Symbolizer};
+use crate::output::render::{bytes, table};
+use crate::profile::symbols::{Frame, Symbolizer};
 use memshim_proto::HeapDump;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -176,7 +176,7 @@ impl Profile {
             if let Some(f) = s
                 .frames
                 .iter()
-                .find(|f| f.library == crate::symbols::PERF_MAP)
+                .find(|f| f.library == crate::profile::symbols::PERF_MAP)
             {
                 *m.entry(f.function.as_str()).or_default() += s.bytes;
             }

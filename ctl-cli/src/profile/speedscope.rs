@@ -7,8 +7,8 @@
 //! figure is not positive (what a difference freed) are left out, as in
 //! the flame graph.
 
-use crate::heapprof::Profile;
-use crate::symbols::Frame;
+use crate::profile::heap::Profile;
+use crate::profile::symbols::Frame;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 
@@ -58,7 +58,7 @@ pub fn encode(p: &Profile, title: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::heapprof::test_profile;
+    use crate::profile::heap::test_profile;
 
     #[test]
     fn stacks_become_weighted_samples_outermost_first_with_shared_frames() {
