@@ -280,6 +280,18 @@ pub fn test_profile(stacks: &[(i64, &[(&str, &str)])]) -> Profile {
     }
 }
 
+/// The profile every output format's test writes: two live stacks of
+/// `main`, one through a name with a `;` (folded stacks' separator), and
+/// 1 MiB freed in libc10.so since sampling began.
+#[cfg(test)]
+pub fn sample_profile() -> Profile {
+    test_profile(&[
+        (2 << 20, &[("leaf;odd", "app"), ("main", "app")]),
+        (1 << 20, &[("other", "app"), ("main", "app")]),
+        (-(1 << 20), &[("alloc_cpu", "libc10.so"), ("main", "app")]),
+    ])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
