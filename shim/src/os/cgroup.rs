@@ -7,8 +7,8 @@
 
 use super::fd::{self, Owned};
 use memshim_proto::cgroup::{
-    MemoryFiles, keyed, parse_flat_keyed, parse_limit, parse_limit_bytes, parse_proc_cgroup,
-    usage_and_limit_files,
+    MemoryFiles, cgroup_mounts, keyed, parse_flat_keyed, parse_limit, parse_limit_bytes,
+    parse_proc_cgroup, path_in_mount, usage_and_limit_files,
 };
 
 /// Joins a mount point and a cgroup path, falling back to the mount point
@@ -25,20 +25,51 @@ fn locate(mount: &str, path: &str, probe: &str) -> Option<(String, String)> {
 }
 
 /// The directory of the process's memory cgroup: (version, directory,
-/// mount point, path inside the hierarchy). v2 preferred.
-fn own_dir() -> Option<(u8, String, &'static str, String)> {
+/// mount point, path inside the hierarchy). v2 preferred. The mount points
+/// are the process's own cgroup mounts (`/proc/self/mountinfo`, read by
+/// proto's `cgroup_mounts`, as `memshim-ctl cgroup` reads them), each with
+/// the cgroup path made relative to the cgroup the mount shows; where
+/// mountinfo cannot be read, the usual places.
+fn own_dir() -> Option<(u8, String, String, String)> {
     let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
     let found = parse_proc_cgroup(&text);
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|t| cgroup_mounts(&t))
+        .unwrap_or_default();
+    // (mount point, the path to join to it) for each candidate mount.
+    let candidates = |v2: bool, path: &str| -> Vec<(String, String)> {
+        let mut c: Vec<(String, String)> = mounts
+            .iter()
+            .filter(|m| if v2 { m.v2 } else { m.memory })
+            .map(|m| {
+                let rel = path_in_mount(path, &m.root).unwrap_or_else(|| path.to_owned());
+                (m.mount_point.clone(), rel)
+            })
+            .collect();
+        if mounts.is_empty() {
+            let usual: &[&str] = if v2 {
+                &["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+            } else {
+                &["/sys/fs/cgroup/memory"]
+            };
+            c.extend(usual.iter().map(|m| ((*m).to_owned(), path.to_owned())));
+        }
+        c
+    };
     if let Some(p) = &found.v2 {
-        for mount in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
-            if let Some((dir, path)) = locate(mount, p, "memory.current") {
+        for (mount, rel) in candidates(true, p) {
+            if let Some((dir, path)) = locate(&mount, &rel, "memory.current") {
                 return Some((2, dir, mount, path));
             }
         }
     }
-    const V1: &str = "/sys/fs/cgroup/memory";
-    let (dir, path) = locate(V1, &found.v1_memory?, "memory.usage_in_bytes")?;
-    Some((1, dir, V1, path))
+    let p = found.v1_memory?;
+    for (mount, rel) in candidates(false, &p) {
+        if let Some((dir, path)) = locate(&mount, &rel, "memory.usage_in_bytes") {
+            return Some((1, dir, mount, path));
+        }
+    }
+    None
 }
 
 /// The process's memory cgroup (v2 preferred, v1 `memory` controller
