@@ -67,6 +67,19 @@ pub fn page() -> usize {
 /// Always safe; `unsafe` as the C allocation functions are.
 #[inline(always)]
 pub unsafe fn malloc(size: usize) -> *mut c_void {
+    if size >= crate::jemalloc::LIFT_AT {
+        // SAFETY: as below.
+        return unsafe { big_malloc(size) };
+    }
+    // SAFETY: plain forward.
+    unsafe { je::malloc(size) }
+}
+
+/// `malloc` of a big block, out of line: the common path stays a
+/// comparison and a jump, with nothing saved on the stack.
+#[cold]
+#[inline(never)]
+unsafe fn big_malloc(size: usize) -> *mut c_void {
     crate::jemalloc::note_allocation(size);
     // SAFETY: plain forward.
     unsafe { je::malloc(size) }
@@ -78,6 +91,18 @@ pub unsafe fn malloc(size: usize) -> *mut c_void {
 /// Always safe; `unsafe` as the C allocation functions are.
 #[inline(always)]
 pub unsafe fn calloc(n: usize, size: usize) -> *mut c_void {
+    if n.saturating_mul(size) >= crate::jemalloc::LIFT_AT {
+        // SAFETY: as below.
+        return unsafe { big_calloc(n, size) };
+    }
+    // SAFETY: plain forward.
+    unsafe { je::calloc(n, size) }
+}
+
+/// `calloc` of a big block, out of line (see `big_malloc`).
+#[cold]
+#[inline(never)]
+unsafe fn big_calloc(n: usize, size: usize) -> *mut c_void {
     crate::jemalloc::note_allocation(n.saturating_mul(size));
     // SAFETY: plain forward.
     unsafe { je::calloc(n, size) }
