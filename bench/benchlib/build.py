@@ -7,8 +7,9 @@ from .configs import ROOT
 
 SRC = os.path.join(ROOT, "bench", "workloads")
 OUT = os.path.join(ROOT, "bench", "out")
-# churnops, idlecache, forkloop: measurement tools of bench/FINDINGS-issue15.md, not harness scenarios.
-PROGRAMS = ("serve", "churn", "tput", "dirty", "churnops", "idlecache", "forkloop")
+# churnops, idlecache, forkloop: measurement tools of bench/FINDINGS-issue15.md, not harness scenarios;
+# bigblocks: bench/bigblocks.py (issue 48, item 4).
+PROGRAMS = ("serve", "churn", "tput", "dirty", "churnops", "idlecache", "forkloop", "bigblocks")
 
 
 def build_all():

@@ -58,6 +58,67 @@ pub fn page() -> usize {
     p
 }
 
+/// `malloc`. Every allocation function but `realloc` tells
+/// [`crate::jemalloc::note_allocation`] its size first (one comparison):
+/// the first big block lifts the first arena's large-free threshold
+/// (jemalloc.rs, "Large frees in the first arena", says why not `realloc`).
+///
+/// # Safety
+/// Always safe; `unsafe` as the C allocation functions are.
+#[inline(always)]
+pub unsafe fn malloc(size: usize) -> *mut c_void {
+    if size >= crate::jemalloc::LIFT_AT {
+        // SAFETY: as below.
+        return unsafe { big_malloc(size) };
+    }
+    // SAFETY: plain forward.
+    unsafe { je::malloc(size) }
+}
+
+/// `malloc` of a big block, out of line: the common path stays a
+/// comparison and a jump, with nothing saved on the stack.
+#[cold]
+#[inline(never)]
+unsafe fn big_malloc(size: usize) -> *mut c_void {
+    crate::jemalloc::note_allocation(size);
+    // SAFETY: plain forward.
+    unsafe { je::malloc(size) }
+}
+
+/// `calloc`; jemalloc checks `n * size` for overflow and sets ENOMEM.
+///
+/// # Safety
+/// Always safe; `unsafe` as the C allocation functions are.
+#[inline(always)]
+pub unsafe fn calloc(n: usize, size: usize) -> *mut c_void {
+    if n.saturating_mul(size) >= crate::jemalloc::LIFT_AT {
+        // SAFETY: as below.
+        return unsafe { big_calloc(n, size) };
+    }
+    // SAFETY: plain forward.
+    unsafe { je::calloc(n, size) }
+}
+
+/// `calloc` of a big block, out of line (see `big_malloc`).
+#[cold]
+#[inline(never)]
+unsafe fn big_calloc(n: usize, size: usize) -> *mut c_void {
+    crate::jemalloc::note_allocation(n.saturating_mul(size));
+    // SAFETY: plain forward.
+    unsafe { je::calloc(n, size) }
+}
+
+/// `posix_memalign`: jemalloc applies POSIX's checks (EINVAL, ENOMEM).
+///
+/// # Safety
+/// `out` is writable, as POSIX requires of the caller.
+#[inline(always)]
+pub unsafe fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> libc::c_int {
+    crate::jemalloc::note_allocation(size);
+    // SAFETY: plain forward; the caller passes a writable `out`.
+    unsafe { je::posix_memalign(out, align, size) }
+}
+
 /// `free`. It keeps `errno` as glibc's does (glibc's manual requires it of
 /// replacements; jemalloc may `madvise` inside `free`): not here, where it
 /// would cost every call, but in the wrappers of jemalloc's system calls
@@ -79,6 +140,7 @@ pub unsafe fn free(p: *mut c_void) {
 /// Always safe; `unsafe` as the C allocation functions are.
 #[inline]
 pub unsafe fn memalign(align: usize, size: usize) -> *mut c_void {
+    crate::jemalloc::note_allocation(size);
     if align <= JE_MIN_ALIGN {
         // SAFETY: plain forward.
         return unsafe { je::malloc(size) };

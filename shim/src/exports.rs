@@ -39,7 +39,7 @@ macro_rules! export {
 export!(
     /// `malloc`
     fn malloc(size: usize) -> *mut c_void {
-        je::malloc(size)
+        alloc::malloc(size)
     }
 );
 export!(
@@ -51,7 +51,7 @@ export!(
 export!(
     /// `calloc`; jemalloc checks `n * size` for overflow and sets ENOMEM.
     fn calloc(n: usize, size: usize) -> *mut c_void {
-        je::calloc(n, size)
+        alloc::calloc(n, size)
     }
 );
 export!(
@@ -77,7 +77,7 @@ export!(
 export!(
     /// `posix_memalign`: jemalloc applies POSIX's checks (EINVAL, ENOMEM).
     fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> c_int {
-        je::posix_memalign(out, align, size)
+        alloc::posix_memalign(out, align, size)
     }
 );
 export!(
@@ -130,7 +130,7 @@ export!(
 export!(
     /// `__libc_malloc`
     fn __libc_malloc(size: usize) -> *mut c_void {
-        je::malloc(size)
+        alloc::malloc(size)
     }
 );
 export!(
@@ -142,7 +142,7 @@ export!(
 export!(
     /// `__libc_calloc`
     fn __libc_calloc(n: usize, size: usize) -> *mut c_void {
-        je::calloc(n, size)
+        alloc::calloc(n, size)
     }
 );
 export!(
@@ -172,7 +172,7 @@ export!(
 export!(
     /// `__posix_memalign`
     fn __posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> c_int {
-        je::posix_memalign(out, align, size)
+        alloc::posix_memalign(out, align, size)
     }
 );
 

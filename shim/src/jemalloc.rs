@@ -12,7 +12,7 @@ use core::ffi::{c_char, c_int, c_void};
 use core::fmt::Write;
 use core::ptr;
 use core::sync::atomic::{
-    AtomicBool, AtomicU32, AtomicUsize, Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed,
+    AtomicBool, AtomicU32, Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed,
     Ordering::Release,
 };
 use tikv_jemalloc_sys as sys;
@@ -334,67 +334,83 @@ fn own_arena() -> Result<u32, Error> {
 // (`extent_record`), and a buffer of that size the main thread frees and
 // allocates again faults in every page each time (`x * 2.0 + x` on 16 MiB
 // PyTorch tensors ran 6x slower than with the pages kept, 4x slower than
-// under glibc, which keeps them).
+// under glibc, which keeps them; bench/bigblocks.py, 5 to 25 MiB blocks in
+// one thread, 4.6x glibc's time).
 //
-// While the shim's thread runs, arena 0's threshold is
-// [`FIRST_ARENA_KEEPS_BELOW`] (`arena.0.oversize_threshold`), and the
-// thread's decay returns what it keeps. Not unbounded, as in the other
-// arenas: a buffer grown by `realloc` (`io.BytesIO`, a list) leaves a freed
-// copy at each step, which the next, larger step cannot reuse, and a decay
-// keeps them all for a second (`io.BytesIO` grown to 256 MiB peaked at
-// 1.27 GB instead of 0.50 GB). Where the thread does not run (for example
-// a single-threaded process under `MEMSHIM_CONTROL=auto`, the child of a
-// fork, `MEMSHIM_CONTROL=off`) nothing would return kept pages while the
-// process idles, so arena 0 keeps jemalloc's 8 MiB. A child made without
-// fork handlers (`_Fork`, a raw `clone`) keeps 32 MiB and never starts a
-// thread: its arena 0 then keeps up to that much for its own next
-// allocations, as its other arenas keep any size. A huge arena the user
-// turned on (their own `oversize_threshold`) keeps their threshold.
+// So arena 0's threshold is raised to [`FIRST_ARENA_KEEPS_BELOW`]
+// (`arena.0.oversize_threshold`) at the first allocation of
+// [`LIFT_AT`] or more ([`note_allocation`]) or when the shim's thread
+// starts, whichever comes first, and stays there, in a fork child too.
+// Not at load: the write runs jemalloc's `ctl_init` (see [`ensure_init`]),
+// which a process that never allocates a big block should not pay. Not at
+// a `realloc`: a buffer grown by `realloc` alone keeps jemalloc's 8 MiB, so
+// its copies of 8 to 32 MiB go back at once (`io.BytesIO` grown to 256 MiB
+// in one thread: 523 MB peak and 47 MB left after `del`, against 690 MB
+// and 212 MB if `realloc` lifted it; after a big `malloc` it is 604 MB and
+// 129 MB, the price of the lift in such a process until its decay runs).
+//
+// What arena 0 then keeps is bounded twice. Per free: a piece of 32 MiB or
+// more (after coalescing) still goes back at once, all of it, so a buffer
+// grown by `realloc` (`io.BytesIO`, a list) never leaves a whole series of
+// large copies behind (`io.BytesIO` grown to 256 MiB with no bound peaked
+// at 1.27 GB instead of 0.50 GB). In time: the decay returns what is kept,
+// run by the shim's thread where it runs and otherwise by jemalloc's
+// inline decay, which every allocation and free in the arena ticks (about
+// every thousandth looks at the 1 s curve), as it does for every smaller
+// block today. What it does not bound is a process without the thread
+// that frees big blocks and then stops calling `malloc`: it keeps them
+// (bench/bigblocks.py's "idle" column; glibc keeps its heap top there too)
+// until its next allocations, as it keeps freed blocks below 8 MiB.
+// Starting the shim's thread at a big free instead would return them, and
+// break "a single-threaded process stays single-threaded" (docs/design.md,
+// Threads). A huge arena the user turned on (their own
+// `oversize_threshold`) keeps their threshold.
 
-/// Arena 0's threshold while the shim's thread runs: a free that leaves
-/// less than this free in one piece (after coalescing) waits for the decay,
-/// one that leaves this much or more goes back at once, all of it. glibc
-/// draws the same line at its largest mmap threshold (32 MiB on 64-bit):
-/// it keeps freed blocks up to that size for reuse.
+/// Arena 0's threshold once lifted: a free that leaves less than this free
+/// in one piece (after coalescing) waits for the decay, one that leaves
+/// this much or more goes back at once, all of it. glibc draws the same
+/// line at its largest mmap threshold (32 MiB on 64-bit): it keeps freed
+/// blocks up to that size for reuse.
 const FIRST_ARENA_KEEPS_BELOW: usize = 32 << 20;
 
-/// Arena 0's threshold as jemalloc set it, saved at the first change (0
-/// until then).
-static FIRST_ARENA_THRESHOLD: AtomicUsize = AtomicUsize::new(0);
-/// Arena 0's threshold is lifted.
+/// An allocation of this size or more lifts arena 0's threshold: the
+/// smallest block that arena 0 would purge at its free (jemalloc's
+/// built-in threshold).
+pub const LIFT_AT: usize = 8 << 20;
+
+/// Arena 0's threshold is lifted (or the lift was tried: once is enough).
 static FIRST_ARENA_LIFTED: AtomicBool = AtomicBool::new(false);
 
+/// Called by the allocation functions but `realloc` with the size asked
+/// for, before allocating: one comparison, and the lift at the first big
+/// one.
+#[inline(always)]
+pub fn note_allocation(size: usize) {
+    if size >= LIFT_AT {
+        first_big_allocation();
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn first_big_allocation() {
+    if !FIRST_ARENA_LIFTED.load(Relaxed) {
+        lift_first_arena_threshold();
+    }
+}
+
 /// Lifts arena 0's `oversize_threshold` to [`FIRST_ARENA_KEEPS_BELOW`]
-/// (`lift`: the shim's thread starts) or puts jemalloc's back (it stops;
-/// the child of a fork). Nothing when it already is so, or when the huge
-/// arena is on.
-pub fn lift_first_arena_threshold(lift: bool) {
-    if FIRST_ARENA_LIFTED.load(Relaxed) == lift
-        || read::<usize>(b"opt.oversize_threshold\0") != Ok(0)
+/// (the first big allocation; the shim's thread starts). Nothing when it
+/// already is, or when the huge arena is on. Initialises jemalloc if need
+/// be (`mallctl` does).
+pub fn lift_first_arena_threshold() {
+    // Set first: the reads below may allocate inside jemalloc, and a second
+    // caller meanwhile has nothing to add.
+    if FIRST_ARENA_LIFTED.swap(true, Relaxed) || read::<usize>(b"opt.oversize_threshold\0") != Ok(0)
     {
         return;
     }
-    const KEY: &[u8] = b"arena.0.oversize_threshold\0";
-    if !lift {
-        // Written first, cleared after: a fork in between gives a child
-        // that puts it back once more, which does no harm.
-        if write(KEY, FIRST_ARENA_THRESHOLD.load(Relaxed)).is_ok() {
-            FIRST_ARENA_LIFTED.store(false, Relaxed);
-        }
-        return;
-    }
-    if FIRST_ARENA_THRESHOLD.load(Relaxed) == 0 {
-        match read::<usize>(KEY) {
-            Ok(v) if v != 0 => FIRST_ARENA_THRESHOLD.store(v, Relaxed),
-            _ => return,
-        }
-    }
-    // Set before the write, so that a child forked by another thread
-    // meanwhile never has the lifted value without knowing it.
-    FIRST_ARENA_LIFTED.store(true, Relaxed);
-    if write(KEY, FIRST_ARENA_KEEPS_BELOW).is_err() {
-        FIRST_ARENA_LIFTED.store(false, Relaxed);
-    }
+    let _ = write(b"arena.0.oversize_threshold\0", FIRST_ARENA_KEEPS_BELOW);
 }
 
 /// `epoch`: refreshes the statistics snapshot that `stats.*` keys read.

@@ -27,11 +27,9 @@
 //!
 //! In the child only the forking thread exists. The child handler does
 //! async-signal-safe work only (reset atomics, record the new pid, close
-//! inherited descriptors that are still ours, application's table only),
-//! with one exception: where the parent's shim thread had lifted the first
-//! arena's large-free threshold, it puts it back with `mallctl`, which is
-//! safe here because jemalloc's child handler has just reset the lock it
-//! takes (a shim thread was running, so the fork took jemalloc's locks). It
+//! inherited descriptors that are still ours, application's table only);
+//! the first arena's large-free threshold stays as the parent left it
+//! (jemalloc.rs, "Large frees in the first arena"). It
 //! never starts a thread; the child starts its own by the same rule, at its
 //! own first `pthread_create`. `vfork`/`posix_spawn` children run no fork
 //! handlers, and every start checks `getpid()` against the recorded pid, so
@@ -97,7 +95,7 @@ pub(super) extern "C" fn parent() {
 }
 
 /// Fork child handler: the shim's threads do not exist here.
-/// Async-signal-safe but for the first arena's threshold (module docs).
+/// Async-signal-safe (module docs).
 pub(super) extern "C" fn child() {
     let _e = KeepErrno::new();
     // The forking thread is the child's main thread.
@@ -106,8 +104,6 @@ pub(super) extern "C" fn child() {
     if crate::options::profile() {
         os::unwind::fork_done(true);
     }
-    // No shim thread here to return what the first arena keeps.
-    crate::jemalloc::lift_first_arena_threshold(false);
     os::fd::after_fork_child();
     os::spawner::after_fork_child();
     STATE.after_fork_child(os::getpid(), os::time::monotonic_ms());

@@ -7,8 +7,9 @@
 //!
 //! * every tick, `arena.4096.decay` (`jemalloc::decay_all`), so pages freed
 //!   by a process that then goes idle are returned within the decay time;
-//!   jemalloc alone only decays on allocator activity. While it runs, frees
-//!   of 8 to 32 MiB in the first arena wait for that decay too
+//!   jemalloc alone only decays on allocator activity. Frees of 8 to
+//!   32 MiB in the first arena wait for that decay too: the thread lifts
+//!   that arena's threshold if the first big allocation has not
 //!   (`jemalloc::lift_first_arena_threshold`);
 //! * serves the control socket (`control/`): its listener and client
 //!   connections are polled here;
@@ -165,7 +166,7 @@ extern "C" fn main(_: *mut c_void) -> *mut c_void {
     ARENA_MOVE.store(MOVE_DONE, SeqCst);
     os::time::futex_wake(&ARENA_MOVE);
     // Before the name: a process that sees it sees the threshold lifted.
-    jemalloc::lift_first_arena_threshold(true);
+    jemalloc::lift_first_arena_threshold();
     os::thread::set_name(c"memshim");
     let _ = jemalloc::disable_own_tcache();
     jemalloc::exclude_own_thread_from_profiles();
@@ -291,12 +292,9 @@ fn try_stop(own: &mut Held, always: bool) -> bool {
         return false;
     }
     own.close();
-    // While still Stopping: a thread started after Idle lifts it again.
-    jemalloc::lift_first_arena_threshold(false);
     STATE.set_phase(Phase::Idle);
     // A thread created while we were stopping wants us back.
     if !gone && STATE.wanted() && STATE.move_phase(Phase::Idle, Phase::Running) {
-        jemalloc::lift_first_arena_threshold(true);
         *own = Held::open();
         return false;
     }
