@@ -36,6 +36,9 @@ pub enum Exit {
     NotReached,
     /// [`status::NO_PROFILER`]
     NoProfiler,
+    /// One of the statuses of reaching a process without the preload
+    /// (`cmd/attach.rs`, [`status::YAMA`] to [`status::NO_SAFE_POINT`]).
+    Reach(ExitStatus),
 }
 
 impl Exit {
@@ -53,6 +56,7 @@ impl Exit {
             Exit::ReadOnly => status::READ_ONLY,
             Exit::NotReached => status::NOT_REACHED,
             Exit::NoProfiler => status::NO_PROFILER,
+            Exit::Reach(s) => s,
         }
     }
 
@@ -123,7 +127,7 @@ impl Failure {
 mod tests {
     use super::*;
 
-    const ALL: [Exit; 11] = [
+    const ALL: [Exit; 21] = [
         Exit::Ok,
         Exit::Failed,
         Exit::NotFound,
@@ -135,11 +139,26 @@ mod tests {
         Exit::ReadOnly,
         Exit::NotReached,
         Exit::NoProfiler,
+        Exit::Reach(status::YAMA),
+        Exit::Reach(status::NO_PTRACE),
+        Exit::Reach(status::USER_NAMESPACE),
+        Exit::Reach(status::SECCOMP),
+        Exit::Reach(status::TRACED),
+        Exit::Reach(status::REMOTE_DEBUG_DISABLED),
+        Exit::Reach(status::FREE_THREADED),
+        Exit::Reach(status::UNSUPPORTED_VERSION),
+        Exit::Reach(status::NOT_CPYTHON),
+        Exit::Reach(status::NO_SAFE_POINT),
     ];
 
     #[test]
     fn every_exit_is_a_shared_status_and_every_shared_status_but_usage_is_an_exit() {
-        assert_eq!(ALL.map(Exit::code), [0, 1, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
+        assert_eq!(
+            ALL.map(Exit::code),
+            [
+                0, 1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21
+            ]
+        );
         let mut ours: Vec<ExitStatus> = ALL.iter().map(|e| e.status()).collect();
         ours.push(status::USAGE);
         ours.sort_by_key(|s| s.code);
@@ -163,7 +182,17 @@ mod tests {
                 "\"no_cgroup\"",
                 "\"read_only\"",
                 "\"not_reached\"",
-                "\"no_profiler\""
+                "\"no_profiler\"",
+                "\"yama\"",
+                "\"no_ptrace\"",
+                "\"user_namespace\"",
+                "\"seccomp\"",
+                "\"traced\"",
+                "\"remote_debug_disabled\"",
+                "\"free_threaded\"",
+                "\"unsupported_version\"",
+                "\"not_cpython\"",
+                "\"no_safe_point\""
             ]
         );
         let f = Failure::new(Exit::NotFound, Some(7), "no such process");

@@ -22,6 +22,7 @@ mod out;
 mod pprof;
 mod procfs;
 mod pytrace;
+mod reach;
 mod render;
 mod retainers;
 mod shm;

@@ -21,13 +21,25 @@ pub struct GcArgs {
 
 /// Runs `gc`.
 pub fn run(a: GcArgs) -> Result<Exit, Failure> {
-    let mut c = Client::open(a.pid)?;
-    let r = match c.request(&Request::Gc)? {
-        Reply::Gc(r) => r,
-        other => return Err(c.unexpected(&other)),
+    // A CPython started without the preload: reached by ptrace (reach.rs).
+    let mut reached = None;
+    let r = if crate::reach::applies(a.pid) {
+        let (r, how) = crate::reach::gc(a.pid)?;
+        reached = Some(how);
+        r
+    } else {
+        let mut c = Client::open(a.pid)?;
+        match c.request(&Request::Gc)? {
+            Reply::Gc(r) => r,
+            other => return Err(c.unexpected(&other)),
+        }
     };
     if a.json {
-        outln!("{}", serde_json::to_string(&r).unwrap_or_default())?;
+        let mut v = serde_json::to_value(&r).unwrap_or_default();
+        if let Some(how) = &reached {
+            v["reached"] = serde_json::json!(how);
+        }
+        outln!("{v}")?;
     } else {
         outln!(
             "pid {}: gc.collect() found {} unreachable objects in {}; rss {} -> {} ({})",
@@ -38,6 +50,9 @@ pub fn run(a: GcArgs) -> Result<Exit, Failure> {
             bytes(r.rss_after),
             delta(r.rss_before, r.rss_after)
         )?;
+        if let Some(how) = &reached {
+            outln!("{}", crate::reach::reached_line(a.pid, how))?;
+        }
     }
     Ok(Exit::Ok)
 }

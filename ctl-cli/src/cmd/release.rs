@@ -20,6 +20,13 @@ pub struct ReleaseArgs {
 /// or failed counts as failed (exit 7 for a single target), though what the
 /// other steps did is reported as usual.
 pub fn run(a: ReleaseArgs) -> Result<Exit, Failure> {
+    // One CPython started without the preload: reached by ptrace (reach.rs).
+    if let [pid] = a.targets.pids[..]
+        && !a.targets.all
+        && crate::reach::applies(pid)
+    {
+        return without_preload(pid, a.targets.json);
+    }
     let (outcomes, exit) = for_targets(&a.targets, |c| match c.request(&Request::Release)? {
         Reply::Release(r) => Ok(r),
         other => Err(c.unexpected(&other)),
@@ -49,6 +56,63 @@ pub fn run(a: ReleaseArgs) -> Result<Exit, Failure> {
         out!("{}", human(&outcomes))?;
         print_failures(&outcomes, &partial, exit);
     }
+    Ok(exit)
+}
+
+/// `release` of a process without the preload: the same report, and the
+/// line that says how it was reached (in JSON, `"reached"`).
+fn without_preload(pid: i32, json: bool) -> Result<Exit, Failure> {
+    let command = crate::procfs::read_proc(pid).ok().map(|p| p.command);
+    let (result, how) = match crate::reach::release(pid) {
+        Ok((r, how)) => (Ok(r), Some(how)),
+        Err(f) => (Err(f), None),
+    };
+    let exit = match &result {
+        Ok(r) if r.failed_steps().next().is_some() => Exit::PythonStep,
+        Ok(_) => Exit::Ok,
+        Err(f) => f.exit,
+    };
+    let outcomes = [Outcome {
+        pid,
+        command,
+        result,
+    }];
+    if json {
+        let mut v = outcome_json(&outcomes[0]);
+        v["reached"] = serde_json::json!(how);
+        outln!("{}", serde_json::json!({ "release": [v] }))?;
+        if let Err(f) = &outcomes[0].result {
+            return Err(f.clone());
+        }
+        return Ok(exit);
+    }
+    if let Some(how) = &how {
+        out!("{}", human(&outcomes))?;
+        outln!("{}", crate::reach::reached_line(pid, how))?;
+    }
+    let partial: Vec<Failure> = outcomes[0]
+        .result
+        .as_ref()
+        .map(|r| {
+            r.failed_steps()
+                .map(|s| {
+                    Failure::new(
+                        Exit::PythonStep,
+                        Some(pid),
+                        format!(
+                            "release: the {} step could not run: {}",
+                            s.name(),
+                            s.error.as_deref().unwrap_or("no reason given")
+                        ),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if let Err(f) = &outcomes[0].result {
+        return Err(f.clone());
+    }
+    print_failures(&outcomes, &partial, exit);
     Ok(exit)
 }
 
