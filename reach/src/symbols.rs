@@ -13,6 +13,8 @@ pub struct Object {
     pub path: String,
     /// The start of its mapping of file offset 0.
     pub start: u64,
+    /// The end of that mapping.
+    pub end: u64,
 }
 
 /// The files the target has mapped at offset 0 (one entry each, in the
@@ -34,14 +36,11 @@ pub fn objects(pid: i32) -> std::io::Result<Vec<Object>> {
         if u64::from_str_radix(off, 16).ok() != Some(0) || out.iter().any(|o| o.path == path) {
             continue;
         }
-        let Some(start) = range
-            .split('-')
-            .next()
-            .and_then(|s| u64::from_str_radix(s, 16).ok())
-        else {
+        let mut ends = range.split('-').map(|s| u64::from_str_radix(s, 16).ok());
+        let (Some(Some(start)), Some(Some(end))) = (ends.next(), ends.next()) else {
             continue;
         };
-        out.push(Object { path, start });
+        out.push(Object { path, start, end });
     }
     Ok(out)
 }
@@ -67,10 +66,21 @@ fn u64le(b: &[u8], at: usize) -> Option<u64> {
 }
 
 impl Elf {
-    /// Reads the file `path` of process `pid` (through its root).
-    pub fn open(pid: i32, path: &str) -> Option<Elf> {
-        let p = PathBuf::from(format!("/proc/{pid}/root{path}"));
-        Elf::parse(&fs::read(p).ok()?)
+    /// Reads the file mapped as `o` in process `pid`: the mapping itself
+    /// (`/proc/PID/map_files`, which needs CAP_SYS_ADMIN), else its path as
+    /// `maps` shows it to us (from our root: a chrooted process's files
+    /// have their full path here), else that path under the process's own
+    /// root (another mount namespace).
+    pub fn open(pid: i32, o: &Object) -> Option<Elf> {
+        let tries = [
+            PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", o.start, o.end)),
+            PathBuf::from(&o.path),
+            PathBuf::from(format!("/proc/{pid}/root{}", o.path)),
+        ];
+        tries
+            .iter()
+            .find_map(|p| fs::read(p).ok())
+            .and_then(|b| Elf::parse(&b))
     }
 
     /// Parses an ELF64 little-endian file (x86_64).
@@ -178,9 +188,7 @@ impl Resolver {
     pub fn find(&mut self, name: &str) -> Option<(u64, String)> {
         let pid = self.pid;
         self.objects.iter_mut().find_map(|(o, elf)| {
-            let elf = elf
-                .get_or_insert_with(|| Elf::open(pid, &o.path))
-                .as_ref()?;
+            let elf = elf.get_or_insert_with(|| Elf::open(pid, o)).as_ref()?;
             let v = elf.symbol(name)?;
             Some((elf.relocate(o.start, v), o.path.clone()))
         })

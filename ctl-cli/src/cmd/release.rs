@@ -81,13 +81,10 @@ fn without_preload(pid: i32, json: bool) -> Result<Exit, Failure> {
         let mut v = outcome_json(&outcomes[0]);
         v["reached"] = serde_json::json!(how);
         outln!("{}", serde_json::json!({ "release": [v] }))?;
-        if let Err(f) = &outcomes[0].result {
-            return Err(f.clone());
-        }
         return Ok(exit);
     }
+    out!("{}", human(&outcomes))?;
     if let Some(how) = &how {
-        out!("{}", human(&outcomes))?;
         outln!("{}", crate::reach::reached_line(pid, how))?;
     }
     let partial: Vec<Failure> = outcomes[0]
@@ -109,9 +106,6 @@ fn without_preload(pid: i32, json: bool) -> Result<Exit, Failure> {
                 .collect()
         })
         .unwrap_or_default();
-    if let Err(f) = &outcomes[0].result {
-        return Err(f.clone());
-    }
     print_failures(&outcomes, &partial, exit);
     Ok(exit)
 }

@@ -1,0 +1,236 @@
+//! Verbs on a CPython started without the preload (issue 46): `release` and
+//! `gc` reach it by ptrace, in each idle main-thread state, on every CPython
+//! the tests run (`py::cpythons`: pyenv's 3.8-3.13, Debian sid's 3.13-3.15).
+//! Each is served within a second, gives back what an in-process
+//! `gc.collect(); malloc_trim(0)` gives back, and the process goes on as
+//! before: its wait ends when it would have, its stdout, empty stderr and
+//! exit status are unchanged. Refusals: a process under strace, another
+//! user's process, a process that is no CPython, a main thread that never
+//! idles (nothing is changed).
+//!
+//! Fixture: tests/fixtures/py_unshimmed.py.
+
+use memshim_proto::exit::{NO_PTRACE, NO_SAFE_POINT, NOT_CPYTHON, TRACED};
+use memshim_tests::py::*;
+use memshim_tests::{Cmd, ctl, mib, rss_bytes, wait_until};
+use std::time::{Duration, Instant};
+
+/// How long the fixture waits in its state.
+const WAIT: f64 = 2.0;
+
+/// The fixture, unshimmed, in `state`, once it printed "ready".
+fn start(py: &Cpython, state: &str) -> memshim_tests::Child {
+    let mut child = py
+        .cmd([
+            fixture_py("py_unshimmed.py").display().to_string(),
+            state.to_string(),
+            WAIT.to_string(),
+        ])
+        .spawn();
+    child.labelled(&format!(
+        "CPython {}, unshimmed, main thread in {state}",
+        py.label
+    ));
+    child.wait_for_line("ready", Duration::from_secs(60));
+    child
+}
+
+/// Waits until the main thread sleeps in the kernel (in its wait).
+fn in_kernel_wait(pid: i32) {
+    wait_until(Duration::from_secs(10), || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let state = stat.rsplit(')').next()?.split_whitespace().next()?;
+        (state == "S").then_some(())
+    })
+    .expect("the main thread sleeps in the kernel");
+}
+
+/// RSS after the fixture's own `gc.collect(); malloc_trim(0)`.
+fn in_process_rss(py: &Cpython) -> u64 {
+    let o = py
+        .cmd([
+            fixture_py("py_unshimmed.py").display().to_string(),
+            "inproc".into(),
+            "0".into(),
+        ])
+        .run();
+    assert_eq!(o.code, 5, "{o:?}");
+    o.stdout
+        .split("rss=")
+        .nth(1)
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no rss in {o:?}"))
+}
+
+/// What the fixture's last gc.collect() found.
+fn garbage(stdout: &str) -> u64 {
+    stdout
+        .split("garbage=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no garbage= in {stdout:?}"))
+}
+
+fn ctl_json(args: &[&str]) -> (i32, serde_json::Value, String) {
+    let o = Cmd::new(ctl(), args).run();
+    let v = serde_json::from_str(&o.stdout).unwrap_or(serde_json::Value::Null);
+    (o.code, v, o.stderr)
+}
+
+#[test]
+fn release_reaches_an_unshimmed_cpython_in_every_idle_state_and_it_goes_on_unchanged() {
+    let mut report = Vec::new();
+    for py in cpythons() {
+        let inproc = in_process_rss(&py);
+        for state in ["sleep", "select", "epoll", "read"] {
+            let what = format!("CPython {}, main thread in {state}", py.label);
+            let mut child = start(&py, state);
+            let pid = child.pid();
+            in_kernel_wait(pid);
+            let t = Instant::now();
+            let (code, v, err) = ctl_json(&["release", &pid.to_string(), "--json"]);
+            let took = t.elapsed();
+            assert_eq!(code, 0, "{what}: {v} {err}");
+            assert!(took < Duration::from_secs(1), "{what}: took {took:?}");
+            let r = &v["release"][0];
+            assert_eq!(r["reached"]["by"], "ptrace", "{what}: {v}");
+            let before = r["result"]["rss_before"].as_u64().unwrap_or(0);
+            let after = r["result"]["rss_after"].as_u64().unwrap_or(u64::MAX);
+            assert!(after < before / 4 * 3, "{what}: rss {before} -> {after}");
+            // Close to what the process gives back by itself.
+            assert!(
+                after < inproc + inproc / 5 + (4 << 20),
+                "{what}: rss after release {:.1} MiB, in-process {:.1} MiB",
+                mib(after),
+                mib(inproc)
+            );
+            assert_eq!(rss_bytes(pid) / (1 << 20), after / (1 << 20), "{what}");
+            if state == "read" {
+                child.send("hello");
+            }
+            let o = child.finish(Duration::from_secs(30));
+            assert_eq!(o.code, 5, "{what}: {o:?}");
+            assert_eq!(o.stderr, "", "{what}: {o:?}");
+            let elapsed: f64 = o
+                .stdout
+                .split("elapsed=")
+                .nth(1)
+                .and_then(|s| s.split_whitespace().next()?.parse().ok())
+                .unwrap_or_else(|| panic!("{what}: {o:?}"));
+            let got = o.stdout.split("got=").nth(1).unwrap_or("").trim();
+            // The garbage went with release's gc.collect().
+            assert_eq!(garbage(&o.stdout), 0, "{what}: {o:?}");
+            if state == "read" {
+                assert_eq!(got, "hello", "{what}: {o:?}");
+            } else {
+                // The wait ends when it would have without memshim.
+                assert!(
+                    (WAIT - 0.02..WAIT + 0.15).contains(&elapsed),
+                    "{what}: waited {elapsed} s for {WAIT} s"
+                );
+            }
+            report.push(format!(
+                "{what}: {took:?}, rss {:.1} -> {:.1} MiB (in-process {:.1} MiB), waited {elapsed} s",
+                mib(before),
+                mib(after),
+                mib(inproc)
+            ));
+        }
+    }
+    eprintln!("{}", report.join("\n"));
+}
+
+#[test]
+fn gc_reaches_an_unshimmed_cpython_and_finds_its_cycles() {
+    let py = cpythons().into_iter().next().expect("a CPython");
+    let child = start(&py, "sleep");
+    let pid = child.pid();
+    in_kernel_wait(pid);
+    let o = Cmd::new(ctl(), ["gc", &pid.to_string()]).run();
+    assert_eq!(o.code, 0, "{o:?}");
+    let found: u64 = o
+        .stdout
+        .split("found ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{o:?}"));
+    // 150000 self-referencing objects and their dicts.
+    assert!(found >= 150_000, "{o:?}");
+    assert!(o.stdout.contains("reached by ptrace"), "{o:?}");
+    let o = child.finish(Duration::from_secs(30));
+    assert_eq!((o.code, o.stderr.as_str()), (5, ""), "{o:?}");
+}
+
+#[test]
+fn a_main_thread_that_never_idles_is_not_reached_and_nothing_changes() {
+    let py = cpythons().into_iter().next().expect("a CPython");
+    let child = start(&py, "spin");
+    let pid = child.pid();
+    let (code, v, err) = ctl_json(&["gc", &pid.to_string(), "--json"]);
+    assert_eq!(code, i32::from(NO_SAFE_POINT.code), "{v} {err}");
+    assert_eq!(v["error"]["code"], "no_safe_point", "{v}");
+    let o = child.finish(Duration::from_secs(30));
+    assert_eq!((o.code, o.stderr.as_str()), (5, ""), "{o:?}");
+    // Nothing ran: the garbage is still there for the fixture's own collection.
+    assert!(garbage(&o.stdout) >= 200_000, "{o:?}");
+}
+
+#[test]
+fn refusals_have_their_own_code_and_leave_the_process_alone() {
+    let py = cpythons().into_iter().next().expect("a CPython");
+    // Under strace: already traced.
+    let mut traced = Cmd::new(
+        "strace",
+        [
+            "-o".to_string(),
+            "/dev/null".into(),
+            py.exe.display().to_string(),
+            fixture_py("py_unshimmed.py").display().to_string(),
+            "sleep".into(),
+            WAIT.to_string(),
+        ],
+    )
+    .spawn();
+    traced.wait_for_line("ready", Duration::from_secs(60));
+    let pid = wait_until(Duration::from_secs(10), || {
+        let kids =
+            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", traced.pid())).ok()?;
+        kids.split_whitespace().next()?.parse::<i32>().ok()
+    })
+    .expect("strace's child");
+    let (code, v, err) = ctl_json(&["release", &pid.to_string(), "--json"]);
+    assert_eq!(code, i32::from(TRACED.code), "{v} {err}");
+    let message = v["release"][0]["error"]["message"].as_str().unwrap_or("");
+    assert!(message.contains("already traced"), "{v}");
+    let o = traced.finish(Duration::from_secs(30));
+    assert_eq!(o.code, 5, "{o:?}");
+    assert!(o.stdout.contains("elapsed="), "{o:?}");
+
+    // Another user's process, from uid 65534.
+    let root_py = start(&py, "sleep");
+    let pid = root_py.pid().to_string();
+    let o = Cmd::new(
+        "setpriv",
+        [
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            &ctl().display().to_string(),
+            "release",
+            &pid,
+        ],
+    )
+    .run();
+    assert_eq!(o.code, i32::from(NO_PTRACE.code), "{o:?}");
+    assert!(o.stderr.contains("belongs to uid 0"), "{o:?}");
+    let o = root_py.finish(Duration::from_secs(30));
+    assert_eq!((o.code, o.stderr.as_str()), (5, ""), "{o:?}");
+
+    // Not a CPython.
+    let sleeper = Cmd::new("sleep", ["30"]).spawn();
+    let pid = sleeper.pid().to_string();
+    let (code, v, err) = ctl_json(&["release", &pid, "--json"]);
+    assert_eq!(code, i32::from(NOT_CPYTHON.code), "{v} {err}");
+    assert_eq!(v["release"][0]["error"]["code"], "not_cpython", "{v}");
+    drop(sleeper);
+}
