@@ -85,6 +85,17 @@ pub fn failure(pid: i32, e: Error) -> Failure {
             Some(pid),
             "the process exited while memshim-ctl reached it",
         ),
+        // Another tracer came first (a second memshim-ctl at the same
+        // moment, a debugger): the same refusal as one found before.
+        Error::Failed(Fail::Seize(e)) if tracer(pid).is_some() => Failure::new(
+            Exit::Reach(status::TRACED),
+            Some(pid),
+            format!(
+                "process {pid} is already traced by process {} (another memshim-ctl, strace or \
+                 a debugger; ptrace: {e}); try again when it is done",
+                tracer(pid).unwrap_or_default()
+            ),
+        ),
         Error::Failed(Fail::Seize(e)) => Failure::new(
             Exit::Permission,
             Some(pid),
@@ -97,6 +108,15 @@ pub fn failure(pid: i32, e: Error) -> Failure {
             format!("reaching the process by ptrace failed: {e}"),
         ),
     }
+}
+
+/// The pid tracing `pid`, if any (`TracerPid` in its status).
+fn tracer(pid: i32) -> Option<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("TracerPid:")?.trim().parse().ok())
+        .filter(|&t| t != 0)
 }
 
 /// RSS of `pid`, bytes (`/proc/PID/statm`).
