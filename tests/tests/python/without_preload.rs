@@ -5,12 +5,12 @@
 //! `gc.collect(); malloc_trim(0)` gives back, and the process goes on as
 //! before: its wait ends when it would have, its stdout, empty stderr and
 //! exit status are unchanged. Refusals: a process under strace, another
-//! user's process, a process that is no CPython, a main thread that never
+//! user's process, `PYTHON_DISABLE_REMOTE_DEBUG`, a process that is no CPython, a main thread that never
 //! idles (nothing is changed).
 //!
 //! Fixture: tests/fixtures/py_unshimmed.py.
 
-use memshim_proto::exit::{NO_PTRACE, NO_SAFE_POINT, NOT_CPYTHON, TRACED};
+use memshim_proto::exit::{NO_PTRACE, NO_SAFE_POINT, NOT_CPYTHON, REMOTE_DEBUG_DISABLED, TRACED};
 use memshim_tests::py::*;
 use memshim_tests::{Cmd, ctl, mib, rss_bytes, wait_until};
 use std::time::{Duration, Instant};
@@ -225,6 +225,22 @@ fn refusals_have_their_own_code_and_leave_the_process_alone() {
     assert!(o.stderr.contains("belongs to uid 0"), "{o:?}");
     let o = root_py.finish(Duration::from_secs(30));
     assert_eq!((o.code, o.stderr.as_str()), (5, ""), "{o:?}");
+
+    // Its owner disabled remote debugging: respected.
+    let mut off = py
+        .cmd([
+            fixture_py("py_unshimmed.py").display().to_string(),
+            "sleep".into(),
+            WAIT.to_string(),
+        ])
+        .env("PYTHON_DISABLE_REMOTE_DEBUG", "1")
+        .spawn();
+    off.wait_for_line("ready", Duration::from_secs(60));
+    let (code, v, err) = ctl_json(&["gc", &off.pid().to_string(), "--json"]);
+    assert_eq!(code, i32::from(REMOTE_DEBUG_DISABLED.code), "{v} {err}");
+    let o = off.finish(Duration::from_secs(30));
+    assert_eq!((o.code, o.stderr.as_str()), (5, ""), "{o:?}");
+    assert!(garbage(&o.stdout) >= 200_000, "nothing ran: {o:?}");
 
     // Not a CPython.
     let sleeper = Cmd::new("sleep", ["30"]).spawn();
