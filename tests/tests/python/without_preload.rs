@@ -5,8 +5,8 @@
 //! `gc.collect(); malloc_trim(0)` gives back, and the process goes on as
 //! before: its wait ends when it would have, its stdout, empty stderr and
 //! exit status are unchanged. Refusals: a process under strace, another
-//! user's process, `PYTHON_DISABLE_REMOTE_DEBUG`, a process that is no CPython, a main thread that never
-//! idles (nothing is changed).
+//! user's process, `PYTHON_DISABLE_REMOTE_DEBUG`, a process that is no
+//! CPython, a main thread that never idles (nothing is changed).
 //!
 //! Fixture: tests/fixtures/py_unshimmed.py.
 
