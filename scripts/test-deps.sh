@@ -8,7 +8,9 @@
 #                    comparison allocators of the benchmark smoke run,
 #                    python3-venv (the wheel tests' venvs), qemu-user-static
 #                    and an arm64 glibc (the aarch64 smoke test),
-#                    qemu-system-x86 and e2fsprogs (the cgroup v2 test VMs).
+#                    qemu-system-x86 and e2fsprogs (the cgroup v2 test VMs),
+#                    golang-go (`go tool pprof` reads the pprof profiles),
+#                    chromium (the flame graph, clicked and searched headless).
 #   rustup target    aarch64-unknown-linux-gnu (the aarch64 wheel); where
 #                    rustup cannot fetch it, the aarch64 parts say SKIP.
 #   Debian sid root  CPython 3.13, 3.14 and 3.15 as Debian sid ships them,
@@ -33,7 +35,7 @@ dry=${MEMSHIM_NO_INSTALL:-0}
 apt_pkgs=(build-essential binutils git make python3 python3-venv python3-pip procps util-linux
           iproute2 strace socat bubblewrap libjemalloc2 libtcmalloc-minimal4 libmimalloc2.0
           prometheus hyperfine valgrind qemu-user-static libc6-arm64-cross
-          qemu-system-x86 e2fsprogs)
+          qemu-system-x86 e2fsprogs golang-go chromium)
 # debootstrap builds the Debian sid root below, which only root can build and
 # enter: not asked of other users (their sid tests say SKIP).
 [ "$(id -u)" = 0 ] && apt_pkgs+=(debootstrap)

@@ -60,4 +60,14 @@ def run(ctx):
                  f"from wait4.\n\n" +
                  table(["command", "config", "median ms/exec", "p90 ms/exec", "vs glibc", "page faults",
                         "faults vs glibc"], rows))
+    if any(c.name == "memshim-wheel" for c in configs):
+        res["md"] += (
+            "\n\n`memshim-wheel` is the wheel's build of the same checkout (`make wheel`: zig, glibc 2.17's "
+            "symbols), what pip users preload. Its extra cost over `memshim` is the two libraries that glibc "
+            "before 2.34 needs for the symbols it imports, `libpthread.so.0` and `libdl.so.2`: empty stubs from "
+            "2.34 on, but the loader still opens and maps them in every exec (about 19 system calls, 9 page "
+            "faults and 20 k instructions; `python3 bench/execcost.py glibc target/release/libmemshim.so "
+            "target/x86_64-unknown-linux-gnu/release/libmemshim.so` counts them, and the cargo build with those "
+            "two names added by `patchelf --add-needed` costs what the wheel's does). docs/design.md, "
+            "\"Portability\", says why it stays.")
     return res

@@ -16,7 +16,7 @@
 //! Every function takes the filesystem root (`/`); the unit tests point it
 //! at a tree laid out like `/sys/fs/cgroup` with the kernel's file formats.
 
-use crate::exit::{Exit, Failure};
+use crate::exit::{self, Failure};
 use memshim_proto::cgroup::{self, CgroupMemory, CgroupMount, MemoryFiles};
 use serde::Serialize;
 use std::collections::VecDeque;
@@ -49,7 +49,7 @@ pub fn locate(pid: Option<i32>) -> Result<Location, Failure> {
     let who = pid.map_or_else(|| "self".to_owned(), |p| p.to_string());
     let text = crate::procfs::read_text(format!("/proc/{who}/cgroup")).map_err(|e| {
         Failure::new(
-            Exit::NotFound,
+            exit::NOT_FOUND,
             pid,
             format!("no such process (/proc/{who}/cgroup: {e})"),
         )
@@ -63,7 +63,7 @@ pub fn locate(pid: Option<i32>) -> Result<Location, Failure> {
     let mountinfo = crate::procfs::read_text("/proc/self/mountinfo").unwrap_or_default();
     let me = pid.unwrap_or(std::process::id() as i32);
     locate_in(Path::new("/"), &text, &mountinfo, me).map_err(|why| {
-        Failure::new(Exit::NoCgroup, pid, why).hint(
+        Failure::new(exit::NO_CGROUP, pid, why).hint(
             "memshim-ctl needs the memory controller mounted here: cgroup v2 with `memory` enabled, \
              or the v1 `memory` hierarchy (in a container, /sys/fs/cgroup; on the host it is always there)",
         )
@@ -248,7 +248,7 @@ pub fn processes(loc: &Location) -> (Vec<(i32, String)>, usize) {
 fn io_failure(e: &io::Error, path: &Path, pid: Option<i32>) -> Failure {
     match e.kind() {
         io::ErrorKind::NotFound => Failure::new(
-            Exit::NoCgroup,
+            exit::NO_CGROUP,
             pid,
             format!(
                 "no memory cgroup: {} disappeared (the cgroup was removed)",
@@ -256,13 +256,13 @@ fn io_failure(e: &io::Error, path: &Path, pid: Option<i32>) -> Failure {
             ),
         ),
         io::ErrorKind::PermissionDenied => Failure::new(
-            Exit::Permission,
+            exit::PERMISSION,
             pid,
             format!("permission denied: {}", path.display()),
         )
         .hint("run memshim-ctl as root"),
         _ => Failure::new(
-            Exit::Failed,
+            exit::FAILED,
             pid,
             format!("reading {}: {e}", path.display()),
         ),
@@ -330,7 +330,7 @@ pub fn control_file(loc: &Location) -> PathBuf {
 /// The failure for a cgroup filesystem that is read-only here.
 fn read_only(loc: &Location, file: &Path, pid: Option<i32>) -> Failure {
     Failure::new(
-        Exit::ReadOnly,
+        exit::READ_ONLY,
         pid,
         format!(
             "cannot write {}: the cgroup filesystem is read-only here (mounted ro at {}, as containers get it); \
@@ -367,7 +367,7 @@ fn write_failure(loc: &Location, file: &Path, e: &io::Error, pid: Option<i32>) -
     match e.raw_os_error() {
         Some(30) => read_only(loc, file, pid), // EROFS
         Some(1 | 13) => Failure::new(
-            Exit::Permission,
+            exit::PERMISSION,
             pid,
             format!(
                 "permission denied: cannot write {} ({e}); nothing was changed",
@@ -376,7 +376,7 @@ fn write_failure(loc: &Location, file: &Path, e: &io::Error, pid: Option<i32>) -
         )
         .hint("run memshim-ctl reclaim as root (or as the owner of a delegated cgroup)"),
         _ => Failure::new(
-            Exit::Failed,
+            exit::FAILED,
             pid,
             format!("writing {}: {e}", file.display()),
         ),
@@ -520,7 +520,7 @@ pub fn reclaim_kernel(
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(22) => {
                 return Err(Failure::new(
-                    Exit::NoCgroup,
+                    exit::NO_CGROUP,
                     pid,
                     format!(
                         "the kernel refuses memory.force_empty for {} (the root memory cgroup cannot be emptied)",

@@ -141,7 +141,7 @@ fn v2_inside_a_container_with_its_own_cgroup_namespace_is_read_only() {
     );
     assert!(read_memory(&loc, None).is_ok());
     let f = check_writable(&loc, Some(7)).unwrap_err();
-    assert_eq!(f.exit, Exit::ReadOnly);
+    assert_eq!(f.exit, exit::READ_ONLY);
     assert!(
         f.message.contains("read-only") && f.message.contains("nothing was changed"),
         "{}",
@@ -261,7 +261,10 @@ fn v1_container_layouts_docker_bind_and_cgroup_namespace() {
     let loc = locate_in(&t.0, "4:memory:/docker/4f2a\n", mi, 1).unwrap();
     assert_eq!(loc.dir, t.0.join("sys/fs/cgroup/memory"));
     assert!(loc.read_only && !loc.searched);
-    assert_eq!(check_writable(&loc, None).unwrap_err().exit, Exit::ReadOnly);
+    assert_eq!(
+        check_writable(&loc, None).unwrap_err().exit,
+        exit::READ_ONLY
+    );
 
     // `unshare -C` under the host's mount (measured on this machine): the
     // path is "/", the mount's root "/..". Found by its cgroup.procs.

@@ -6,7 +6,7 @@
 
 use crate::cgroupfs::{self, Location};
 use crate::client::Client;
-use crate::exit::{Exit, Failure};
+use crate::exit::{self, Failure};
 use crate::no_endpoint;
 use crate::procfs;
 use crate::socket;
@@ -139,7 +139,7 @@ fn entry(pid: i32, cgroup: String) -> Option<ProcEntry> {
         Err(f) => {
             e.reason = Some(f.message.clone());
             // "No endpoint" is a file nobody listens on: none to fail.
-            e.failure = (f.exit != Exit::NoEndpoint).then_some(f);
+            e.failure = (f.exit != exit::NO_ENDPOINT).then_some(f);
         }
     }
     Some(e)

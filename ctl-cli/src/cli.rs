@@ -27,7 +27,7 @@ fn after_help() -> String {
 
 impl Cli {
     /// Parses the command line; bad arguments end the process with clap's
-    /// usage error (exit 2), combinations clap cannot check itself too.
+    /// usage error ([`crate::exit::USAGE`]), combinations clap cannot check itself too.
     pub fn parse_checked() -> Cli {
         let cli = Cli::parse();
         let (name, why) = match &cli.command {

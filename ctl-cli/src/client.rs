@@ -2,20 +2,21 @@
 //! `memshim-proto` (the one the tests use too), with what failed said for
 //! a person: which pid, which path, what to do.
 
-use crate::exit::{Exit, Failure};
+use crate::exit::{self, Failure};
 use crate::no_endpoint;
 use crate::procfs::{self, Proc};
 use crate::socket::{self, SocketLoc};
 use memshim_proto::client::{ClientError, ConnectError, Connection};
-use memshim_proto::{HelloReply, Reply, Request, Response, StatsReport};
+use memshim_proto::{Answer, HelloReply, Reply, Request, Response, StatsReport, Wait};
 use std::time::Duration;
 
 pub use memshim_proto::client::connect;
 
 /// Time limit for connecting and for simple requests.
 const SHORT: Duration = Duration::from_secs(5);
-/// Time limit for requests that may wait for Python (gc, empty_cache,
-/// release): the shim waits at most 5 s for the interpreter, then works.
+/// Time limit for requests declared [`Wait::Long`] (those that may wait
+/// for Python or the profiler): the shim waits at most 5 s for the
+/// interpreter, then works.
 const LONG: Duration = Duration::from_secs(60);
 
 /// How long a connection that broke in the middle of a request may take to
@@ -107,7 +108,7 @@ impl Client {
             }
             Err(ConnectError::Missing) => {
                 let (why, hint) = no_endpoint::why(&p, &loc);
-                return Err(Failure::new(Exit::NoEndpoint, Some(p.pid), why)
+                return Err(Failure::new(exit::NO_ENDPOINT, Some(p.pid), why)
                     .hint(hint)
                     .into());
             }
@@ -126,7 +127,7 @@ impl Client {
                         path.display()
                     )
                 };
-                return Err(Failure::new(Exit::NoEndpoint, Some(p.pid), why)
+                return Err(Failure::new(exit::NO_ENDPOINT, Some(p.pid), why)
                     .hint(hint)
                     .into());
             }
@@ -135,7 +136,7 @@ impl Client {
             }
             Err(ConnectError::Other(e)) => {
                 return Err(Failure::new(
-                    Exit::Failed,
+                    exit::FAILED,
                     Some(p.pid),
                     format!("connecting to {}: {e}", path.display()),
                 )
@@ -170,7 +171,7 @@ impl Client {
         }
         if !socket::hello_matches(&c.hello, &c.proc) {
             return Err(Failure::new(
-                Exit::Remote,
+                exit::REMOTE,
                 Some(c.proc.pid),
                 format!(
                     "{} answered as pid {} started at {}, not pid {} started at {}; refusing to use it",
@@ -193,7 +194,7 @@ impl Client {
         }
         match e {
             ClientError::Undecodable(_) => Failure::new(
-                Exit::Remote,
+                exit::REMOTE,
                 Some(self.proc.pid),
                 format!("{e} from {}", path.display()),
             )
@@ -212,7 +213,7 @@ impl Client {
             {
                 let (why, hint) = no_endpoint::why(&self.proc, &self.loc);
                 Failure::new(
-                    Exit::NoEndpoint,
+                    exit::NO_ENDPOINT,
                     Some(self.proc.pid),
                     format!(
                         "{}: {e}: the shim's thread stopped listening while memshim-ctl talked to it; {why}",
@@ -225,7 +226,7 @@ impl Client {
             // the process's next thread, or an `exec` replaced the program
             // (the socket's name stays the same).
             _ if connection_lost(e) => Failure::new(
-                Exit::NoEndpoint,
+                exit::NO_ENDPOINT,
                 Some(self.proc.pid),
                 format!(
                     "{}: {e}: the connection broke while the process runs, and its socket listens again (the \
@@ -236,7 +237,7 @@ impl Client {
             )
             .hint("ask again"),
             _ => Failure::new(
-                Exit::Failed,
+                exit::FAILED,
                 Some(self.proc.pid),
                 format!("{}: {e}", path.display()),
             ),
@@ -248,13 +249,13 @@ impl Client {
     /// was closed unread, so the request did not run: it is sent again on
     /// a new connection, as in [`Client::open_proc`].
     pub fn request(&mut self, req: &Request) -> Result<Reply, Failure> {
-        let slow = matches!(
-            req,
-            Request::Gc | Request::EmptyCache | Request::Release | Request::Profile { .. }
-        );
+        let limit = match req.wait() {
+            Wait::Short => SHORT,
+            Wait::Long => LONG,
+        };
         let mut attempt = 0;
         loop {
-            self.conn.set_timeout(if slow { LONG } else { SHORT });
+            self.conn.set_timeout(limit);
             match self.conn.request(req).map_err(|e| self.io_failure(&e))? {
                 Response::Ok(r) => return Ok(r),
                 Response::Error(e)
@@ -269,27 +270,35 @@ impl Client {
         }
     }
 
+    /// Sends `req` and returns its answer as `R`, the reply payload that
+    /// `req`'s declaration names (proto's `requests!`); an answer of
+    /// another kind is a failure.
+    pub fn ask<R: Answer>(&mut self, req: &Request) -> Result<R, Failure> {
+        debug_assert_eq!(
+            R::KIND,
+            req.op(),
+            "asked {} for a {} reply",
+            req.op(),
+            R::KIND
+        );
+        let r = self.request(req)?;
+        R::from_reply(r).map_err(|other| self.unexpected(&other))
+    }
+
     /// `stats` of the process (no arenas, no PSS).
     pub fn stats(&mut self) -> Result<Box<StatsReport>, Failure> {
-        match self.request(&Request::Stats {
+        self.ask(&Request::Stats {
             arenas: false,
             pss: false,
-        })? {
-            Reply::Stats(s) => Ok(s),
-            other => Err(self.unexpected(&other)),
-        }
+        })
     }
 
     /// The failure for a reply of the wrong kind.
-    pub fn unexpected(&self, r: &Reply) -> Failure {
-        let kind = serde_json::to_value(r)
-            .ok()
-            .and_then(|v| v["kind"].as_str().map(str::to_owned))
-            .unwrap_or_default();
+    fn unexpected(&self, r: &Reply) -> Failure {
         Failure::new(
-            Exit::Remote,
+            exit::REMOTE,
             Some(self.proc.pid),
-            format!("unexpected {kind:?} answer"),
+            format!("unexpected {:?} answer", r.kind()),
         )
     }
 }
@@ -311,7 +320,7 @@ fn connection_lost(e: &ClientError) -> bool {
 /// what failed on it.
 fn stopped(pid: i32, what: &str) -> Failure {
     Failure::new(
-        Exit::Failed,
+        exit::FAILED,
         Some(pid),
         format!(
             "{what}: the process is stopped (SIGSTOP, a job-control stop or a debugger), so nothing in it runs"
@@ -323,7 +332,7 @@ fn stopped(pid: i32, what: &str) -> Failure {
 /// The failure for a process that exited while memshim-ctl talked to it.
 fn exited(p: &Proc, path: &str, what: &str) -> Failure {
     Failure::new(
-        Exit::NotFound,
+        exit::NOT_FOUND,
         Some(p.pid),
         format!("the process exited while memshim-ctl talked to it ({path}: {what})"),
     )
@@ -334,10 +343,10 @@ fn exited(p: &Proc, path: &str, what: &str) -> Failure {
 pub fn remote_failure(pid: i32, e: &memshim_proto::ErrorReply) -> Failure {
     use memshim_proto::{ErrorCode, PythonUnavailable as U};
     let exit = match e.code {
-        ErrorCode::PermissionDenied => Exit::Permission,
-        ErrorCode::PythonUnavailable => Exit::PythonStep,
-        ErrorCode::ProfilingOff => Exit::NoProfiler,
-        _ => Exit::Remote,
+        ErrorCode::PermissionDenied => exit::PERMISSION,
+        ErrorCode::PythonUnavailable => exit::PYTHON_STEP,
+        ErrorCode::ProfilingOff => exit::NO_PROFILER,
+        _ => exit::REMOTE,
     };
     let f = Failure::new(exit, Some(pid), e.to_string());
     match &e.python {

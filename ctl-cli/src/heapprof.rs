@@ -9,7 +9,6 @@
 
 use crate::render::{bytes, table};
 use crate::symbols::{Frame, Symbolizer};
-use crate::timeline::escape;
 use memshim_proto::HeapDump;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -243,50 +242,6 @@ impl Profile {
         }
         out
     }
-
-    /// A flame graph: the outermost frames at the bottom, each box as wide
-    /// as the live bytes under it, its title the exact figure. Growth only
-    /// in a difference (what was freed is in the table and the JSON).
-    pub fn svg(&self, title: &str) -> String {
-        let mut root = Node::default();
-        for s in self.stacks.iter().filter(|s| s.bytes > 0) {
-            let mut n = &mut root;
-            n.bytes += s.bytes;
-            for f in s.frames.iter().rev() {
-                let i = match n.children.iter().position(|c| c.frame.as_ref() == Some(f)) {
-                    Some(i) => i,
-                    None => {
-                        n.children.push(Node {
-                            frame: Some(f.clone()),
-                            ..Node::default()
-                        });
-                        n.children.len() - 1
-                    }
-                };
-                n = &mut n.children[i];
-                n.bytes += s.bytes;
-            }
-        }
-        let (w, row) = (1200.0, 17.0);
-        let depth = root.depth();
-        let h = row * (depth as f64 + 1.0) + 50.0;
-        let mut body = String::new();
-        let scale = if root.bytes > 0 {
-            w / root.bytes as f64
-        } else {
-            0.0
-        };
-        root.draw(&mut body, 0.0, h - 20.0 - row, row, scale, root.bytes);
-        format!(
-            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n\
-<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" font-family=\"monospace\" font-size=\"11\">\n\
-<rect x=\"0\" y=\"0\" width=\"{w}\" height=\"{h}\" fill=\"#ffffff\"/>\n\
-<text x=\"4\" y=\"16\" font-size=\"13\">{} \u{2014} {} live, one sample per {} allocated</text>\n{body}</svg>\n",
-            escape(title),
-            bytes(root.bytes.max(0) as u64),
-            bytes(1u64 << self.lg_sample.min(63)),
-        )
-    }
 }
 
 /// `1.5 MiB`, or `-1.5 MiB` for a negative figure.
@@ -298,63 +253,30 @@ pub fn signed_bytes(b: i64) -> String {
     }
 }
 
-#[derive(Default)]
-struct Node {
-    frame: Option<Frame>,
-    bytes: i64,
-    children: Vec<Node>,
-}
-
-impl Node {
-    fn depth(&self) -> usize {
-        1 + self.children.iter().map(Node::depth).max().unwrap_or(0)
-    }
-
-    fn draw(&self, out: &mut String, x: f64, y: f64, row: f64, scale: f64, total: i64) {
-        let width = self.bytes as f64 * scale;
-        if width < 0.5 {
-            return;
-        }
-        let (name, lib) = match &self.frame {
-            Some(f) => (f.function.as_str(), f.library.as_str()),
-            None => ("all", ""),
-        };
-        let hue = name
-            .bytes()
-            .fold(0u32, |h, c| h.wrapping_mul(31).wrapping_add(u32::from(c)))
-            % 40;
-        let share = self.bytes as f64 * 100.0 / total.max(1) as f64;
-        out.push_str(&format!(
-            "<g><title>{} ({}) {} live, {share:.1}%</title><rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{width:.1}\" height=\"{:.1}\" fill=\"hsl({},80%,60%)\" stroke=\"#ffffff\" stroke-width=\"0.5\"/>",
-            escape(name),
-            escape(lib),
-            bytes(self.bytes.max(0) as u64),
-            row - 1.0,
-            hue + 10,
-        ));
-        let chars = ((width - 6.0) / 6.6).floor() as usize;
-        if chars >= 3 {
-            let label: String = if name.chars().count() > chars {
-                name.chars()
-                    .take(chars.saturating_sub(2))
-                    .chain("..".chars())
-                    .collect()
-            } else {
-                name.to_string()
-            };
-            out.push_str(&format!(
-                "<text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
-                x + 3.0,
-                y + row - 5.0,
-                escape(&label)
-            ));
-        }
-        out.push_str("</g>\n");
-        let mut cx = x;
-        for c in &self.children {
-            c.draw(out, cx, y - row, row, scale, total);
-            cx += c.bytes as f64 * scale;
-        }
+/// A profile of `stacks` (bytes, frames innermost first as (function,
+/// library)), one allocation per stack (minus one for a freed one), taken
+/// as they are: for the tests of the files that write profiles.
+#[cfg(test)]
+pub fn test_profile(stacks: &[(i64, &[(&str, &str)])]) -> Profile {
+    Profile {
+        pid: Some(7),
+        lg_sample: 19,
+        bytes: stacks.iter().map(|s| s.0).sum(),
+        objects: stacks.iter().map(|s| s.0.signum()).sum(),
+        stacks: stacks
+            .iter()
+            .map(|(bytes, frames)| Stack {
+                bytes: *bytes,
+                objects: bytes.signum(),
+                frames: frames
+                    .iter()
+                    .map(|(f, l)| Frame {
+                        function: f.to_string(),
+                        library: l.to_string(),
+                    })
+                    .collect(),
+            })
+            .collect(),
     }
 }
 
@@ -404,18 +326,5 @@ mod tests {
         assert_eq!(d.stacks.len(), 1);
         assert_eq!(d.stacks[0].frames[0], f("second"));
         assert_eq!(d.bytes, 32 << 20);
-    }
-
-    #[test]
-    fn the_flame_graph_is_svg_with_a_box_per_frame() {
-        let p = profile(&[(64 << 20, &["leak<T>", "main"])]);
-        let svg = p.svg("pid 1");
-        assert!(svg.starts_with("<?xml") && svg.ends_with("</svg>\n"));
-        assert!(svg.contains("leak&lt;T&gt;"), "{svg}");
-        assert_eq!(
-            svg.matches("<rect").count(),
-            4,
-            "background, all, main, leak"
-        );
     }
 }

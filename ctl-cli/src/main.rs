@@ -15,6 +15,7 @@ mod cli;
 mod client;
 mod cmd;
 mod exit;
+mod flame;
 mod gpu;
 mod heapprof;
 mod no_endpoint;
@@ -24,9 +25,11 @@ mod procfs;
 mod pytrace;
 mod reach;
 mod render;
+mod report;
 mod retainers;
 mod shm;
 mod socket;
+mod speedscope;
 mod symbols;
 mod timeline;
 
@@ -34,7 +37,7 @@ fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse_checked();
     let json = cli.command.json();
     match cli.command.run() {
-        Ok(code) => code.into(),
+        Ok(exit) => std::process::ExitCode::from(exit.code),
         Err(failure) => out::report(&failure, json),
     }
 }

@@ -9,7 +9,7 @@
 //! panics. `watch` ends quietly on a closed pipe instead (it is a
 //! stream).
 
-use crate::exit::{Exit, Failure};
+use crate::exit::{self, Failure};
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -18,7 +18,7 @@ pub fn write(args: std::fmt::Arguments<'_>) -> Result<(), Failure> {
     let mut o = std::io::stdout().lock();
     o.write_fmt(args)
         .and_then(|()| o.flush())
-        .map_err(|e| Failure::new(Exit::Failed, None, format!("writing to stdout: {e}")))
+        .map_err(|e| Failure::new(exit::FAILED, None, format!("writing to stdout: {e}")))
 }
 
 /// Writes raw bytes to stdout and flushes it (a binary format).
@@ -26,7 +26,7 @@ pub fn write_bytes(b: &[u8]) -> Result<(), Failure> {
     let mut o = std::io::stdout().lock();
     o.write_all(b)
         .and_then(|()| o.flush())
-        .map_err(|e| Failure::new(Exit::Failed, None, format!("writing to stdout: {e}")))
+        .map_err(|e| Failure::new(exit::FAILED, None, format!("writing to stdout: {e}")))
 }
 
 /// `print!` that returns `Result<(), Failure>` instead of panicking.
@@ -76,5 +76,5 @@ pub fn report(f: &Failure, json: bool) -> ExitCode {
         errln!("  hint: {}", printable(h));
     }
     errln!("{}", f.exit.line());
-    f.exit.into()
+    ExitCode::from(f.exit.code)
 }

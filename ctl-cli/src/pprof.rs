@@ -1,194 +1,263 @@
 //! A heap profile in pprof's format (`profile --format pprof`): the
-//! `perftools.profiles.Profile` protobuf message of pprof's
-//! `proto/profile.proto`, gzipped, as `go tool pprof` and pprof-rs read it.
+//! `perftools.profiles.Profile` message of pprof's `proto/profile.proto`,
+//! encoded by prost and gzipped by flate2, as `go tool pprof` and pprof-rs
+//! read it.
 //!
 //! Two sample values per stack, `inuse_objects/count` and
 //! `inuse_space/bytes` (the names pprof gives a Go heap profile's live
-//! figures), period `space/bytes` = the sampling interval. One location per
-//! distinct frame, each one line of one function whose file name is the
-//! library (addresses are not kept after symbolization). Written by hand:
-//! protobuf's wire format for the few field kinds used, and gzip with
-//! stored (uncompressed) deflate blocks.
+//! figures), period `space/bytes` = the sampling interval. One mapping per
+//! library (its file name; the profile is symbolized already, so
+//! `has_functions` is set), one location per distinct frame, each one line
+//! of one function whose file name is the library.
 
 use crate::heapprof::Profile;
 use crate::symbols::Frame;
+use prost::Message;
 use std::collections::HashMap;
+use std::io::Write;
+
+/// The messages of `profile.proto` that a heap profile uses, field numbers
+/// as there (the fields left out are optional and absent).
+mod proto {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Profile {
+        #[prost(message, repeated, tag = "1")]
+        pub sample_type: Vec<ValueType>,
+        #[prost(message, repeated, tag = "2")]
+        pub sample: Vec<Sample>,
+        #[prost(message, repeated, tag = "3")]
+        pub mapping: Vec<Mapping>,
+        #[prost(message, repeated, tag = "4")]
+        pub location: Vec<Location>,
+        #[prost(message, repeated, tag = "5")]
+        pub function: Vec<Function>,
+        #[prost(string, repeated, tag = "6")]
+        pub string_table: Vec<String>,
+        #[prost(int64, tag = "9")]
+        pub time_nanos: i64,
+        #[prost(message, optional, tag = "11")]
+        pub period_type: Option<ValueType>,
+        #[prost(int64, tag = "12")]
+        pub period: i64,
+        #[prost(int64, tag = "14")]
+        pub default_sample_type: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ValueType {
+        #[prost(int64, tag = "1")]
+        pub r#type: i64,
+        #[prost(int64, tag = "2")]
+        pub unit: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Sample {
+        #[prost(uint64, repeated, tag = "1")]
+        pub location_id: Vec<u64>,
+        #[prost(int64, repeated, tag = "2")]
+        pub value: Vec<i64>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Mapping {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(int64, tag = "5")]
+        pub filename: i64,
+        #[prost(bool, tag = "7")]
+        pub has_functions: bool,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Location {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(uint64, tag = "2")]
+        pub mapping_id: u64,
+        #[prost(message, repeated, tag = "4")]
+        pub line: Vec<Line>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Line {
+        #[prost(uint64, tag = "1")]
+        pub function_id: u64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Function {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(int64, tag = "2")]
+        pub name: i64,
+        #[prost(int64, tag = "3")]
+        pub system_name: i64,
+        #[prost(int64, tag = "4")]
+        pub filename: i64,
+    }
+}
 
 /// The gzipped message.
 pub fn encode(p: &Profile) -> Vec<u8> {
-    gzip(&message(p))
+    let body = message(p).encode_to_vec();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    // Writing into a Vec cannot fail.
+    let _ = gz.write_all(&body);
+    gz.finish().unwrap_or_default()
 }
 
+/// `string_table`, its indices handed out in order of first use.
+#[derive(Default)]
 struct Strings {
     table: Vec<String>,
-    index: HashMap<String, u64>,
+    index: HashMap<String, i64>,
 }
 
 impl Strings {
-    fn new() -> Strings {
-        let mut s = Strings {
-            table: vec![],
-            index: HashMap::new(),
-        };
-        s.get(""); // string_table[0] must be ""
-        s
-    }
-
-    fn get(&mut self, v: &str) -> u64 {
+    fn get(&mut self, v: &str) -> i64 {
         if let Some(&i) = self.index.get(v) {
             return i;
         }
-        let i = self.table.len() as u64;
+        let i = self.table.len() as i64;
         self.table.push(v.to_string());
         self.index.insert(v.to_string(), i);
         i
     }
 }
 
-fn message(p: &Profile) -> Vec<u8> {
-    let mut s = Strings::new();
-    let mut out = Vec::new();
-    // sample_type = 1: ValueType { type = 1, unit = 2 }
-    for (t, u) in [("inuse_objects", "count"), ("inuse_space", "bytes")] {
-        let mut vt = Vec::new();
-        field_varint(&mut vt, 1, s.get(t));
-        field_varint(&mut vt, 2, s.get(u));
-        field_bytes(&mut out, 1, &vt);
+/// Ids from 1 in order of first use, for mappings, locations and functions.
+struct Ids<K>(HashMap<K, u64>);
+
+impl<K: std::hash::Hash + Eq> Ids<K> {
+    /// The key's id, and whether it is new.
+    fn get(&mut self, k: K) -> (u64, bool) {
+        let next = self.0.len() as u64 + 1;
+        let id = *self.0.entry(k).or_insert(next);
+        (id, id == next)
     }
-    let mut locations: HashMap<&Frame, u64> = HashMap::new();
-    let mut functions: HashMap<(&str, &str), u64> = HashMap::new();
-    let mut loc_msgs = Vec::new();
-    let mut fn_msgs = Vec::new();
+}
+
+fn message(p: &Profile) -> proto::Profile {
+    let mut s = Strings::default();
+    s.get(""); // string_table[0] must be ""
+    let mut out = proto::Profile::default();
+    let vt = |s: &mut Strings, t: &str, u: &str| proto::ValueType {
+        r#type: s.get(t),
+        unit: s.get(u),
+    };
+    out.sample_type = vec![
+        vt(&mut s, "inuse_objects", "count"),
+        vt(&mut s, "inuse_space", "bytes"),
+    ];
+    let (mut mappings, mut locations, mut functions) = (
+        Ids(HashMap::new()),
+        Ids(HashMap::new()),
+        Ids(HashMap::new()),
+    );
     for st in &p.stacks {
-        // sample = 2: Sample { location_id = 1 (packed), value = 2 (packed) }
-        let mut ids = Vec::new();
+        let mut ids = Vec::with_capacity(st.frames.len());
         for f in &st.frames {
-            let next = locations.len() as u64 + 1;
-            let id = *locations.entry(f).or_insert(next);
-            if id == next {
-                let fnext = functions.len() as u64 + 1;
-                let fid = *functions
-                    .entry((f.function.as_str(), f.library.as_str()))
-                    .or_insert(fnext);
-                if fid == fnext {
-                    // Function { id = 1, name = 2, system_name = 3, filename = 4 }
-                    let mut m = Vec::new();
-                    field_varint(&mut m, 1, fid);
-                    field_varint(&mut m, 2, s.get(&f.function));
-                    field_varint(&mut m, 3, s.get(&f.function));
-                    field_varint(&mut m, 4, s.get(&f.library));
-                    fn_msgs.push(m);
-                }
-                // Location { id = 1, line = 4: Line { function_id = 1 } }
-                let mut line = Vec::new();
-                field_varint(&mut line, 1, fid);
-                let mut m = Vec::new();
-                field_varint(&mut m, 1, id);
-                field_bytes(&mut m, 4, &line);
-                loc_msgs.push(m);
+            let (id, new) = locations.get(f);
+            if new {
+                let loc = location(&mut s, &mut out, id, f, &mut mappings, &mut functions);
+                out.location.push(loc);
             }
             ids.push(id);
         }
-        let mut ids_packed = Vec::new();
-        for id in ids {
-            varint(&mut ids_packed, id);
-        }
-        let mut vals = Vec::new();
-        varint(&mut vals, st.objects as u64);
-        varint(&mut vals, st.bytes as u64);
-        let mut m = Vec::new();
-        field_bytes(&mut m, 1, &ids_packed);
-        field_bytes(&mut m, 2, &vals);
-        field_bytes(&mut out, 2, &m);
+        out.sample.push(proto::Sample {
+            location_id: ids,
+            value: vec![st.objects, st.bytes],
+        });
     }
-    for m in &loc_msgs {
-        field_bytes(&mut out, 4, m);
-    }
-    for m in &fn_msgs {
-        field_bytes(&mut out, 5, m);
-    }
-    // period_type = 11, period = 12
-    let mut pt = Vec::new();
-    field_varint(&mut pt, 1, s.get("space"));
-    field_varint(&mut pt, 2, s.get("bytes"));
-    field_bytes(&mut out, 11, &pt);
-    field_varint(&mut out, 12, 1u64 << p.lg_sample.min(62));
-    // default_sample_type = 14: inuse_space
-    field_varint(&mut out, 14, s.get("inuse_space"));
-    // string_table = 6 (after every string is in).
-    for t in &s.table {
-        field_bytes(&mut out, 6, t.as_bytes());
-    }
+    out.period_type = Some(vt(&mut s, "space", "bytes"));
+    out.period = 1i64 << p.lg_sample.min(62);
+    out.default_sample_type = s.get("inuse_space");
+    out.time_nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64);
+    out.string_table = s.table;
     out
 }
 
-/// A base-128 varint (negative int64 values are written as their 64-bit
-/// two's complement, as protobuf does).
-fn varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
+/// The location of frame `f`, adding its function and its library's
+/// mapping to `out` the first time each is seen.
+fn location<'a>(
+    s: &mut Strings,
+    out: &mut proto::Profile,
+    id: u64,
+    f: &'a Frame,
+    mappings: &mut Ids<&'a str>,
+    functions: &mut Ids<(&'a str, &'a str)>,
+) -> proto::Location {
+    let (mapping_id, new) = mappings.get(f.library.as_str());
+    if new {
+        out.mapping.push(proto::Mapping {
+            id: mapping_id,
+            filename: s.get(&f.library),
+            has_functions: true,
+        });
     }
-    out.push(v as u8);
-}
-
-fn field_varint(out: &mut Vec<u8>, field: u32, v: u64) {
-    varint(out, u64::from(field) << 3);
-    varint(out, v);
-}
-
-fn field_bytes(out: &mut Vec<u8>, field: u32, b: &[u8]) {
-    varint(out, (u64::from(field) << 3) | 2);
-    varint(out, b.len() as u64);
-    out.extend_from_slice(b);
-}
-
-/// gzip (RFC 1952) of `data` in stored deflate blocks (RFC 1951, BTYPE 00).
-fn gzip(data: &[u8]) -> Vec<u8> {
-    let mut out = vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 255];
-    let mut chunks = data.chunks(0xffff).peekable();
-    if chunks.peek().is_none() {
-        out.extend_from_slice(&[1, 0, 0, 0xff, 0xff]);
+    let (function_id, new) = functions.get((f.function.as_str(), f.library.as_str()));
+    if new {
+        out.function.push(proto::Function {
+            id: function_id,
+            name: s.get(&f.function),
+            system_name: s.get(&f.function),
+            filename: s.get(&f.library),
+        });
     }
-    while let Some(c) = chunks.next() {
-        out.push(u8::from(chunks.peek().is_none()));
-        let n = c.len() as u16;
-        out.extend_from_slice(&n.to_le_bytes());
-        out.extend_from_slice(&(!n).to_le_bytes());
-        out.extend_from_slice(c);
+    proto::Location {
+        id,
+        mapping_id,
+        line: vec![proto::Line { function_id }],
     }
-    out.extend_from_slice(&crc32(data).to_le_bytes());
-    out.extend_from_slice(&(data.len() as u32).to_le_bytes());
-    out
-}
-
-fn crc32(data: &[u8]) -> u32 {
-    let mut c = !0u32;
-    for &b in data {
-        c ^= u32::from(b);
-        for _ in 0..8 {
-            c = if c & 1 != 0 {
-                (c >> 1) ^ 0xedb8_8320
-            } else {
-                c >> 1
-            };
-        }
-    }
-    !c
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::heapprof::test_profile;
+    use std::io::Read;
 
     #[test]
-    fn crc32_and_varints_are_the_standard_ones() {
-        assert_eq!(crc32(b"123456789"), 0xcbf4_3926);
-        let mut v = Vec::new();
-        varint(&mut v, 300);
-        assert_eq!(v, [0xac, 0x02]);
-        let g = gzip(b"");
-        assert_eq!(&g[..2], &[0x1f, 0x8b]);
-        assert_eq!(g.len(), 10 + 5 + 8);
+    fn the_gzipped_message_decodes_to_the_stacks_functions_and_libraries() {
+        let p = test_profile(&[
+            (2 << 20, &[("leaf", "app"), ("main", "app")]),
+            (-(1 << 20), &[("alloc_cpu", "libc10.so"), ("main", "app")]),
+        ]);
+        let gz = encode(&p);
+        assert_eq!(&gz[..2], &[0x1f, 0x8b]);
+        let mut body = vec![];
+        flate2::read::GzDecoder::new(&gz[..])
+            .read_to_end(&mut body)
+            .unwrap();
+        let m = proto::Profile::decode(&body[..]).unwrap();
+        let st = |i: i64| m.string_table[i as usize].as_str();
+        assert_eq!(st(0), "");
+        assert_eq!(m.sample.len(), 2);
+        assert_eq!(m.sample[1].value, [-1, -(1 << 20)]);
+        assert_eq!(m.period, 1 << 19);
+        assert_eq!(st(m.default_sample_type), "inuse_space");
+        assert_eq!(
+            (m.location.len(), m.function.len(), m.mapping.len()),
+            (3, 3, 2)
+        );
+        let name_of = |loc: u64| {
+            let l = &m.location[loc as usize - 1];
+            let func = &m.function[l.line[0].function_id as usize - 1];
+            let map = &m.mapping[l.mapping_id as usize - 1];
+            (st(func.name).to_string(), st(map.filename).to_string())
+        };
+        let first: Vec<_> = m.sample[0]
+            .location_id
+            .iter()
+            .map(|&i| name_of(i))
+            .collect();
+        assert_eq!(
+            first,
+            [("leaf".into(), "app".into()), ("main".into(), "app".into())]
+        );
+        assert_eq!(name_of(m.sample[1].location_id[0]).1, "libc10.so");
     }
 }

@@ -7,8 +7,10 @@
 //! run on shows its address space, environment and root only through a
 //! running thread's directory ([`view`]).
 
-use crate::exit::{Exit, Failure};
+use crate::exit::{self, Failure};
 use crate::out::printable;
+use memshim_proto::endpoint::Seen;
+use memshim_proto::procfs;
 use memshim_proto::settings::{self, Control};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -95,8 +97,8 @@ fn view_from(pid: i32, leader_stat: &str) -> PathBuf {
 /// closes its descriptors and long before it is a zombie).
 fn exited(stat: &str) -> bool {
     const PF_EXITING: u64 = 0x4;
-    let state = stat_fields(stat).and_then(|mut f| f.next());
-    matches!(state, Some("Z" | "X" | "x")) || stat_flags(stat).unwrap_or(0) & PF_EXITING != 0
+    let state = procfs::stat_state(stat.as_bytes());
+    matches!(state, Some(b'Z' | b'X' | b'x')) || stat_flags(stat).unwrap_or(0) & PF_EXITING != 0
 }
 
 /// `/proc/<pid>/task/<tid>` of a thread of `pid` that has not exited.
@@ -108,20 +110,20 @@ fn running_task(pid: i32) -> Option<PathBuf> {
         .find(|t| read_text(t.join("stat")).is_ok_and(|stat| !exited(&stat)))
 }
 
-/// The fields of a `stat` line from field 3 (the state) on: those after
-/// the last `)`, since the command (field 2) may hold spaces and `)`.
-fn stat_fields(stat: &str) -> Option<std::str::SplitWhitespace<'_>> {
-    Some(stat[stat.rfind(')')? + 1..].split_whitespace())
+/// What this `/proc` says of `pid`, for the stale-socket rule
+/// (`SocketName::stale`).
+pub fn seen(pid: i32) -> Seen {
+    match std::fs::read(proc_path(pid, "stat")) {
+        Ok(stat) => procfs::stat_starttime(&stat).map_or(Seen::Unknown, Seen::Started),
+        // ENOENT; or ESRCH (3, no ErrorKind of its own): gone since the open.
+        Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(3) => Seen::Gone,
+        Err(_) => Seen::Unknown,
+    }
 }
 
-/// The `flags` of a `stat` line (field 9, the 6th after the state).
+/// The `flags` of a `stat` line (field 9).
 pub fn stat_flags(stat: &str) -> Option<u64> {
-    stat_fields(stat)?.nth(6)?.parse().ok()
-}
-
-/// Field 22 of a `stat` line.
-pub fn parse_starttime(stat: &str) -> Option<u64> {
-    stat_fields(stat)?.nth(19)?.parse().ok()
+    procfs::stat_flags(stat.as_bytes())
 }
 
 /// A `Key:` line of `status`, split into fields.
@@ -188,7 +190,7 @@ pub fn read_proc(pid: i32) -> Result<Proc, Failure> {
         ppid,
         command,
         threads,
-        starttime: parse_starttime(&stat).unwrap_or(0),
+        starttime: procfs::stat_starttime(stat.as_bytes()).unwrap_or(0),
         pidns,
         rss,
         view,
@@ -204,7 +206,7 @@ pub fn not_a_thread(pid: i32, status: &str) -> Result<(), Failure> {
         .filter(|&t| t != pid)
     {
         Some(tgid) => Err(Failure::new(
-            Exit::NotFound,
+            exit::NOT_FOUND,
             Some(pid),
             format!("a thread of process {tgid}, not a process"),
         )
@@ -215,7 +217,7 @@ pub fn not_a_thread(pid: i32, status: &str) -> Result<(), Failure> {
 
 fn gone(pid: i32, e: io::Error) -> Failure {
     Failure::new(
-        Exit::NotFound,
+        exit::NOT_FOUND,
         Some(pid),
         format!("no such process (/proc/{pid}: {e})"),
     )
@@ -230,7 +232,7 @@ pub fn still_running(p: &Proc) -> bool {
     let Ok(stat) = read_text(proc_path(p.pid, "stat")) else {
         return false;
     };
-    parse_starttime(&stat) == Some(p.starttime) && !threads_exited(p.pid, &stat)
+    procfs::stat_starttime(stat.as_bytes()) == Some(p.starttime) && !threads_exited(p.pid, &stat)
 }
 
 /// Whether no thread of `pid` runs: each is a zombie, dead, or exiting
@@ -246,7 +248,7 @@ pub fn all_threads_exited(pid: i32) -> bool {
 /// `/proc/<pid>` or `/proc/<pid>/task/<tid>` directory.
 fn state_in(task: &Path) -> Option<String> {
     let stat = read_text(task.join("stat")).ok()?;
-    stat_fields(&stat)?.next().map(str::to_owned)
+    procfs::stat_state(stat.as_bytes()).map(|c| char::from(c).to_string())
 }
 
 /// Whether the task directory `task` is a thread of the shim's (named
@@ -460,7 +462,7 @@ pub fn shimmed(pid: i32) -> Result<Proc, Failure> {
         Ok(true) => Ok(p),
         // A zombie's maps read empty, shim or not.
         Ok(false) if all_threads_exited(pid) => Err(Failure::new(
-            Exit::NotFound,
+            exit::NOT_FOUND,
             Some(pid),
             format!(
                 "the process has exited (a zombie its parent has not reaped: {})",
@@ -469,7 +471,7 @@ pub fn shimmed(pid: i32) -> Result<Proc, Failure> {
         )
         .hint("nothing is left to ask; its parent reaps it with wait()")),
         Ok(false) => Err(Failure::new(
-            Exit::NotFound,
+            exit::NOT_FOUND,
             Some(pid),
             format!("libmemshim.so is not loaded in this process ({})", p.command),
         )
@@ -482,7 +484,7 @@ pub fn shimmed(pid: i32) -> Result<Proc, Failure> {
 /// The permission-denied failure for `p` at `path`.
 pub fn permission(p: &Proc, path: &str) -> Failure {
     let f = Failure::new(
-        Exit::Permission,
+        exit::PERMISSION,
         Some(p.pid),
         format!(
             "permission denied: {path} (the process runs as uid {})",
@@ -514,14 +516,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_stat_with_odd_command_names() {
-        let stat = "42 (a) b (c)) S 1 42 42 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 987654 1000 10";
-        assert_eq!(parse_starttime(stat), Some(987654));
-        assert_eq!(stat_flags(stat), Some(4194560));
-        assert_eq!(parse_starttime("garbage"), None);
-    }
-
-    #[test]
     fn maps_uids_through_user_namespaces() {
         assert_eq!(
             map_uid("         0     100000      65536\n", 100000),
@@ -544,7 +538,7 @@ mod tests {
         let p = read_proc(me).unwrap();
         assert_eq!(p.pid, me);
         assert!(p.starttime > 0 && p.rss > 0 && p.threads >= 1 && p.pidns != 0);
-        assert!(read_proc(i32::MAX).is_err_and(|f| f.exit == Exit::NotFound));
+        assert!(read_proc(i32::MAX).is_err_and(|f| f.exit == exit::NOT_FOUND));
     }
 
     #[test]

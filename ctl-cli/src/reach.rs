@@ -4,9 +4,10 @@
 //! point, restore that thread exactly and let it go. Their output is the
 //! shimmed process's, plus one line saying how the process was reached.
 
-use crate::exit::{Exit, Failure};
+use crate::cmd::OneArgs;
+use crate::exit::{self as status, Exit, Failure};
+use crate::out::outln;
 use crate::procfs;
-use memshim_proto::exit as status;
 use memshim_proto::{GcResult, ReleaseResult, ReleaseStep, ReleaseStepKind};
 use memshim_reach::{Error, Failure as Fail, PythonCalls, Refusal};
 use std::time::{Duration, Instant};
@@ -33,6 +34,27 @@ pub fn reached_line(pid: i32, how: &Reached) -> String {
          and goes on as before)",
         how.version.0, how.version.1, how.tid, how.syscall
     )
+}
+
+/// Prints the answer of a one-process verb reached this way, as
+/// `cmd::ask_one` prints a shimmed process's (`line` makes the human line),
+/// with how it was reached: the line of [`reached_line`], or in JSON a
+/// `"reached"` field beside the answer's.
+pub fn print_one<R: serde::Serialize>(
+    a: &OneArgs,
+    r: &R,
+    how: &Reached,
+    line: impl FnOnce(&R) -> String,
+) -> Result<Exit, Failure> {
+    if a.json {
+        let mut v = serde_json::to_value(r).unwrap_or_default();
+        v["reached"] = serde_json::json!(how);
+        outln!("{v}")?;
+    } else {
+        outln!("pid {}: {}", a.pid, line(r))?;
+        outln!("{}", reached_line(a.pid, how))?;
+    }
+    Ok(status::OK)
 }
 
 /// How a process was reached.
@@ -63,7 +85,7 @@ pub fn failure(pid: i32, e: Error) -> Failure {
                 Refusal::UnsupportedVersion => status::UNSUPPORTED_VERSION,
                 Refusal::NotCpython => status::NOT_CPYTHON,
             };
-            let f = Failure::new(Exit::Reach(s), Some(pid), r.message);
+            let f = Failure::new(s, Some(pid), r.message);
             if r.kind == Refusal::NotCpython {
                 f.hint("libmemshim.so is not loaded in it either: start it with LD_PRELOAD=/path/to/libmemshim.so")
             } else {
@@ -71,7 +93,7 @@ pub fn failure(pid: i32, e: Error) -> Failure {
             }
         }
         Error::Failed(Fail::NoSafePoint(seen)) => Failure::new(
-            Exit::Reach(status::NO_SAFE_POINT),
+            status::NO_SAFE_POINT,
             Some(pid),
             format!(
                 "no thread reached a safe point (an idle system call) within {} s; nothing was \
@@ -81,14 +103,14 @@ pub fn failure(pid: i32, e: Error) -> Failure {
         )
         .hint("try again when the process idles, or start it with LD_PRELOAD"),
         Error::Failed(Fail::Gone) => Failure::new(
-            Exit::NotFound,
+            status::NOT_FOUND,
             Some(pid),
             "the process exited while memshim-ctl reached it",
         ),
         // Another tracer came first (a second memshim-ctl at the same
         // moment, a debugger): the same refusal as one found before.
         Error::Failed(Fail::Seize(e)) if tracer(pid).is_some() => Failure::new(
-            Exit::Reach(status::TRACED),
+            status::TRACED,
             Some(pid),
             format!(
                 "process {pid} is already traced by process {} (another memshim-ctl, strace or \
@@ -97,13 +119,13 @@ pub fn failure(pid: i32, e: Error) -> Failure {
             ),
         ),
         Error::Failed(Fail::Seize(e)) => Failure::new(
-            Exit::Permission,
+            status::PERMISSION,
             Some(pid),
             format!("ptrace refused to trace the process: {e}"),
         )
         .hint("see docs/attach.md, \"Refusals\""),
         Error::Failed(Fail::Io(e)) => Failure::new(
-            Exit::Failed,
+            status::FAILED,
             Some(pid),
             format!("reaching the process by ptrace failed: {e}"),
         ),
@@ -225,7 +247,7 @@ pub fn gc(pid: i32) -> Result<(GcResult, Reached), Failure> {
     finished.map_err(|e| failure(pid, e))?;
     let Some(collected) = collected else {
         return Err(Failure::new(
-            Exit::PythonStep,
+            status::PYTHON_STEP,
             Some(pid),
             "gc.collect() raised in the process",
         ));

@@ -29,10 +29,13 @@ pub struct Frame {
     pub library: String,
 }
 
-/// One ELF file's functions and load segments.
+/// One ELF file's functions and load segments. Names stay in the file
+/// until a lookup needs one.
 struct Elf {
-    /// (start, size, name), sorted by start.
-    funcs: Vec<(u64, u64, String)>,
+    file: ElfFile,
+    /// (start, size, file offset of the NUL-terminated name), sorted by
+    /// start.
+    funcs: Vec<(u64, u64, u64)>,
     /// (file offset, vaddr, file size) of each PT_LOAD.
     loads: Vec<(u64, u64, u64)>,
 }
@@ -98,7 +101,7 @@ impl Symbolizer {
         let function = elf
             .as_ref()
             .and_then(|e| e.function(file_off))
-            .map(demangle)
+            .map(|n| demangle(&n))
             .unwrap_or_else(|| format!("{library}+{file_off:#x}"));
         Frame { function, library }
     }
@@ -134,24 +137,69 @@ fn read_perf_map(root: &str, own: i32) -> Vec<(u64, u64, String)> {
 }
 
 impl Elf {
-    fn function(&self, file_off: u64) -> Option<&str> {
+    fn function(&self, file_off: u64) -> Option<String> {
         let &(off, vaddr, _) = self
             .loads
             .iter()
             .find(|&&(off, _, size)| file_off >= off && file_off < off + size)?;
         let v = file_off - off + vaddr;
         let i = self.funcs.partition_point(|f| f.0 <= v).checked_sub(1)?;
-        let (start, size, name) = &self.funcs[i];
+        let &(start, size, name) = &self.funcs[i];
         // A symbol of size 0 (hand-written assembly) covers up to the next.
-        (*size == 0 || v < start + size).then_some(name.as_str())
+        if size != 0 && v >= start + size {
+            return None;
+        }
+        self.file.c_string(name)
     }
 }
 
 fn read_elf(root: &str, path: &str) -> Option<Elf> {
-    let bytes = std::fs::read(format!("{root}{path}"))
-        .or_else(|_| std::fs::read(path))
+    let file = std::fs::File::open(format!("{root}{path}"))
+        .or_else(|_| std::fs::File::open(path))
         .ok()?;
-    parse_elf(&bytes)
+    parse_elf(ElfFile(file))
+}
+
+/// An ELF file read piece by piece: its headers and symbol tables, then
+/// only the names a lookup finds, never the whole file (libtorch_cpu.so is
+/// 450 MB with a 78 MB string table; reading it whole made `profile` of a
+/// BERT take half a gigabyte).
+struct ElfFile(std::fs::File);
+
+impl ElfFile {
+    /// `len` bytes at `off`; `None` past the end (a truncated or odd file)
+    /// or for a length no ELF table has (over 1 GiB).
+    fn read(&self, off: u64, len: u64) -> Option<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        if len > 1 << 30 {
+            return None;
+        }
+        let mut buf = vec![0u8; len as usize];
+        self.0.read_exact_at(&mut buf, off).ok()?;
+        Some(buf)
+    }
+
+    /// The NUL-terminated string at `off` (a symbol's name: C++ names run
+    /// to kilobytes), at most 64 KiB of it.
+    fn c_string(&self, off: u64) -> Option<String> {
+        use std::os::unix::fs::FileExt;
+        let mut name = Vec::new();
+        let mut chunk = [0u8; 512];
+        while name.len() < 64 << 10 {
+            let n = self.0.read_at(&mut chunk, off + name.len() as u64).ok()?;
+            if n == 0 {
+                break;
+            }
+            match chunk[..n].iter().position(|&c| c == 0) {
+                Some(end) => {
+                    name.extend_from_slice(&chunk[..end]);
+                    break;
+                }
+                None => name.extend_from_slice(&chunk[..n]),
+            }
+        }
+        (!name.is_empty()).then(|| String::from_utf8_lossy(&name).into_owned())
+    }
 }
 
 fn u16_at(b: &[u8], o: usize) -> Option<u64> {
@@ -169,143 +217,124 @@ fn u64_at(b: &[u8], o: usize) -> Option<u64> {
 }
 
 /// The functions and load segments of a 64-bit little-endian ELF file.
-fn parse_elf(b: &[u8]) -> Option<Elf> {
-    if b.get(0..4)? != b"\x7fELF" || *b.get(4)? != 2 || *b.get(5)? != 1 {
+fn parse_elf(f: ElfFile) -> Option<Elf> {
+    let h = f.read(0, 64)?;
+    if h.get(0..4)? != b"\x7fELF" || *h.get(4)? != 2 || *h.get(5)? != 1 {
         return None;
     }
-    let (phoff, shoff) = (u64_at(b, 0x20)? as usize, u64_at(b, 0x28)? as usize);
-    let (phentsize, phnum) = (u16_at(b, 0x36)? as usize, u16_at(b, 0x38)? as usize);
-    let (shentsize, shnum) = (u16_at(b, 0x3a)? as usize, u16_at(b, 0x3c)? as usize);
+    let (phoff, shoff) = (u64_at(&h, 0x20)?, u64_at(&h, 0x28)?);
+    let (phentsize, phnum) = (u16_at(&h, 0x36)?, u16_at(&h, 0x38)?);
+    let (shentsize, shnum) = (u16_at(&h, 0x3a)?, u16_at(&h, 0x3c)?);
+    let ph = f.read(phoff, phentsize * phnum)?;
     let mut loads = Vec::new();
-    for i in 0..phnum {
-        let p = phoff + i * phentsize;
-        if u32_at(b, p)? == 1 {
+    for i in 0..phnum as usize {
+        let p = i * phentsize as usize;
+        if u32_at(&ph, p)? == 1 {
             // PT_LOAD: p_offset, p_vaddr, p_filesz
-            loads.push((u64_at(b, p + 8)?, u64_at(b, p + 16)?, u64_at(b, p + 32)?));
+            loads.push((
+                u64_at(&ph, p + 8)?,
+                u64_at(&ph, p + 16)?,
+                u64_at(&ph, p + 32)?,
+            ));
         }
     }
+    let sh = f.read(shoff, shentsize * shnum)?;
+    let section = |i: usize| -> Option<(u64, u64, u64, usize)> {
+        let s = i * shentsize as usize;
+        // sh_type, sh_offset, sh_size, sh_link
+        Some((
+            u32_at(&sh, s + 4)?,
+            u64_at(&sh, s + 0x18)?,
+            u64_at(&sh, s + 0x20)?,
+            u32_at(&sh, s + 0x28)? as usize,
+        ))
+    };
     let mut funcs = Vec::new();
-    for i in 0..shnum {
-        let s = shoff + i * shentsize;
-        let kind = u32_at(b, s + 4)?;
+    for i in 0..shnum as usize {
+        let (kind, off, size, link) = section(i)?;
         // SHT_SYMTAB (2) or SHT_DYNSYM (11), with their string table.
         if kind != 2 && kind != 11 {
             continue;
         }
-        let (off, size, link) = (
-            u64_at(b, s + 0x18)? as usize,
-            u64_at(b, s + 0x20)? as usize,
-            u32_at(b, s + 0x28)? as usize,
-        );
-        let strs = shoff + link * shentsize;
-        let (str_off, str_size) = (
-            u64_at(b, strs + 0x18)? as usize,
-            u64_at(b, strs + 0x20)? as usize,
-        );
-        let strtab = b.get(str_off..str_off.checked_add(str_size)?)?;
-        for k in 0..size / 24 {
-            let e = off + k * 24;
-            let info = *b.get(e + 4)?;
-            let shndx = u16_at(b, e + 6)?;
+        let (_, str_off, str_size, _) = section(link)?;
+        let syms = f.read(off, size - size % 24)?;
+        for e in syms.chunks_exact(24) {
+            let info = e[4];
+            let shndx = u16_at(e, 6)?;
             // STT_FUNC (2) or STT_GNU_IFUNC (10), defined.
             if !matches!(info & 0xf, 2 | 10) || shndx == 0 {
                 continue;
             }
-            let (value, sz) = (u64_at(b, e + 8)?, u64_at(b, e + 16)?);
-            let name_off = u32_at(b, e)? as usize;
-            let name = strtab
-                .get(name_off..)
-                .and_then(|n| n.split(|&c| c == 0).next());
-            if let Some(n) = name.filter(|n| !n.is_empty()) {
-                funcs.push((value, sz, String::from_utf8_lossy(n).into_owned()));
+            let (value, sz) = (u64_at(e, 8)?, u64_at(e, 16)?);
+            let name_off = u32_at(e, 0)?;
+            // A name inside its table, and not the empty one at 0.
+            if name_off != 0 && name_off < str_size {
+                funcs.push((value, sz, str_off + name_off));
             }
         }
     }
     funcs.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
     funcs.dedup_by_key(|f| f.0);
-    Some(Elf { funcs, loads })
+    Some(Elf {
+        file: f,
+        funcs,
+        loads,
+    })
 }
 
-/// An Itanium C++ (or Rust legacy) mangled name to its qualified name,
-/// without parameters or template arguments: `_ZN2at6native5emptyEv` is
-/// `at::native::empty`. Other names are returned as they are.
+/// A mangled name to its qualified name, without parameters, return type or
+/// template arguments: `_ZN2at6native5emptyEv` is `at::native::empty`.
+/// Rust names (legacy `_ZN...17h<hash>E` and v0 `_R...`) by rustc-demangle,
+/// without their hash; Itanium C++ names by cpp_demangle. Other names, and
+/// names neither library reads, are returned as they are.
 pub fn demangle(name: &str) -> String {
-    let Some(rest) = name.strip_prefix("_Z") else {
+    if let Ok(d) = rustc_demangle::try_demangle(name) {
+        // `{:#}` leaves the hash out.
+        return format!("{d:#}");
+    }
+    if !name.starts_with("_Z") {
         return name.to_string();
-    };
-    let b = rest.as_bytes();
-    let mut i = 0;
-    let mut parts: Vec<String> = Vec::new();
-    let nested = b.first() == Some(&b'N');
-    if nested {
-        i += 1;
-        // CV and ref qualifiers of a member function.
-        while matches!(b.get(i), Some(b'r' | b'V' | b'K' | b'R' | b'O')) {
-            i += 1;
-        }
     }
-    loop {
-        match b.get(i) {
-            Some(c) if c.is_ascii_digit() => {
-                let start = i;
-                while b.get(i).is_some_and(u8::is_ascii_digit) {
-                    i += 1;
-                }
-                let Ok(n) = rest[start..i].parse::<usize>() else {
-                    return name.to_string();
-                };
-                let Some(part) = rest.get(i..i + n) else {
-                    return name.to_string();
-                };
-                parts.push(part.to_string());
-                i += n;
-                if !nested {
-                    break;
-                }
-            }
-            // `St` (std::), a substitution we cannot expand, template args.
-            Some(b'S') if b.get(i + 1) == Some(&b't') => {
-                parts.push("std".into());
-                i += 2;
-            }
-            Some(b'I') if nested => {
-                let mut depth = 0;
-                while let Some(&c) = b.get(i) {
-                    i += 1;
-                    match c {
-                        b'I' => depth += 1,
-                        b'E' => {
-                            depth -= 1;
-                            if depth == 0 {
-                                break;
-                            }
-                        }
-                        _ => {}
-                    }
-                }
-            }
-            Some(b'C' | b'D') if nested => {
-                let tilde = if b[i] == b'D' { "~" } else { "" };
-                let class = parts.last().cloned().unwrap_or_default();
-                parts.push(format!("{tilde}{class}"));
-                i += 2;
-            }
-            _ => break,
-        }
-    }
-    // Rust's legacy mangling ends with a hash part `h0123456789abcdef`.
-    if parts.len() > 1
-        && parts.last().is_some_and(|p| {
-            p.len() == 17 && p.starts_with('h') && p[1..].bytes().all(|c| c.is_ascii_hexdigit())
-        })
+    let opts = cpp_demangle::DemangleOptions::new()
+        .no_params()
+        .no_return_type();
+    match cpp_demangle::Symbol::new(name)
+        .ok()
+        .and_then(|s| s.demangle_with_options(&opts).ok())
     {
-        parts.pop();
+        Some(d) => without_template_args(d.trim_end_matches(" const")),
+        None => name.to_string(),
     }
-    if parts.is_empty() {
-        name.to_string()
-    } else {
-        parts.join("::")
+}
+
+/// `std::vector<int, std::allocator<int> >::size` to `std::vector::size`:
+/// every balanced `<...>` removed, but the `<` and `>` of an operator's name
+/// (`operator<<`, `operator->`).
+fn without_template_args(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut depth = 0usize;
+    let mut rest = s;
+    while let Some(c) = rest.chars().next() {
+        if depth == 0 && rest.starts_with("operator") {
+            let op_len = "operator".len()
+                + rest["operator".len()..]
+                    .chars()
+                    .take_while(|c| "<>=-!+*/%&|^~[]()".contains(*c))
+                    .map(char::len_utf8)
+                    .sum::<usize>();
+            out.push_str(&rest[..op_len]);
+            rest = &rest[op_len..];
+            continue;
+        }
+        match c {
+            '<' => depth += 1,
+            '>' if depth > 0 => depth -= 1,
+            _ if depth == 0 => out.push(c),
+            _ => {}
+        }
+        rest = &rest[c.len_utf8()..];
     }
+    out
 }
 
 #[cfg(test)]
@@ -332,6 +361,21 @@ mod tests {
         assert_eq!(demangle("_ZN3FooD1Ev"), "Foo::~Foo");
         assert_eq!(demangle("PyList_Append"), "PyList_Append");
         assert_eq!(demangle("_Zbroken"), "_Zbroken");
+        // What the hand-written reader did not read: substitutions, nested
+        // templates, operators, Rust's v0 mangling.
+        assert_eq!(
+            demangle("_ZN3c1010TensorImpl7releaseERKSt10shared_ptrIS0_E"),
+            "c10::TensorImpl::release"
+        );
+        assert_eq!(
+            demangle("_ZNSt6vectorISt4pairIiiESaIS1_EE9push_backEOS1_"),
+            "std::vector::push_back"
+        );
+        assert_eq!(demangle("_ZlsRSoRK3Foo"), "operator<<");
+        assert_eq!(
+            demangle("_RNvNtCs1234_7mycrate3foo3bar"),
+            "mycrate::foo::bar"
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Results of the actions: purge, decay, gc, empty_cache, release.
 
+use crate::python;
 use serde::{Deserialize, Serialize};
 
 /// Answer to `purge`.
@@ -138,7 +139,7 @@ pub struct ReleaseStep {
     pub error: Option<String>,
     /// The bridge's reason, where CPython could not be used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub python: Option<crate::PythonUnavailable>,
+    pub python: Option<python::PythonUnavailable>,
     /// Per device, for the CUDA steps (`before`/`after` are their sums).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<DeviceChange>,

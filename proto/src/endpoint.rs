@@ -88,6 +88,54 @@ impl SocketName {
     }
 }
 
+impl SocketName {
+    /// Whether `name` is exactly what a shim writes for `self` (or a release
+    /// before the pid namespace was in the name wrote): `0042-7-9.sock`
+    /// parses, but no shim made it.
+    pub fn written_as(&self, name: &str) -> bool {
+        let old = SocketName { pidns: 0, ..*self };
+        name == self.to_string()
+            || (self.pidns == 0 && name == format!("{}-{}.sock", old.pid, old.starttime))
+    }
+
+    /// The stale-socket rule, the one the shim (after binding its own) and
+    /// `memshim-ctl list` apply: the file `name` in a socket directory may
+    /// go if it is named exactly as a shim names one ([`written_as`],
+    /// with a start time), of the pid namespace `pidns` (`None`: any), and
+    /// `seen`, what this `/proc` says of its pid, is that no such process
+    /// is there or that the pid now belongs to a process with another start
+    /// time (a reused pid). A live process of that pid and start time
+    /// manages its own file; a `/proc` that could not be read keeps it.
+    /// The caller then removes the file only if it is a socket and
+    /// connecting to it is refused: nobody listens.
+    ///
+    /// [`written_as`]: SocketName::written_as
+    pub fn stale(name: &str, pidns: Option<u64>, seen: impl FnOnce(i32) -> Seen) -> bool {
+        let Some(s) = SocketName::parse(name) else {
+            return false;
+        };
+        if !s.written_as(name) || s.starttime == 0 || pidns.is_some_and(|ns| ns != s.pidns) {
+            return false;
+        }
+        match seen(s.pid) {
+            Seen::Gone => true,
+            Seen::Started(t) => t != s.starttime,
+            Seen::Unknown => false,
+        }
+    }
+}
+
+/// What a `/proc` says of a pid, for [`SocketName::stale`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    /// No such process (`ENOENT`, `ESRCH`).
+    Gone,
+    /// A process that started at this time (field 22 of its `stat`).
+    Started(u64),
+    /// Its `stat` could not be read or parsed.
+    Unknown,
+}
+
 impl fmt::Display for SocketName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}-{}-{}.sock", self.pid, self.starttime, self.pidns)
@@ -97,6 +145,24 @@ impl fmt::Display for SocketName {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_socket_is_stale_when_its_process_is_gone_or_its_pid_reused() {
+        let seen = |v: Seen| move |_| v;
+        let name = "42-7-9.sock";
+        assert!(SocketName::stale(name, Some(9), seen(Seen::Gone)));
+        assert!(SocketName::stale(name, None, seen(Seen::Started(8))));
+        assert!(!SocketName::stale(name, Some(9), seen(Seen::Started(7))));
+        assert!(!SocketName::stale(name, Some(9), seen(Seen::Unknown)));
+        // Another pid namespace, a name no shim wrote, no start time.
+        assert!(!SocketName::stale(name, Some(10), seen(Seen::Gone)));
+        assert!(!SocketName::stale("042-7-9.sock", None, seen(Seen::Gone)));
+        assert!(!SocketName::stale("42-0-9.sock", None, seen(Seen::Gone)));
+        assert!(!SocketName::stale("x.sock", None, seen(Seen::Gone)));
+        // An older release's name (no pid namespace).
+        assert!(SocketName::stale("42-7.sock", None, seen(Seen::Gone)));
+        assert!(!SocketName::stale("42-7.sock", Some(9), seen(Seen::Gone)));
+    }
 
     #[test]
     fn socket_names_round_trip_and_old_names_still_parse() {

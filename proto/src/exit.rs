@@ -184,6 +184,21 @@ pub const ALL: [ExitStatus; 22] = [
     NO_SAFE_POINT,
 ];
 
+impl ExitStatus {
+    /// The last line of every failing command's stderr:
+    /// `  (exit 3; see docs/troubleshooting.md)`.
+    pub fn line(self) -> String {
+        format!("  (exit {}; see docs/troubleshooting.md)", self.code)
+    }
+}
+
+/// In JSON a status is its name (`"not_found"`).
+impl serde::Serialize for ExitStatus {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name)
+    }
+}
+
 /// "Exit codes: 0 ok, 1 some targets failed, ...": the `--help` footer.
 pub fn help_line() -> String {
     let parts: Vec<String> = ALL

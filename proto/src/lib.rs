@@ -29,8 +29,10 @@ mod error;
 pub mod exit;
 #[cfg(test)]
 mod golden;
+pub mod procfs;
 mod profile;
 mod python;
+mod requests;
 pub mod settings;
 mod stats;
 
@@ -39,6 +41,7 @@ pub use endpoint::*;
 pub use error::*;
 pub use profile::*;
 pub use python::*;
+pub use requests::*;
 pub use stats::*;
 
 use serde::{Deserialize, Serialize};
@@ -50,112 +53,12 @@ pub const MIN_PROTOCOL_VERSION: u32 = 1;
 /// Longest request line the server accepts, `\n` included.
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 /// Longest response line a client should accept, `\n` included (a heap
-/// profile of a large process is the longest answer).
+/// profile sent inline by a shim of an earlier release is the longest).
 pub const MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
 /// Milliseconds a connection may stay without sending a complete request before
 /// the server closes it (counted from the accept or from the end of the last
 /// answer; what arrived while the server was busy elsewhere is read first).
 pub const IDLE_TIMEOUT_MS: u64 = 5000;
-
-/// A request: one JSON object on one line, discriminated by `"op"`.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
-#[serde(tag = "op", rename_all = "snake_case")]
-pub enum Request {
-    /// First request of every connection: the client's protocol version.
-    Hello {
-        /// Highest protocol version the client speaks.
-        version: u32,
-        /// Free-form client name, for logs (`"memshim-ctl 0.1.0"`).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        client: Option<String>,
-    },
-    /// The memory report ([`StatsReport`]).
-    Stats {
-        /// Include the per-arena list.
-        #[serde(default)]
-        arenas: bool,
-        /// Read PSS from `/proc/self/smaps_rollup` (costs about 16 ms per
-        /// GiB resident, so it is opt-in).
-        #[serde(default)]
-        pss: bool,
-    },
-    /// Flush the shim thread's cache and purge every arena ([`PurgeResult`]).
-    Purge,
-    /// Change decay at runtime ([`DecayResult`]). Absent fields are unchanged.
-    Decay {
-        /// New dirty decay in ms, -1 = never.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        dirty_ms: Option<i64>,
-        /// New muzzy decay in ms, -1 = never.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        muzzy_ms: Option<i64>,
-    },
-    /// A full `gc.collect()` in the hosted CPython ([`GcResult`]).
-    Gc,
-    /// `torch.cuda.empty_cache()` on devices that already have a context
-    /// ([`EmptyCacheResult`]).
-    EmptyCache,
-    /// gc, then empty_cache, then purge ([`ReleaseResult`]).
-    Release,
-    /// jemalloc's heap profiler: start, stop, reset, or dump
-    /// ([`ProfileReply`]); needs `MEMSHIM_PROFILE=on` in the process.
-    Profile {
-        /// What to do (default: report the state).
-        #[serde(default)]
-        action: ProfileAction,
-        /// `start`: the shim switches sampling off again after this many
-        /// seconds (1 to 86400; default 3600) if no `stop` came first.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        seconds: Option<u64>,
-    },
-    /// CPython's tracemalloc through the bridge: start, snapshot, stop
-    /// ([`PyTraceReply`]).
-    PythonTrace {
-        /// What to do (default: report the state).
-        #[serde(default)]
-        action: PyTraceAction,
-        /// `start`: frames kept per allocation (1 to 64; default 1).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        frames: Option<u32>,
-        /// `start`: the shim stops tracing after this many seconds (1 to
-        /// 3600; default 60) if no `stop` came first.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        seconds: Option<u64>,
-        /// `snapshot`: lines returned (1 to 10000; default 100).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        top: Option<u32>,
-    },
-}
-
-/// Every `op` this build knows, in documentation order.
-pub const OPS: &[&str] = &[
-    "hello",
-    "stats",
-    "purge",
-    "decay",
-    "gc",
-    "empty_cache",
-    "release",
-    "profile",
-    "python_trace",
-];
-
-impl Request {
-    /// The `op` string of this request.
-    pub fn op(&self) -> &'static str {
-        match self {
-            Request::Hello { .. } => "hello",
-            Request::Stats { .. } => "stats",
-            Request::Purge => "purge",
-            Request::Decay { .. } => "decay",
-            Request::Gc => "gc",
-            Request::EmptyCache => "empty_cache",
-            Request::Release => "release",
-            Request::Profile { .. } => "profile",
-            Request::PythonTrace { .. } => "python_trace",
-        }
-    }
-}
 
 /// The answer to `hello`.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -181,30 +84,6 @@ pub struct HelloReply {
     pub max_request_bytes: u64,
     /// Requests this server understands.
     pub ops: Vec<String>,
-}
-
-/// A successful reply, discriminated by `"kind"` (the request's `op`).
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Reply {
-    /// Answer to `hello`.
-    Hello(HelloReply),
-    /// Answer to `stats`.
-    Stats(Box<StatsReport>),
-    /// Answer to `purge`.
-    Purge(PurgeResult),
-    /// Answer to `decay`.
-    Decay(DecayResult),
-    /// Answer to `gc`.
-    Gc(GcResult),
-    /// Answer to `empty_cache`.
-    EmptyCache(EmptyCacheResult),
-    /// Answer to `release`.
-    Release(ReleaseResult),
-    /// Answer to `profile`.
-    Profile(Box<ProfileReply>),
-    /// Answer to `python_trace`.
-    PythonTrace(Box<PyTraceReply>),
 }
 
 /// One response line: `{"ok":{...}}` or `{"error":{...}}`.

@@ -45,9 +45,15 @@ pub struct ProfileReply {
     /// request started (absent: no deadline, or off).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stops_in_ms: Option<u64>,
-    /// The live sampled allocations (action `dump` only).
+    /// The live sampled allocations, parsed inside the process (action
+    /// `dump` of a shim before `dump_file`; a current shim leaves it out).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dump: Option<HeapDump>,
+    /// Action `dump`: the file jemalloc's `prof.dump` wrote the profile to,
+    /// a name in the directory of the process's socket. The client reads
+    /// it, parses it ([`HeapDump::parse`]) and removes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dump_file: Option<String>,
 }
 
 /// The live allocations jemalloc sampled, by call stack. Counts are
@@ -65,7 +71,8 @@ pub struct HeapDump {
     pub objects: u64,
     /// The process's executable file mappings, to symbolize the addresses.
     pub maps: Vec<Mapping>,
-    /// Milliseconds the dump took inside the process.
+    /// Milliseconds the dump took: jemalloc writing it, and reading and
+    /// parsing it.
     pub elapsed_ms: f64,
     /// Stacks left out to keep the answer under [`MAX_DUMP_STACKS`] (the
     /// smallest ones), and their bytes (included in `bytes`).

@@ -73,68 +73,59 @@ impl Spec {
     }
 }
 
-/// When the shim may start its thread (docs/design.md, "Threads").
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-#[repr(u8)]
-pub enum Control {
+/// A setting that is one of a few words: the enum, the number each word's
+/// parser returns, the word, and the variant any other number reads as.
+macro_rules! words {
+    ($(#[$doc:meta])* $name:ident, otherwise $other:ident,
+     $($(#[$vdoc:meta])* $variant:ident = $n:literal $word:literal,)*) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+        #[repr(u8)]
+        pub enum $name {
+            $($(#[$vdoc])* $variant = $n,)*
+        }
+
+        impl $name {
+            /// The variant for the value its setting's parser returns.
+            pub fn from_value(v: i64) -> $name {
+                match v {
+                    $($n => $name::$variant,)*
+                    _ => $name::$other,
+                }
+            }
+
+            /// Its word, as the docs and `stats` write it.
+            pub fn word(self) -> &'static str {
+                match self {
+                    $($name::$variant => $word,)*
+                }
+            }
+        }
+    };
+}
+
+words! {
+    /// When the shim may start its thread (docs/design.md, "Threads");
+    /// [`parse_control`] reads it.
+    Control, otherwise Auto,
     /// Start with the process's own second thread; stop when it is alone again.
-    Auto = 0,
+    Auto = 0 "auto",
     /// Start in the constructor and never stop.
-    On = 1,
+    On = 1 "on",
     /// Never start a thread.
-    Off = 2,
+    Off = 2 "off",
 }
 
-impl Control {
-    /// The value [`parse_control`] returns for it.
-    pub fn from_value(v: i64) -> Control {
-        match v {
-            1 => Control::On,
-            2 => Control::Off,
-            _ => Control::Auto,
-        }
-    }
-
-    /// Its word, as the docs and `stats` write it.
-    pub fn word(self) -> &'static str {
-        match self {
-            Control::Auto => "auto",
-            Control::On => "on",
-            Control::Off => "off",
-        }
-    }
-}
-
-/// What the shim's thread does when its memory cgroup is under pressure.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-#[repr(u8)]
-pub enum Pressure {
+words! {
+    /// What the shim's thread does when its memory cgroup is under
+    /// pressure; [`parse_pressure`] reads it.
+    Pressure, otherwise On,
     /// Do not watch.
-    Off = 0,
+    Off = 0 "off",
     /// Watch where a limit exists; purge on pressure.
-    On = 1,
+    On = 1 "on",
     /// As `On`, and run Python's garbage collector before purging.
-    Gc = 2,
-}
-
-impl Pressure {
-    /// The value [`parse_pressure`] returns for it.
-    pub fn from_value(v: i64) -> Pressure {
-        match v {
-            0 => Pressure::Off,
-            2 => Pressure::Gc,
-            _ => Pressure::On,
-        }
-    }
-
-    /// Its word, as the docs and `stats` write it.
-    pub fn word(self) -> &'static str {
-        match self {
-            Pressure::Off => "off",
-            Pressure::On => "on",
-            Pressure::Gc => "gc",
-        }
-    }
+    Gc = 2 "gc",
 }
 
 /// Where the shim's thread keeps its descriptors.

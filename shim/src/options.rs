@@ -1,11 +1,12 @@
 //! The values of the `MEMSHIM_*` settings: read once, without allocating.
 //!
 //! What a setting is (its name, default, documentation, what a valid value
-//! is, its parser) is `memshim_proto::settings`, shared with memshim-ctl.
-//! Each row of [`TABLE`] pairs one of those specs with the static that holds
-//! its value here. [`load`] walks the table; adding a setting is adding a
-//! spec in proto, a row here and an accessor (docs/configuration.md gets a
-//! section, a unit test checks it does).
+//! is, its parser) is `memshim_proto::settings`, shared with memshim-ctl,
+//! and its list `settings::ALL` is the only one: the values live here in
+//! slots in the same order ([`INTS`], [`TEXTS`]), fixed in size at compile
+//! time. [`load`] walks that list; adding a setting is adding a spec in
+//! proto (and to `ALL`) and, if the library reads it, an accessor here
+//! (docs/configuration.md gets a section, a unit test checks it does).
 //!
 //! # When settings are read
 //!
@@ -46,24 +47,6 @@ use memshim_proto::settings::{self as spec, Kind, Spec, valid_raw_conf};
 pub use memshim_proto::settings::{Control, FdTable, Pressure};
 use memshim_proto::{cgroup, endpoint};
 
-/// One row of the settings table: a spec, and where its value lives here.
-pub struct Setting {
-    /// What the setting is (memshim-proto).
-    pub spec: &'static Spec,
-    /// Where its value goes.
-    pub value: Value,
-}
-
-/// Where a setting's value lives.
-pub enum Value {
-    /// A number (or a keyword mapped to one).
-    Int(&'static Int),
-    /// Bytes, kept as they are.
-    Text(&'static Text),
-    /// Read by `memshim-ctl`, not by the library.
-    Cli,
-}
-
 /// A numeric setting: its value, and whether it was set.
 pub struct Int {
     value: AtomicI64,
@@ -74,6 +57,12 @@ impl Int {
     const fn new(s: &Spec) -> Int {
         Int {
             value: AtomicI64::new(s.default_value()),
+            set: AtomicBool::new(false),
+        }
+    }
+    const fn unused() -> Int {
+        Int {
+            value: AtomicI64::new(0),
             set: AtomicBool::new(false),
         }
     }
@@ -119,85 +108,78 @@ impl Text {
     }
 }
 
-static DIRTY_DECAY_MS: Int = Int::new(&spec::DIRTY_DECAY_MS);
-static MUZZY_DECAY_MS: Int = Int::new(&spec::MUZZY_DECAY_MS);
-static NARENAS: Int = Int::new(&spec::NARENAS); // 0 = auto
-static CONTROL: Int = Int::new(&spec::CONTROL);
-static CLEAR_DEEPBIND: Int = Int::new(&spec::CLEAR_DEEPBIND);
-static VERBOSE: Int = Int::new(&spec::VERBOSE);
-static FD_TABLE: Int = Int::new(&spec::FD_TABLE);
-static CUDA_IDLE_MS: Int = Int::new(&spec::CUDA_IDLE_MS); // 0 = off
-static CUDA_IDLE_MIN_MB: Int = Int::new(&spec::CUDA_IDLE_MIN_MB);
-static PRESSURE: Int = Int::new(&spec::PRESSURE);
-static PROFILE: Int = Int::new(&spec::PROFILE);
-static PRESSURE_THRESHOLD: Int = Int::new(&spec::PRESSURE_THRESHOLD);
-static SOCKET_DIR: Text = Text::new();
-static MALLOC_CONF: Text = Text::new();
+/// How many settings there are: one slot each, in the order of
+/// `memshim_proto::settings::ALL`, the one list of them.
+const N: usize = spec::ALL.len();
 
-/// Every variable the shim or `memshim-ctl` reads, in the order of
-/// `memshim_proto::settings::ALL` (a unit test checks both lists agree).
-pub const TABLE: &[Setting] = &[
-    Setting {
-        spec: &spec::DIRTY_DECAY_MS,
-        value: Value::Int(&DIRTY_DECAY_MS),
-    },
-    Setting {
-        spec: &spec::MUZZY_DECAY_MS,
-        value: Value::Int(&MUZZY_DECAY_MS),
-    },
-    Setting {
-        spec: &spec::NARENAS,
-        value: Value::Int(&NARENAS),
-    },
-    Setting {
-        spec: &spec::CONTROL,
-        value: Value::Int(&CONTROL),
-    },
-    Setting {
-        spec: &spec::PRESSURE,
-        value: Value::Int(&PRESSURE),
-    },
-    Setting {
-        spec: &spec::PRESSURE_THRESHOLD,
-        value: Value::Int(&PRESSURE_THRESHOLD),
-    },
-    Setting {
-        spec: &spec::SOCKET_DIR,
-        value: Value::Text(&SOCKET_DIR),
-    },
-    Setting {
-        spec: &spec::CLEAR_DEEPBIND,
-        value: Value::Int(&CLEAR_DEEPBIND),
-    },
-    Setting {
-        spec: &spec::MALLOC_CONF,
-        value: Value::Text(&MALLOC_CONF),
-    },
-    Setting {
-        spec: &spec::VERBOSE,
-        value: Value::Int(&VERBOSE),
-    },
-    Setting {
-        spec: &spec::FD_TABLE,
-        value: Value::Int(&FD_TABLE),
-    },
-    Setting {
-        spec: &spec::CUDA_IDLE_MS,
-        value: Value::Int(&CUDA_IDLE_MS),
-    },
-    Setting {
-        spec: &spec::CUDA_IDLE_MIN_MB,
-        value: Value::Int(&CUDA_IDLE_MIN_MB),
-    },
-    Setting {
-        spec: &spec::PROFILE,
-        value: Value::Int(&PROFILE),
-    },
-    Setting {
-        spec: &spec::LIB,
-        value: Value::Cli,
-    },
-];
+/// The numeric settings' values: slot `i` holds `spec::ALL[i]`'s (and stays
+/// unused for a setting of another kind), starting at its default.
+static INTS: [Int; N] = {
+    let mut ints = [const { Int::unused() }; N];
+    let mut i = 0;
+    while i < N {
+        ints[i] = Int::new(spec::ALL[i]);
+        i += 1;
+    }
+    ints
+};
+
+/// The text settings' bytes, in the order they come in `spec::ALL`.
+static TEXTS: [Text; texts_before(N)] = [const { Text::new() }; texts_before(N)];
+
+/// How many text settings come before `spec::ALL[i]`: the slot in
+/// [`TEXTS`] of a text setting.
+const fn texts_before(i: usize) -> usize {
+    let (mut n, mut j) = (0, 0);
+    while j < i {
+        if matches!(spec::ALL[j].kind, Kind::Text { .. }) {
+            n += 1;
+        }
+        j += 1;
+    }
+    n
+}
+
+/// Where `s` is in `spec::ALL`; evaluated at compile time (`int!`,
+/// `text!`), so a setting missing there does not build.
+const fn at(s: &Spec) -> usize {
+    let mut i = 0;
+    while i < N {
+        if same(spec::ALL[i].name.as_bytes(), s.name.as_bytes()) {
+            return i;
+        }
+        i += 1;
+    }
+    panic!("a setting that is not in memshim_proto::settings::ALL");
+}
+
+const fn same(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// The value slot of numeric setting `spec::$name`.
+macro_rules! int {
+    ($name:ident) => {
+        &INTS[const { at(&spec::$name) }]
+    };
+}
+
+/// The bytes of text setting `spec::$name`.
+macro_rules! text {
+    ($name:ident) => {
+        &TEXTS[const { texts_before(at(&spec::$name)) }]
+    };
+}
 
 /// Largest arena count ([`endpoint::MAX_NARENAS`], shared with memshim-ctl).
 const MAX_NARENAS: i64 = endpoint::MAX_NARENAS as i64;
@@ -261,30 +243,29 @@ pub fn load() {
     }
     // One walk of the environment for every setting (this runs in every
     // exec, inside jemalloc's initialisation).
-    let names: [&[u8]; TABLE.len()] = core::array::from_fn(|i| TABLE[i].spec.name.as_bytes());
-    for (row, v) in TABLE.iter().zip(os::env::vars(&names)) {
+    let names: [&[u8]; N] = core::array::from_fn(|i| spec::ALL[i].name.as_bytes());
+    for (i, (s, v)) in spec::ALL.iter().zip(os::env::vars(&names)).enumerate() {
         let Some(v) = v else {
             continue;
         };
-        let s = row.spec;
-        match (&row.value, &s.kind) {
-            (Value::Int(slot), Kind::Int { parse, .. }) => match parse(v) {
+        match s.kind {
+            Kind::Int { parse, .. } => match parse(v) {
                 Some(n) => {
-                    slot.value.store(n, Relaxed);
-                    slot.set.store(true, Relaxed);
+                    INTS[i].value.store(n, Relaxed);
+                    INTS[i].set.store(true, Relaxed);
                 }
                 None => bad(s.name, v, s.expect, s.default),
             },
             // An empty MEMSHIM_MALLOC_CONF is "nothing", not an error.
-            (Value::Text(slot), Kind::Text { valid }) => {
+            Kind::Text { valid } => {
                 if valid(v) {
                     // SAFETY: single-threaded, before LOADED is published.
-                    unsafe { slot.set(v) };
+                    unsafe { TEXTS[texts_before(i)].set(v) };
                 } else {
                     bad(s.name, v, s.expect, s.default);
                 }
             }
-            _ => {}
+            Kind::Cli => {}
         }
     }
     compose_conf();
@@ -332,7 +313,7 @@ fn compose_conf() {
     //    The heap profiler, ready but not sampling: `memshim-ctl profile`
     //    sets `prof.active` (jemalloc.rs, "Heap profiles"). Without
     //    `prof:true` here it can never be switched on in this process.
-    if PROFILE.get() != 0 {
+    if int!(PROFILE).get() != 0 {
         let _ = write!(s, ",prof:true,prof_active:false");
     }
     //    Under an address-space limit (`ulimit -v`: RLIMIT_AS; RLIMIT_DATA,
@@ -359,22 +340,22 @@ fn compose_conf() {
     }
     // 3. Our own knobs, only where the user set them.
     for (key, slot) in [
-        ("dirty_decay_ms", &DIRTY_DECAY_MS),
-        ("muzzy_decay_ms", &MUZZY_DECAY_MS),
+        ("dirty_decay_ms", int!(DIRTY_DECAY_MS)),
+        ("muzzy_decay_ms", int!(MUZZY_DECAY_MS)),
     ] {
         if slot.is_set() {
             sep(s);
             let _ = write!(s, "{key}:{}", slot.get());
         }
     }
-    if NARENAS.get() != 0 {
+    if int!(NARENAS).get() != 0 {
         sep(s);
-        let _ = write!(s, "narenas:{}", NARENAS.get());
+        let _ = write!(s, "narenas:{}", int!(NARENAS).get());
     }
     // 4. Expert override.
-    if !MALLOC_CONF.get().is_empty() {
+    if !text!(MALLOC_CONF).get().is_empty() {
         sep(s);
-        s.push(MALLOC_CONF.get());
+        s.push(text!(MALLOC_CONF).get());
         RAW_CONF.store(true, Relaxed);
     }
     if let Some(pair) = tcache_clipped(s.as_bytes()) {
@@ -551,53 +532,53 @@ pub fn raw_jemalloc_conf() -> bool {
 /// `MEMSHIM_DIRTY_DECAY_MS` (jemalloc's `opt.dirty_decay_ms` is the final
 /// word; see `jemalloc::opts`).
 pub fn dirty_decay_ms() -> i64 {
-    DIRTY_DECAY_MS.get()
+    int!(DIRTY_DECAY_MS).get()
 }
 /// `MEMSHIM_CUDA_IDLE_MS` (0: off).
 pub fn cuda_idle_ms() -> u64 {
-    CUDA_IDLE_MS.get().max(0) as u64
+    int!(CUDA_IDLE_MS).get().max(0) as u64
 }
 
 /// `MEMSHIM_CUDA_IDLE_MIN_MB`, in bytes.
 pub fn cuda_idle_min_bytes() -> u64 {
-    (CUDA_IDLE_MIN_MB.get().max(1) as u64) << 20
+    (int!(CUDA_IDLE_MIN_MB).get().max(1) as u64) << 20
 }
 
 /// `MEMSHIM_CONTROL`.
 pub fn control() -> Control {
-    Control::from_value(CONTROL.get())
+    Control::from_value(int!(CONTROL).get())
 }
 /// `MEMSHIM_PRESSURE`.
 pub fn pressure() -> Pressure {
-    Pressure::from_value(PRESSURE.get())
+    Pressure::from_value(int!(PRESSURE).get())
 }
 /// `MEMSHIM_PRESSURE_THRESHOLD`, in percent.
 pub fn pressure_threshold_pct() -> u64 {
-    PRESSURE_THRESHOLD.get().clamp(10, 99) as u64
+    int!(PRESSURE_THRESHOLD).get().clamp(10, 99) as u64
 }
 /// `MEMSHIM_CLEAR_DEEPBIND`.
 pub fn clear_deepbind() -> bool {
-    CLEAR_DEEPBIND.get() != 0
+    int!(CLEAR_DEEPBIND).get() != 0
 }
 /// `MEMSHIM_PROFILE`: whether jemalloc's heap profiler is ready.
 pub fn profile() -> bool {
-    PROFILE.get() != 0
+    int!(PROFILE).get() != 0
 }
 /// `MEMSHIM_PROFILE=start`: sampling from the start.
 pub fn profile_from_start() -> bool {
-    PROFILE.get() == 2
+    int!(PROFILE).get() == 2
 }
 /// `MEMSHIM_VERBOSE`.
 pub fn verbose() -> bool {
-    VERBOSE.get() != 0
+    int!(VERBOSE).get() != 0
 }
 /// `MEMSHIM_FD_TABLE`.
 pub fn fd_table() -> FdTable {
-    FdTable::from_value(FD_TABLE.get())
+    FdTable::from_value(int!(FD_TABLE).get())
 }
 /// `MEMSHIM_SOCKET_DIR` if set and valid.
 pub fn socket_dir() -> Option<&'static [u8]> {
-    let v = SOCKET_DIR.get();
+    let v = text!(SOCKET_DIR).get();
     (!v.is_empty()).then_some(v)
 }
 /// The configuration string handed to jemalloc.
@@ -605,7 +586,7 @@ pub fn jemalloc_conf() -> &'static [u8] {
     JEMALLOC_CONF.get()
 }
 
-/// Warns once about `MEMSHIM_*` variables that are not in [`TABLE`] (typos).
+/// Warns once about `MEMSHIM_*` variables that are not settings (typos).
 /// Called from the constructor.
 pub fn warn_unknown() {
     for entry in os::env::entries() {
@@ -676,18 +657,15 @@ mod tests {
     }
 
     #[test]
-    fn the_table_holds_every_setting_of_proto_with_its_default() {
-        assert_eq!(TABLE.len(), spec::ALL.len());
-        for (row, s) in TABLE.iter().zip(spec::ALL) {
-            assert_eq!(row.spec.name, s.name);
-            match (&row.value, &s.kind) {
-                (Value::Int(slot), Kind::Int { default, .. }) => {
-                    assert_eq!(slot.get(), *default, "{}", s.name)
-                }
-                (Value::Text(_), Kind::Text { .. }) | (Value::Cli, Kind::Cli) => {}
-                _ => panic!("{}: the row's value does not fit the spec's kind", s.name),
+    fn every_setting_has_its_slot_and_starts_at_its_default() {
+        for (i, s) in spec::ALL.iter().enumerate() {
+            assert_eq!(at(s), i, "{}", s.name);
+            if let Kind::Int { default, .. } = s.kind {
+                assert_eq!(INTS[i].get(), default, "{}", s.name);
             }
         }
+        assert_eq!(TEXTS.len(), 2); // MEMSHIM_SOCKET_DIR, MEMSHIM_MALLOC_CONF
+        assert!(core::ptr::eq(text!(MALLOC_CONF), &TEXTS[1]));
     }
 
     #[test]

@@ -15,18 +15,19 @@
 //!
 //! A dump goes through a file: jemalloc writes its profile only to a path
 //! (`prof.dump`). The file is `<socket dir>/<socket name>.heap` (the caller
-//! gives the path), in the
-//! directory that holds this process's socket (owned by its uid, mode
-//! 0700), read back at once and removed.
+//! gives the path and its name), in the directory that holds this process's
+//! socket (owned by its uid, mode 0700). The shim only names it in its
+//! answer: the client, which may connect only with the same uid or as root,
+//! reads it, parses it outside this process and removes it. A file a
+//! client left behind is removed before the next dump.
 
 use crate::{jemalloc, options, os};
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use memshim_proto::{
-    DEFAULT_PROFILE_SECONDS, ErrorCode, ErrorReply, HeapDump, MAX_PROFILE_SECONDS, ProfileAction,
+    DEFAULT_PROFILE_SECONDS, ErrorCode, ErrorReply, MAX_PROFILE_SECONDS, ProfileAction,
     ProfileReply,
 };
 use std::ffi::CString;
-use std::time::Instant;
 
 /// Monotonic ms when sampling last started; 0: never, or stopped since.
 static STARTED_MS: AtomicU64 = AtomicU64::new(0);
@@ -46,12 +47,14 @@ fn internal(what: &str, e: impl core::fmt::Display) -> ErrorReply {
     ErrorReply::new(ErrorCode::Internal, format!("{what} failed: {e}"))
 }
 
-/// Runs one `profile` request.
+/// Runs one `profile` request; a dump goes to `dump_path`, whose name in
+/// the socket's directory is `dump_name`.
 pub fn request(
     action: ProfileAction,
     seconds: Option<u64>,
     now_ms: u64,
     dump_path: &CString,
+    dump_name: &str,
 ) -> Result<ProfileReply, ErrorReply> {
     if !options::profile() || !jemalloc::prof_ready() {
         return Err(off());
@@ -64,7 +67,7 @@ pub fn request(
         ));
     }
     let was = jemalloc::prof_active();
-    let mut dump = None;
+    let mut dump_file = None;
     match action {
         ProfileAction::Status => {}
         ProfileAction::Start if !was => {
@@ -80,7 +83,10 @@ pub fn request(
         }
         ProfileAction::Stop => stop()?,
         ProfileAction::Reset => jemalloc::prof_reset().map_err(|e| internal("prof.reset", e))?,
-        ProfileAction::Dump => dump = Some(read_dump(dump_path)?),
+        ProfileAction::Dump => {
+            write_dump(dump_path)?;
+            dump_file = Some(dump_name.to_owned());
+        }
     }
     let active = jemalloc::prof_active();
     let started = STARTED_MS.load(Relaxed);
@@ -91,7 +97,8 @@ pub fn request(
         lg_sample: jemalloc::prof_lg_sample(),
         active_ms: (active && started != 0).then(|| now_ms.saturating_sub(started)),
         stops_in_ms: (active && deadline != 0).then(|| deadline.saturating_sub(now_ms)),
-        dump,
+        dump: None,
+        dump_file,
     })
 }
 
@@ -158,26 +165,13 @@ fn start(now_ms: u64) -> Result<(), ErrorReply> {
     Ok(())
 }
 
-/// Dumps the live samples through a file next to the socket.
-fn read_dump(path: &CString) -> Result<HeapDump, ErrorReply> {
+/// Has jemalloc write the live samples to `path`, next to the socket
+/// (what an earlier client left there is removed first).
+fn write_dump(path: &CString) -> Result<(), ErrorReply> {
     use std::os::unix::ffi::OsStrExt;
-    let t0 = Instant::now();
-    let file = std::ffi::OsStr::from_bytes(path.as_bytes());
-    let _ = std::fs::remove_file(file);
-    let dumped = jemalloc::prof_dump(path);
-    let text = std::fs::read(file);
-    let _ = std::fs::remove_file(file);
-    dumped.map_err(|e| internal(&format!("prof.dump to {}", path.to_string_lossy()), e))?;
-    let text = text.map_err(|e| internal(&format!("reading {}", path.to_string_lossy()), e))?;
-    let text = String::from_utf8_lossy(&text);
-    let (_, mut dump) = HeapDump::parse(&text).ok_or_else(|| {
-        internal(
-            "reading jemalloc's heap profile",
-            "not in the heap_v2 format",
-        )
-    })?;
-    dump.elapsed_ms = t0.elapsed().as_secs_f64() * 1000.0;
-    Ok(dump)
+    let _ = std::fs::remove_file(std::ffi::OsStr::from_bytes(path.as_bytes()));
+    jemalloc::prof_dump(path)
+        .map_err(|e| internal(&format!("prof.dump to {}", path.to_string_lossy()), e))
 }
 
 /// Fork child: sampling a `profile` request started in the parent is the

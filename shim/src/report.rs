@@ -33,19 +33,19 @@ pub fn print_verbose(interposed: bool) {
         core::str::from_utf8(options::jemalloc_conf()).unwrap_or("?")
     ));
     // Every setting of the table, as read: the value given, or the default.
-    for s in options::TABLE {
-        let given = os::env::vars(&[s.spec.name.as_bytes()])[0];
+    for s in memshim_proto::settings::ALL {
+        let given = os::env::vars(&[s.name.as_bytes()])[0];
         match given {
-            Some(v) if s.spec.accepts(v) => log::info(format_args!(
+            Some(v) if s.accepts(v) => log::info(format_args!(
                 "{}={}",
-                s.spec.name,
+                s.name,
                 core::str::from_utf8(v).unwrap_or("(not UTF-8)")
             )),
             Some(_) => log::info(format_args!(
                 "{}={} (default: the value given is not valid)",
-                s.spec.name, s.spec.default
+                s.name, s.default
             )),
-            None => log::info(format_args!("{}={} (default)", s.spec.name, s.spec.default)),
+            None => log::info(format_args!("{}={} (default)", s.name, s.default)),
         }
     }
 }

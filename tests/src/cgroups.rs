@@ -164,14 +164,8 @@ impl TestCgroup {
 
     /// Its `memory.stat`.
     pub fn stat(&self) -> BTreeMap<String, u64> {
-        std::fs::read_to_string(self.dir.join("memory.stat"))
-            .unwrap()
-            .lines()
-            .filter_map(|l| {
-                let (k, v) = l.split_once(' ')?;
-                Some((k.to_owned(), v.trim().parse().ok()?))
-            })
-            .collect()
+        let text = std::fs::read_to_string(self.dir.join("memory.stat")).unwrap();
+        memshim_proto::cgroup::parse_flat_keyed(&text)
     }
 
     fn stat_key(&self, v2: &str, v1: &str) -> u64 {

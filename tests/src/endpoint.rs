@@ -14,12 +14,8 @@ const IO_LIMIT: Duration = Duration::from_secs(10);
 
 /// Field 22 of `/proc/<pid>/stat`, if the process exists.
 pub fn starttime(pid: i32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    s[s.rfind(')')? + 1..]
-        .split_whitespace()
-        .nth(19)?
-        .parse()
-        .ok()
+    let s = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    memshim_proto::procfs::stat_starttime(&s)
 }
 
 /// The inode of `/proc/<pid>/ns/pid`, if readable.

@@ -6,7 +6,7 @@
 use crate::args::pid_parser;
 use crate::cgroupfs::{self, Location};
 use crate::charge::{self, Charge, Parts, ProcEntry};
-use crate::exit::{Exit, Failure};
+use crate::exit::{self, Exit, Failure};
 use crate::out::{out, outln};
 use crate::render::{bytes, kv, opt_bytes, shorten, table};
 use crate::shm::{self, ShmReport};
@@ -89,7 +89,7 @@ pub fn run(a: CgroupArgs) -> Result<Exit, Failure> {
     } else {
         out!("{}", human(&r, &c))?;
     }
-    Ok(Exit::Ok)
+    Ok(exit::OK)
 }
 
 /// The header line and the dashboard figures.

@@ -2,10 +2,10 @@
 
 use crate::args::pid_parser;
 use crate::client::Client;
-use crate::exit::{Exit, Failure};
+use crate::exit::{self, Exit, Failure};
 use crate::out::outln;
 use clap::Args;
-use memshim_proto::{Reply, Request};
+use memshim_proto::{DecayResult, Request};
 
 /// Options of `decay`.
 #[derive(Args, Debug)]
@@ -28,13 +28,10 @@ pub struct DecayArgs {
 /// Runs `decay`.
 pub fn run(a: DecayArgs) -> Result<Exit, Failure> {
     let mut c = Client::open(a.pid)?;
-    let r = match c.request(&Request::Decay {
+    let r: DecayResult = c.ask(&Request::Decay {
         dirty_ms: a.dirty_ms,
         muzzy_ms: a.muzzy_ms,
-    })? {
-        Reply::Decay(d) => d,
-        other => return Err(c.unexpected(&other)),
-    };
+    })?;
     if a.json {
         outln!("{}", serde_json::to_string(&r).unwrap_or_default())?;
     } else {
@@ -52,5 +49,5 @@ pub fn run(a: DecayArgs) -> Result<Exit, Failure> {
             show(r.muzzy_decay_ms)
         )?;
     }
-    Ok(Exit::Ok)
+    Ok(exit::OK)
 }

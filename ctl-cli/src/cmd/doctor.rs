@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::client::Client;
-use crate::exit::{Exit, Failure};
+use crate::exit::{self, Exit, Failure};
 use crate::no_endpoint;
 use crate::out::{outln, printable};
 use crate::procfs::{self, Environ, Proc};
@@ -113,7 +113,7 @@ struct Facts {
 fn read_facts(pid: i32) -> Result<Facts, Failure> {
     let comm = procfs::read_text(format!("/proc/{pid}/comm")).map_err(|e| {
         Failure::new(
-            Exit::NotFound,
+            exit::NOT_FOUND,
             Some(pid),
             format!("no such process (/proc/{pid}: {e})"),
         )
@@ -124,7 +124,7 @@ fn read_facts(pid: i32) -> Result<Facts, Failure> {
     let proc = procfs::read_proc(pid)?;
     if procfs::is_zombie(pid) && procfs::all_threads_exited(pid) {
         return Err(Failure::new(
-            Exit::NotFound,
+            exit::NOT_FOUND,
             Some(pid),
             "the process has exited (a zombie its parent has not reaped): nothing to diagnose",
         ));
@@ -540,16 +540,17 @@ pub fn ask_endpoint(p: &Proc) -> Endpoint {
         arenas: false,
         pss: false,
     };
-    match Client::open_proc(p.clone()).and_then(|mut c| c.request(&req)) {
-        Ok(memshim_proto::Reply::Stats(s)) => Endpoint::Answered {
+    let asked = Client::open_proc(p.clone())
+        .and_then(|mut c| c.ask::<Box<memshim_proto::StatsReport>>(&req));
+    match asked {
+        Ok(s) => Endpoint::Answered {
             interposed: s.config.interposed,
             cuda: s.torch.as_ref().map(cuda_notes).unwrap_or_default(),
         },
-        Ok(_) => Endpoint::Unreachable("answered stats with another kind of reply".into()),
         // The file exists (checked above), so "no endpoint" is a file
         // nobody listens on (left over from before an exec): explained by
         // the process's state like a missing one.
-        Err(f) if f.exit == Exit::NoEndpoint => Endpoint::Absent,
+        Err(f) if f.exit == exit::NO_ENDPOINT => Endpoint::Absent,
         Err(f) => Endpoint::Unreachable(f.message),
     }
 }
@@ -580,7 +581,7 @@ pub fn run(a: DoctorArgs) -> Result<Exit, Failure> {
                 outln!("{l}")?;
             }
         }
-        return Ok(Exit::Ok);
+        return Ok(exit::OK);
     };
     let d = diagnose(pid, ask_endpoint)?;
     if a.json {
@@ -603,11 +604,11 @@ pub fn run(a: DoctorArgs) -> Result<Exit, Failure> {
     // Unreadable /proc files are a permission problem (exit 5); other
     // problems are findings about the process (exit 1).
     Ok(if d.findings.iter().any(|f| f.code == "no_access") {
-        Exit::Permission
+        exit::PERMISSION
     } else if d.has_problem() {
-        Exit::Failed
+        exit::FAILED
     } else {
-        Exit::Ok
+        exit::OK
     })
 }
 

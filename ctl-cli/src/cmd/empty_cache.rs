@@ -1,41 +1,23 @@
 //! `memshim-ctl empty-cache <PID> [--json]`: `torch.cuda.empty_cache()` on
 //! the devices the process already uses.
 
-use crate::args::pid_parser;
-use crate::client::Client;
+use super::{OneArgs, ask_one};
 use crate::exit::{Exit, Failure};
-use crate::out::outln;
 use crate::render::{bytes, delta, ms};
-use clap::Args;
-use memshim_proto::{Reply, Request};
+use memshim_proto::{EmptyCacheResult, Request};
 
 /// Options of `empty-cache`.
-#[derive(Args, Debug)]
-pub struct EmptyCacheArgs {
-    /// Process id.
-    #[arg(value_parser = pid_parser())]
-    pub pid: i32,
-    /// One JSON document on stdout.
-    #[arg(long)]
-    pub json: bool,
-}
+pub type EmptyCacheArgs = OneArgs;
 
 /// Runs `empty-cache`.
 pub fn run(a: EmptyCacheArgs) -> Result<Exit, Failure> {
-    let mut c = Client::open(a.pid)?;
-    let r = match c.request(&Request::EmptyCache)? {
-        Reply::EmptyCache(r) => r,
-        other => return Err(c.unexpected(&other)),
-    };
-    if a.json {
-        outln!("{}", serde_json::to_string(&r).unwrap_or_default())?;
-    } else if let Some(why) = &r.skipped {
-        outln!("pid {}: nothing to do: {why}", a.pid)?;
-    } else {
+    ask_one(&a, &Request::EmptyCache, |r: &EmptyCacheResult| {
+        if let Some(why) = &r.skipped {
+            return format!("nothing to do: {why}");
+        }
         let devs: Vec<String> = r.devices.iter().map(|d| format!("cuda:{d}")).collect();
-        outln!(
-            "pid {}: emptied the CUDA cache of {} in {}; reserved {} -> {} ({})",
-            a.pid,
+        format!(
+            "emptied the CUDA cache of {} in {}; reserved {} -> {} ({})",
             if devs.is_empty() {
                 "no device".to_owned()
             } else {
@@ -45,7 +27,6 @@ pub fn run(a: EmptyCacheArgs) -> Result<Exit, Failure> {
             bytes(r.reserved_before),
             bytes(r.reserved_after),
             delta(r.reserved_before, r.reserved_after)
-        )?;
-    }
-    Ok(Exit::Ok)
+        )
+    })
 }

@@ -1,7 +1,7 @@
 //! `memshim-ctl list [--json]`: every visible process with the shim loaded.
 
 use crate::client::{self, Client};
-use crate::exit::{Exit, Failure};
+use crate::exit::{self, Exit, Failure};
 use crate::out::{out, outln};
 use crate::procfs::{self, Proc};
 use crate::render;
@@ -101,9 +101,10 @@ fn entry(p: Proc) -> Entry {
     e
 }
 
-/// Removes socket files in `dir` that nobody listens on and whose
-/// pid and start time match no live process we can see (only in
-/// directories of our own mount namespace, where the pids are ours).
+/// Removes socket files in `dir` that are stale by proto's rule
+/// (`SocketName::stale`, which the shim applies too; of any pid namespace)
+/// and that nobody listens on (only in directories of our own mount
+/// namespace, where the pids are ours).
 fn remove_stale(dirs: &[std::path::PathBuf]) -> Vec<String> {
     let mut removed = vec![];
     for dir in dirs {
@@ -112,11 +113,8 @@ fn remove_stale(dirs: &[std::path::PathBuf]) -> Vec<String> {
         };
         for f in rd.flatten() {
             let name = f.file_name().to_string_lossy().into_owned();
-            let Some(sock) = SocketName::parse(&name) else {
-                continue;
-            };
-            if procfs::read_proc(sock.pid).is_ok_and(|p| p.starttime == sock.starttime) {
-                continue; // a live process: its shim manages the file
+            if !SocketName::stale(&name, None, procfs::seen) {
+                continue; // a live process's (its shim manages the file), or not ours to judge
             }
             if matches!(client::connect(dir, &name), Err(ConnectError::Refused))
                 && std::fs::remove_file(f.path()).is_ok()
@@ -179,7 +177,7 @@ pub fn run(a: ListArgs) -> Result<Exit, Failure> {
     } else {
         out!("{}", human(&listing))?;
     }
-    Ok(Exit::Ok)
+    Ok(exit::OK)
 }
 
 /// The human form of a listing.

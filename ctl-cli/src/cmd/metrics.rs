@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use memshim_proto::client::Connection;
 use memshim_proto::{Reply, Request, Response, StatsReport};
 
-use crate::exit::{Exit, Failure};
+use crate::exit::{self, Exit, Failure};
 use crate::out::out;
 use crate::procfs::{self, Proc};
 use crate::socket;
@@ -491,33 +491,32 @@ pub fn render(samples: &[ProcSample], info: &ScrapeInfo) -> String {
             f.sample(name, &labels, v);
         }
     }
-    let mut f = family(
-        &mut out,
-        "memshim_scrape_processes",
-        "gauge",
-        "Shimmed processes with a reachable control socket.",
-    );
-    f.sample("memshim_scrape_processes", &[], info.found as f64);
-    let mut f = family(
-        &mut out,
-        "memshim_scrape_skipped_processes",
-        "gauge",
-        "Processes not asked in this scrape (process cap or scrape deadline).",
-    );
-    f.sample("memshim_scrape_skipped_processes", &[], info.skipped as f64);
-    let mut f = family(
-        &mut out,
-        "memshim_scrape_duration_seconds",
-        "gauge",
-        "Time this scrape took to collect.",
-    );
-    f.sample(
-        "memshim_scrape_duration_seconds",
-        &[],
+    let scrape = [
+        info.found as f64,
+        info.skipped as f64,
         info.duration.as_secs_f64(),
-    );
+    ];
+    for ((name, help), v) in SCRAPE_GAUGES.into_iter().zip(scrape) {
+        family(&mut out, name, "gauge", help).sample(name, &[], v);
+    }
     out
 }
+
+/// The scrape's own gauges, after the processes' families: name and help.
+const SCRAPE_GAUGES: [(&str, &str); 3] = [
+    (
+        "memshim_scrape_processes",
+        "Shimmed processes with a reachable control socket.",
+    ),
+    (
+        "memshim_scrape_skipped_processes",
+        "Processes not asked in this scrape (process cap or scrape deadline).",
+    ),
+    (
+        "memshim_scrape_duration_seconds",
+        "Time this scrape took to collect.",
+    ),
+];
 
 /// Sends one request line and reads one response line, at most
 /// MAX_RESPONSE_BYTES, within the stream's timeouts.
@@ -634,69 +633,9 @@ pub fn collect(limits: &Limits) -> (Vec<ProcSample>, ScrapeInfo) {
 pub fn run(a: MetricsArgs) -> Result<Exit, Failure> {
     let (samples, info) = collect(&a.limits);
     out!("{}", render(&samples, &info))?;
-    Ok(Exit::Ok)
+    Ok(exit::OK)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn label_values_are_escaped() {
-        assert_eq!(
-            escape(r#"a"b\c"#.to_owned().as_str()) + &escape("\n"),
-            r#"a\"b\\c\n"#
-        );
-    }
-
-    #[test]
-    fn each_family_has_help_and_type_once_and_contiguous_samples() {
-        let mut r = StatsReport::default();
-        r.allocator.resident = 4096;
-        let samples = vec![
-            ProcSample {
-                pid: 1,
-                command: "a".into(),
-                stats: Ok(r.clone()),
-            },
-            ProcSample {
-                pid: 2,
-                command: "b \"x\"".into(),
-                stats: Err("timed out".into()),
-            },
-            ProcSample {
-                pid: 3,
-                command: "c".into(),
-                stats: Ok(r),
-            },
-        ];
-        let text = render(&samples, &ScrapeInfo::default());
-        let mut seen = std::collections::HashSet::new();
-        let mut current = String::new();
-        for line in text.lines() {
-            if let Some(rest) = line.strip_prefix("# TYPE ") {
-                current = rest.split(' ').next().unwrap().to_owned();
-                assert!(seen.insert(current.clone()), "{current} twice");
-            } else if !line.starts_with('#') {
-                assert!(
-                    line.starts_with(&current),
-                    "{line} outside its family {current}"
-                );
-            }
-        }
-        assert!(
-            text.contains("memshim_up{pid=\"2\",command=\"b \\\"x\\\"\"} 0\n"),
-            "{text}"
-        );
-        assert!(
-            text.contains(
-                "memshim_allocator_bytes{pid=\"3\",command=\"c\",kind=\"resident\"} 4096\n"
-            ),
-            "{text}"
-        );
-        assert!(
-            !text.contains("pid=\"2\",command=\"b \\\"x\\\"\",kind"),
-            "a failed process has no figures"
-        );
-    }
-}
+#[path = "metrics_tests.rs"]
+mod tests;

@@ -36,12 +36,41 @@ pub mod serve;
 pub mod stats;
 pub mod watch;
 
-use crate::args::Targets;
+use crate::args::{Targets, pid_parser};
 use crate::client::Client;
-use crate::exit::{Exit, Failure};
-use crate::out::errln;
+use crate::exit::{self, Exit, Failure};
+use crate::out::{errln, outln};
 use crate::procfs;
 use crate::socket;
+use memshim_proto::{Answer, Request};
+
+/// Options of a command that asks one process one thing (`gc`,
+/// `empty-cache`).
+#[derive(clap::Args, Debug)]
+pub struct OneArgs {
+    /// Process id.
+    #[arg(value_parser = pid_parser())]
+    pub pid: i32,
+    /// One JSON document on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Sends `req` to the process of `a` and prints its answer: the reply as
+/// one JSON document with `--json`, else the line `line` makes of it.
+pub fn ask_one<R: Answer + serde::Serialize>(
+    a: &OneArgs,
+    req: &Request,
+    line: impl FnOnce(&R) -> String,
+) -> Result<Exit, Failure> {
+    let r: R = Client::open(a.pid)?.ask(req)?;
+    if a.json {
+        outln!("{}", serde_json::to_string(&r).unwrap_or_default())?;
+    } else {
+        outln!("pid {}: {}", a.pid, line(&r))?;
+    }
+    Ok(exit::OK)
+}
 
 /// The outcome for one target of a multi-target command.
 pub struct Outcome<T> {
@@ -56,10 +85,11 @@ pub struct Outcome<T> {
 /// Runs `f` on a connected client for every target: the given pids, or with
 /// `--all` every shimmed process whose endpoint is up (others are skipped,
 /// and listed by `memshim-ctl list`). Returns the outcomes and the exit
-/// status: 0 if all succeeded; the target's own code if there was exactly
-/// one, or if every one failed for the same kind of reason (`purge 999998
-/// 999999`: 3); 1 if some of several failed. `--all` that finds no target
-/// is a failure of its own (exit 3): nothing was done.
+/// status: [`exit::OK`] if all succeeded; the target's own status if there
+/// was exactly one, or if every one failed for the same kind of reason
+/// (`purge 999998 999999`: [`exit::NOT_FOUND`]); [`exit::FAILED`] if some
+/// of several failed. `--all` that finds no target is a failure of its own
+/// ([`exit::NOT_FOUND`]): nothing was done.
 pub fn for_targets<T>(
     t: &Targets,
     mut f: impl FnMut(&mut Client) -> Result<T, Failure>,
@@ -97,7 +127,7 @@ pub fn for_targets<T>(
     }
     if t.all && out.is_empty() {
         return Err(Failure::new(
-            Exit::NotFound,
+            exit::NOT_FOUND,
             None,
             "--all found no shimmed process with a running control endpoint: nothing was done",
         )
@@ -105,9 +135,9 @@ pub fn for_targets<T>(
     }
     let failed: Vec<&Failure> = out.iter().filter_map(|o| o.result.as_ref().err()).collect();
     let exit = match (failed.len(), out.len()) {
-        (0, _) => Exit::Ok,
+        (0, _) => exit::OK,
         (n, m) if n == m && failed.iter().all(|f| f.exit == failed[0].exit) => failed[0].exit,
-        _ => Exit::Failed,
+        _ => exit::FAILED,
     };
     Ok((out, exit))
 }
@@ -124,7 +154,7 @@ pub fn print_failures<T>(outcomes: &[Outcome<T>], extra: &[Failure], exit: Exit)
             errln!("  hint: {h}");
         }
     }
-    if exit != Exit::Ok {
+    if exit != exit::OK {
         errln!("{}", exit.line());
     }
 }

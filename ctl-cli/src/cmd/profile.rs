@@ -1,10 +1,10 @@
 //! `memshim-ctl profile <PID> [--seconds N] [--every S --count N]
-//! [--format table|folded|json|svg|pprof] [-o FILE]`, `profile --diff OLD NEW`,
+//! [--format table|folded|json|svg|pprof|speedscope|html] [-o FILE]`, `profile --diff OLD NEW`,
 //! `profile <PID> --stop`: where the live memory of a process was
 //! allocated, from jemalloc's heap profiler, switched on from outside
 //! (docs/profile.md). The process must have started with
-//! `MEMSHIM_PROFILE=on`; without it the answer is exit 11 and how to turn
-//! it on.
+//! `MEMSHIM_PROFILE=on`; without it the answer is
+//! [`exit::NO_PROFILER`] and how to turn it on.
 //!
 //! If sampling was off, this command switches it on, waits `--seconds`
 //! (default 10), takes the profile and switches it off again (`--keep`
@@ -13,14 +13,14 @@
 
 use crate::args::{parse_interval, pid_parser};
 use crate::client::Client;
-use crate::exit::{Exit, Failure};
+use crate::exit::{self, Exit, Failure};
 use crate::heapprof::{Profile, signed_bytes};
 use crate::out::{errln, outln};
 use crate::render::bytes;
 use clap::{Args, ValueEnum};
 use memshim_proto::{
-    MAX_PROFILE_SECONDS, MAX_PY_TRACE_SECONDS, ProfileAction, ProfileReply, PyTraceAction,
-    PyTraceReply, Reply, Request,
+    HeapDump, MAX_PROFILE_SECONDS, MAX_PY_TRACE_SECONDS, ProfileAction, ProfileReply,
+    PyTraceAction, PyTraceReply, Request,
 };
 use std::path::PathBuf;
 use std::time::Duration;
@@ -88,10 +88,15 @@ pub enum Format {
     Svg,
     /// pprof's protobuf (gzipped), for `go tool pprof` and its web view.
     Pprof,
+    /// speedscope's JSON (a sampled profile weighted by live bytes).
+    Speedscope,
+    /// One HTML file: the table and the interactive flame graph (`-o
+    /// FILE.html` chooses it when no --format is given).
+    Html,
 }
 
 /// A combination clap cannot check itself (`cli.rs` reports it as a usage
-/// error, exit 2).
+/// error, [`exit::USAGE`]).
 pub fn conflict(a: &ProfileArgs) -> Option<String> {
     if a.python && !a.json && !matches!(a.format, Format::Table | Format::Json) {
         return Some(
@@ -127,14 +132,22 @@ fn span_s(a: &ProfileArgs, wait: u64) -> f64 {
 
 /// Runs `profile`.
 pub fn run(a: ProfileArgs) -> Result<Exit, Failure> {
-    let format = if a.json { Format::Json } else { a.format };
+    let html_file = a.output.as_ref().is_some_and(|o| {
+        o.extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("html"))
+    });
+    let format = match a.format {
+        _ if a.json => Format::Json,
+        Format::Table if html_file => Format::Html,
+        f => f,
+    };
     if let Some(files) = &a.diff {
         let old = load(&files[0])?;
         let new = load(&files[1])?;
         let d = Profile::diff(&old, &new);
         let title = format!("{} \u{2192} {}", files[0].display(), files[1].display());
         emit(&a, format, &d, &title, None, false)?;
-        return Ok(Exit::Ok);
+        return Ok(exit::OK);
     }
     let pid = a.pid.unwrap_or_default();
     if a.python {
@@ -146,17 +159,19 @@ pub fn run(a: ProfileArgs) -> Result<Exit, Failure> {
             "{pid}: sampling {}",
             if r.changed { "stopped" } else { "was off" }
         )?;
-        return Ok(Exit::Ok);
+        return Ok(exit::OK);
     }
+    // One connection for the whole command: start, the dumps, stop.
+    let mut c = Client::open(pid)?;
     if a.reset {
-        ask(pid, ProfileAction::Reset)?;
+        ask_on(&mut c, ProfileAction::Reset, None)?;
     }
-    let before = ask(pid, ProfileAction::Status)?;
+    let before = ask_on(&mut c, ProfileAction::Status, None)?;
     let wait = a
         .seconds
         .unwrap_or(if before.active { 0 } else { DEFAULT_SECONDS });
-    let state = ask_for(
-        pid,
+    let state = ask_on(
+        &mut c,
         ProfileAction::Start,
         Some(bound(&a, wait, MAX_PROFILE_SECONDS)),
     )?;
@@ -172,11 +187,15 @@ pub fn run(a: ProfileArgs) -> Result<Exit, Failure> {
             }
         );
     }
-    let result = profile_after(&a, format, pid, wait);
+    let result = profile_after(&a, format, &mut c, wait);
     if started && !a.keep {
         // Switched off whatever happened above: a process left sampling
-        // pays for it on every allocation.
-        return switched_off(pid, result, ask(pid, ProfileAction::Stop).map(|_| ()));
+        // pays for it on every allocation. A connection that broke above
+        // is made again for it.
+        let off = ask_on(&mut c, ProfileAction::Stop, None)
+            .or_else(|_| ask(pid, ProfileAction::Stop))
+            .map(|_| ());
+        return switched_off(pid, result, off);
     }
     result
 }
@@ -210,53 +229,83 @@ fn switched_off(
     }
 }
 
-fn profile_after(a: &ProfileArgs, format: Format, pid: i32, wait: u64) -> Result<Exit, Failure> {
-    std::thread::sleep(Duration::from_secs(wait));
-    let (mut prev, mut active_ms) = dump(pid)?;
+fn profile_after(
+    a: &ProfileArgs,
+    format: Format,
+    c: &mut Client,
+    wait: u64,
+) -> Result<Exit, Failure> {
+    let pid = c.proc.pid;
+    hold(c, Duration::from_secs(wait))?;
+    let (mut prev, mut active_ms) = dump(c)?;
     let Some(every) = a.every else {
         let title = format!("pid {pid}");
         emit(a, format, &prev, &title, active_ms, false)?;
-        return Ok(Exit::Ok);
+        return Ok(exit::OK);
     };
     for step in 1..=a.count {
-        std::thread::sleep(Duration::from_secs_f64(every));
-        let (cur, ms) = dump(pid)?;
+        hold(c, Duration::from_secs_f64(every))?;
+        let (cur, ms) = dump(c)?;
         active_ms = ms;
         let grown = Profile::diff(&prev, &cur);
         let title = format!("pid {pid}: growth {step} of {}, {every} s", a.count);
         emit(a, format, &grown, &title, active_ms, step > 1)?;
         prev = cur;
     }
-    Ok(Exit::Ok)
+    Ok(exit::OK)
 }
 
-/// One `profile` request on a connection of its own (the wait between two
-/// is longer than the endpoint keeps an idle connection).
+/// One `profile` request on a connection of its own.
 fn ask(pid: i32, action: ProfileAction) -> Result<ProfileReply, Failure> {
-    ask_for(pid, action, None)
+    ask_on(&mut Client::open(pid)?, action, None)
 }
 
-/// `ask`, with the seconds after which the shim switches off sampling this
-/// start begins (so a client killed during its wait leaves none behind).
-fn ask_for(pid: i32, action: ProfileAction, seconds: Option<u64>) -> Result<ProfileReply, Failure> {
-    ask_on(&mut Client::open(pid)?, action, seconds)
+/// How often a waiting `profile` asks for the state, so that its connection
+/// is never idle as long as the endpoint's limit (`IDLE_TIMEOUT_MS`).
+const KEEP_OPEN: Duration = Duration::from_millis(memshim_proto::IDLE_TIMEOUT_MS / 3);
+
+/// Waits `d` with the connection kept open (a `status` now and then).
+fn hold(c: &mut Client, d: Duration) -> Result<(), Failure> {
+    let end = std::time::Instant::now() + d;
+    loop {
+        let left = end.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Ok(());
+        }
+        std::thread::sleep(left.min(KEEP_OPEN));
+        if !left.saturating_sub(KEEP_OPEN).is_zero() {
+            ask_on(c, ProfileAction::Status, None)?;
+        }
+    }
 }
 
+/// One `profile` request on `c`; `seconds`: after how long the shim
+/// switches off the sampling this start begins (so a client killed during
+/// its wait leaves none behind).
 fn ask_on(
     c: &mut Client,
     action: ProfileAction,
     seconds: Option<u64>,
 ) -> Result<ProfileReply, Failure> {
-    match c.request(&Request::Profile { action, seconds })? {
-        Reply::Profile(r) => Ok(*r),
-        other => Err(c.unexpected(&other)),
-    }
+    c.ask::<Box<ProfileReply>>(&Request::Profile { action, seconds })
+        .map(|r| *r)
 }
 
-fn dump(pid: i32) -> Result<(Profile, Option<u64>), Failure> {
-    let mut c = Client::open(pid)?;
-    let r = ask_on(&mut c, ProfileAction::Dump, None)?;
-    let d = r.dump.unwrap_or_default();
+/// A dump: the shim has jemalloc write it next to its socket and names the
+/// file; it is read, parsed and removed here, outside the process.
+fn dump(c: &mut Client) -> Result<(Profile, Option<u64>), Failure> {
+    let pid = c.proc.pid;
+    let t0 = std::time::Instant::now();
+    let r = ask_on(c, ProfileAction::Dump, None)?;
+    let d = match (&r.dump, &r.dump_file) {
+        (Some(d), _) => d.clone(),
+        (None, Some(name)) => {
+            let (_, mut d) = read_dump(c, name)?;
+            d.elapsed_ms = t0.elapsed().as_secs_f64() * 1000.0;
+            d
+        }
+        (None, None) => HeapDump::default(),
+    };
     if d.dropped_stacks > 0 {
         errln!(
             "memshim-ctl: {pid} has more sampled stacks than one answer carries: the {} smallest ({}) are left out",
@@ -271,12 +320,45 @@ fn dump(pid: i32) -> Result<(Profile, Option<u64>), Failure> {
     ))
 }
 
+/// Reads and removes the dump file `name` in the process's socket
+/// directory, and parses it.
+fn read_dump(c: &Client, name: &str) -> Result<(u32, HeapDump), Failure> {
+    let pid = c.proc.pid;
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        return Err(Failure::new(
+            exit::REMOTE,
+            Some(pid),
+            format!("the process named {name:?} as its dump file, which is not a file name"),
+        ));
+    }
+    let path = c.loc.dir.join(name);
+    let text = std::fs::read(&path);
+    let _ = std::fs::remove_file(&path);
+    let text = text.map_err(|e| {
+        Failure::new(
+            exit::FAILED,
+            Some(pid),
+            format!("reading the heap profile {}: {e}", path.display()),
+        )
+    })?;
+    HeapDump::parse(&String::from_utf8_lossy(&text)).ok_or_else(|| {
+        Failure::new(
+            exit::REMOTE,
+            Some(pid),
+            format!(
+                "{} is not jemalloc's heap profile (heap_v2 format)",
+                path.display()
+            ),
+        )
+    })
+}
+
 fn load(path: &PathBuf) -> Result<Profile, Failure> {
     let text = std::fs::read_to_string(path)
-        .map_err(|e| Failure::new(Exit::Failed, None, format!("{}: {e}", path.display())))?;
+        .map_err(|e| Failure::new(exit::FAILED, None, format!("{}: {e}", path.display())))?;
     serde_json::from_str(&text).map_err(|e| {
         Failure::new(
-            Exit::Failed,
+            exit::FAILED,
             None,
             format!(
                 "{}: not a profile written by `profile --format json`: {e}",
@@ -303,8 +385,13 @@ fn emit(
             s.push('\n');
             s.into_bytes()
         }
-        Format::Svg => p.svg(title).into_bytes(),
+        Format::Svg => crate::flame::svg(p, title).into_bytes(),
         Format::Pprof => crate::pprof::encode(p),
+        Format::Speedscope => crate::speedscope::encode(p, title).into_bytes(),
+        Format::Html => {
+            let text = table(p, title, a.top as usize, active_ms);
+            crate::report::profile(p, title, &text).into_bytes()
+        }
     };
     write_out(a, &data, append).map(|_| ())
 }
@@ -357,10 +444,7 @@ fn ask_py(pid: i32, action: PyTraceAction, seconds: Option<u64>) -> Result<PyTra
         seconds,
         top: Some(10_000),
     };
-    match c.request(&req)? {
-        Reply::PythonTrace(r) => Ok(*r),
-        other => Err(c.unexpected(&other)),
-    }
+    c.ask::<Box<PyTraceReply>>(&req).map(|r| *r)
 }
 
 /// `profile --python`: tracemalloc started (bounded: the shim stops it
@@ -377,7 +461,7 @@ fn run_python(a: &ProfileArgs, format: Format, pid: i32) -> Result<Exit, Failure
                 (false, false) => "was off",
             }
         )?;
-        return Ok(Exit::Ok);
+        return Ok(exit::OK);
     }
     let state = ask_py(pid, PyTraceAction::Status, None)?;
     let wait = a
@@ -413,7 +497,7 @@ fn python_after(a: &ProfileArgs, format: Format, pid: i32, wait: u64) -> Result<
     let mut prev = ask_py(pid, PyTraceAction::Snapshot, None)?;
     if prev.snapshot.is_none() {
         return Err(Failure::new(
-            Exit::Failed,
+            exit::FAILED,
             Some(pid),
             "tracemalloc is not tracing in the process (the program, or the shim at its deadline, stopped it)",
         ));
@@ -431,7 +515,7 @@ fn python_after(a: &ProfileArgs, format: Format, pid: i32, wait: u64) -> Result<
         let cur = ask_py(pid, PyTraceAction::Snapshot, None)?;
         let (Some(old), Some(new)) = (&prev.snapshot, &cur.snapshot) else {
             return Err(Failure::new(
-                Exit::Failed,
+                exit::FAILED,
                 Some(pid),
                 "tracemalloc stopped tracing in the process",
             ));
@@ -454,7 +538,7 @@ fn python_after(a: &ProfileArgs, format: Format, pid: i32, wait: u64) -> Result<
         write_out(a, text.as_bytes(), step > 1)?;
         prev = cur;
     }
-    Ok(Exit::Ok)
+    Ok(exit::OK)
 }
 
 /// Writes to `-o FILE` (appended to after the first step of `--every`) or
@@ -471,12 +555,12 @@ fn write_out(a: &ProfileArgs, data: &[u8], append: bool) -> Result<Exit, Failure
             .and_then(|mut f| f.write_all(data))
             .map_err(|e| {
                 Failure::new(
-                    Exit::Failed,
+                    exit::FAILED,
                     a.pid,
                     format!("writing {}: {e}", path.display()),
                 )
             })?,
         None => crate::out::write_bytes(data)?,
     }
-    Ok(Exit::Ok)
+    Ok(exit::OK)
 }

@@ -6,7 +6,7 @@ use crate::exit::{Exit, Failure};
 use crate::out::{out, outln};
 use crate::render::{bytes, ms, shorten, table};
 use clap::Args;
-use memshim_proto::{PurgeResult, Reply, Request};
+use memshim_proto::{PurgeResult, Request};
 
 /// Options of `purge`.
 #[derive(Args, Debug)]
@@ -18,10 +18,7 @@ pub struct PurgeArgs {
 
 /// Runs `purge`.
 pub fn run(a: PurgeArgs) -> Result<Exit, Failure> {
-    let (outcomes, exit) = for_targets(&a.targets, |c| match c.request(&Request::Purge)? {
-        Reply::Purge(p) => Ok(p),
-        other => Err(c.unexpected(&other)),
-    })?;
+    let (outcomes, exit) = for_targets(&a.targets, |c| c.ask::<PurgeResult>(&Request::Purge))?;
     if a.targets.json {
         let v: Vec<_> = outcomes.iter().map(outcome_json).collect();
         outln!("{}", serde_json::json!({ "purge": v }))?;

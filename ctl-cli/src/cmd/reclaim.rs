@@ -5,7 +5,7 @@
 //! part of the charge before and after. With `--to SIZE`, the page cache is
 //! reclaimed in batches until usage is under SIZE; where that cannot be
 //! reached, it says what is left and who holds it, and exits
-//! [`Exit::NotReached`] (an in-place resize of a pod's limit below its
+//! [`exit::NOT_REACHED`] (an in-place resize of a pod's limit below its
 //! usage is refused by the kubelet: docs/deploy.md).
 //!
 //! Nothing is done unless the kernel step can be done: a read-only cgroup
@@ -16,12 +16,12 @@ use crate::args::{pid_parser, size_parser};
 use crate::cgroupfs::{self, KernelStep, Location};
 use crate::charge::{self, Charge, Parts};
 use crate::client::Client;
-use crate::exit::{Exit, Failure};
+use crate::exit::{self, Exit, Failure};
 use crate::out::{out, outln};
 use crate::render::{bytes, delta, ms, table};
 use clap::Args;
 use memshim_proto::cgroup::CgroupMemory;
-use memshim_proto::{PurgeResult, Reply, Request};
+use memshim_proto::{PurgeResult, Request};
 use serde::Serialize;
 
 /// Options of `reclaim`.
@@ -34,9 +34,9 @@ pub struct ReclaimArgs {
     #[arg(long)]
     pub json: bool,
     /// Reclaim until the cgroup's usage is at most SIZE (bytes, or with K,
-    /// M, G, T: 512M, 2G); exits 10 with what is left and who holds it
-    /// where that cannot be reached.
-    #[arg(long, value_name = "SIZE", value_parser = size_parser())]
+    /// M, G, T: 512M, 2G); exits [`exit::NOT_REACHED`] with what is left
+    /// and who holds it where that cannot be reached (`--help`: [`to_help`]).
+    #[arg(long, value_name = "SIZE", value_parser = size_parser(), help = to_help())]
     pub to: Option<u64>,
     /// Run `release` in each shimmed process (Python's gc, PyTorch's
     /// caches, then purge) instead of `purge` alone.
@@ -71,6 +71,15 @@ fn snapshot(c: &Charge) -> Snapshot {
     }
 }
 
+/// `--to`'s `--help` line, its exit status from proto's table.
+fn to_help() -> String {
+    format!(
+        "Reclaim until the cgroup's usage is at most SIZE (bytes, or with K, M, G, T: 512M, 2G); \
+         exits {} with what is left and who holds it where that cannot be reached",
+        exit::NOT_REACHED.code
+    )
+}
+
 /// Runs `reclaim`.
 pub fn run(a: ReclaimArgs) -> Result<Exit, Failure> {
     let loc = cgroupfs::locate(a.pid)?;
@@ -84,15 +93,10 @@ pub fn run(a: ReclaimArgs) -> Result<Exit, Failure> {
         // failed; it is not asked again (it would cost another timeout).
         let result = if p.endpoint {
             Some(Client::open(p.pid).and_then(|mut c| {
-                let req = if a.gc {
-                    Request::Release
+                if a.gc {
+                    c.ask(&Request::Release).map(|r| released(&r))
                 } else {
-                    Request::Purge
-                };
-                match c.request(&req)? {
-                    Reply::Purge(r) => Ok(r),
-                    Reply::Release(r) => Ok(released(&r)),
-                    other => Err(c.unexpected(&other)),
+                    c.ask(&Request::Purge)
                 }
             }))
         } else {
@@ -100,7 +104,7 @@ pub fn run(a: ReclaimArgs) -> Result<Exit, Failure> {
         };
         if let Some(result) = result {
             // A process that exited meanwhile has nothing left to purge.
-            let gone = result.as_ref().is_err_and(|f| f.exit == Exit::NotFound)
+            let gone = result.as_ref().is_err_and(|f| f.exit == exit::NOT_FOUND)
                 && std::fs::metadata(format!("/proc/{}", p.pid)).is_err();
             if gone {
                 skipped.push(Skipped {
@@ -136,9 +140,9 @@ pub fn run(a: ReclaimArgs) -> Result<Exit, Failure> {
     let failed = purges.iter().any(|o| o.result.is_err()) || kernel.outcome == "unsupported";
     let short = a.to.filter(|&t| after.memory.usage > t);
     let exit = match (short, failed) {
-        (Some(_), _) => Exit::NotReached,
-        (None, true) => Exit::Failed,
-        (None, false) => Exit::Ok,
+        (Some(_), _) => exit::NOT_REACHED,
+        (None, true) => exit::FAILED,
+        (None, false) => exit::OK,
     };
     if a.json {
         let doc = serde_json::json!({
@@ -165,7 +169,7 @@ pub fn run(a: ReclaimArgs) -> Result<Exit, Failure> {
         let mut kernel_failed: Vec<Failure> = (kernel.outcome == "unsupported")
             .then(|| {
                 Failure::new(
-                    Exit::Failed,
+                    exit::FAILED,
                     a.pid,
                     format!(
                         "the kernel cannot reclaim this cgroup's page cache here: {} does not exist",
@@ -178,7 +182,7 @@ pub fn run(a: ReclaimArgs) -> Result<Exit, Failure> {
         if let Some(t) = short {
             kernel_failed.push(
                 Failure::new(
-                    Exit::NotReached,
+                    exit::NOT_REACHED,
                     a.pid,
                     format!(
                         "usage is {} after reclaim, over the {} asked: what is left is in use",

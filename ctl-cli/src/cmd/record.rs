@@ -10,7 +10,7 @@
 use crate::args::{parse_interval, pid_parser};
 use crate::cgroupfs;
 use crate::client::Client;
-use crate::exit::{Exit, Failure};
+use crate::exit::{self, Exit, Failure};
 use crate::out::outln;
 use crate::render::bytes;
 use crate::timeline::{Marker, Series, Timeline};
@@ -163,7 +163,7 @@ pub fn run(a: RecordArgs) -> Result<Exit, Failure> {
         timeline.markers.len()
     )?;
     match ended {
-        None => Ok(Exit::Ok),
+        None => Ok(exit::OK),
         Some(f) => Err(Failure::new(
             f.exit,
             Some(a.pid),
@@ -180,7 +180,7 @@ pub fn run(a: RecordArgs) -> Result<Exit, Failure> {
 
 fn write_failure(a: &RecordArgs, e: &std::io::Error) -> Failure {
     Failure::new(
-        Exit::Failed,
+        exit::FAILED,
         Some(a.pid),
         format!("cannot write {}: {e}", a.output.display()),
     )

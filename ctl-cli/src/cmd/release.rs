@@ -2,11 +2,11 @@
 
 use super::{Outcome, for_targets, outcome_json, print_failures};
 use crate::args::Targets;
-use crate::exit::{Exit, Failure};
+use crate::exit::{self, Exit, Failure};
 use crate::out::{out, outln};
 use crate::render::{bytes, delta, ms, table};
 use clap::Args;
-use memshim_proto::{ReleaseResult, Reply, Request, StepOutcome};
+use memshim_proto::{ReleaseResult, Request, StepOutcome};
 
 /// Options of `release`.
 #[derive(Args, Debug)]
@@ -17,7 +17,7 @@ pub struct ReleaseArgs {
 }
 
 /// Runs `release`. A process whose release had a step that could not run
-/// or failed counts as failed (exit 7 for a single target), though what the
+/// or failed counts as failed ([`exit::PYTHON_STEP`] for a single target), though what the
 /// other steps did is reported as usual.
 pub fn run(a: ReleaseArgs) -> Result<Exit, Failure> {
     // One CPython started without the preload: reached by ptrace (reach.rs).
@@ -27,26 +27,11 @@ pub fn run(a: ReleaseArgs) -> Result<Exit, Failure> {
     {
         return without_preload(pid, a.targets.json);
     }
-    let (outcomes, exit) = for_targets(&a.targets, |c| match c.request(&Request::Release)? {
-        Reply::Release(r) => Ok(r),
-        other => Err(c.unexpected(&other)),
-    })?;
+    let (outcomes, exit) = for_targets(&a.targets, |c| c.ask::<ReleaseResult>(&Request::Release))?;
     let partial: Vec<Failure> = outcomes
         .iter()
         .filter_map(|o| o.result.as_ref().ok().map(|r| (o.pid, r)))
-        .flat_map(|(pid, r)| {
-            r.failed_steps().map(move |s| {
-                Failure::new(
-                    Exit::PythonStep,
-                    Some(pid),
-                    format!(
-                        "release: the {} step could not run: {}",
-                        s.name(),
-                        s.error.as_deref().unwrap_or("no reason given")
-                    ),
-                )
-            })
-        })
+        .flat_map(|(pid, r)| step_failures(pid, r))
         .collect();
     let exit = overall(exit, outcomes.len(), &outcomes, !partial.is_empty());
     if a.targets.json {
@@ -67,9 +52,13 @@ fn without_preload(pid: i32, json: bool) -> Result<Exit, Failure> {
         Ok((r, how)) => (Ok(r), Some(how)),
         Err(f) => (Err(f), None),
     };
+    let partial: Vec<Failure> = match &result {
+        Ok(r) => step_failures(pid, r).collect(),
+        Err(_) => Vec::new(),
+    };
     let exit = match &result {
-        Ok(r) if r.failed_steps().next().is_some() => Exit::PythonStep,
-        Ok(_) => Exit::Ok,
+        Ok(_) if !partial.is_empty() => exit::PYTHON_STEP,
+        Ok(_) => exit::OK,
         Err(f) => f.exit,
     };
     let outcomes = [Outcome {
@@ -87,27 +76,23 @@ fn without_preload(pid: i32, json: bool) -> Result<Exit, Failure> {
     if let Some(how) = &how {
         outln!("{}", crate::reach::reached_line(pid, how))?;
     }
-    let partial: Vec<Failure> = outcomes[0]
-        .result
-        .as_ref()
-        .map(|r| {
-            r.failed_steps()
-                .map(|s| {
-                    Failure::new(
-                        Exit::PythonStep,
-                        Some(pid),
-                        format!(
-                            "release: the {} step could not run: {}",
-                            s.name(),
-                            s.error.as_deref().unwrap_or("no reason given")
-                        ),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default();
     print_failures(&outcomes, &partial, exit);
     Ok(exit)
+}
+
+/// A failure for each step of `r` that could not run or failed.
+fn step_failures(pid: i32, r: &ReleaseResult) -> impl Iterator<Item = Failure> + '_ {
+    r.failed_steps().map(move |s| {
+        Failure::new(
+            exit::PYTHON_STEP,
+            Some(pid),
+            format!(
+                "release: the {} step could not run: {}",
+                s.name(),
+                s.error.as_deref().unwrap_or("no reason given")
+            ),
+        )
+    })
 }
 
 /// The exit status: a process with a failed step counts as a failed target.
@@ -124,9 +109,9 @@ fn overall(exit: Exit, targets: usize, outcomes: &[Outcome<ReleaseResult>], part
         })
         .count();
     if targets == 1 && bad == 1 {
-        Exit::PythonStep
+        exit::PYTHON_STEP
     } else {
-        Exit::Failed
+        exit::FAILED
     }
 }
 
@@ -252,7 +237,7 @@ mod tests {
             "{h}"
         );
         assert!(h.contains("-924.0 MiB"), "{h}");
-        assert_eq!(overall(Exit::Ok, 1, &o, false), Exit::Ok);
+        assert_eq!(overall(exit::OK, 1, &o, false), exit::OK);
     }
 
     #[test]
@@ -279,9 +264,9 @@ mod tests {
             "{}",
             human(&o)
         );
-        assert_eq!(overall(Exit::Ok, 1, &o, true), Exit::PythonStep);
+        assert_eq!(overall(exit::OK, 1, &o, true), exit::PYTHON_STEP);
         let o = vec![one(5, bad), one(6, ok)];
-        assert_eq!(overall(Exit::Ok, 2, &o, true), Exit::Failed);
+        assert_eq!(overall(exit::OK, 2, &o, true), exit::FAILED);
     }
 
     #[test]

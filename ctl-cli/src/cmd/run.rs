@@ -13,7 +13,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::exit::{Exit, Failure};
+use crate::exit::{self, Exit, Failure};
 
 /// Options of `memshim-ctl run`.
 #[derive(clap::Args, Debug)]
@@ -268,7 +268,7 @@ pub fn run(a: RunArgs) -> Result<Exit, Failure> {
         exe.as_deref(),
     )
     .and_then(preloadable)
-    .map_err(|e| Failure::new(Exit::NotFound, None, e).hint("nothing was run"))?;
+    .map_err(|e| Failure::new(exit::NOT_FOUND, None, e).hint("nothing was run"))?;
     let preload = prepend_preload(&lib.path, std::env::var_os("LD_PRELOAD").as_deref());
     let vars = shim_env(&a);
     let (prog, args) = a.command.split_first().expect("clap requires CMD");
@@ -286,7 +286,7 @@ pub fn run(a: RunArgs) -> Result<Exit, Failure> {
             "memshim-ctl: run: dry run: {} not run",
             prog.to_string_lossy()
         );
-        return Ok(Exit::Ok);
+        return Ok(exit::OK);
     }
     let mut cmd = Command::new(prog);
     cmd.args(args).env("LD_PRELOAD", &preload);

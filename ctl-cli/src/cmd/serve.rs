@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::exit::{Exit, Failure};
+use crate::exit::{self, Exit, Failure};
 
 use super::metrics::{Limits, collect, render};
 
@@ -237,9 +237,9 @@ fn purge(head: &Head) -> (u16, String) {
         Err(f) => {
             // The HTTP status says what the exit code would (exit.rs).
             let code = match f.exit {
-                Exit::NotFound => 404,
-                Exit::Permission => 403,
-                Exit::NoEndpoint => 503,
+                exit::NOT_FOUND => 404,
+                exit::PERMISSION => 403,
+                exit::NO_ENDPOINT => 503,
                 _ => 502,
             };
             (
@@ -390,7 +390,7 @@ fn handle(s: TcpStream, id: u64, server: &Server) {
 }
 
 /// Why these options do not go together, if they do not: a usage error
-/// (exit 2, `Cli::parse_checked`), like every other bad combination of
+/// ([`exit::USAGE`], `Cli::parse_checked`), like every other bad combination of
 /// options.
 pub fn conflict(a: &ServeArgs) -> Option<String> {
     (a.enable_purge && !a.listen.ip().is_loopback()).then(|| {
@@ -406,7 +406,7 @@ pub fn conflict(a: &ServeArgs) -> Option<String> {
 pub fn run(a: ServeArgs) -> Result<Exit, Failure> {
     let l = TcpListener::bind(a.listen).map_err(|e| {
         Failure::new(
-            Exit::Failed,
+            exit::FAILED,
             None,
             format!("cannot listen on {}: {e}", a.listen),
         )
@@ -448,7 +448,7 @@ pub fn run(a: ServeArgs) -> Result<Exit, Failure> {
             }
         }
     }
-    Ok(Exit::Ok)
+    Ok(exit::OK)
 }
 
 #[cfg(test)]

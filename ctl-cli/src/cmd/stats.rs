@@ -3,7 +3,7 @@
 
 use crate::args::pid_parser;
 use crate::client::Client;
-use crate::exit::{Exit, Failure};
+use crate::exit::{self, Exit, Failure};
 use crate::gpu;
 use crate::out::{out, outln};
 use crate::render::{bytes, kv, ms, opt_bytes, table};
@@ -11,7 +11,7 @@ use clap::Args;
 use memshim_proto::settings::{self, Pressure};
 use memshim_proto::{
     AllocatorStats, ArenaStats, CgroupStats, ConfigState, CudaIdleCounters, PressureStats,
-    ProcessStats, PythonSection, PythonUnavailable, Reply, Request, StatsReport, TorchSection,
+    ProcessStats, PythonSection, PythonUnavailable, Request, StatsReport, TorchSection,
 };
 
 /// Options of `stats`.
@@ -33,10 +33,8 @@ pub struct StatsArgs {
 
 /// Fetches a stats report.
 pub fn fetch(c: &mut Client, arenas: bool, pss: bool) -> Result<StatsReport, Failure> {
-    match c.request(&Request::Stats { arenas, pss })? {
-        Reply::Stats(s) => Ok(*s),
-        other => Err(c.unexpected(&other)),
-    }
+    c.ask::<Box<StatsReport>>(&Request::Stats { arenas, pss })
+        .map(|s| *s)
 }
 
 /// Runs `stats`. Where torch has CUDA devices, the driver's view of them
@@ -61,7 +59,7 @@ pub fn run(a: StatsArgs) -> Result<Exit, Failure> {
         out!("{}", human(&s, a.pid, &c.proc.command))?;
         out!("{}", human_vram(&vram, why.as_deref()))?;
     }
-    Ok(Exit::Ok)
+    Ok(exit::OK)
 }
 
 /// The driver's view beside torch's, per device.

@@ -5,7 +5,7 @@
 
 use crate::args::{parse_interval, pid_parser};
 use crate::client::Client;
-use crate::exit::{Exit, Failure};
+use crate::exit::{self, Exit, Failure};
 use crate::render::{bytes, delta, sparkline};
 use clap::Args;
 use std::io::{IsTerminal, Write};
@@ -102,10 +102,10 @@ pub fn run(a: WatchArgs) -> Result<Exit, Failure> {
         match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
             Ok(()) => {}
             // The reader went away (`| head`): a stream ends there.
-            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(Exit::Ok),
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(exit::OK),
             Err(e) => {
                 return Err(Failure::new(
-                    Exit::Failed,
+                    exit::FAILED,
                     None,
                     format!("writing to stdout: {e}"),
                 ));
@@ -113,7 +113,7 @@ pub fn run(a: WatchArgs) -> Result<Exit, Failure> {
         }
         n += 1;
         if a.count.is_some_and(|c| n >= c) {
-            return Ok(Exit::Ok);
+            return Ok(exit::OK);
         }
         std::thread::sleep(Duration::from_secs_f64(a.interval));
     }

@@ -1,7 +1,7 @@
 //! One client connection: a bounded input buffer, the pending output, the
 //! handshake state and a deadline. Protocol: docs/protocol.md.
 
-use super::{Ctx, handlers};
+use super::{Ctx, requests};
 use crate::os::fd::Owned;
 use crate::os::sock;
 use memshim_proto::*;
@@ -206,7 +206,7 @@ impl Conn {
             Err(e) => return Response::Error(e),
         };
         match req {
-            Request::Hello { version, .. } => match handlers::hello(version, ctx) {
+            Request::Hello { version, .. } => match requests::hello::handle(version, ctx) {
                 Ok(h) => {
                     self.hello = true;
                     Response::Ok(Reply::Hello(h))
@@ -217,7 +217,7 @@ impl Conn {
                 ErrorCode::HelloRequired,
                 format!("send {{\"op\":\"hello\",\"version\":{PROTOCOL_VERSION}}} first"),
             )),
-            ref other => handlers::dispatch(other, ctx),
+            ref other => requests::dispatch(other, ctx),
         }
     }
 

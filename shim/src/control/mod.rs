@@ -30,7 +30,7 @@
 //! others get a `permission_denied` line and the connection is closed.
 
 mod conn;
-mod handlers;
+mod requests;
 mod socket;
 
 use crate::os::{self, fd::Owned, sock};
@@ -494,7 +494,7 @@ impl Endpoint {
 /// its own socket when its thread starts. Async-signal-safe.
 pub fn after_fork_child() {
     socket::after_fork_child();
-    handlers::reset_purge_counters();
+    requests::purge::reset_purge_counters();
 }
 
 /// Library destructor: remove this process's socket file, and make sure the

@@ -8,7 +8,7 @@ use crate::os::ResetTo;
 use core::sync::atomic::{
     AtomicBool, AtomicI32, AtomicU8, AtomicU32, AtomicUsize, Ordering::*, fence,
 };
-use memshim_proto::endpoint::{self, SUN_PATH_MAX, SocketName};
+use memshim_proto::endpoint::{self, SUN_PATH_MAX, Seen, SocketName};
 use std::ffi::CString;
 
 /// The socket directory in force: `MEMSHIM_SOCKET_DIR`, or the default.
@@ -94,10 +94,12 @@ pub fn remove_stale(dir: &CString, dirfd: i32, pidns: u64) {
         let Some(name) = file.to_str() else {
             continue;
         };
-        let Some(s) = SocketName::parse(name).filter(|s| s.to_string() == name) else {
-            continue;
+        let seen = |pid| match os::proc::starttime_of(pid) {
+            Ok(None) => Seen::Gone,
+            Ok(Some(t)) => Seen::Started(t),
+            Err(_) => Seen::Unknown,
         };
-        if s.pidns != pidns || s.pid == me || s.starttime == 0 {
+        if !SocketName::stale(name, Some(pidns), seen) {
             continue;
         }
         let path = join(dir, name);
@@ -106,11 +108,6 @@ pub fn remove_stale(dir: &CString, dirfd: i32, pidns: u64) {
         // in every process's start-up).
         if os::sock::socket_file_id(&path).is_none() {
             continue;
-        }
-        match os::proc::starttime_of(s.pid) {
-            Ok(None) => {}
-            Ok(Some(t)) if t != s.starttime => {}
-            _ => continue, // alive, or unreadable: keep
         }
         // Long paths are reached through the directory, as when binding.
         if os::sock::refuses_connection(&address(&path, dirfd, name)) {

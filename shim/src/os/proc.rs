@@ -6,6 +6,7 @@
 //! files and is read on the shim's thread.
 
 use core::ffi::CStr;
+use memshim_proto::procfs::{stat_starttime, stat_state};
 
 /// Number of threads in this process, the kernel's figure (field 20 of
 /// `/proc/self/stat`, which CPython reads before warning about fork with
@@ -29,23 +30,6 @@ pub fn read_file(path: &CStr, buf: &mut [u8]) -> Option<usize> {
     super::raw::read_file(path, buf)
 }
 
-/// The fields of a `/proc/<pid>/stat` line after the command (field 3 on);
-/// the command (field 2) may hold spaces and parentheses.
-fn stat_fields(stat: &[u8]) -> Option<impl Iterator<Item = &[u8]>> {
-    let close = stat.iter().rposition(|&b| b == b')')?;
-    Some(
-        stat[close + 1..]
-            .split(|&b| b == b' ' || b == b'\n')
-            .filter(|f| !f.is_empty()),
-    )
-}
-
-/// Field 22 of a `/proc/<pid>/stat` line: the start time in clock ticks
-/// after boot.
-pub fn parse_starttime(stat: &[u8]) -> Option<u64> {
-    super::parse_u64(stat_fields(stat)?.nth(19)?)
-}
-
 /// The start time of process `pid` as this `/proc` shows it: `Ok(None)`
 /// if there is no such process here (`ENOENT`, `ESRCH`), `Err(errno)` if
 /// its file could not be read for another reason. Read as
@@ -61,7 +45,7 @@ pub fn starttime_of(pid: i32) -> Result<Option<u64>, i32> {
         // No such process; or it went between the open and the read.
         Err(Open(libc::ENOENT | libc::ESRCH) | Read(libc::ESRCH)) => Ok(None),
         Err(Open(e) | Read(e)) => Err(e),
-        Ok(n) => parse_starttime(&buf[..n]).map(Some).ok_or(libc::EINVAL),
+        Ok(n) => stat_starttime(&buf[..n]).map(Some).ok_or(libc::EINVAL),
     }
 }
 
@@ -76,7 +60,7 @@ pub fn starttime_of(pid: i32) -> Result<Option<u64>, i32> {
 pub fn starttime() -> u64 {
     let mut buf = [0u8; 1024];
     read_file(c"/proc/./self/stat", &mut buf)
-        .and_then(|n| parse_starttime(&buf[..n]))
+        .and_then(|n| stat_starttime(&buf[..n]))
         .unwrap_or(0)
 }
 
@@ -99,7 +83,7 @@ pub fn pid_namespace() -> u64 {
 pub fn leader_exited() -> bool {
     let mut buf = [0u8; 1024];
     read_file(c"/proc/self/stat", &mut buf)
-        .and_then(|n| stat_fields(&buf[..n])?.next().map(|s| s == b"Z"))
+        .and_then(|n| stat_state(&buf[..n]).map(|s| s == b'Z'))
         .unwrap_or(false)
 }
 
@@ -204,9 +188,5 @@ mod tests {
         let s = "Name:\tx\nVmRSS:\t    2048 kB\nRssAnon:\t  1024 kB\n";
         assert_eq!(kb_field(s, "VmRSS"), Some(2 << 20));
         assert_eq!(kb_field(s, "VmSwap"), None);
-        let stat =
-            b"42 (a) b (c)) S 1 42 42 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 987654 1000 10";
-        assert_eq!(parse_starttime(stat), Some(987654));
-        assert_eq!(parse_starttime(b"garbage"), None);
     }
 }

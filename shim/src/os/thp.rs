@@ -105,13 +105,14 @@ fn in_effect(
     0
 }
 
-/// Looks at the settings again. Shim's thread (it opens files).
-pub fn refresh() {
-    let je = crate::jemalloc::opt_thp().map_or(&b"default"[..], |c| c.to_bytes());
+/// Looks at the settings again, given jemalloc's `opt.thp` (`je_thp`, as
+/// `default` where jemalloc has none) and its page size: the caller reads
+/// them from jemalloc, so that `os/` stays below it. Shim's thread (it
+/// opens files).
+pub fn refresh(je_thp: &[u8], page: usize) {
     // SAFETY: a getter without pointers.
     let disabled = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) } == 1;
-    let page = crate::jemalloc::page_size() as usize;
-    let size = in_effect(je, disabled, page, |path, buf| {
+    let size = in_effect(je_thp, disabled, page, |path, buf| {
         let c = std::ffi::CString::new(path).ok()?;
         super::proc::read_file(&c, buf)
     });

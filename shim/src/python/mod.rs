@@ -29,6 +29,7 @@ pub use cuda::IdleCheck;
 mod ffi;
 mod gate;
 mod gc;
+mod guard;
 mod job;
 mod object;
 mod pymalloc;
@@ -167,7 +168,7 @@ pub fn interrupt(on: bool) {
 /// Fork prepare handler: gives up what a child must not inherit (the job
 /// thread's PEP 788 guard, 3.15).
 pub fn before_fork() {
-    job::before_fork();
+    guard::before_fork();
 }
 
 /// Fork child handler: the job thread and any request in flight stay in

@@ -183,7 +183,7 @@ extern "C" fn main(_: *mut c_void) -> *mut c_void {
     // Where huge pages may back the heap, purges split the ones they cover
     // in part (os/thp.rs). Looked at again later only in the thread's own
     // table: reading a file opens a descriptor for a moment.
-    os::thp::refresh();
+    refresh_thp();
     let mut next_thp_look = last_decay + os::thp::LOOK_MS;
     loop {
         let dirty = jemalloc::decay_ms()
@@ -241,7 +241,7 @@ extern "C" fn main(_: *mut c_void) -> *mut c_void {
             last_decay = now;
         }
         if now >= next_thp_look && os::fd::private() {
-            os::thp::refresh();
+            refresh_thp();
             next_thp_look = now + os::thp::LOOK_MS;
         }
         cuda_idle.tick(now);
@@ -308,6 +308,12 @@ fn try_stop(own: &mut Held, always: bool) -> bool {
 fn finish() -> *mut c_void {
     spawner::stop();
     core::ptr::null_mut()
+}
+
+/// `os::thp::refresh` with what it needs of jemalloc's settings.
+fn refresh_thp() {
+    let je = jemalloc::opt_thp().map_or(&b"default"[..], |c| c.to_bytes());
+    os::thp::refresh(je, jemalloc::page_size() as usize);
 }
 
 #[cfg(test)]

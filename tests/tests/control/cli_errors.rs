@@ -11,8 +11,10 @@ use memshim_tests::{Cmd, Output, ctl, python, shim, wait_until};
 use std::process::Stdio;
 use std::time::Duration;
 
-/// The line every failing command's stderr ends with, for exit 3.
-const EXIT_3: &str = "  (exit 3; see docs/troubleshooting.md)\n";
+/// The line every failing command's stderr ends with, for [`NOT_FOUND`].
+fn not_found_line() -> String {
+    NOT_FOUND.line() + "\n"
+}
 
 /// Waits until process `pid` has a thread named `memshim`.
 fn wait_for_shim_thread(pid: i32) {
@@ -111,7 +113,7 @@ fn a_process_that_exits_during_a_request_is_no_such_process() {
         o.stderr.contains("exited while memshim-ctl talked to it"),
         "{o:?}"
     );
-    assert!(o.stderr.ends_with(EXIT_3), "{o:?}");
+    assert!(o.stderr.ends_with(&not_found_line()), "{o:?}");
 }
 
 #[test]
@@ -137,7 +139,7 @@ fn a_thread_id_is_not_taken_for_a_process() {
             o.stderr.contains(&format!("a thread of process {pid}")),
             "{cmd}: {o:?}"
         );
-        assert!(o.stderr.ends_with(EXIT_3), "{cmd}: {o:?}");
+        assert!(o.stderr.ends_with(&not_found_line()), "{cmd}: {o:?}");
     }
 }
 

@@ -2,9 +2,10 @@
 //! from outside. The function that keeps 64 MiB holds at least 80 % of the
 //! sampled live bytes; the difference of two profiles around a second
 //! leak shows only the second; the flame graph parses as SVG; a process
-//! started without `MEMSHIM_PROFILE=on` gets exit 11 and how to turn it on;
+//! started without `MEMSHIM_PROFILE=on` gets `no_profiler` and how to turn it on;
 //! sampling while the process forks and allocates stalls nothing.
 
+use memshim_proto::exit::{FAILED, NO_PROFILER, NOT_FOUND, USAGE};
 use memshim_tests::control::{ctl_run, wait_endpoint};
 use memshim_tests::*;
 use serde_json::Value;
@@ -181,6 +182,34 @@ print('\\n'.join(t.text or '' for t in root.iter() if t.tag.endswith('title')))"
         "{}",
         o.stdout
     );
+    // The same file, read by pprof itself (Debian's golang-go).
+    if memshim_tests::have("go") {
+        let o = Cmd::new(
+            "go",
+            [
+                "tool",
+                "pprof",
+                "-top",
+                "-sample_index=inuse_space",
+                &pb.display().to_string(),
+            ],
+        )
+        .env("HOME", scratch())
+        .run();
+        assert_eq!(o.code, 0, "go tool pprof: {o:?}");
+        let top: Vec<&str> = o.stdout.lines().filter(|l| l.contains('%')).collect();
+        for f in ["keep_sixty_four", "keep_sixteen"] {
+            assert!(
+                top.iter().any(|l| l.split_whitespace().last() == Some(f)),
+                "go tool pprof -top names {f}:\n{}",
+                o.stdout
+            );
+        }
+    } else {
+        memshim_tests::skip(
+            "go tool pprof: go is not installed (Debian package golang-go; make test-deps installs it)",
+        );
+    }
     let folded = ctl_run(&["profile", &pid, "--format", "folded"]);
     assert!(
         folded
@@ -284,11 +313,11 @@ fn a_first_profile_samples_for_its_seconds_then_switches_sampling_off() {
 }
 
 #[test]
-fn without_memshim_profile_the_answer_is_exit_11_and_how_to_turn_it_on() {
+fn without_memshim_profile_the_answer_is_no_profiler_and_how_to_turn_it_on() {
     let mut app = leaker(false);
     let pid = app.pid().to_string();
     let o = ctl_run(&["profile", &pid, "--seconds", "0"]);
-    assert_eq!(o.code, 11, "{o:?}");
+    assert_eq!(o.code, i32::from(NO_PROFILER.code), "{o:?}");
     assert!(o.stderr.contains("MEMSHIM_PROFILE=on"), "{}", o.stderr);
     assert!(o.stdout.is_empty(), "{}", o.stdout);
     app.send("quit");
@@ -299,9 +328,9 @@ fn without_memshim_profile_the_answer_is_exit_11_and_how_to_turn_it_on() {
     std::fs::write(&junk, "{}").unwrap();
     let j = junk.display().to_string();
     let o = ctl_run(&["profile", "--diff", &j, &j]);
-    assert_eq!(o.code, 1, "{o:?}");
+    assert_eq!(o.code, i32::from(FAILED.code), "{o:?}");
     assert!(o.stderr.contains("not a profile"), "{}", o.stderr);
-    assert_eq!(ctl_run(&["profile"]).code, 2);
+    assert_eq!(ctl_run(&["profile"]).code, i32::from(USAGE.code));
 }
 
 #[test]
@@ -362,7 +391,11 @@ fn a_process_that_exits_while_it_is_profiled_exits_as_it_would_and_the_profile_s
         t0.elapsed()
     );
     let p = run.finish(Duration::from_secs(30));
-    assert_eq!(p.code, 3, "no such process any more: {p:?}");
+    assert_eq!(
+        p.code,
+        i32::from(NOT_FOUND.code),
+        "no such process any more: {p:?}"
+    );
     assert!(p.stdout.is_empty(), "{p:?}");
 }
 
@@ -411,4 +444,235 @@ fn sampling_a_request_started_stops_at_its_deadline_with_no_client_left() {
     );
     app.send("quit");
     assert_eq!(app.finish(Duration::from_secs(10)).code, 0);
+}
+
+/// `--format speedscope`: a sampled profile, weighted by live bytes, that
+/// speedscope opens; the function that keeps the memory is a frame, and
+/// its samples weigh what the JSON profile says it holds.
+#[test]
+fn a_speedscope_profile_weighs_each_stack_by_its_live_bytes() {
+    let mut app = leaker(true);
+    let pid = app.pid().to_string();
+    let o = ctl_run(&["profile", &pid, "--seconds", "0", "--keep"]);
+    assert_eq!(o.code, 0, "{o:?}");
+    app.send("first");
+    app.wait_for_line("kept first", Duration::from_secs(10));
+    let f = profile_to(&pid, "speedscope", "s.speedscope.json");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+    assert_eq!(
+        v["$schema"], "https://www.speedscope.app/file-format-schema.json",
+        "{v}"
+    );
+    let frames = v["shared"]["frames"].as_array().unwrap();
+    let leak = frames
+        .iter()
+        .position(|f| f["name"] == "keep_sixty_four")
+        .unwrap_or_else(|| panic!("no keep_sixty_four frame: {v}"));
+    let prof = &v["profiles"][0];
+    assert_eq!(
+        (&prof["type"], &prof["unit"]),
+        (&"sampled".into(), &"bytes".into())
+    );
+    let samples = prof["samples"].as_array().unwrap();
+    let weights = prof["weights"].as_array().unwrap();
+    assert_eq!(samples.len(), weights.len(), "{prof}");
+    let held: i64 = samples
+        .iter()
+        .zip(weights)
+        .filter(|(s, _)| s.as_array().unwrap().last() == Some(&leak.into()))
+        .map(|(_, w)| w.as_i64().unwrap())
+        .sum();
+    assert!(held > 32 << 20, "keep_sixty_four weighs {held}: {prof}");
+    app.send("quit");
+    let o = app.finish(Duration::from_secs(10));
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+}
+
+/// The flame graph as a person uses it, in headless Chromium: a click on a
+/// frame zooms into it (the others hide, "Reset Zoom" shows), and a search
+/// highlights the frames that match and says how much they hold. Checked
+/// on the DOM Chromium ends with; a screenshot is left in scratch.
+#[test]
+fn the_flame_graph_zooms_on_a_click_and_highlights_a_search_in_chromium() {
+    if !memshim_tests::have("chromium") {
+        memshim_tests::skip(
+            "the flame graph in Chromium: chromium is not installed (make test-deps installs it)",
+        );
+        return;
+    }
+    let mut app = leaker(true);
+    let pid = app.pid().to_string();
+    assert_eq!(
+        ctl_run(&["profile", &pid, "--seconds", "0", "--keep"]).code,
+        0
+    );
+    for step in ["first", "second"] {
+        app.send(step);
+        app.wait_for_line(&format!("kept {step}"), Duration::from_secs(10));
+    }
+    let svg = std::fs::read_to_string(profile_to(&pid, "svg", "chromium.svg")).unwrap();
+    app.send("quit");
+    assert_eq!(app.finish(Duration::from_secs(10)).code, 0);
+    // What a person does: search for one leak, then click the other.
+    // (inferno's `init` runs on the SVG's own load event; `searchbtn` is
+    // its variable, set there.)
+    let person = r##"<script type="text/ecmascript"><![CDATA[
+function person() {
+  if (!searchbtn) { setTimeout(person, 10); return; }
+  search("keep_sixteen");
+  var gs = document.querySelectorAll("#frames > g");
+  for (var i = 0; i < gs.length; i++)
+    if (gs[i].querySelector("title").textContent.indexOf("keep_sixty_four ") == 0)
+      gs[i].dispatchEvent(new MouseEvent("click", {bubbles: true}));
+}
+window.addEventListener("load", function() { setTimeout(person, 0); });
+]]></script>
+</svg>"##;
+    // Before the document's own end (the frames are an <svg> inside it).
+    let (body, _) = svg.rsplit_once("</svg>").expect("an SVG document");
+    let page = out_file("chromium-person.svg");
+    std::fs::write(&page, format!("{body}{person}\n")).unwrap();
+    let dom = chromium(&page, &["--dump-dom"]);
+    assert_eq!(dom.code, 0, "{dom:?}");
+    let d = &dom.stdout;
+    // The search: "Matched: N%", N > 0.
+    let matched = d
+        .split("id=\"matched\"")
+        .nth(1)
+        .and_then(|r| r.split_once('>'))
+        .map(|(_, r)| r.split('<').next().unwrap_or(""))
+        .unwrap_or("");
+    let pct: f64 = matched
+        .trim()
+        .strip_prefix("Matched: ")
+        .and_then(|p| p.trim_end_matches('%').parse().ok())
+        .unwrap_or_else(|| panic!("no match count after the search: {matched:?}"));
+    assert!(pct > 0.0 && pct < 100.0, "{matched}");
+    // The click: "Reset Zoom" shown, the other leak's frame hidden.
+    let unzoom = d.split("id=\"unzoom\"").nth(1).unwrap_or("");
+    assert!(
+        unzoom.trim_start().starts_with("class=\"\""),
+        "Reset Zoom is not shown after the click: {}",
+        &unzoom[..unzoom.len().min(80)]
+    );
+    let frame_of = |f: &str| {
+        d.split("<g")
+            .find(|g| g.contains(&format!("<title>{f} (profile_leak)")))
+            .unwrap_or_else(|| panic!("no frame of {f}"))
+            .to_string()
+    };
+    assert!(
+        frame_of("keep_sixteen").contains("class=\"hide\""),
+        "keep_sixteen is not hidden by the zoom"
+    );
+    assert!(!frame_of("keep_sixty_four").contains("class=\"hide\""));
+    let shot = out_file("flamegraph.png");
+    let o = chromium(
+        &page,
+        &[
+            "--hide-scrollbars",
+            "--window-size=1200,900",
+            &format!("--screenshot={}", shot.display()),
+        ],
+    );
+    assert_eq!(o.code, 0, "{o:?}");
+    let png = std::fs::read(&shot).unwrap();
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "{} bytes",
+        png.len()
+    );
+}
+
+/// Headless Chromium on the file `page` with `extra` arguments (its own
+/// empty profile directory, no network of its own), finished.
+fn chromium(page: &std::path::Path, extra: &[&str]) -> memshim_tests::Output {
+    // One profile directory per run: Chromium locks its directory.
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let profile_dir = out_file(&format!("chromium-user-data-{n}"));
+    let _ = std::fs::remove_dir_all(&profile_dir);
+    let mut args = vec![
+        "--headless".to_string(),
+        "--no-sandbox".into(),
+        "--disable-gpu".into(),
+        "--no-first-run".into(),
+        "--disable-background-networking".into(),
+        "--disable-component-update".into(),
+        "--disable-sync".into(),
+        format!("--user-data-dir={}", profile_dir.display()),
+        "--virtual-time-budget=5000".into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.push(format!("file://{}", page.display()));
+    Cmd::new("chromium", args).run()
+}
+
+/// `profile -o report.html`: one self-contained file with the table and
+/// the flame graph, as Chromium shows it (its DOM, and a screenshot left
+/// in scratch).
+#[test]
+fn an_html_report_holds_the_table_and_the_flame_graph_in_one_file() {
+    let mut app = leaker(true);
+    let pid = app.pid().to_string();
+    assert_eq!(
+        ctl_run(&["profile", &pid, "--seconds", "0", "--keep"]).code,
+        0
+    );
+    app.send("first");
+    app.wait_for_line("kept first", Duration::from_secs(10));
+    let page = out_file("report.html");
+    let o = ctl_run(&["profile", &pid, "-o", &page.display().to_string()]);
+    assert_eq!((o.code, o.stdout.as_str()), (0, ""), "{o:?}");
+    app.send("quit");
+    assert_eq!(app.finish(Duration::from_secs(10)).code, 0);
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.starts_with("<!DOCTYPE html>"), "{html}");
+    assert!(
+        !html.contains("http://")
+            || html.matches("http://").count() == html.matches("xmlns").count(),
+        "nothing is fetched: {html}"
+    );
+    if !memshim_tests::have("chromium") {
+        memshim_tests::skip(
+            "the HTML report in Chromium: chromium is not installed (make test-deps installs it)",
+        );
+        return;
+    }
+    let dom = chromium(&page, &["--dump-dom"]);
+    assert_eq!(dom.code, 0, "{dom:?}");
+    let table = dom
+        .stdout
+        .split("<pre id=\"table\">")
+        .nth(1)
+        .and_then(|r| r.split("</pre>").next())
+        .unwrap_or_else(|| panic!("no table in {}", dom.stdout));
+    assert!(
+        table
+            .lines()
+            .any(|l| l.contains("keep_sixty_four") && l.contains("profile_leak")),
+        "{table}"
+    );
+    assert!(
+        dom.stdout
+            .contains("<object id=\"flamegraph\" type=\"image/svg+xml\""),
+        "{}",
+        dom.stdout
+    );
+    let shot = out_file("report.png");
+    let o = chromium(
+        &page,
+        &[
+            "--hide-scrollbars",
+            "--window-size=1200,1000",
+            &format!("--screenshot={}", shot.display()),
+        ],
+    );
+    assert_eq!(o.code, 0, "{o:?}");
+    let png = std::fs::read(&shot).unwrap();
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "{} bytes",
+        png.len()
+    );
 }

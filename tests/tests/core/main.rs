@@ -5,6 +5,7 @@
 
 mod compat;
 mod config;
+mod forks;
 mod glibc_api;
 mod idle_return;
 mod interpose;

@@ -55,15 +55,6 @@ fn sample(text: &str, prefix: &str) -> Option<f64> {
         .ok()
 }
 
-fn have(tool: &str) -> bool {
-    Command::new(tool)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
 fn promtool_check(text: &str) -> (i32, String) {
     let mut c = Command::new("promtool")
         .args(["check", "metrics"])
@@ -137,7 +128,7 @@ fn metrics_describes_a_shimmed_process_and_passes_promtool() {
         Some(0.0)
     );
 
-    if !have("promtool") {
+    if !memshim_tests::have("promtool") {
         eprintln!(
             "SKIP promtool check: promtool is not installed (Debian package prometheus; make test-deps installs it)"
         );
@@ -482,7 +473,7 @@ fn query(prom: &str, q: &str) -> (String, Option<f64>) {
 
 #[test]
 fn prometheus_sees_resident_fall_after_a_purge() {
-    if !have("prometheus") || !have("promtool") {
+    if !memshim_tests::have("prometheus") || !memshim_tests::have("promtool") {
         eprintln!(
             "SKIP prometheus_sees_resident_fall_after_a_purge: prometheus/promtool not installed \
              (Debian package prometheus; make test-deps installs it)"

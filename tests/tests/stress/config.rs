@@ -5,8 +5,9 @@
 use memshim_tests::stress::{Level, figures};
 use memshim_tests::*;
 
-/// Every variable the shim reads (shim/src/options.rs TABLE; MEMSHIM_LIB is
-/// read by memshim-ctl only, so the shim must stay silent about it).
+/// Variables of proto's settings table (`memshim_proto::settings::ALL`);
+/// MEMSHIM_LIB is read by memshim-ctl only, so the shim must stay silent
+/// about it.
 const VARS: &[&str] = &[
     "MEMSHIM_DIRTY_DECAY_MS",
     "MEMSHIM_MUZZY_DECAY_MS",
