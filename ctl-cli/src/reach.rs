@@ -8,7 +8,10 @@ use crate::cmd::OneArgs;
 use crate::exit::{self as status, Exit, Failure};
 use crate::out::outln;
 use crate::procfs;
-use memshim_proto::{GcResult, ReleaseResult, ReleaseStep, ReleaseStepKind};
+use memshim_proto::{
+    CgroupStats, GcResult, ProcessStats, PythonSection, PythonUnavailable, ReleaseResult,
+    ReleaseStep, ReleaseStepKind,
+};
 use memshim_reach::{Error, Failure as Fail, PythonCalls, Refusal};
 use std::time::{Duration, Instant};
 
@@ -30,7 +33,7 @@ pub fn applies(pid: i32) -> bool {
 /// The one line every answer reached this way carries.
 pub fn reached_line(pid: i32, how: &Reached) -> String {
     format!(
-        "pid {pid}: reached by ptrace, without the preload (CPython {}.{}; thread {} was in {}, \
+        "pid {pid}: reached by ptrace, not preloaded (CPython {}.{}; thread {} was in {}, \
          and goes on as before)",
         how.version.0, how.version.1, how.tid, how.syscall
     )
@@ -74,17 +77,7 @@ pub struct Reached {
 pub fn failure(pid: i32, e: Error) -> Failure {
     match e {
         Error::Refused(r) => {
-            let s = match r.kind {
-                Refusal::Yama => status::YAMA,
-                Refusal::NoPtrace => status::NO_PTRACE,
-                Refusal::UserNamespace => status::USER_NAMESPACE,
-                Refusal::Seccomp => status::SECCOMP,
-                Refusal::Traced => status::TRACED,
-                Refusal::RemoteDebugDisabled => status::REMOTE_DEBUG_DISABLED,
-                Refusal::FreeThreaded => status::FREE_THREADED,
-                Refusal::UnsupportedVersion => status::UNSUPPORTED_VERSION,
-                Refusal::NotCpython => status::NOT_CPYTHON,
-            };
+            let s = refusal_status(r.kind);
             let f = Failure::new(s, Some(pid), r.message);
             if r.kind == Refusal::NotCpython {
                 f.hint("libmemshim.so is not loaded in it either: start it with LD_PRELOAD=/path/to/libmemshim.so")
@@ -130,6 +123,88 @@ pub fn failure(pid: i32, e: Error) -> Failure {
             format!("reaching the process by ptrace failed: {e}"),
         ),
     }
+}
+
+/// The exit status of a refusal.
+pub fn refusal_status(kind: Refusal) -> Exit {
+    match kind {
+        Refusal::Yama => status::YAMA,
+        Refusal::NoPtrace => status::NO_PTRACE,
+        Refusal::UserNamespace => status::USER_NAMESPACE,
+        Refusal::Seccomp => status::SECCOMP,
+        Refusal::Traced => status::TRACED,
+        Refusal::RemoteDebugDisabled => status::REMOTE_DEBUG_DISABLED,
+        Refusal::FreeThreaded => status::FREE_THREADED,
+        Refusal::UnsupportedVersion => status::UNSUPPORTED_VERSION,
+        Refusal::NotCpython => status::NOT_CPYTHON,
+    }
+}
+
+/// A process without the preload as `list` shows it: a CPython, and
+/// whether the verbs may reach it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Candidate {
+    /// Pid as we see it.
+    pub pid: i32,
+    /// Effective uid.
+    pub uid: u32,
+    /// Command line.
+    pub command: String,
+    /// RSS in bytes.
+    pub rss: u64,
+    /// Always "not preloaded".
+    pub preload: &'static str,
+    /// `"3.11"`, where the version could be told.
+    pub python: Option<String>,
+    /// No refusal applies: a verb may reach it (whether a thread reaches a
+    /// safe point in time is found only when one runs).
+    pub reachable: bool,
+    /// The refusal's `--json` name (`"traced"`), if not reachable.
+    pub code: Option<Exit>,
+    /// Why not, and what to do.
+    pub reason: Option<String>,
+}
+
+/// Whether `pid` (without libmemshim.so) looks like a CPython by its files,
+/// before any symbol is read: its executable's or a mapped library's name.
+fn looks_like_python(pid: i32) -> bool {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+    let name = exe.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    name.starts_with("python")
+        || std::fs::read_to_string(format!("/proc/{pid}/maps"))
+            .is_ok_and(|m| m.contains("/libpython3"))
+}
+
+/// `pid` as `list` shows a process without the preload, if it is a CPython
+/// (the checks of `memshim_reach::examine`, which touch nothing).
+pub fn candidate(p: &procfs::Proc) -> Option<Candidate> {
+    if !looks_like_python(p.pid) {
+        return None;
+    }
+    let mut c = Candidate {
+        pid: p.pid,
+        uid: p.uid,
+        command: p.command.clone(),
+        rss: p.rss,
+        preload: "not preloaded",
+        python: None,
+        reachable: false,
+        code: None,
+        reason: None,
+    };
+    match memshim_reach::examine(p.pid) {
+        Ok((py, _)) => {
+            c.python = Some(format!("{}.{}", py.version.0, py.version.1));
+            c.reachable = true;
+        }
+        Err(Error::Refused(r)) if r.kind == Refusal::NotCpython => return None,
+        Err(Error::Refused(r)) => {
+            c.code = Some(refusal_status(r.kind));
+            c.reason = Some(r.message);
+        }
+        Err(Error::Failed(_)) => return None, // exited meanwhile
+    }
+    Some(c)
 }
 
 /// The pid tracing `pid`, if any (`TracerPid` in its status).
@@ -261,4 +336,185 @@ pub fn gc(pid: i32) -> Result<(GcResult, Reached), Failure> {
         },
         how,
     ))
+}
+
+/// `stats` of a process without the preload: the sections whose figures
+/// exist without the shim (the kernel's, the cgroup's, CPython's through
+/// the injector), in the shape of the shimmed report; `allocator` and
+/// `config` are `null`, and `allocator_unavailable` says why.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Stats {
+    /// The process id.
+    pub pid: i32,
+    /// How it was reached.
+    pub reached: Reached,
+    /// Always `null`: jemalloc's figures need the shim.
+    pub allocator: Option<()>,
+    /// Why there is no `allocator` section.
+    pub allocator_unavailable: String,
+    /// The process as the kernel sees it (`unmanaged` is all of its RSS:
+    /// none of it is the shim's).
+    pub process: ProcessStats,
+    /// Its memory cgroup, if one can be read here.
+    pub cgroup: Option<CgroupStats>,
+    /// Always `null`: the shim's settings and state.
+    pub config: Option<()>,
+    /// CPython's figures, read by the injector.
+    pub python: Option<PythonSection>,
+    /// Why `python` is absent.
+    pub python_unavailable: Option<PythonUnavailable>,
+    /// Time taken, ms.
+    pub elapsed_ms: f64,
+}
+
+/// The sentence for `allocator_unavailable`.
+pub const NO_ALLOCATOR: &str = "libmemshim.so is not loaded: the process's malloc is its own \
+                                (glibc's), whose figures memshim does not read";
+
+/// The Python expression that reads the `python` section (the figures of
+/// the shim's bridge, `shim/src/python/gc.rs`), as one line of text:
+/// `version|abiflags has t|allocated blocks|gc figures` where the gc
+/// figures are empty unless the program imported `gc` (nothing is
+/// imported: `sys` always is).
+const PYTHON_FIGURES: &str = "(lambda s, g, t: '|'.join((s.version.split()[0], \
+str(int('t' in getattr(s, 'abiflags', ''))), str(s.getallocatedblocks()), \
+'' if g is None else ' '.join((str(int(g.isenabled())), t(g.get_count()), \
+t(g.get_threshold()), t([x['collections'] for x in g.get_stats()]))))))\
+(__import__('sys'), __import__('sys').modules.get('gc'), \
+lambda v: ' '.join(map(str, (list(v) + [0, 0, 0])[:3])))";
+
+/// The `python` section from [`PYTHON_FIGURES`]'s line.
+fn python_section(line: &str) -> Option<PythonSection> {
+    let mut parts = line.split('|');
+    let version = parts.next()?.to_owned();
+    let free_threaded = parts.next()? == "1";
+    let allocated_blocks = parts.next()?.parse().ok()?;
+    let gc: Vec<u64> = parts
+        .next()?
+        .split_whitespace()
+        .map(|n| n.parse().ok())
+        .collect::<Option<_>>()?;
+    let mut s = PythonSection {
+        version,
+        free_threaded,
+        allocated_blocks,
+        ..Default::default()
+    };
+    if let [enabled, rest @ ..] = &gc[..] {
+        let three = |i: usize| rest.get(i..i + 3).map(|v| [v[0], v[1], v[2]]);
+        s.gc_enabled = *enabled != 0;
+        s.gc_counts = three(0);
+        s.gc_thresholds = three(3);
+        s.gc_collections = three(6);
+        three(6)?;
+    }
+    Some(s)
+}
+
+/// A field of `/proc/PID/status` in kB, as bytes.
+fn status_bytes(status: &str, key: &str) -> Option<u64> {
+    status.lines().find_map(|l| {
+        let v = l.strip_prefix(key)?.strip_prefix(':')?;
+        v.split_whitespace()
+            .next()?
+            .parse::<u64>()
+            .ok()
+            .map(|kb| kb * 1024)
+    })
+}
+
+/// The `process` section from `/proc/PID/status` (and `smaps_rollup`
+/// with `pss`, which costs the process the kernel's walk of its pages).
+fn process_stats(pid: i32, pss: bool) -> ProcessStats {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let rss = status_bytes(&status, "VmRSS").unwrap_or_else(|| rss(pid));
+    let pss = pss
+        .then(|| std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok())
+        .flatten()
+        .and_then(|s| status_bytes(&s, "Pss"));
+    ProcessStats {
+        rss,
+        pss,
+        anon: status_bytes(&status, "RssAnon"),
+        file: status_bytes(&status, "RssFile"),
+        shmem: status_bytes(&status, "RssShmem"),
+        swap: status_bytes(&status, "VmSwap"),
+        unmanaged: rss,
+    }
+}
+
+/// The `cgroup` section, if the process's memory cgroup can be read here.
+fn cgroup_stats(pid: i32) -> Option<CgroupStats> {
+    let loc = crate::cgroupfs::locate(Some(pid)).ok()?;
+    let files = crate::cgroupfs::read_files(&loc, Some(pid)).ok()?;
+    Some(CgroupStats::from_files(loc.path, &files))
+}
+
+/// `stats` on a process without the preload.
+pub fn stats(pid: i32, pss: bool) -> Result<Stats, Failure> {
+    let start = Instant::now();
+    let mut calls = memshim_reach::python(pid, SAFE_POINT_LIMIT).map_err(|e| failure(pid, e))?;
+    let how = reached(&calls);
+    let read = (|| {
+        let line = calls.eval(PYTHON_FIGURES)?;
+        let enabled = calls.gc_is_enabled()?;
+        let threads = calls.threads()?;
+        Ok::<_, Error>((line, enabled, threads))
+    })();
+    let finished = calls.finish();
+    let (line, enabled, threads) = read.map_err(|e| failure(pid, e))?;
+    finished.map_err(|e| failure(pid, e))?;
+    let (python, python_unavailable) = match line.as_deref().and_then(python_section) {
+        Some(mut s) => {
+            if s.gc_counts.is_none() {
+                // `gc` not imported: the C API's flag (3.10+); before 3.10
+                // only the gc module can disable the collector.
+                s.gc_enabled = enabled.unwrap_or(true);
+            }
+            s.threads = threads.unwrap_or(0);
+            (Some(s), None)
+        }
+        None => (
+            None,
+            Some(PythonUnavailable::Error {
+                message: format!(
+                    "the figures could not be read in the process ({})",
+                    line.as_deref().unwrap_or("Python raised")
+                ),
+            }),
+        ),
+    };
+    Ok(Stats {
+        pid,
+        reached: how,
+        allocator: None,
+        allocator_unavailable: NO_ALLOCATOR.into(),
+        process: process_stats(pid, pss),
+        cgroup: cgroup_stats(pid),
+        config: None,
+        python,
+        python_unavailable,
+        elapsed_ms: ms(start),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn python_figures_are_parsed_with_and_without_gc() {
+        let s = python_section("3.11.9|0|12345|1 5 0 0 700 10 10 3 2 1").unwrap();
+        assert_eq!(s.version, "3.11.9");
+        assert!(s.gc_enabled && !s.free_threaded);
+        assert_eq!(s.allocated_blocks, 12345);
+        assert_eq!(s.gc_counts, Some([5, 0, 0]));
+        assert_eq!(s.gc_thresholds, Some([700, 10, 10]));
+        assert_eq!(s.gc_collections, Some([3, 2, 1]));
+        let s = python_section("3.8.20|0|7|").unwrap();
+        assert_eq!((s.gc_counts, s.allocated_blocks), (None, 7));
+        // A short gc list is no section, not zeros.
+        assert!(python_section("3.8.20|0|7|1 5 0").is_none());
+        assert!(python_section("garbage").is_none());
+    }
 }

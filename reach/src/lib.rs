@@ -133,10 +133,37 @@ pub struct PythonCalls {
     modules: Option<u64>,
     get_item: Option<u64>,
     trim: Option<u64>,
+    eval: Option<Eval>,
+    threads: Option<Threads>,
+    gc_is_enabled: Option<u64>,
+    this_state: Option<u64>,
+    /// Whether the held thread had a thread state before we took the GIL
+    /// (`PyGILState_Ensure` makes one for a thread that had none).
+    had_state: bool,
     /// `PyGILState_Ensure`'s answer while the GIL is held.
     gil: Option<u64>,
     _signals: ptrace::HoldSignals,
 }
+
+/// The functions [`PythonCalls::eval`] calls.
+#[derive(Debug, Clone, Copy)]
+struct Eval {
+    add_module: u64,
+    module_dict: u64,
+    run_string: u64,
+    as_utf8: u64,
+}
+
+/// The functions [`PythonCalls::threads`] calls.
+#[derive(Debug, Clone, Copy)]
+struct Threads {
+    main: u64,
+    head: u64,
+    next: u64,
+}
+
+/// CPython's `Py_eval_input`: the start symbol of an expression.
+const PY_EVAL_INPUT: u64 = 258;
 
 /// Holds a thread of the CPython process `pid` at a safe point (within
 /// `limit`), after the refusals.
@@ -154,6 +181,24 @@ pub fn python(pid: i32, limit: Duration) -> Result<PythonCalls, Error> {
     let modules = syms.find("PyImport_GetModuleDict").map(|(a, _)| a);
     let get_item = syms.find("PyDict_GetItemString").map(|(a, _)| a);
     let trim = syms.find("malloc_trim").map(|(a, _)| a);
+    let mut find = |n: &str| syms.find(n).map(|(a, _)| a);
+    let eval = (|| {
+        Some(Eval {
+            add_module: find("PyImport_AddModule")?,
+            module_dict: find("PyModule_GetDict")?,
+            run_string: find("PyRun_StringFlags")?,
+            as_utf8: find("PyUnicode_AsUTF8")?,
+        })
+    })();
+    let threads = (|| {
+        Some(Threads {
+            main: find("PyInterpreterState_Main")?,
+            head: find("PyInterpreterState_ThreadHead")?,
+            next: find("PyThreadState_Next")?,
+        })
+    })();
+    let gc_is_enabled = find("PyGC_IsEnabled");
+    let this_state = find("PyGILState_GetThisThreadState");
     let signals = ptrace::HoldSignals::new();
     // The main thread first: where a server idles.
     let held = inject::hold(pid, limit, |t| t == pid)?;
@@ -172,6 +217,11 @@ pub fn python(pid: i32, limit: Duration) -> Result<PythonCalls, Error> {
         modules,
         get_item,
         trim,
+        eval,
+        threads,
+        gc_is_enabled,
+        this_state,
+        had_state: true,
         gil: None,
         _signals: signals,
     })
@@ -199,8 +249,79 @@ impl PythonCalls {
                 "the interpreter is not initialised (starting or shutting down)".into(),
             )));
         }
+        if let Some(f) = self.this_state {
+            self.had_state = self.held.call(f, &[])? != 0;
+        }
         self.gil = Some(self.held.call(self.ensure, &[])? & 0xffff_ffff);
         Ok(())
+    }
+
+    /// The value of the Python expression `expr`, which must make a `str`,
+    /// evaluated in `__main__`'s namespace (it must not assign): `None` if
+    /// it raised (cleared, never printed) or did not make a `str`. At most
+    /// 3 KiB of it, and of the answer, which comes back through the
+    /// process's memory, never its output.
+    pub fn eval(&mut self, expr: &str) -> Result<Option<String>, Error> {
+        let Some(e) = self.eval else {
+            return Ok(None);
+        };
+        self.lock()?;
+        let mut text = expr.as_bytes().to_vec();
+        text.push(0);
+        let main = self.held.put(0, b"__main__\0")?;
+        let code = self.held.put(16, &text)?;
+        let module = self.held.call(e.add_module, &[main])?; // borrowed
+        if module == 0 {
+            self.held.call(self.err_clear, &[])?;
+            return Ok(None);
+        }
+        let globals = self.held.call(e.module_dict, &[module])?; // borrowed
+        let value = self
+            .held
+            .call(e.run_string, &[code, PY_EVAL_INPUT, globals, globals, 0])?;
+        if value == 0 {
+            self.held.call(self.err_clear, &[])?;
+            return Ok(None);
+        }
+        let utf8 = self.held.call(e.as_utf8, &[value])?;
+        let answer = if utf8 == 0 {
+            self.held.call(self.err_clear, &[])?;
+            None
+        } else {
+            Some(self.held.read_cstr(utf8, 3072)?)
+        };
+        self.held.call(self.decref, &[value])?;
+        Ok(answer)
+    }
+
+    /// `PyGC_IsEnabled()` (CPython 3.10+), `None` before 3.10.
+    pub fn gc_is_enabled(&mut self) -> Result<Option<bool>, Error> {
+        let Some(f) = self.gc_is_enabled else {
+            return Ok(None);
+        };
+        self.lock()?;
+        Ok(Some(self.held.call(f, &[])? & 0xffff_ffff != 0))
+    }
+
+    /// Thread states of the main interpreter, not counting one that taking
+    /// the GIL made for the held thread; `None` without the functions.
+    pub fn threads(&mut self) -> Result<Option<u64>, Error> {
+        let Some(t) = self.threads else {
+            return Ok(None);
+        };
+        self.lock()?;
+        let interp = self.held.call(t.main, &[])?;
+        let mut n: u64 = 0;
+        let mut state = self.held.call(t.head, &[interp])?;
+        while state != 0 && n < 100_000 {
+            n += 1;
+            state = self.held.call(t.next, &[state])?;
+        }
+        Ok(Some(if self.had_state {
+            n
+        } else {
+            n.saturating_sub(1)
+        }))
     }
 
     /// `gc.collect()`, called as Python code calls it (the C API's
