@@ -5,7 +5,7 @@
 //! its constants (`exit::NOT_FOUND`), and [`Exit`] is its type.
 //! docs/troubleshooting.md has the table of codes (a test below checks it
 //! against proto's), the messages and what to do about each. Printing a
-//! failure is output's business (`out::report`).
+//! failure is output's business (`print::report`).
 
 use serde::Serialize;
 

@@ -9,35 +9,20 @@
 #![forbid(unsafe_code)]
 
 mod args;
-mod cgroupfs;
-mod charge;
+mod cgroup;
 mod cli;
-mod client;
 mod cmd;
 mod exit;
-mod flame;
 mod gpu;
-mod heapprof;
-mod no_endpoint;
-mod out;
-mod pprof;
-mod procfs;
-mod pytrace;
+mod output;
+mod profile;
 mod reach;
-mod render;
-mod report;
-mod retainers;
-mod shm;
-mod socket;
-mod speedscope;
-mod symbols;
-mod timeline;
 
 fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse_checked();
     let json = cli.command.json();
     match cli.command.run() {
         Ok(exit) => std::process::ExitCode::from(exit.code),
-        Err(failure) => out::report(&failure, json),
+        Err(failure) => output::print::report(&failure, json),
     }
 }

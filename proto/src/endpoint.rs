@@ -3,6 +3,7 @@
 //! tests find it with them (docs/protocol.md, "Where the socket is").
 
 use core::fmt;
+use serde::{Deserialize, Serialize};
 
 /// The default socket directory is this prefix followed by the effective
 /// uid: `/tmp/memshim-<euid>`.
@@ -140,6 +141,32 @@ impl fmt::Display for SocketName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}-{}-{}.sock", self.pid, self.starttime, self.pidns)
     }
+}
+
+/// The answer to `hello`.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct HelloReply {
+    /// Protocol version used on this connection from now on.
+    pub version: u32,
+    /// Oldest version the server speaks.
+    pub min_version: u32,
+    /// Newest version the server speaks.
+    pub max_version: u32,
+    /// The process id as the process itself sees it (its own pid namespace).
+    pub pid: i32,
+    /// Field 22 of `/proc/self/stat` (clock ticks after boot): with `pid`,
+    /// tells a reused pid from the process that created the socket.
+    pub starttime: u64,
+    /// Inode number of the process's pid namespace (`/proc/self/ns/pid`):
+    /// with `pid` and `starttime`, tells two containers' pid 1 apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pidns: Option<u64>,
+    /// libmemshim version.
+    pub shim_version: String,
+    /// Longest request line accepted, `\n` included.
+    pub max_request_bytes: u64,
+    /// Requests this server understands.
+    pub ops: Vec<String>,
 }
 
 #[cfg(test)]

@@ -60,32 +60,6 @@ pub const MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
 /// answer; what arrived while the server was busy elsewhere is read first).
 pub const IDLE_TIMEOUT_MS: u64 = 5000;
 
-/// The answer to `hello`.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
-pub struct HelloReply {
-    /// Protocol version used on this connection from now on.
-    pub version: u32,
-    /// Oldest version the server speaks.
-    pub min_version: u32,
-    /// Newest version the server speaks.
-    pub max_version: u32,
-    /// The process id as the process itself sees it (its own pid namespace).
-    pub pid: i32,
-    /// Field 22 of `/proc/self/stat` (clock ticks after boot): with `pid`,
-    /// tells a reused pid from the process that created the socket.
-    pub starttime: u64,
-    /// Inode number of the process's pid namespace (`/proc/self/ns/pid`):
-    /// with `pid` and `starttime`, tells two containers' pid 1 apart.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pidns: Option<u64>,
-    /// libmemshim version.
-    pub shim_version: String,
-    /// Longest request line accepted, `\n` included.
-    pub max_request_bytes: u64,
-    /// Requests this server understands.
-    pub ops: Vec<String>,
-}
-
 /// One response line: `{"ok":{...}}` or `{"error":{...}}`.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[serde(rename_all = "snake_case")]

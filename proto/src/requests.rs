@@ -4,7 +4,10 @@
 //! type ([`Answer`]), the time class a client waits for ([`Wait`]) and the
 //! example line the golden test round-trips.
 
-use crate::*;
+use crate::actions::{DecayResult, EmptyCacheResult, GcResult, PurgeResult, ReleaseResult};
+use crate::endpoint::HelloReply;
+use crate::profile::{ProfileAction, ProfileReply, PyTraceAction, PyTraceReply};
+use crate::stats::StatsReport;
 use serde::{Deserialize, Serialize};
 
 /// How long a client should wait for an answer.
@@ -180,6 +183,7 @@ requests! {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::parse_request;
 
     /// The golden test each declaration brings: its example decodes to a
     /// request of its `op` and encodes back to the very same bytes.

@@ -122,6 +122,27 @@ pub fn steps_line(steps: &[memshim_proto::ReleaseStep]) -> String {
         .join("; ")
 }
 
+/// The bytes of the stacks of a `memshim-ctl profile --json` answer that
+/// have a frame in a library whose name starts with one of `prefixes`
+/// (each stack counted once).
+pub fn held_by_library(profile: &serde_json::Value, prefixes: &[&str]) -> i64 {
+    let in_library = |f: &serde_json::Value| {
+        let l = f["library"].as_str().unwrap_or("");
+        prefixes.iter().any(|p| l.starts_with(p))
+    };
+    profile["stacks"]
+        .as_array()
+        .expect("a profile's stacks")
+        .iter()
+        .filter(|s| {
+            s["frames"]
+                .as_array()
+                .is_some_and(|f| f.iter().any(in_library))
+        })
+        .map(|s| s["bytes"].as_i64().unwrap_or(0))
+        .sum()
+}
+
 /// Sends a line to the fixture and waits for its answer line.
 pub fn ask(child: &mut Child, cmd: &str) -> String {
     child.send(cmd);

@@ -4,12 +4,12 @@
 //! Figures are defined in docs/stats.md.
 
 use crate::args::pid_parser;
-use crate::cgroupfs::{self, Location};
-use crate::charge::{self, Charge, Parts, ProcEntry};
+use crate::cgroup::charge::{self, Charge, Parts, ProcEntry};
+use crate::cgroup::shm::{self, ShmReport};
+use crate::cgroup::{self, fs::Location};
 use crate::exit::{self, Exit, Failure};
-use crate::out::{out, outln};
-use crate::render::{bytes, kv, opt_bytes, shorten, table};
-use crate::shm::{self, ShmReport};
+use crate::output::print::{out, outln};
+use crate::output::render::{bytes, kv, opt_bytes, shorten, table};
 use clap::Args;
 use memshim_proto::cgroup::CgroupMemory;
 use serde::Serialize;
@@ -48,7 +48,7 @@ pub struct Report {
 
 /// Runs `cgroup`.
 pub fn run(a: CgroupArgs) -> Result<Exit, Failure> {
-    let loc = cgroupfs::locate(a.pid)?;
+    let loc = cgroup::fs::locate(a.pid)?;
     let c = charge::read(&loc, a.pid)?;
     let pids: Vec<i32> = c.processes.iter().map(|p| p.pid).collect();
     let mut shm = shm::scan(&pids);
@@ -67,8 +67,8 @@ pub fn run(a: CgroupArgs) -> Result<Exit, Failure> {
             "{} process(es) that see this /dev/shm could not be read (permission denied): a file on a filesystem \
              they have mounted that no readable process holds is `unknown`, not `unowned`; {}",
             shm.unreadable_processes,
-            if crate::procfs::my_euid() == Some(0) {
-                crate::procfs::DENIED_TO_ROOT
+            if crate::reach::procfs::my_euid() == Some(0) {
+                crate::reach::procfs::DENIED_TO_ROOT
             } else {
                 "run as root to know"
             }
@@ -325,7 +325,7 @@ pub fn human(r: &Report, c: &Charge) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shm::ShmFile;
+    use crate::cgroup::shm::ShmFile;
     use memshim_proto::AllocatorStats;
     use std::path::PathBuf;
 

@@ -1,9 +1,9 @@
 //! `memshim-ctl decay <PID> [--dirty-ms N] [--muzzy-ms N] [--json]`.
 
 use crate::args::pid_parser;
-use crate::client::Client;
 use crate::exit::{self, Exit, Failure};
-use crate::out::outln;
+use crate::output::print::outln;
+use crate::reach::client::Client;
 use clap::Args;
 use memshim_proto::{DecayResult, Request};
 

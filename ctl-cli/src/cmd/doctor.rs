@@ -16,12 +16,12 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::client::Client;
 use crate::exit::{self, Exit, Failure};
-use crate::no_endpoint;
-use crate::out::{outln, printable};
-use crate::procfs::{self, Environ, Proc};
-use crate::socket;
+use crate::output::print::{outln, printable};
+use crate::reach::client::Client;
+use crate::reach::no_endpoint;
+use crate::reach::procfs::{self, Environ, Proc};
+use crate::reach::socket;
 use memshim_proto::settings::{self, Control};
 
 /// Options of `memshim-ctl doctor`.
@@ -484,8 +484,8 @@ pub fn cuda_notes(t: &memshim_proto::TorchSection) -> Vec<String> {
             why.push(format!(
                 "{:.0}% of its {} reserved sits in free fragments of split blocks ({}): memory torch holds                  but cannot hand out for larger tensors",
                 d.fragmentation * 100.0,
-                crate::render::bytes(d.reserved),
-                crate::render::bytes(d.inactive_split)
+                crate::output::render::bytes(d.reserved),
+                crate::output::render::bytes(d.inactive_split)
             ));
         }
         if d.num_alloc_retries > 0 {

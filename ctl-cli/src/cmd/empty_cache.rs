@@ -3,7 +3,7 @@
 
 use super::{OneArgs, ask_one};
 use crate::exit::{Exit, Failure};
-use crate::render::{bytes, delta, ms};
+use crate::output::render::{bytes, delta, ms};
 use memshim_proto::{EmptyCacheResult, Request};
 
 /// Options of `empty-cache`.

@@ -2,7 +2,7 @@
 
 use super::{OneArgs, ask_one};
 use crate::exit::{Exit, Failure};
-use crate::render::{bytes, delta, ms};
+use crate::output::render::{bytes, delta, ms};
 use memshim_proto::{GcResult, Request};
 
 /// Options of `gc`.
@@ -11,9 +11,9 @@ pub type GcArgs = OneArgs;
 /// Runs `gc`: over the socket of a shimmed process, by ptrace on a CPython
 /// started without the preload (`crate::reach`).
 pub fn run(a: GcArgs) -> Result<Exit, Failure> {
-    if crate::reach::applies(a.pid) {
-        let (r, how) = crate::reach::gc(a.pid)?;
-        return crate::reach::print_one(&a, &r, &how, line);
+    if crate::reach::ptrace::applies(a.pid) {
+        let (r, how) = crate::reach::ptrace::gc(a.pid)?;
+        return crate::reach::ptrace::print_one(&a, &r, &how, line);
     }
     ask_one(&a, &Request::Gc, line)
 }

@@ -1,13 +1,13 @@
 //! `memshim-ctl list [--json]`: every visible process with the shim loaded,
 //! then every CPython without it ("not preloaded"), which the verbs reach
-//! by ptrace, and whether they may (`crate::reach::candidate`).
+//! by ptrace, and whether they may (`crate::reach::ptrace::candidate`).
 
-use crate::client::{self, Client};
 use crate::exit::{self, Exit, Failure};
-use crate::out::{out, outln};
-use crate::procfs::{self, Proc};
-use crate::render;
-use crate::socket;
+use crate::output::print::{out, outln};
+use crate::output::render;
+use crate::reach::client::{self, Client};
+use crate::reach::procfs::{self, Proc};
+use crate::reach::socket;
 use clap::Args;
 use memshim_proto::client::ConnectError;
 use memshim_proto::endpoint::SocketName;
@@ -54,7 +54,7 @@ pub struct Listing {
     pub processes: Vec<Entry>,
     /// CPython processes without the shim, which the verbs reach by ptrace
     /// (`null`-free addition: older readers ignore it).
-    pub not_preloaded: Vec<crate::reach::Candidate>,
+    pub not_preloaded: Vec<crate::reach::ptrace::Candidate>,
     /// Processes whose maps we could not read (other users' processes).
     pub unreadable: usize,
     /// Stale socket files (no listener, no such process) that were removed.
@@ -158,7 +158,7 @@ pub fn run(a: ListArgs) -> Result<Exit, Failure> {
             Ok(true) => {}
             Ok(false) => {
                 if let Ok(p) = procfs::read_proc(pid)
-                    && let Some(c) = crate::reach::candidate(&p)
+                    && let Some(c) = crate::reach::ptrace::candidate(&p)
                 {
                     not_preloaded.push(c);
                 }
@@ -253,7 +253,7 @@ pub fn human(l: &Listing) -> String {
 
 /// The section of CPython processes without the preload (nothing when
 /// there are none): a table, then why each that may not be reached is not.
-fn not_preloaded(c: &[crate::reach::Candidate]) -> String {
+fn not_preloaded(c: &[crate::reach::ptrace::Candidate]) -> String {
     if c.is_empty() {
         return String::new();
     }
@@ -369,7 +369,7 @@ mod tests {
 
     #[test]
     fn cpythons_without_the_preload_are_listed_after_the_shimmed_with_why_not() {
-        let one = |pid, code: Option<Exit>, reason: Option<&str>| crate::reach::Candidate {
+        let one = |pid, code: Option<Exit>, reason: Option<&str>| crate::reach::ptrace::Candidate {
             pid,
             uid: 0,
             command: format!("python3 app{pid}.py"),

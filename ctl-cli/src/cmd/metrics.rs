@@ -14,9 +14,9 @@ use memshim_proto::client::Connection;
 use memshim_proto::{Reply, Request, Response, StatsReport};
 
 use crate::exit::{self, Exit, Failure};
-use crate::out::out;
-use crate::procfs::{self, Proc};
-use crate::socket;
+use crate::output::print::out;
+use crate::reach::procfs::{self, Proc};
+use crate::reach::socket;
 
 /// Limits shared by `metrics` and `serve`.
 #[derive(clap::Args, Debug, Clone)]
@@ -564,7 +564,7 @@ fn reachable() -> Vec<(Proc, String)> {
         .filter_map(|pid| {
             let p = procfs::read_proc(pid).ok()?;
             std::fs::symlink_metadata(socket::locate(&p).path()).ok()?;
-            let comm = crate::procfs::read_text(format!("/proc/{pid}/comm"))
+            let comm = crate::reach::procfs::read_text(format!("/proc/{pid}/comm"))
                 .ok()?
                 .trim()
                 .to_owned();

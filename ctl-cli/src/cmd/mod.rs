@@ -37,11 +37,11 @@ pub mod stats;
 pub mod watch;
 
 use crate::args::{Targets, pid_parser};
-use crate::client::Client;
 use crate::exit::{self, Exit, Failure};
-use crate::out::{errln, outln};
-use crate::procfs;
-use crate::socket;
+use crate::output::print::{errln, outln};
+use crate::reach::client::Client;
+use crate::reach::procfs;
+use crate::reach::socket;
 use memshim_proto::{Answer, Request};
 
 /// Options of a command that asks one process one thing (`gc`,

@@ -12,11 +12,11 @@
 //! stay in later profiles for as long as they are live.
 
 use crate::args::{parse_interval, pid_parser};
-use crate::client::Client;
 use crate::exit::{self, Exit, Failure};
-use crate::heapprof::{Profile, signed_bytes};
-use crate::out::{errln, outln};
-use crate::render::bytes;
+use crate::output::print::{errln, outln};
+use crate::output::render::bytes;
+use crate::profile::heap::{Profile, signed_bytes};
+use crate::reach::client::Client;
 use clap::{Args, ValueEnum};
 use memshim_proto::{
     HeapDump, MAX_PROFILE_SECONDS, MAX_PY_TRACE_SECONDS, ProfileAction, ProfileReply,
@@ -385,12 +385,12 @@ fn emit(
             s.push('\n');
             s.into_bytes()
         }
-        Format::Svg => crate::flame::svg(p, title).into_bytes(),
-        Format::Pprof => crate::pprof::encode(p),
-        Format::Speedscope => crate::speedscope::encode(p, title).into_bytes(),
+        Format::Svg => crate::profile::flame::svg(p, title).into_bytes(),
+        Format::Pprof => crate::profile::pprof::encode(p),
+        Format::Speedscope => crate::profile::speedscope::encode(p, title).into_bytes(),
         Format::Html => {
             let text = table(p, title, a.top as usize, active_ms);
-            crate::report::profile(p, title, &text).into_bytes()
+            crate::profile::report::profile(p, title, &text).into_bytes()
         }
     };
     write_out(a, &data, append).map(|_| ())
@@ -428,7 +428,7 @@ fn table(p: &Profile, title: &str, top: usize, active_ms: Option<u64>) -> String
             .collect();
         s.push_str(&format!("by Python function: {}\n", list.join(", ")));
     }
-    for r in crate::retainers::found(p) {
+    for r in crate::profile::retainers::found(p) {
         s.push_str(&format!("\n{r}\n"));
     }
     s.push_str("\nOnly allocations made while sampling was on are seen (docs/profile.md).\n");
@@ -506,7 +506,7 @@ fn python_after(a: &ProfileArgs, format: Format, pid: i32, wait: u64) -> Result<
     let Some(every) = a.every else {
         let text = match format {
             Format::Json => format!("{}\n", serde_json::to_string(&prev).unwrap_or_default()),
-            _ => crate::pytrace::report(pid, &prev, top),
+            _ => crate::profile::tracemalloc::report(pid, &prev, top),
         };
         return write_out(a, text.as_bytes(), false);
     };
@@ -520,7 +520,7 @@ fn python_after(a: &ProfileArgs, format: Format, pid: i32, wait: u64) -> Result<
                 "tracemalloc stopped tracing in the process",
             ));
         };
-        let rows = crate::pytrace::growth(old, new);
+        let rows = crate::profile::tracemalloc::growth(old, new);
         let total = new.bytes as i64 - old.bytes as i64;
         let text = match format {
             Format::Json => format!(
@@ -531,8 +531,8 @@ fn python_after(a: &ProfileArgs, format: Format, pid: i32, wait: u64) -> Result<
                 "pid {pid}: growth {step} of {}, {every} s: {} by Python allocations\n\n{}{}",
                 a.count,
                 signed_bytes(total),
-                crate::pytrace::table_of(pid, &rows, total, top),
-                crate::pytrace::footer(&cur)
+                crate::profile::tracemalloc::table_of(pid, &rows, total, top),
+                crate::profile::tracemalloc::footer(&cur)
             ),
         };
         write_out(a, text.as_bytes(), step > 1)?;
@@ -560,7 +560,7 @@ fn write_out(a: &ProfileArgs, data: &[u8], append: bool) -> Result<Exit, Failure
                     format!("writing {}: {e}", path.display()),
                 )
             })?,
-        None => crate::out::write_bytes(data)?,
+        None => crate::output::print::write_bytes(data)?,
     }
     Ok(exit::OK)
 }

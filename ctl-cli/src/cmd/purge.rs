@@ -3,8 +3,8 @@
 use super::{Outcome, for_targets, outcome_json, print_failures};
 use crate::args::Targets;
 use crate::exit::{Exit, Failure};
-use crate::out::{out, outln};
-use crate::render::{bytes, ms, shorten, table};
+use crate::output::print::{out, outln};
+use crate::output::render::{bytes, ms, shorten, table};
 use clap::Args;
 use memshim_proto::{PurgeResult, Request};
 

@@ -13,12 +13,15 @@
 
 use super::{Outcome, outcome_json, purge};
 use crate::args::{pid_parser, size_parser};
-use crate::cgroupfs::{self, KernelStep, Location};
-use crate::charge::{self, Charge, Parts};
-use crate::client::Client;
+use crate::cgroup::charge::{self, Charge, Parts};
+use crate::cgroup::{
+    self,
+    fs::{KernelStep, Location},
+};
 use crate::exit::{self, Exit, Failure};
-use crate::out::{out, outln};
-use crate::render::{bytes, delta, ms, table};
+use crate::output::print::{out, outln};
+use crate::output::render::{bytes, delta, ms, table};
+use crate::reach::client::Client;
 use clap::Args;
 use memshim_proto::cgroup::CgroupMemory;
 use memshim_proto::{PurgeResult, Request};
@@ -82,9 +85,9 @@ fn to_help() -> String {
 
 /// Runs `reclaim`.
 pub fn run(a: ReclaimArgs) -> Result<Exit, Failure> {
-    let loc = cgroupfs::locate(a.pid)?;
+    let loc = cgroup::fs::locate(a.pid)?;
     let before = charge::read(&loc, a.pid)?;
-    cgroupfs::check_writable(&loc, a.pid)?;
+    cgroup::fs::check_writable(&loc, a.pid)?;
 
     let mut purges: Vec<Outcome<PurgeResult>> = vec![];
     let mut skipped = vec![];
@@ -129,10 +132,12 @@ pub fn run(a: ReclaimArgs) -> Result<Exit, Failure> {
     }
     // What the kernel is asked for is the page cache as it is now.
     let kernel = match a.to {
-        Some(target) => cgroupfs::reclaim_kernel_to(&loc, target, cgroupfs::swap_enabled(), a.pid)?,
+        Some(target) => {
+            cgroup::fs::reclaim_kernel_to(&loc, target, cgroup::fs::swap_enabled(), a.pid)?
+        }
         None => {
-            let now = cgroupfs::read_memory(&loc, a.pid)?;
-            cgroupfs::reclaim_kernel(&loc, &now, cgroupfs::swap_enabled(), a.pid)?
+            let now = cgroup::fs::read_memory(&loc, a.pid)?;
+            cgroup::fs::reclaim_kernel(&loc, &now, cgroup::fs::swap_enabled(), a.pid)?
         }
     };
     let after = charge::read(&loc, a.pid)?;

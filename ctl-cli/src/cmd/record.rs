@@ -8,12 +8,12 @@
 //! (`timeline.rs` draws). Nothing is asked of the process but `stats`.
 
 use crate::args::{parse_interval, pid_parser};
-use crate::cgroupfs;
-use crate::client::Client;
+use crate::cgroup;
 use crate::exit::{self, Exit, Failure};
-use crate::out::outln;
-use crate::render::bytes;
-use crate::timeline::{Marker, Series, Timeline};
+use crate::output::print::outln;
+use crate::output::render::bytes;
+use crate::output::timeline::{Marker, Series, Timeline};
+use crate::reach::client::Client;
 use clap::Args;
 use memshim_proto::StatsReport;
 use std::path::PathBuf;
@@ -69,8 +69,8 @@ struct Sample {
     vram_returns: u64,
 }
 
-fn sample(t: f64, s: &StatsReport, cg: Option<&cgroupfs::Location>, pid: i32) -> Sample {
-    let mem = cg.and_then(|l| cgroupfs::read_memory(l, Some(pid)).ok());
+fn sample(t: f64, s: &StatsReport, cg: Option<&cgroup::fs::Location>, pid: i32) -> Sample {
+    let mem = cg.and_then(|l| cgroup::fs::read_memory(l, Some(pid)).ok());
     Sample {
         t,
         rss: s.process.rss,
@@ -100,7 +100,7 @@ fn sample(t: f64, s: &StatsReport, cg: Option<&cgroupfs::Location>, pid: i32) ->
 pub fn run(a: RecordArgs) -> Result<Exit, Failure> {
     let mut client = Client::open(a.pid)?;
     let command = client.proc.command.clone();
-    let cg = cgroupfs::locate(Some(a.pid)).ok();
+    let cg = cgroup::fs::locate(Some(a.pid)).ok();
     let started = SystemTime::now();
     let start = Instant::now();
     let total = Duration::from_secs(a.seconds);
@@ -193,7 +193,7 @@ fn build(
     command: &str,
     started: SystemTime,
     samples: &[Sample],
-    cg: Option<&cgroupfs::Location>,
+    cg: Option<&cgroup::fs::Location>,
 ) -> Timeline {
     let col = |f: &dyn Fn(&Sample) -> Option<u64>| samples.iter().map(f).collect::<Vec<_>>();
     let mut series = vec![

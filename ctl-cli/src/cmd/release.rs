@@ -3,8 +3,8 @@
 use super::{Outcome, for_targets, outcome_json, print_failures};
 use crate::args::Targets;
 use crate::exit::{self, Exit, Failure};
-use crate::out::{out, outln};
-use crate::render::{bytes, delta, ms, table};
+use crate::output::print::{out, outln};
+use crate::output::render::{bytes, delta, ms, table};
 use clap::Args;
 use memshim_proto::{ReleaseResult, Request, StepOutcome};
 
@@ -20,10 +20,10 @@ pub struct ReleaseArgs {
 /// or failed counts as failed ([`exit::PYTHON_STEP`] for a single target), though what the
 /// other steps did is reported as usual.
 pub fn run(a: ReleaseArgs) -> Result<Exit, Failure> {
-    // One CPython started without the preload: reached by ptrace (reach.rs).
+    // One CPython started without the preload: reached by ptrace (reach/ptrace.rs).
     if let [pid] = a.targets.pids[..]
         && !a.targets.all
-        && crate::reach::applies(pid)
+        && crate::reach::ptrace::applies(pid)
     {
         return without_preload(pid, a.targets.json);
     }
@@ -47,8 +47,8 @@ pub fn run(a: ReleaseArgs) -> Result<Exit, Failure> {
 /// `release` of a process without the preload: the same report, and the
 /// line that says how it was reached (in JSON, `"reached"`).
 fn without_preload(pid: i32, json: bool) -> Result<Exit, Failure> {
-    let command = crate::procfs::read_proc(pid).ok().map(|p| p.command);
-    let (result, how) = match crate::reach::release(pid) {
+    let command = crate::reach::procfs::read_proc(pid).ok().map(|p| p.command);
+    let (result, how) = match crate::reach::ptrace::release(pid) {
         Ok((r, how)) => (Ok(r), Some(how)),
         Err(f) => (Err(f), None),
     };
@@ -74,7 +74,7 @@ fn without_preload(pid: i32, json: bool) -> Result<Exit, Failure> {
     }
     out!("{}", human(&outcomes))?;
     if let Some(how) = &how {
-        outln!("{}", crate::reach::reached_line(pid, how))?;
+        outln!("{}", crate::reach::ptrace::reached_line(pid, how))?;
     }
     print_failures(&outcomes, &partial, exit);
     Ok(exit)

@@ -3,7 +3,7 @@
 //! options into `MEMSHIM_*` variables and `exec`s the command, so CMD's
 //! arguments, stdio, pid and exit status are its own.
 
-use crate::out::errln;
+use crate::output::print::errln;
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use memshim_proto::endpoint::MAX_NARENAS;
 use memshim_proto::settings::{self, Control};

@@ -13,7 +13,7 @@
 //! header a cross-site browser form cannot set) and a loopback `Host`
 //! (against DNS rebinding).
 
-use crate::out::{errln, outln};
+use crate::output::print::{errln, outln};
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::Shutdown;
@@ -230,7 +230,7 @@ fn purge(head: &Head) -> (u16, String) {
             "{\"error\":\"POST /purge?pid=N with a positive pid\"}\n".into(),
         );
     };
-    let reply = crate::client::Client::open(pid)
+    let reply = crate::reach::client::Client::open(pid)
         .and_then(|mut c| c.request(&memshim_proto::Request::Purge));
     match reply {
         Ok(r) => (200, serde_json::to_string(&r).unwrap_or_default() + "\n"),

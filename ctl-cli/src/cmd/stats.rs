@@ -2,11 +2,11 @@
 //! Every figure is defined in docs/stats.md.
 
 use crate::args::pid_parser;
-use crate::client::Client;
 use crate::exit::{self, Exit, Failure};
 use crate::gpu;
-use crate::out::{out, outln};
-use crate::render::{bytes, kv, ms, opt_bytes, table};
+use crate::output::print::{out, outln};
+use crate::output::render::{bytes, kv, ms, opt_bytes, table};
+use crate::reach::client::Client;
 use clap::Args;
 use memshim_proto::settings::{self, Pressure};
 use memshim_proto::{
@@ -40,13 +40,13 @@ pub fn fetch(c: &mut Client, arenas: bool, pss: bool) -> Result<StatsReport, Fai
 /// Runs `stats`. Where torch has CUDA devices, the driver's view of them
 /// (NVML) is added: `gpu` in the JSON document, a table in the human form.
 pub fn run(a: StatsArgs) -> Result<Exit, Failure> {
-    // A CPython started without the preload: reached by ptrace (reach.rs).
-    if crate::reach::applies(a.pid) {
-        let s = crate::reach::stats(a.pid, a.pss)?;
+    // A CPython started without the preload: reached by ptrace (reach/ptrace.rs).
+    if crate::reach::ptrace::applies(a.pid) {
+        let s = crate::reach::ptrace::stats(a.pid, a.pss)?;
         if a.json {
             outln!("{}", serde_json::to_string(&s).unwrap_or_default())?;
         } else {
-            let command = crate::procfs::read_proc(a.pid)
+            let command = crate::reach::procfs::read_proc(a.pid)
                 .map(|p| p.command)
                 .unwrap_or_default();
             out!("{}", human_unshimmed(&s, &command, a.arenas))?;
@@ -148,9 +148,9 @@ pub fn human(s: &StatsReport, pid: i32, command: &str) -> String {
 /// The human form of `stats` on a process without the preload: the
 /// sections of [`human`] in its order, those that need the shim said to be
 /// not available, and the line that says how the process was reached.
-pub fn human_unshimmed(s: &crate::reach::Stats, command: &str, arenas: bool) -> String {
+pub fn human_unshimmed(s: &crate::reach::ptrace::Stats, command: &str, arenas: bool) -> String {
     let mut out = format!("pid {}: {command}\n", s.pid);
-    out += &crate::reach::reached_line(s.pid, &s.reached);
+    out += &crate::reach::ptrace::reached_line(s.pid, &s.reached);
     out += "\n";
     out += &format!("\nallocator: not available ({})\n", s.allocator_unavailable);
     if arenas {

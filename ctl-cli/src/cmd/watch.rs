@@ -4,9 +4,9 @@
 //! with sparklines; otherwise (a pipe, a log) one line per sample.
 
 use crate::args::{parse_interval, pid_parser};
-use crate::client::Client;
 use crate::exit::{self, Exit, Failure};
-use crate::render::{bytes, delta, sparkline};
+use crate::output::render::{bytes, delta, sparkline};
+use crate::reach::client::Client;
 use clap::Args;
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};

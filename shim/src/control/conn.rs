@@ -1,7 +1,8 @@
 //! One client connection: a bounded input buffer, the pending output, the
 //! handshake state and a deadline. Protocol: docs/protocol.md.
 
-use super::{Ctx, requests};
+use super::facts::Ctx;
+use super::requests;
 use crate::os::fd::Owned;
 use crate::os::sock;
 use memshim_proto::*;
@@ -186,7 +187,7 @@ impl Conn {
             }
             let response = self.answer(&line, ctx);
             self.respond(&response, false);
-            self.deadline_ms = super::now_ms() + IDLE_TIMEOUT_MS;
+            self.deadline_ms = crate::os::time::monotonic_ms() + IDLE_TIMEOUT_MS;
         }
     }
 

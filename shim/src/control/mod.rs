@@ -30,12 +30,15 @@
 //! others get a `permission_denied` line and the connection is closed.
 
 mod conn;
+mod facts;
 mod requests;
 mod socket;
 
 use crate::os::{self, fd::Owned, sock};
 use conn::{Conn, Next};
 use core::sync::atomic::{AtomicBool, Ordering::*};
+use facts::Ctx;
+pub use facts::{Facts, PressureFacts};
 use memshim_proto::ErrorCode;
 use std::ffi::CString;
 
@@ -63,66 +66,6 @@ const PAUSE_MAX_MS: u64 = 1000;
 static EXITING: AtomicBool = AtomicBool::new(false);
 /// Whether the last failure was already reported (MEMSHIM_VERBOSE only).
 static REPORTED: AtomicBool = AtomicBool::new(false);
-
-/// What the shim's thread tells the endpoint about itself and the process
-/// (reported in `stats`).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Facts {
-    /// Our `malloc` is the process's.
-    pub interposed: bool,
-    /// The process is a fork child of a shimmed process.
-    pub fork_child: bool,
-    /// Milliseconds since the constructor (or the fork).
-    pub uptime_ms: u64,
-    /// How many times the shim's thread was started in this process.
-    pub thread_starts: u64,
-    /// The shim's descriptors live in a table of their own.
-    pub private_fds: bool,
-    /// The idle VRAM return's counters (`None`: off).
-    pub cuda_idle: Option<memshim_proto::CudaIdleCounters>,
-    /// The pressure watcher.
-    pub pressure: PressureFacts,
-    /// How many `dlopen` calls had `RTLD_DEEPBIND` cleared.
-    pub deepbind_cleared: u64,
-}
-
-/// What the pressure watcher (thread/pressure.rs) reports, for the
-/// `pressure` section of `stats`.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct PressureFacts {
-    /// `MEMSHIM_PRESSURE`.
-    pub mode: &'static str,
-    /// `"v1"`, `"v2"` or `"none"`.
-    pub source: &'static str,
-    /// The notifications in use.
-    pub watching: [Option<&'static str>; 6],
-    /// The limit watched, in bytes.
-    pub limit: Option<u64>,
-    /// The threshold, in bytes.
-    pub threshold: Option<u64>,
-    /// Pressure now.
-    pub active: bool,
-    /// Signals seen.
-    pub events: u64,
-    /// Purges run on pressure.
-    pub purges: u64,
-    /// RSS those purges returned.
-    pub bytes_returned: u64,
-    /// `gc` runs on pressure.
-    pub gc_runs: u64,
-    /// Notifications after which the working set was below the threshold.
-    pub ignored: u64,
-    /// Signal to end of purge at the last onset, in microseconds.
-    pub last_purge_us: Option<u64>,
-}
-
-/// What a request is answered with: the thread's facts and the endpoint's
-/// identity.
-pub(crate) struct Ctx<'a> {
-    facts: &'a Facts,
-    starttime: u64,
-    pidns: u64,
-}
 
 /// Where the socket is bound.
 struct Bound {
@@ -174,7 +117,7 @@ fn first_root() -> Option<(u64, u64)> {
     Some(*ROOT.get_or_init(|| r))
 }
 
-pub(super) fn now_ms() -> u64 {
+fn now_ms() -> u64 {
     os::time::monotonic_ms()
 }
 

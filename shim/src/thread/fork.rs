@@ -101,7 +101,7 @@ pub(super) extern "C" fn parent() {
 pub(super) extern "C" fn child() {
     let _e = KeepErrno::new();
     // The forking thread is the child's main thread.
-    super::LEADER_GONE.store(false, core::sync::atomic::Ordering::Relaxed);
+    super::state::LEADER_GONE.store(false, core::sync::atomic::Ordering::Relaxed);
     crate::jemalloc::postfork_child();
     if crate::options::profile() {
         os::unwind::fork_done(true);
@@ -179,7 +179,7 @@ fn stop_if_alone(wait_for_job: bool) {
 
 /// Stops the shim's threads (bounded, as for a fork) whatever the mode and
 /// however many threads the application has: for a main thread ending with
-/// `pthread_exit` (they stay stopped: [`super::LEADER_GONE`]), a set*id
+/// `pthread_exit` (they stay stopped: [`super::state::LEADER_GONE`]), a set*id
 /// call or a thread limit (they may start again). Returns whether they
 /// stopped ([`stop_now`] gives up on a busy thread).
 pub(super) fn stop_regardless() -> bool {

@@ -28,13 +28,11 @@ mod run;
 mod state;
 mod wake;
 
-use crate::control::Facts;
 use crate::options::{self, Control};
 use crate::os::thread::NoCancel;
 use crate::os::{self, KeepErrno};
-use core::sync::atomic::AtomicBool;
 use core::sync::atomic::Ordering::Relaxed;
-use state::{Phase, STATE};
+use state::{LEADER_GONE, Phase, STATE};
 
 /// May this process start the shim's thread at all?
 fn eligible() -> bool {
@@ -43,15 +41,6 @@ fn eligible() -> bool {
         && STATE.pid() == os::getpid()
         && !LEADER_GONE.load(Relaxed)
 }
-
-/// The main thread has ended with `pthread_exit` (our wrapper saw it): the
-/// shim's threads have stopped and do not start again in this process.
-/// glibc runs `exit(0)`, with the `atexit` handlers, static destructors and
-/// stdio's flush, on the process's last thread; were that the shim's
-/// thread, it would run them in the shim's own descriptor table, after the
-/// application's table went with its last thread: buffered output and
-/// every write of those handlers would be lost.
-pub(super) static LEADER_GONE: AtomicBool = AtomicBool::new(false);
 
 /// Our `pthread_exit`, before glibc's.
 pub fn before_pthread_exit() {
@@ -259,18 +248,4 @@ pub fn around_setxid(call: impl FnOnce() -> libc::c_int) -> libc::c_int {
 /// `vfork` child, which shares the parent's memory and must leave it alone.
 fn ours_run_here() -> bool {
     matches!(STATE.phase(), Phase::Running | Phase::Starting) && STATE.pid() == os::getpid()
-}
-
-/// What the control endpoint reports about the thread and the process.
-fn facts() -> Facts {
-    Facts {
-        interposed: STATE.interposed(),
-        fork_child: STATE.fork_child(),
-        uptime_ms: os::time::monotonic_ms().saturating_sub(STATE.start_ms()),
-        thread_starts: STATE.starts(),
-        private_fds: os::fd::private(),
-        cuda_idle: cuda_idle::counters(),
-        pressure: pressure::facts(),
-        deepbind_cleared: crate::deepbind::cleared(),
-    }
 }

@@ -224,7 +224,7 @@ extern "C" fn main(_: *mut c_void) -> *mut c_void {
         if asked != Stop::No && try_stop(&mut own, asked == Stop::Always) {
             return finish();
         }
-        let facts = super::facts();
+        let facts = facts();
         if let Some(e) = own.endpoint.as_mut() {
             if n > 0 {
                 e.on_events(&fds[1..1 + n_ep], &facts);
@@ -283,9 +283,9 @@ fn try_stop(own: &mut Held, always: bool) -> bool {
         return false;
     }
     // Application threads keep us, unless the main thread has ended with
-    // `pthread_exit` (then we must not outlive them: mod.rs, LEADER_GONE)
+    // `pthread_exit` (then we must not outlive them: state.rs, LEADER_GONE)
     // or the stop is asked for whatever they are.
-    let gone = always || super::LEADER_GONE.load(core::sync::atomic::Ordering::Relaxed);
+    let gone = always || super::state::LEADER_GONE.load(core::sync::atomic::Ordering::Relaxed);
     if !gone && os::proc::thread_count().is_some_and(|n| n > 1 + our_threads()) {
         STATE.set_phase(Phase::Running);
         return false;
@@ -314,6 +314,20 @@ fn finish() -> *mut c_void {
 fn refresh_thp() {
     let je = jemalloc::opt_thp().map_or(&b"default"[..], |c| c.to_bytes());
     os::thp::refresh(je, jemalloc::page_size() as usize);
+}
+
+/// What the control endpoint reports about the thread and the process.
+fn facts() -> crate::control::Facts {
+    crate::control::Facts {
+        interposed: STATE.interposed(),
+        fork_child: STATE.fork_child(),
+        uptime_ms: os::time::monotonic_ms().saturating_sub(STATE.start_ms()),
+        thread_starts: STATE.starts(),
+        private_fds: os::fd::private(),
+        cuda_idle: super::cuda_idle::counters(),
+        pressure: pressure::facts(),
+        deepbind_cleared: crate::deepbind::cleared(),
+    }
 }
 
 #[cfg(test)]

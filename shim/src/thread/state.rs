@@ -226,3 +226,12 @@ impl State {
         self.set_phase(Phase::Idle);
     }
 }
+
+/// The main thread has ended with `pthread_exit` (our wrapper saw it): the
+/// shim's threads have stopped and do not start again in this process.
+/// glibc runs `exit(0)`, with the `atexit` handlers, static destructors and
+/// stdio's flush, on the process's last thread; were that the shim's
+/// thread, it would run them in the shim's own descriptor table, after the
+/// application's table went with its last thread: buffered output and
+/// every write of those handlers would be lost.
+pub static LEADER_GONE: AtomicBool = AtomicBool::new(false);

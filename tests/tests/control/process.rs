@@ -434,7 +434,7 @@ fn asking_while_the_shim_thread_stops_gives_exit_0_or_4_only() {
 /// program's next thread (threads that come and go): a connection broken
 /// by the stop found the endpoint back when memshim-ctl looked, and got a
 /// bare "Connection reset by peer", exit 1 (about 1 request in 40 in such
-/// a program, auditor's run). Now exit 4, "listens again": ask again.
+/// a program, auditor's run). Now exit `NO_ENDPOINT`, "listens again": ask again.
 #[test]
 fn asking_while_the_shim_thread_stops_and_starts_again_gives_exit_0_or_4_only() {
     use std::sync::atomic::{AtomicBool, Ordering};

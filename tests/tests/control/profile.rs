@@ -451,12 +451,8 @@ fn sampling_a_request_started_stops_at_its_deadline_with_no_client_left() {
 /// its samples weigh what the JSON profile says it holds.
 #[test]
 fn a_speedscope_profile_weighs_each_stack_by_its_live_bytes() {
-    let mut app = leaker(true);
+    let mut app = sampled_leaker(&["first"]);
     let pid = app.pid().to_string();
-    let o = ctl_run(&["profile", &pid, "--seconds", "0", "--keep"]);
-    assert_eq!(o.code, 0, "{o:?}");
-    app.send("first");
-    app.wait_for_line("kept first", Duration::from_secs(10));
     let f = profile_to(&pid, "speedscope", "s.speedscope.json");
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
     assert_eq!(
@@ -500,16 +496,8 @@ fn the_flame_graph_zooms_on_a_click_and_highlights_a_search_in_chromium() {
         );
         return;
     }
-    let mut app = leaker(true);
+    let mut app = sampled_leaker(&["first", "second"]);
     let pid = app.pid().to_string();
-    assert_eq!(
-        ctl_run(&["profile", &pid, "--seconds", "0", "--keep"]).code,
-        0
-    );
-    for step in ["first", "second"] {
-        app.send(step);
-        app.wait_for_line(&format!("kept {step}"), Duration::from_secs(10));
-    }
     let svg = std::fs::read_to_string(profile_to(&pid, "svg", "chromium.svg")).unwrap();
     app.send("quit");
     assert_eq!(app.finish(Duration::from_secs(10)).code, 0);
@@ -566,12 +554,32 @@ window.addEventListener("load", function() { setTimeout(person, 0); });
         "keep_sixteen is not hidden by the zoom"
     );
     assert!(!frame_of("keep_sixty_four").contains("class=\"hide\""));
-    let shot = out_file("flamegraph.png");
+    screenshot(&page, "flamegraph.png", "1200,900");
+}
+
+/// The leaker with sampling on from before `steps` (each a leak it makes
+/// and reports), made.
+fn sampled_leaker(steps: &[&str]) -> Child {
+    let mut app = leaker(true);
+    let pid = app.pid().to_string();
+    let o = ctl_run(&["profile", &pid, "--seconds", "0", "--keep"]);
+    assert_eq!(o.code, 0, "{o:?}");
+    for step in steps {
+        app.send(step);
+        app.wait_for_line(&format!("kept {step}"), Duration::from_secs(10));
+    }
+    app
+}
+
+/// A screenshot of `page` by Chromium at `size` ("width,height"), left in
+/// scratch as `name`: a PNG of more than 10 kB (a blank page is less).
+fn screenshot(page: &std::path::Path, name: &str, size: &str) {
+    let shot = out_file(name);
     let o = chromium(
-        &page,
+        page,
         &[
             "--hide-scrollbars",
-            "--window-size=1200,900",
+            &format!("--window-size={size}"),
             &format!("--screenshot={}", shot.display()),
         ],
     );
@@ -579,7 +587,7 @@ window.addEventListener("load", function() { setTimeout(person, 0); });
     let png = std::fs::read(&shot).unwrap();
     assert!(
         png.starts_with(b"\x89PNG") && png.len() > 10_000,
-        "{} bytes",
+        "{name}: {} bytes",
         png.len()
     );
 }
@@ -613,14 +621,8 @@ fn chromium(page: &std::path::Path, extra: &[&str]) -> memshim_tests::Output {
 /// in scratch).
 #[test]
 fn an_html_report_holds_the_table_and_the_flame_graph_in_one_file() {
-    let mut app = leaker(true);
+    let mut app = sampled_leaker(&["first"]);
     let pid = app.pid().to_string();
-    assert_eq!(
-        ctl_run(&["profile", &pid, "--seconds", "0", "--keep"]).code,
-        0
-    );
-    app.send("first");
-    app.wait_for_line("kept first", Duration::from_secs(10));
     let page = out_file("report.html");
     let o = ctl_run(&["profile", &pid, "-o", &page.display().to_string()]);
     assert_eq!((o.code, o.stdout.as_str()), (0, ""), "{o:?}");
@@ -659,20 +661,5 @@ fn an_html_report_holds_the_table_and_the_flame_graph_in_one_file() {
         "{}",
         dom.stdout
     );
-    let shot = out_file("report.png");
-    let o = chromium(
-        &page,
-        &[
-            "--hide-scrollbars",
-            "--window-size=1200,1000",
-            &format!("--screenshot={}", shot.display()),
-        ],
-    );
-    assert_eq!(o.code, 0, "{o:?}");
-    let png = std::fs::read(&shot).unwrap();
-    assert!(
-        png.starts_with(b"\x89PNG") && png.len() > 10_000,
-        "{} bytes",
-        png.len()
-    );
+    screenshot(&page, "report.png", "1200,1000");
 }

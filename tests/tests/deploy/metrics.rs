@@ -426,7 +426,7 @@ fn serve_purge_endpoint_is_loopback_only_and_needs_its_header() {
         &[("X-Memshim-Purge", "1"), ("Host", "evil.example")],
     );
     assert_eq!(code, 403);
-    // A pid with no such process: 404, as memshim-ctl's exit 3.
+    // A pid with no such process: 404, as memshim-ctl's `not_found` exit.
     let gone = memshim_tests::deploy::http_with(
         &addr,
         "POST",

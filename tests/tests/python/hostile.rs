@@ -69,7 +69,7 @@ fn jobs_that_raise_long_non_ascii_exceptions_leave_the_host_alive() {
         );
         assert!(kinds.contains("RuntimeError"), "{v}: {kinds:?}");
         assert!(kinds.contains("Unprintable"), "{v}: {kinds:?}");
-        // The CLI: a failed step is reported with its reason, exit 7.
+        // The CLI: a failed step is reported with its reason, exit `PYTHON_STEP`.
         let out = Cmd::new(ctl(), ["release", &child.pid().to_string()]).run();
         assert_eq!(out.code, i32::from(PYTHON_STEP.code), "{v}: {out:?}");
         assert!(

@@ -325,7 +325,7 @@ fn python_requests_left_by_a_client_that_hung_up_do_not_hold_up_the_next() {
 /// busy; the connections it did not read meanwhile are not timed out for
 /// it. Before, their 5 s ran from the start of the loop turn: a client
 /// that had said hello just before and sent its request while the thread
-/// waited got "no complete request within 5000 ms" (exit 6 in
+/// waited got "no complete request within 5000 ms" (exit `REMOTE` in
 /// memshim-ctl), and the `gc`'s own connection was closed right after its
 /// answer, so a next request on it got the same.
 #[test]

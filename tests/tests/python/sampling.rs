@@ -86,19 +86,7 @@ fn a_numpy_program_sampled_from_outside_lives_and_its_profile_shows_the_arrays()
         let o = run(&["profile", &pid, "--json"]);
         assert_eq!(o.code, 0, "{v}: {o:?}");
         let p: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
-        let numpy: i64 = p["stacks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|s| {
-                s["frames"].as_array().unwrap().iter().any(|f| {
-                    f["library"]
-                        .as_str()
-                        .is_some_and(|l| l.starts_with("_multiarray_umath"))
-                })
-            })
-            .map(|s| s["bytes"].as_i64().unwrap())
-            .sum();
+        let numpy = held_by_library(&p, &["_multiarray_umath"]);
         // 16 arrays of 8 MiB: each is sampled (one sample per 512 KiB).
         assert!(
             numpy >= 100 << 20,

@@ -69,18 +69,7 @@ fn a_heap_profile_names_the_libraries_that_hold_a_bert_and_what_is_left_after_un
     let held_by_torch = |o: &memshim_tests::Output| -> (i64, i64) {
         assert_eq!(o.code, 0, "{v}: {o:?}");
         let p: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
-        let torch: i64 = p["stacks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|s| {
-                s["frames"].as_array().unwrap().iter().any(|f| {
-                    let l = f["library"].as_str().unwrap_or("");
-                    l.starts_with("libtorch") || l.starts_with("libc10")
-                })
-            })
-            .map(|s| s["bytes"].as_i64().unwrap())
-            .sum();
+        let torch = held_by_library(&p, &["libtorch", "libc10"]);
         (torch, p["bytes"].as_i64().unwrap())
     };
     let (loaded_torch, loaded) = held_by_torch(&ctl(&["profile", &pid, "--json"]));

@@ -3,7 +3,7 @@
 //! CPUs the process may run on. Read from /proc and /sys only; the
 //! cgroup files are parsed by `memshim_proto::cgroup`.
 
-use crate::render::mib_or_gib;
+use crate::output::render::mib_or_gib;
 use memshim_proto::cgroup;
 use std::path::{Path, PathBuf};
 
@@ -68,7 +68,7 @@ pub fn count_cpu_list(s: &str) -> Option<u32> {
 }
 
 fn read(p: impl AsRef<Path>) -> Option<String> {
-    crate::procfs::read_text(p).ok()
+    crate::reach::procfs::read_text(p).ok()
 }
 
 /// `cpu.max` (`"max 100000"` or `"200000 100000"`) as CPUs.

@@ -1,7 +1,7 @@
 //! `hello`: version negotiation, answered by the connection itself
 //! (conn.rs) before any other request.
 
-use super::super::Ctx;
+use super::super::facts::Ctx;
 use crate::os;
 use memshim_proto::*;
 

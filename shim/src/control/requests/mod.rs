@@ -3,7 +3,7 @@
 //! the Python bridge's time limit. Adding a request: docs/design.md,
 //! "Adding a request".
 
-use super::Ctx;
+use super::facts::Ctx;
 use crate::jemalloc;
 use memshim_proto::*;
 use std::time::{Duration, Instant};

@@ -1,6 +1,7 @@
 //! `profile`: jemalloc's heap profiler (the work is in `crate::profile`).
 
-use super::super::{Ctx, socket};
+use super::super::facts::Ctx;
+use super::super::socket;
 use memshim_proto::*;
 
 /// `profile`: the dump file is named for the process's socket, beside it;
@@ -12,5 +13,12 @@ pub fn handle(
 ) -> Result<Box<ProfileReply>, ErrorReply> {
     let name = format!("{}.heap", socket::name(ctx.starttime, ctx.pidns));
     let heap = socket::join(&socket::dir(), &name);
-    crate::profile::request(action, seconds, super::super::now_ms(), &heap, &name).map(Box::new)
+    crate::profile::request(
+        action,
+        seconds,
+        crate::os::time::monotonic_ms(),
+        &heap,
+        &name,
+    )
+    .map(Box::new)
 }

@@ -30,7 +30,7 @@ pub fn handle(
     if !(1..=10_000).contains(&top) {
         return bad(format!("top {top} is not from 1 to 10000"));
     }
-    let now_ms = super::super::now_ms();
+    let now_ms = crate::os::time::monotonic_ms();
     let job = match action {
         PyTraceAction::Status => J::Status { now_ms },
         PyTraceAction::Start => J::Start {

@@ -1,6 +1,6 @@
 //! `stats`: the memory report.
 
-use super::super::{Ctx, PressureFacts};
+use super::super::facts::{Ctx, PressureFacts};
 use super::{PY_STATS_TIMEOUT, internal, ms, purge};
 use crate::options::{self, Control};
 use crate::{jemalloc, os};

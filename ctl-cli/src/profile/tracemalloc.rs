@@ -2,8 +2,8 @@
 //! shown as a table (with each line's source) or JSON, and the growth
 //! between two snapshots (docs/profile.md, "Python lines").
 
-use crate::heapprof::signed_bytes;
-use crate::render::{bytes, table};
+use crate::output::render::{bytes, table};
+use crate::profile::heap::signed_bytes;
 use memshim_proto::{PyLine, PySnapshot, PyTraceReply};
 use serde::Serialize;
 use std::collections::HashMap;
@@ -73,7 +73,7 @@ fn source(pid: i32, file: &str, line: u32) -> Option<String> {
         .or_else(|_| std::fs::read_to_string(file))
         .ok()?;
     let l = text.lines().nth(line as usize - 1)?.trim();
-    Some(crate::render::shorten(l, 60))
+    Some(crate::output::render::shorten(l, 60))
 }
 
 /// The table of `rows` (at most `top`), each with its source line.

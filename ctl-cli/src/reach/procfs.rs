@@ -8,7 +8,7 @@
 //! running thread's directory ([`view`]).
 
 use crate::exit::{self, Failure};
-use crate::out::printable;
+use crate::output::print::printable;
 use memshim_proto::endpoint::Seen;
 use memshim_proto::procfs;
 use memshim_proto::settings::{self, Control};

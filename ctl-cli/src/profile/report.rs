@@ -4,14 +4,14 @@
 //! zoom, search), embedded as an SVG document so that its script runs. One
 //! file, nothing fetched: it opens from disk, in a mail or a ticket.
 
-use crate::heapprof::Profile;
-use crate::timeline::escape;
+use crate::output::timeline::escape;
+use crate::profile::heap::Profile;
 use base64::Engine;
 
 /// The HTML document: `title`, the `table` (text as `profile` prints it)
 /// and the flame graph of `p`.
 pub fn profile(p: &Profile, title: &str, table: &str) -> String {
-    let svg = crate::flame::svg(p, title);
+    let svg = crate::profile::flame::svg(p, title);
     let data = base64::engine::general_purpose::STANDARD.encode(svg.as_bytes());
     format!(
         r#"<!DOCTYPE html>
@@ -47,7 +47,7 @@ object {{ width: 100%; min-height: 400px; border: 1px solid #ddd; }}
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::heapprof::test_profile;
+    use crate::profile::heap::test_profile;
 
     #[test]
     fn the_report_holds_the_table_and_the_flame_graph_in_one_file() {

@@ -5,8 +5,8 @@
 //! that is not running. `client.rs` says it when a connection fails; `list`,
 //! `cgroup` and `doctor` show it for each such process.
 
-use crate::procfs::{self, Environ, Proc};
-use crate::socket::SocketLoc;
+use crate::reach::procfs::{self, Environ, Proc};
+use crate::reach::socket::SocketLoc;
 use memshim_proto::settings::{self, Control};
 use std::path::Path;
 

@@ -343,39 +343,35 @@ mod tests {
 
     #[test]
     fn mangled_names_read_as_their_qualified_name() {
-        assert_eq!(
-            demangle("_ZN2at6native5emptyEN3c108ArrayRefIlEE"),
-            "at::native::empty"
-        );
-        assert_eq!(demangle("_Z15keep_sixty_fourv"), "keep_sixty_four");
-        assert_eq!(demangle("_ZN3foo3barIiE3bazEv"), "foo::bar::baz");
-        assert_eq!(
-            demangle("_ZNKSt6vectorIiSaIiEE4sizeEv"),
-            "std::vector::size"
-        );
-        assert_eq!(
-            demangle("_ZN4core3fmt5write17h0123456789abcdefE"),
-            "core::fmt::write"
-        );
-        assert_eq!(demangle("_ZN3FooC2Ev"), "Foo::Foo");
-        assert_eq!(demangle("_ZN3FooD1Ev"), "Foo::~Foo");
-        assert_eq!(demangle("PyList_Append"), "PyList_Append");
-        assert_eq!(demangle("_Zbroken"), "_Zbroken");
-        // What the hand-written reader did not read: substitutions, nested
-        // templates, operators, Rust's v0 mangling.
-        assert_eq!(
-            demangle("_ZN3c1010TensorImpl7releaseERKSt10shared_ptrIS0_E"),
-            "c10::TensorImpl::release"
-        );
-        assert_eq!(
-            demangle("_ZNSt6vectorISt4pairIiiESaIS1_EE9push_backEOS1_"),
-            "std::vector::push_back"
-        );
-        assert_eq!(demangle("_ZlsRSoRK3Foo"), "operator<<");
-        assert_eq!(
-            demangle("_RNvNtCs1234_7mycrate3foo3bar"),
-            "mycrate::foo::bar"
-        );
+        // The last five are what the hand-written reader did not read:
+        // substitutions, nested templates, operators, Rust's v0 mangling.
+        let cases = [
+            (
+                "_ZN2at6native5emptyEN3c108ArrayRefIlEE",
+                "at::native::empty",
+            ),
+            ("_Z15keep_sixty_fourv", "keep_sixty_four"),
+            ("_ZN3foo3barIiE3bazEv", "foo::bar::baz"),
+            ("_ZNKSt6vectorIiSaIiEE4sizeEv", "std::vector::size"),
+            ("_ZN4core3fmt5write17h0123456789abcdefE", "core::fmt::write"),
+            ("_ZN3FooC2Ev", "Foo::Foo"),
+            ("_ZN3FooD1Ev", "Foo::~Foo"),
+            ("PyList_Append", "PyList_Append"),
+            ("_Zbroken", "_Zbroken"),
+            (
+                "_ZN3c1010TensorImpl7releaseERKSt10shared_ptrIS0_E",
+                "c10::TensorImpl::release",
+            ),
+            (
+                "_ZNSt6vectorISt4pairIiiESaIS1_EE9push_backEOS1_",
+                "std::vector::push_back",
+            ),
+            ("_ZlsRSoRK3Foo", "operator<<"),
+            ("_RNvNtCs1234_7mycrate3foo3bar", "mycrate::foo::bar"),
+        ];
+        for (mangled, name) in cases {
+            assert_eq!(demangle(mangled), name, "{mangled}");
+        }
     }
 
     #[test]

@@ -6,8 +6,8 @@
 
 use crate::cmd::OneArgs;
 use crate::exit::{self as status, Exit, Failure};
-use crate::out::outln;
-use crate::procfs;
+use crate::output::print::outln;
+use crate::reach::procfs;
 use memshim_proto::{
     CgroupStats, GcResult, ProcessStats, PythonSection, PythonUnavailable, ReleaseResult,
     ReleaseStep, ReleaseStepKind,
@@ -445,8 +445,8 @@ fn process_stats(pid: i32, pss: bool) -> ProcessStats {
 
 /// The `cgroup` section, if the process's memory cgroup can be read here.
 fn cgroup_stats(pid: i32) -> Option<CgroupStats> {
-    let loc = crate::cgroupfs::locate(Some(pid)).ok()?;
-    let files = crate::cgroupfs::read_files(&loc, Some(pid)).ok()?;
+    let loc = crate::cgroup::fs::locate(Some(pid)).ok()?;
+    let files = crate::cgroup::fs::read_files(&loc, Some(pid)).ok()?;
     Some(CgroupStats::from_files(loc.path, &files))
 }
 

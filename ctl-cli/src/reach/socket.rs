@@ -16,7 +16,7 @@
 //! translated through `/proc/<pid>/uid_map` when it has its own user
 //! namespace.
 
-use crate::procfs::{self, Environ, Proc};
+use crate::reach::procfs::{self, Environ, Proc};
 use memshim_proto::endpoint::{self, SocketName};
 use memshim_proto::settings;
 use std::ffi::OsStr;

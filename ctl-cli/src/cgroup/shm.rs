@@ -29,7 +29,7 @@
 //!   deleting it is never suggested: it would free another cgroup's
 //!   memory, or none of this one's.
 
-use crate::procfs;
+use crate::reach::procfs;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::MetadataExt;

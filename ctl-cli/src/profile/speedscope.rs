@@ -7,8 +7,8 @@
 //! figure is not positive (what a difference freed) are left out, as in
 //! the flame graph.
 
-use crate::heapprof::Profile;
-use crate::symbols::Frame;
+use crate::profile::heap::Profile;
+use crate::profile::symbols::Frame;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 
@@ -58,15 +58,11 @@ pub fn encode(p: &Profile, title: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::heapprof::test_profile;
+    use crate::profile::heap::sample_profile;
 
     #[test]
     fn stacks_become_weighted_samples_outermost_first_with_shared_frames() {
-        let p = test_profile(&[
-            (2 << 20, &[("leaf", "app"), ("main", "app")]),
-            (1 << 20, &[("other", "app"), ("main", "app")]),
-            (-5, &[("freed", "app"), ("main", "app")]),
-        ]);
+        let p = sample_profile();
         let v: Value = serde_json::from_str(&encode(&p, "pid 7")).unwrap();
         let names: Vec<&str> = v["shared"]["frames"]
             .as_array()
@@ -74,7 +70,7 @@ mod tests {
             .iter()
             .map(|f| f["name"].as_str().unwrap())
             .collect();
-        assert_eq!(names, ["main", "leaf", "other"]);
+        assert_eq!(names, ["main", "leaf;odd", "other"]);
         let prof = &v["profiles"][0];
         assert_eq!(prof["type"], "sampled");
         assert_eq!(prof["unit"], "bytes");

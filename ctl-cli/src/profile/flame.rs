@@ -6,9 +6,9 @@
 //! `function (library)`. Growth only in a difference (what was freed is in
 //! the table and the JSON). inferno is CDDL-1.0 (docs/design.md).
 
-use crate::heapprof::Profile;
-use crate::render::bytes;
-use crate::timeline::escape;
+use crate::output::render::bytes;
+use crate::output::timeline::escape;
+use crate::profile::heap::Profile;
 use inferno::flamegraph::{self, Options, Palette, color::BasicPalette};
 
 /// The SVG document; `title` heads it.
@@ -65,22 +65,20 @@ fn folded(p: &Profile) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::heapprof::test_profile;
+    use crate::profile::heap::sample_profile;
 
     #[test]
     fn the_graph_is_inferno_s_interactive_svg_with_a_box_per_frame() {
-        let p = test_profile(&[
-            (3 << 20, &[("leaf;odd", "app"), ("main", "app")]),
-            (-1, &[("freed", "app"), ("main", "app")]),
-        ]);
+        let p = sample_profile();
         let s = svg(&p, "pid 7");
         assert!(s.contains("<svg"), "{s}");
         assert!(s.contains("pid 7"), "{s}");
         assert!(
-            s.contains("leaf_odd (app) (3,145,728 bytes, 100.00%)"),
+            s.contains("leaf_odd (app) (2,097,152 bytes, 66.67%)"),
             "{s}"
         );
-        assert!(!s.contains("freed"), "{s}");
+        assert!(s.contains("main (app) (3,145,728 bytes, 100.00%)"), "{s}");
+        assert!(!s.contains("alloc_cpu"), "freed bytes drawn: {s}");
         // flamegraph.pl's script: zoom and search.
         assert!(
             s.contains("function zoom(") && s.contains("function search("),

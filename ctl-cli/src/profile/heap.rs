@@ -7,8 +7,8 @@
 //! only pass an allocation on (`operator new`, `PyMem_Malloc`, ...): the
 //! first frame is the function that asked for the memory.
 
-use crate::render::{bytes, table};
-use crate::symbols::{Frame, Symbolizer};
+use crate::output::render::{bytes, table};
+use crate::profile::symbols::{Frame, Symbolizer};
 use memshim_proto::HeapDump;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -176,7 +176,7 @@ impl Profile {
             if let Some(f) = s
                 .frames
                 .iter()
-                .find(|f| f.library == crate::symbols::PERF_MAP)
+                .find(|f| f.library == crate::profile::symbols::PERF_MAP)
             {
                 *m.entry(f.function.as_str()).or_default() += s.bytes;
             }
@@ -278,6 +278,18 @@ pub fn test_profile(stacks: &[(i64, &[(&str, &str)])]) -> Profile {
             })
             .collect(),
     }
+}
+
+/// The profile every output format's test writes: two live stacks of
+/// `main`, one through a name with a `;` (folded stacks' separator), and
+/// 1 MiB freed in libc10.so since sampling began.
+#[cfg(test)]
+pub fn sample_profile() -> Profile {
+    test_profile(&[
+        (2 << 20, &[("leaf;odd", "app"), ("main", "app")]),
+        (1 << 20, &[("other", "app"), ("main", "app")]),
+        (-(1 << 20), &[("alloc_cpu", "libc10.so"), ("main", "app")]),
+    ])
 }
 
 #[cfg(test)]

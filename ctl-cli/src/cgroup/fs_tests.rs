@@ -1,4 +1,4 @@
-//! Unit tests of cgroupfs.rs on trees laid out like `/sys/fs/cgroup`, with
+//! Unit tests of fs.rs on trees laid out like `/sys/fs/cgroup`, with
 //! the files of cgroup v2 (which this CI machine's kernel has without a
 //! memory controller) and v1 in the kernel's formats. The v1 paths also
 //! run live in tests/tests/cgroup_*.rs.

@@ -2,7 +2,7 @@
 //! series (bytes over seconds), dashed markers where something happened.
 //! `record` fills it; nothing here reads a process.
 
-use crate::render::bytes;
+use crate::output::render::bytes;
 use std::fmt::Write;
 
 /// One line of the chart: a name, and a value per sample (`None` where the

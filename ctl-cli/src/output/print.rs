@@ -31,12 +31,12 @@ pub fn write_bytes(b: &[u8]) -> Result<(), Failure> {
 
 /// `print!` that returns `Result<(), Failure>` instead of panicking.
 macro_rules! out {
-    ($($arg:tt)*) => { $crate::out::write(format_args!($($arg)*)) };
+    ($($arg:tt)*) => { $crate::output::print::write(format_args!($($arg)*)) };
 }
 
 /// `println!` that returns `Result<(), Failure>` instead of panicking.
 macro_rules! outln {
-    ($($arg:tt)*) => { $crate::out::write(format_args!("{}\n", format_args!($($arg)*))) };
+    ($($arg:tt)*) => { $crate::output::print::write(format_args!("{}\n", format_args!($($arg)*))) };
 }
 
 /// `eprintln!` that ignores a failed write instead of panicking

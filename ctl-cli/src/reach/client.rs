@@ -3,9 +3,9 @@
 //! a person: which pid, which path, what to do.
 
 use crate::exit::{self, Failure};
-use crate::no_endpoint;
-use crate::procfs::{self, Proc};
-use crate::socket::{self, SocketLoc};
+use crate::reach::no_endpoint;
+use crate::reach::procfs::{self, Proc};
+use crate::reach::socket::{self, SocketLoc};
 use memshim_proto::client::{ClientError, ConnectError, Connection};
 use memshim_proto::{Answer, HelloReply, Reply, Request, Response, StatsReport, Wait};
 use std::time::Duration;

@@ -1,15 +1,15 @@
 //! What a memory cgroup is charged, attributed: the kernel's figures
-//! (cgroupfs.rs), the processes in the cgroup with their allocators and
+//! (fs.rs), the processes in the cgroup with their allocators and
 //! interpreters (through their control sockets, as `list` and `stats`
 //! reach them), and for each part what gives it back. Shared by `cgroup`
 //! and `reclaim`; docs/stats.md defines every field.
 
-use crate::cgroupfs::{self, Location};
-use crate::client::Client;
+use crate::cgroup::{self, fs::Location};
 use crate::exit::{self, Failure};
-use crate::no_endpoint;
-use crate::procfs;
-use crate::socket;
+use crate::reach::client::Client;
+use crate::reach::no_endpoint;
+use crate::reach::procfs;
+use crate::reach::socket;
 use memshim_proto::cgroup::CgroupMemory;
 use memshim_proto::{AllocatorStats, PythonSection, TorchSection};
 use serde::Serialize;
@@ -70,8 +70,8 @@ pub struct Charge {
 
 /// Reads the charge of the cgroup at `loc` (`pid`: for error messages).
 pub fn read(loc: &Location, pid: Option<i32>) -> Result<Charge, Failure> {
-    let memory = cgroupfs::read_memory(loc, pid)?;
-    let (pids, hidden) = cgroupfs::processes(loc);
+    let memory = cgroup::fs::read_memory(loc, pid)?;
+    let (pids, hidden) = cgroup::fs::processes(loc);
     let processes = pids
         .into_iter()
         .filter_map(|(p, sub)| entry(p, sub))

@@ -47,7 +47,7 @@ pub struct Location {
 /// Locates the memory cgroup of `pid` (ours without one).
 pub fn locate(pid: Option<i32>) -> Result<Location, Failure> {
     let who = pid.map_or_else(|| "self".to_owned(), |p| p.to_string());
-    let text = crate::procfs::read_text(format!("/proc/{who}/cgroup")).map_err(|e| {
+    let text = crate::reach::procfs::read_text(format!("/proc/{who}/cgroup")).map_err(|e| {
         Failure::new(
             exit::NOT_FOUND,
             pid,
@@ -57,10 +57,11 @@ pub fn locate(pid: Option<i32>) -> Result<Location, Failure> {
     })?;
     if let Some(p) = pid {
         // /proc/<tid>/cgroup reads, but a thread is not what was meant.
-        let status = crate::procfs::read_text(format!("/proc/{p}/status")).unwrap_or_default();
-        crate::procfs::not_a_thread(p, &status)?;
+        let status =
+            crate::reach::procfs::read_text(format!("/proc/{p}/status")).unwrap_or_default();
+        crate::reach::procfs::not_a_thread(p, &status)?;
     }
-    let mountinfo = crate::procfs::read_text("/proc/self/mountinfo").unwrap_or_default();
+    let mountinfo = crate::reach::procfs::read_text("/proc/self/mountinfo").unwrap_or_default();
     let me = pid.unwrap_or(std::process::id() as i32);
     locate_in(Path::new("/"), &text, &mountinfo, me).map_err(|why| {
         Failure::new(exit::NO_CGROUP, pid, why).hint(
@@ -202,7 +203,7 @@ fn find(
 /// The pids in one cgroup directory's `cgroup.procs` (0 for processes
 /// outside our pid namespace).
 fn procs_of(dir: &Path) -> Vec<i32> {
-    crate::procfs::read_text(dir.join("cgroup.procs"))
+    crate::reach::procfs::read_text(dir.join("cgroup.procs"))
         .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
         .unwrap_or_default()
 }
@@ -271,11 +272,11 @@ fn io_failure(e: &io::Error, path: &Path, pid: Option<i32>) -> Failure {
 
 fn read_file(dir: &Path, name: &str, pid: Option<i32>) -> Result<String, Failure> {
     let p = dir.join(name);
-    crate::procfs::read_text(&p).map_err(|e| io_failure(&e, &p, pid))
+    crate::reach::procfs::read_text(&p).map_err(|e| io_failure(&e, &p, pid))
 }
 
 fn read_opt(dir: &Path, name: &str) -> Option<u64> {
-    crate::procfs::read_text(dir.join(name))
+    crate::reach::procfs::read_text(dir.join(name))
         .ok()?
         .trim()
         .parse()
@@ -413,7 +414,7 @@ pub struct KernelStep {
 /// Whether the machine has swap (then reclaim could push anonymous memory
 /// out; `reclaim` restricts itself to file pages).
 pub fn swap_enabled() -> bool {
-    crate::procfs::read_text("/proc/meminfo")
+    crate::reach::procfs::read_text("/proc/meminfo")
         .ok()
         .and_then(|m| {
             m.lines()
@@ -504,7 +505,7 @@ pub fn reclaim_kernel(
         }
     } else {
         let swappiness = loc.dir.join("memory.swappiness");
-        let old = crate::procfs::read_text(&swappiness)
+        let old = crate::reach::procfs::read_text(&swappiness)
             .map(|s| s.trim().to_owned())
             .unwrap_or_default();
         let lowered = swap && !old.is_empty() && old != "0" && write_once(&swappiness, "0").is_ok();
@@ -645,5 +646,5 @@ pub fn reclaim_kernel_to(
 }
 
 #[cfg(test)]
-#[path = "cgroupfs_tests.rs"]
+#[path = "fs_tests.rs"]
 mod tests;

@@ -10,8 +10,8 @@
 //! `has_functions` is set), one location per distinct frame, each one line
 //! of one function whose file name is the library.
 
-use crate::heapprof::Profile;
-use crate::symbols::Frame;
+use crate::profile::heap::Profile;
+use crate::profile::symbols::Frame;
 use prost::Message;
 use std::collections::HashMap;
 use std::io::Write;
@@ -217,15 +217,12 @@ fn location<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::heapprof::test_profile;
+    use crate::profile::heap::sample_profile;
     use std::io::Read;
 
     #[test]
     fn the_gzipped_message_decodes_to_the_stacks_functions_and_libraries() {
-        let p = test_profile(&[
-            (2 << 20, &[("leaf", "app"), ("main", "app")]),
-            (-(1 << 20), &[("alloc_cpu", "libc10.so"), ("main", "app")]),
-        ]);
+        let p = sample_profile();
         let gz = encode(&p);
         assert_eq!(&gz[..2], &[0x1f, 0x8b]);
         let mut body = vec![];
@@ -235,13 +232,13 @@ mod tests {
         let m = proto::Profile::decode(&body[..]).unwrap();
         let st = |i: i64| m.string_table[i as usize].as_str();
         assert_eq!(st(0), "");
-        assert_eq!(m.sample.len(), 2);
-        assert_eq!(m.sample[1].value, [-1, -(1 << 20)]);
+        assert_eq!(m.sample.len(), 3);
+        assert_eq!(m.sample[2].value, [-1, -(1 << 20)]);
         assert_eq!(m.period, 1 << 19);
         assert_eq!(st(m.default_sample_type), "inuse_space");
         assert_eq!(
             (m.location.len(), m.function.len(), m.mapping.len()),
-            (3, 3, 2)
+            (4, 4, 2)
         );
         let name_of = |loc: u64| {
             let l = &m.location[loc as usize - 1];
@@ -256,8 +253,11 @@ mod tests {
             .collect();
         assert_eq!(
             first,
-            [("leaf".into(), "app".into()), ("main".into(), "app".into())]
+            [
+                ("leaf;odd".into(), "app".into()),
+                ("main".into(), "app".into())
+            ]
         );
-        assert_eq!(name_of(m.sample[1].location_id[0]).1, "libc10.so");
+        assert_eq!(name_of(m.sample[2].location_id[0]).1, "libc10.so");
     }
 }

@@ -7,8 +7,8 @@
 //! OpenMP worker thread is MKL's, not also the pool's whose thread it runs
 //! on (issue 47).
 
-use crate::heapprof::{Profile, signed_bytes};
-use crate::symbols::Frame;
+use crate::profile::heap::{Profile, signed_bytes};
+use crate::profile::symbols::Frame;
 
 /// One known retainer.
 struct Retainer {
@@ -95,7 +95,7 @@ fn contains_ci(hay: &str, needle: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::heapprof::{Stack, test_profile};
+    use crate::profile::heap::{Stack, test_profile};
 
     #[test]
     fn a_retainer_is_named_only_when_it_holds_memory() {
