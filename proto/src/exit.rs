@@ -93,8 +93,73 @@ pub const NO_PROFILER: ExitStatus = ExitStatus {
     brief: "the process cannot be profiled",
 };
 
+// --- Reaching a process started without the preload (docs/attach.md) -----
+
+/// Yama's `ptrace_scope` forbids memshim-ctl to trace the process.
+pub const YAMA: ExitStatus = ExitStatus {
+    code: 12,
+    name: "yama",
+    brief: "Yama's ptrace_scope forbids tracing",
+};
+/// No `CAP_SYS_PTRACE`, and the process is another user's.
+pub const NO_PTRACE: ExitStatus = ExitStatus {
+    code: 13,
+    name: "no_ptrace",
+    brief: "no right to trace (another uid, no CAP_SYS_PTRACE)",
+};
+/// The process lives in a user namespace memshim-ctl may not trace into.
+pub const USER_NAMESPACE: ExitStatus = ExitStatus {
+    code: 14,
+    name: "user_namespace",
+    brief: "another user namespace",
+};
+/// The process runs under a seccomp filter.
+pub const SECCOMP: ExitStatus = ExitStatus {
+    code: 15,
+    name: "seccomp",
+    brief: "a seccomp filter",
+};
+/// Another tracer (strace, a debugger) is attached to the process.
+pub const TRACED: ExitStatus = ExitStatus {
+    code: 16,
+    name: "traced",
+    brief: "already traced by another tracer",
+};
+/// The process disabled remote debugging (`PYTHON_DISABLE_REMOTE_DEBUG`,
+/// `-X disable_remote_debug`).
+pub const REMOTE_DEBUG_DISABLED: ExitStatus = ExitStatus {
+    code: 17,
+    name: "remote_debug_disabled",
+    brief: "remote debugging disabled",
+};
+/// A free-threaded CPython build.
+pub const FREE_THREADED: ExitStatus = ExitStatus {
+    code: 18,
+    name: "free_threaded",
+    brief: "a free-threaded CPython",
+};
+/// A CPython older than 3.8 or newer than 3.15.
+pub const UNSUPPORTED_VERSION: ExitStatus = ExitStatus {
+    code: 19,
+    name: "unsupported_version",
+    brief: "an unsupported CPython version",
+};
+/// Not a CPython process (and no shim in it).
+pub const NOT_CPYTHON: ExitStatus = ExitStatus {
+    code: 20,
+    name: "not_cpython",
+    brief: "not a CPython process",
+};
+/// No thread of the process reached a safe point within the time limit:
+/// nothing was changed.
+pub const NO_SAFE_POINT: ExitStatus = ExitStatus {
+    code: 21,
+    name: "no_safe_point",
+    brief: "no safe point in time (nothing changed)",
+};
+
 /// Every status, by code.
-pub const ALL: [ExitStatus; 12] = [
+pub const ALL: [ExitStatus; 22] = [
     OK,
     FAILED,
     USAGE,
@@ -107,6 +172,16 @@ pub const ALL: [ExitStatus; 12] = [
     READ_ONLY,
     NOT_REACHED,
     NO_PROFILER,
+    YAMA,
+    NO_PTRACE,
+    USER_NAMESPACE,
+    SECCOMP,
+    TRACED,
+    REMOTE_DEBUG_DISABLED,
+    FREE_THREADED,
+    UNSUPPORTED_VERSION,
+    NOT_CPYTHON,
+    NO_SAFE_POINT,
 ];
 
 impl ExitStatus {

@@ -285,6 +285,11 @@ fn read_opt(dir: &Path, name: &str) -> Option<u64> {
 
 /// What the cgroup is charged now.
 pub fn read_memory(loc: &Location, pid: Option<i32>) -> Result<CgroupMemory, Failure> {
+    Ok(CgroupMemory::from_files(&read_files(loc, pid)?))
+}
+
+/// The cgroup's memory files, as read now.
+pub fn read_files(loc: &Location, pid: Option<i32>) -> Result<MemoryFiles, Failure> {
     let d = &loc.dir;
     let stat = cgroup::parse_flat_keyed(&read_file(d, "memory.stat", pid)?);
     let files = if loc.version == 2 {
@@ -316,7 +321,7 @@ pub fn read_memory(loc: &Location, pid: Option<i32>) -> Result<CgroupMemory, Fai
             ..MemoryFiles::default()
         }
     };
-    Ok(CgroupMemory::from_files(&files))
+    Ok(files)
 }
 
 /// The file `reclaim` writes: `memory.reclaim` (v2) or `memory.force_empty` (v1).

@@ -8,16 +8,23 @@ use memshim_proto::{GcResult, Request};
 /// Options of `gc`.
 pub type GcArgs = OneArgs;
 
-/// Runs `gc`.
+/// Runs `gc`: over the socket of a shimmed process, by ptrace on a CPython
+/// started without the preload (`crate::reach`).
 pub fn run(a: GcArgs) -> Result<Exit, Failure> {
-    ask_one(&a, &Request::Gc, |r: &GcResult| {
-        format!(
-            "gc.collect() found {} unreachable objects in {}; rss {} -> {} ({})",
-            r.collected,
-            ms(r.elapsed_ms),
-            bytes(r.rss_before),
-            bytes(r.rss_after),
-            delta(r.rss_before, r.rss_after)
-        )
-    })
+    if crate::reach::ptrace::applies(a.pid) {
+        let (r, how) = crate::reach::ptrace::gc(a.pid)?;
+        return crate::reach::ptrace::print_one(&a, &r, &how, line);
+    }
+    ask_one(&a, &Request::Gc, line)
+}
+
+fn line(r: &GcResult) -> String {
+    format!(
+        "gc.collect() found {} unreachable objects in {}; rss {} -> {} ({})",
+        r.collected,
+        ms(r.elapsed_ms),
+        bytes(r.rss_before),
+        bytes(r.rss_after),
+        delta(r.rss_before, r.rss_after)
+    )
 }

@@ -1,4 +1,6 @@
-//! `memshim-ctl list [--json]`: every visible process with the shim loaded.
+//! `memshim-ctl list [--json]`: every visible process with the shim loaded,
+//! then every CPython without it ("not preloaded"), which the verbs reach
+//! by ptrace, and whether they may (`crate::reach::ptrace::candidate`).
 
 use crate::exit::{self, Exit, Failure};
 use crate::output::print::{out, outln};
@@ -50,6 +52,9 @@ pub struct Entry {
 pub struct Listing {
     /// Shimmed processes.
     pub processes: Vec<Entry>,
+    /// CPython processes without the shim, which the verbs reach by ptrace
+    /// (`null`-free addition: older readers ignore it).
+    pub not_preloaded: Vec<crate::reach::ptrace::Candidate>,
     /// Processes whose maps we could not read (other users' processes).
     pub unreadable: usize,
     /// Stale socket files (no listener, no such process) that were removed.
@@ -130,6 +135,7 @@ fn remove_stale(dirs: &[std::path::PathBuf]) -> Vec<String> {
 pub fn run(a: ListArgs) -> Result<Exit, Failure> {
     let me = std::process::id() as i32;
     let mut processes = vec![];
+    let mut not_preloaded = vec![];
     let mut unreadable = 0;
     // Stale files are looked for in our own default directory, and in the
     // directory of every shimmed process found below.
@@ -150,7 +156,14 @@ pub fn run(a: ListArgs) -> Result<Exit, Failure> {
         }
         match procfs::shim_loaded(pid) {
             Ok(true) => {}
-            Ok(false) => continue,
+            Ok(false) => {
+                if let Ok(p) = procfs::read_proc(pid)
+                    && let Some(c) = crate::reach::ptrace::candidate(&p)
+                {
+                    not_preloaded.push(c);
+                }
+                continue;
+            }
             Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
                 unreadable += 1;
                 continue;
@@ -168,6 +181,7 @@ pub fn run(a: ListArgs) -> Result<Exit, Failure> {
     }
     let listing = Listing {
         processes,
+        not_preloaded,
         unreadable,
         stale_removed: remove_stale(&dirs),
         as_root: procfs::my_euid() == Some(0),
@@ -188,6 +202,7 @@ pub fn human(l: &Listing) -> String {
             s.push_str(&format!(" ({})", unreadable_note(l.unreadable, l.as_root)));
         }
         s.push('\n');
+        s.push_str(&not_preloaded(&l.not_preloaded));
         for f in &l.stale_removed {
             s.push_str(&format!("removed stale socket {f}\n"));
         }
@@ -226,11 +241,53 @@ pub fn human(l: &Listing) -> String {
             ));
         }
     }
+    s.push_str(&not_preloaded(&l.not_preloaded));
     if l.unreadable > 0 {
         s.push_str(&format!("({})\n", unreadable_note(l.unreadable, l.as_root)));
     }
     for f in &l.stale_removed {
         s.push_str(&format!("removed stale socket {f}\n"));
+    }
+    s
+}
+
+/// The section of CPython processes without the preload (nothing when
+/// there are none): a table, then why each that may not be reached is not.
+fn not_preloaded(c: &[crate::reach::ptrace::Candidate]) -> String {
+    if c.is_empty() {
+        return String::new();
+    }
+    let rows: Vec<Vec<String>> = c
+        .iter()
+        .map(|e| {
+            vec![
+                e.pid.to_string(),
+                render::bytes(e.rss),
+                e.python.clone().unwrap_or_else(|| "-".into()),
+                match e.code {
+                    None => "yes".into(),
+                    Some(code) => format!("no ({})", code.name),
+                },
+                render::shorten(&e.command, 40),
+            ]
+        })
+        .collect();
+    let mut s = String::from("\nnot preloaded (CPython; the verbs reach it by ptrace):\n");
+    s.push_str(&render::table(
+        &["PID", "RSS", "PYTHON", "REACHABLE", "COMMAND"],
+        &rows,
+    ));
+    let refused: Vec<_> = c.iter().filter(|e| !e.reachable).collect();
+    if !refused.is_empty() {
+        s.push_str("\nnot reachable:\n");
+        for e in refused {
+            s.push_str(&format!(
+                "  pid {}: {} (exit {})\n",
+                e.pid,
+                e.reason.as_deref().unwrap_or("?"),
+                e.code.map_or(0, |c| c.code)
+            ));
+        }
     }
     s
 }
@@ -268,11 +325,13 @@ mod tests {
                     purgeable: None,
                 },
             ],
+            not_preloaded: vec![],
             unreadable: 0,
             stale_removed: vec![],
             as_root: true,
         };
         let h = human(&l);
+        assert!(!h.contains("not preloaded"), "{h}");
         assert!(
             h.starts_with("PID        RSS   RESIDENT  PURGEABLE  ENDPOINT"),
             "{h}"
@@ -292,6 +351,7 @@ mod tests {
     fn unreadable_processes_get_advice_that_fits_the_caller() {
         let mut l = Listing {
             processes: vec![],
+            not_preloaded: vec![],
             unreadable: 2,
             stale_removed: vec![],
             as_root: false,
@@ -305,5 +365,47 @@ mod tests {
             "{h}"
         );
         assert!(serde_json::to_value(&l).unwrap().get("as_root").is_none());
+    }
+
+    #[test]
+    fn cpythons_without_the_preload_are_listed_after_the_shimmed_with_why_not() {
+        let one = |pid, code: Option<Exit>, reason: Option<&str>| crate::reach::ptrace::Candidate {
+            pid,
+            uid: 0,
+            command: format!("python3 app{pid}.py"),
+            rss: 50 << 20,
+            preload: "not preloaded",
+            python: code.is_none().then(|| "3.11".into()),
+            reachable: code.is_none(),
+            code,
+            reason: reason.map(Into::into),
+        };
+        let l = Listing {
+            processes: vec![],
+            not_preloaded: vec![
+                one(20, None, None),
+                one(21, Some(exit::TRACED), Some("traced by process 9")),
+            ],
+            unreadable: 0,
+            stale_removed: vec![],
+            as_root: true,
+        };
+        let h = human(&l);
+        assert!(
+            h.starts_with("no process with libmemshim.so loaded is visible\n\nnot preloaded"),
+            "{h}"
+        );
+        assert!(h.contains("3.11  yes          python3 app20.py"), "{h}");
+        assert!(h.contains("no (traced)"), "{h}");
+        let why = format!(
+            "not reachable:\n  pid 21: traced by process 9 (exit {})\n",
+            exit::TRACED.code
+        );
+        assert!(h.contains(&why), "{h}");
+        let j = serde_json::to_value(&l).unwrap();
+        assert_eq!(j["processes"], serde_json::json!([]));
+        assert_eq!(j["not_preloaded"][0]["reachable"], true);
+        assert_eq!(j["not_preloaded"][1]["code"], "traced");
+        assert_eq!(j["not_preloaded"][1]["preload"], "not preloaded");
     }
 }

@@ -20,23 +20,18 @@ pub struct ReleaseArgs {
 /// or failed counts as failed ([`exit::PYTHON_STEP`] for a single target), though what the
 /// other steps did is reported as usual.
 pub fn run(a: ReleaseArgs) -> Result<Exit, Failure> {
+    // One CPython started without the preload: reached by ptrace (reach/ptrace.rs).
+    if let [pid] = a.targets.pids[..]
+        && !a.targets.all
+        && crate::reach::ptrace::applies(pid)
+    {
+        return without_preload(pid, a.targets.json);
+    }
     let (outcomes, exit) = for_targets(&a.targets, |c| c.ask::<ReleaseResult>(&Request::Release))?;
     let partial: Vec<Failure> = outcomes
         .iter()
         .filter_map(|o| o.result.as_ref().ok().map(|r| (o.pid, r)))
-        .flat_map(|(pid, r)| {
-            r.failed_steps().map(move |s| {
-                Failure::new(
-                    exit::PYTHON_STEP,
-                    Some(pid),
-                    format!(
-                        "release: the {} step could not run: {}",
-                        s.name(),
-                        s.error.as_deref().unwrap_or("no reason given")
-                    ),
-                )
-            })
-        })
+        .flat_map(|(pid, r)| step_failures(pid, r))
         .collect();
     let exit = overall(exit, outcomes.len(), &outcomes, !partial.is_empty());
     if a.targets.json {
@@ -47,6 +42,57 @@ pub fn run(a: ReleaseArgs) -> Result<Exit, Failure> {
         print_failures(&outcomes, &partial, exit);
     }
     Ok(exit)
+}
+
+/// `release` of a process without the preload: the same report, and the
+/// line that says how it was reached (in JSON, `"reached"`).
+fn without_preload(pid: i32, json: bool) -> Result<Exit, Failure> {
+    let command = crate::reach::procfs::read_proc(pid).ok().map(|p| p.command);
+    let (result, how) = match crate::reach::ptrace::release(pid) {
+        Ok((r, how)) => (Ok(r), Some(how)),
+        Err(f) => (Err(f), None),
+    };
+    let partial: Vec<Failure> = match &result {
+        Ok(r) => step_failures(pid, r).collect(),
+        Err(_) => Vec::new(),
+    };
+    let exit = match &result {
+        Ok(_) if !partial.is_empty() => exit::PYTHON_STEP,
+        Ok(_) => exit::OK,
+        Err(f) => f.exit,
+    };
+    let outcomes = [Outcome {
+        pid,
+        command,
+        result,
+    }];
+    if json {
+        let mut v = outcome_json(&outcomes[0]);
+        v["reached"] = serde_json::json!(how);
+        outln!("{}", serde_json::json!({ "release": [v] }))?;
+        return Ok(exit);
+    }
+    out!("{}", human(&outcomes))?;
+    if let Some(how) = &how {
+        outln!("{}", crate::reach::ptrace::reached_line(pid, how))?;
+    }
+    print_failures(&outcomes, &partial, exit);
+    Ok(exit)
+}
+
+/// A failure for each step of `r` that could not run or failed.
+fn step_failures(pid: i32, r: &ReleaseResult) -> impl Iterator<Item = Failure> + '_ {
+    r.failed_steps().map(move |s| {
+        Failure::new(
+            exit::PYTHON_STEP,
+            Some(pid),
+            format!(
+                "release: the {} step could not run: {}",
+                s.name(),
+                s.error.as_deref().unwrap_or("no reason given")
+            ),
+        )
+    })
 }
 
 /// The exit status: a process with a failed step counts as a failed target.

@@ -40,6 +40,19 @@ pub fn fetch(c: &mut Client, arenas: bool, pss: bool) -> Result<StatsReport, Fai
 /// Runs `stats`. Where torch has CUDA devices, the driver's view of them
 /// (NVML) is added: `gpu` in the JSON document, a table in the human form.
 pub fn run(a: StatsArgs) -> Result<Exit, Failure> {
+    // A CPython started without the preload: reached by ptrace (reach/ptrace.rs).
+    if crate::reach::ptrace::applies(a.pid) {
+        let s = crate::reach::ptrace::stats(a.pid, a.pss)?;
+        if a.json {
+            outln!("{}", serde_json::to_string(&s).unwrap_or_default())?;
+        } else {
+            let command = crate::reach::procfs::read_proc(a.pid)
+                .map(|p| p.command)
+                .unwrap_or_default();
+            out!("{}", human_unshimmed(&s, &command, a.arenas))?;
+        }
+        return Ok(exit::OK);
+    }
     let mut c = Client::open(a.pid)?;
     let s = fetch(&mut c, a.arenas, a.pss)?;
     let (vram, why) = s
@@ -129,6 +142,26 @@ pub fn human(s: &StatsReport, pid: i32, command: &str) -> String {
     if let Some(c) = &s.cuda_idle {
         out += &cuda_idle(c);
     }
+    out
+}
+
+/// The human form of `stats` on a process without the preload: the
+/// sections of [`human`] in its order, those that need the shim said to be
+/// not available, and the line that says how the process was reached.
+pub fn human_unshimmed(s: &crate::reach::ptrace::Stats, command: &str, arenas: bool) -> String {
+    let mut out = format!("pid {}: {command}\n", s.pid);
+    out += &crate::reach::ptrace::reached_line(s.pid, &s.reached);
+    out += "\n";
+    out += &format!("\nallocator: not available ({})\n", s.allocator_unavailable);
+    if arenas {
+        out += "\narenas: not available (jemalloc's, which the process does not have)\n";
+    }
+    out += &process(&s.process);
+    if let Some(g) = &s.cgroup {
+        out += &cgroup(g);
+    }
+    out += "\nconfig: not available (no shim in the process)\n";
+    out += &python(s.python.as_ref(), s.python_unavailable.as_ref());
     out
 }
 

@@ -16,3 +16,4 @@ mod release;
 mod sampling;
 mod torch;
 mod versions;
+mod without_preload;

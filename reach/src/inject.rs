@@ -1,0 +1,355 @@
+//! Calling functions in a running process: choose a thread at a safe point
+//! (blocked in a system call of a known idle kind), save every register,
+//! call, restore the registers and the interrupted system call exactly,
+//! detach. docs/design.md, "Reaching a process started without the
+//! preload", says why each step is as it is.
+
+use crate::ptrace::{self, Regs};
+use std::fs;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::time::{Duration, Instant};
+
+/// The system calls a thread may be interrupted in and used, with their
+/// names, best first: waits that the kernel restarts by itself once the
+/// thread goes on (`-ERESTART*`), then `epoll_wait`, which answers `EINTR`
+/// to its caller (as under any debugger; CPython retries it, PEP 475),
+/// then futex waits (a lock's or a condition's: the thread may hold other
+/// locks, which is why they come last).
+pub const IDLE: [(u64, &str); 17] = [
+    (35, "nanosleep"),
+    (230, "clock_nanosleep"),
+    (23, "select"),
+    (270, "pselect6"),
+    (7, "poll"),
+    (271, "ppoll"),
+    (0, "read"),
+    (43, "accept"),
+    (288, "accept4"),
+    (61, "wait4"),
+    (247, "waitid"),
+    (45, "recvfrom"),
+    (47, "recvmsg"),
+    (232, "epoll_wait"),
+    (281, "epoll_pwait"),
+    (441, "epoll_pwait2"),
+    (202, "futex"),
+];
+
+const ERESTARTSYS: i64 = -512;
+const ERESTARTNOINTR: i64 = -513;
+const ERESTARTNOHAND: i64 = -514;
+const ERESTART_RESTARTBLOCK: i64 = -516;
+const EINTR: i64 = -4;
+const PTRACE_EVENT_STOP: i32 = 128;
+
+/// Why nothing was called.
+#[derive(Debug)]
+pub enum Failure {
+    /// No thread was in an idle system call within the time limit; what
+    /// each thread was doing at the last look.
+    NoSafePoint(String),
+    /// The process (or the thread) ended.
+    Gone,
+    /// `PTRACE_SEIZE` failed with this error (EPERM: no right to trace).
+    Seize(io::Error),
+    /// Any other failure of a system call.
+    Io(String),
+}
+
+impl From<io::Error> for Failure {
+    fn from(e: io::Error) -> Failure {
+        if e.raw_os_error() == Some(libc::ESRCH) {
+            Failure::Gone
+        } else {
+            Failure::Io(e.to_string())
+        }
+    }
+}
+
+/// The thread we hold stopped, and what it was doing.
+pub struct Held {
+    pid: i32,
+    /// The thread's id.
+    pub tid: i32,
+    /// The system call it was interrupted in.
+    pub syscall: &'static str,
+    saved: Regs,
+    xstate: Vec<u8>,
+    /// Signals that arrived for the thread while we held it, given back
+    /// when it is let go.
+    pending: Vec<i32>,
+    mem: fs::File,
+    /// The lowest address of our scratch area on the thread's stack.
+    scratch: u64,
+    done: bool,
+    /// When the thread stopped.
+    since: Instant,
+}
+
+/// The thread's current system call number, from `/proc/PID/task/TID/syscall`
+/// (`None`: running, or not readable).
+fn syscall_of(pid: i32, tid: i32) -> Option<u64> {
+    let s = fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).ok()?;
+    s.split_whitespace().next()?.parse().ok()
+}
+
+/// The thread ids of `pid`.
+pub fn tasks(pid: i32) -> io::Result<Vec<i32>> {
+    let mut out: Vec<i32> = fs::read_dir(format!("/proc/{pid}/task"))?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    out.sort_unstable();
+    Ok(out)
+}
+
+fn rank(nr: u64) -> Option<usize> {
+    IDLE.iter().position(|&(n, _)| n == nr)
+}
+
+/// What each thread is doing, for the no-safe-point message.
+fn describe(pid: i32) -> String {
+    let parts: Vec<String> = tasks(pid)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| {
+            let what = match syscall_of(pid, t) {
+                Some(nr) => IDLE
+                    .iter()
+                    .find(|&&(n, _)| n == nr)
+                    .map_or(format!("system call {nr}"), |&(_, name)| name.to_string()),
+                None => "running".to_string(),
+            };
+            format!("thread {t}: {what}")
+        })
+        .collect();
+    parts.join(", ")
+}
+
+/// Stops one thread of `pid` at a safe point, trying threads in the order
+/// of [`IDLE`] (and, among equals, `prefer` first), until `limit` has
+/// passed. Nothing of the process is changed until a thread is held.
+pub fn hold(pid: i32, limit: Duration, prefer: impl Fn(i32) -> bool) -> Result<Held, Failure> {
+    let start = Instant::now();
+    loop {
+        let mut candidates: Vec<(usize, bool, i32)> = tasks(pid)
+            .map_err(|_| Failure::Gone)?
+            .into_iter()
+            .filter_map(|t| Some((rank(syscall_of(pid, t)?)?, !prefer(t), t)))
+            .collect();
+        candidates.sort_unstable();
+        for (_, _, tid) in candidates {
+            if let Some(h) = try_hold(pid, tid)? {
+                return Ok(h);
+            }
+        }
+        if start.elapsed() >= limit {
+            return Err(Failure::NoSafePoint(describe(pid)));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Seizes and interrupts `tid`; keeps it if it stopped in an idle system
+/// call, lets it go unchanged otherwise.
+fn try_hold(pid: i32, tid: i32) -> Result<Option<Held>, Failure> {
+    match ptrace::seize(tid) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(None),
+        Err(e) => return Err(Failure::Seize(e)),
+    }
+    ptrace::interrupt(tid)?;
+    let mut pending = Vec::new();
+    // Until the interrupt's stop: a signal that arrives first stops the
+    // thread too; it is kept and given back.
+    loop {
+        let Some(status) = ptrace::wait(tid, false)? else {
+            continue;
+        };
+        if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+            return Err(Failure::Gone);
+        }
+        if status >> 16 == PTRACE_EVENT_STOP {
+            break;
+        }
+        pending.push(libc::WSTOPSIG(status));
+        ptrace::cont(tid, 0)?;
+    }
+    let regs = ptrace::get_regs(tid)?;
+    let nr = regs.orig_rax as i64;
+    let ret = regs.rax as i64;
+    let restart = matches!(
+        ret,
+        ERESTARTSYS | ERESTARTNOINTR | ERESTARTNOHAND | ERESTART_RESTARTBLOCK
+    );
+    let epoll = matches!(nr, 232 | 281 | 441) && ret == EINTR;
+    let name = IDLE.iter().find(|&&(n, _)| n as i64 == nr).map(|&(_, s)| s);
+    let (Some(name), true) = (name, restart || epoll) else {
+        // Not in an idle call after all (it returned meanwhile): the
+        // registers are untouched, the kernel restarts what it interrupted.
+        release(pid, tid, &pending)?;
+        return Ok(None);
+    };
+    let xstate = ptrace::get_xstate(tid)?;
+    let mem = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/{pid}/mem"))?;
+    // Below the red zone (128 bytes of the System V ABI) and 16-aligned.
+    let scratch = (regs.rsp - 128 - 4096) & !0xf;
+    Ok(Some(Held {
+        pid,
+        tid,
+        syscall: name,
+        saved: regs,
+        xstate,
+        pending,
+        mem,
+        scratch,
+        done: false,
+        since: Instant::now(),
+    }))
+}
+
+/// Lets a thread go with the signals it received while held.
+fn release(pid: i32, tid: i32, pending: &[i32]) -> io::Result<()> {
+    let first = pending.first().copied().unwrap_or(0);
+    ptrace::detach(tid, first)?;
+    for &s in pending.iter().skip(1) {
+        ptrace::tgkill(pid, tid, s);
+    }
+    Ok(())
+}
+
+impl Held {
+    /// Copies `bytes` into the scratch area (4 KiB below the thread's
+    /// stack pointer) at `offset`, and returns its address in the target.
+    pub fn put(&mut self, offset: u64, bytes: &[u8]) -> io::Result<u64> {
+        if offset + bytes.len() as u64 > 4096 - 64 {
+            return Err(io::Error::other("scratch area too small"));
+        }
+        let at = self.scratch + offset;
+        self.mem.write_all_at(bytes, at)?;
+        Ok(at)
+    }
+
+    /// Reads a NUL-terminated string of at most `max` bytes at `addr`.
+    pub fn read_cstr(&self, addr: u64, max: usize) -> io::Result<String> {
+        let mut buf = vec![0u8; max];
+        let n = self.mem.read_at(&mut buf, addr)?;
+        buf.truncate(n);
+        let end = buf.iter().position(|&c| c == 0).unwrap_or(buf.len());
+        Ok(String::from_utf8_lossy(&buf[..end]).into_owned())
+    }
+
+    /// Calls `func(args...)` (at most 6 integer arguments) on the held
+    /// thread, on its own stack below the scratch area, and returns `rax`.
+    /// The call returns to address 0; the fault there is our sign that it
+    /// returned, and is never delivered.
+    pub fn call(&mut self, func: u64, args: &[u64]) -> Result<u64, Failure> {
+        let mut r = self.saved;
+        let a = |i: usize| args.get(i).copied().unwrap_or(0);
+        r.rdi = a(0);
+        r.rsi = a(1);
+        r.rdx = a(2);
+        r.rcx = a(3);
+        r.r8 = a(4);
+        r.r9 = a(5);
+        r.rax = 0;
+        r.rip = func;
+        // No system call to restart once the thread goes on: the kernel
+        // must not rewind our `rip`.
+        r.orig_rax = u64::MAX;
+        // At a function's entry `rsp + 8` is 16-aligned; the return
+        // address (0) is at `rsp`.
+        r.rsp = self.scratch - 64 - 8;
+        self.mem.write_all_at(&0u64.to_le_bytes(), r.rsp)?;
+        ptrace::set_regs(self.tid, &r)?;
+        ptrace::cont(self.tid, 0)?;
+        loop {
+            let Some(status) = ptrace::wait(self.tid, false)? else {
+                continue;
+            };
+            if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+                self.done = true;
+                return Err(Failure::Gone);
+            }
+            let sig = libc::WSTOPSIG(status);
+            if status >> 16 != 0 {
+                // An event stop (a group stop of the process): go on.
+                ptrace::cont(self.tid, 0)?;
+                continue;
+            }
+            if sig == libc::SIGSEGV {
+                let now = ptrace::get_regs(self.tid)?;
+                if now.rip == 0 {
+                    return Ok(now.rax);
+                }
+                return Err(Failure::Io(format!(
+                    "the called function faulted at {:#x}",
+                    now.rip
+                )));
+            }
+            // A signal for the thread: kept, given back when we let go.
+            self.pending.push(sig);
+            ptrace::cont(self.tid, 0)?;
+        }
+    }
+
+    /// Puts every register back, with the interrupted system call as the
+    /// kernel left it (so it restarts, or answers EINTR, as it would have
+    /// without us), and lets the thread go.
+    pub fn finish(mut self) -> Result<(), Failure> {
+        self.done = true;
+        self.restore()
+    }
+
+    fn restore(&mut self) -> Result<(), Failure> {
+        self.keep_deadline()?;
+        ptrace::set_xstate(self.tid, &self.xstate)?;
+        ptrace::set_regs(self.tid, &self.saved)?;
+        release(self.pid, self.tid, &self.pending)?;
+        Ok(())
+    }
+}
+
+impl Held {
+    /// `select`, `pselect6` and `ppoll` restart with the time that was
+    /// left when the thread stopped, which the kernel wrote back to the
+    /// caller's timeout; the time we held the thread is taken off it, so
+    /// that the wait ends when it would have ended without us. (`nanosleep`,
+    /// `clock_nanosleep` and `poll` restart towards their original end
+    /// time by themselves.)
+    fn keep_deadline(&mut self) -> io::Result<()> {
+        let r = &self.saved;
+        let (ptr, per_sec) = match r.orig_rax {
+            23 => (r.r8, 1_000_000u64),       // struct timeval *
+            270 => (r.r8, 1_000_000_000u64),  // struct timespec *
+            271 => (r.rdx, 1_000_000_000u64), // struct timespec *
+            _ => return Ok(()),
+        };
+        if ptr == 0 || r.rax as i64 != ERESTARTNOHAND {
+            return Ok(());
+        }
+        let mut b = [0u8; 16];
+        self.mem.read_exact_at(&mut b, ptr)?;
+        let sec = i64::from_le_bytes(b[..8].try_into().unwrap_or_default());
+        let frac = i64::from_le_bytes(b[8..].try_into().unwrap_or_default());
+        let unit = 1_000_000_000 / per_sec as i128; // ns per unit
+        let left = sec as i128 * 1_000_000_000 + frac as i128 * unit;
+        let left = (left - self.since.elapsed().as_nanos() as i128).max(0);
+        let sec = (left / 1_000_000_000) as i64;
+        let frac = ((left % 1_000_000_000) / unit) as i64;
+        b[..8].copy_from_slice(&sec.to_le_bytes());
+        b[8..].copy_from_slice(&frac.to_le_bytes());
+        self.mem.write_all_at(&b, ptr)
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.restore();
+        }
+    }
+}

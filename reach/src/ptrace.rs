@@ -1,0 +1,187 @@
+//! The raw system calls of the injector: ptrace, waitpid and the signal
+//! mask. The only `unsafe` of this crate; everything above it is safe code.
+//! Memory of the target is read and written through `/proc/PID/mem`
+//! (std's files), which a tracer may do.
+
+use std::io;
+
+/// A thread's general registers (x86_64 `user_regs_struct`).
+pub type Regs = libc::user_regs_struct;
+
+/// `NT_X86_XSTATE`: the FPU, SSE and AVX state, as `XSAVE` lays it out.
+const NT_X86_XSTATE: libc::c_int = 0x202;
+
+fn check(r: libc::c_long) -> io::Result<libc::c_long> {
+    if r == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// `PTRACE_SEIZE`: traces `tid` without stopping it.
+pub fn seize(tid: i32) -> io::Result<()> {
+    // SAFETY: PTRACE_SEIZE takes no pointer; addr and data are integers.
+    check(unsafe { libc::ptrace(libc::PTRACE_SEIZE, tid, 0usize, 0usize) }).map(drop)
+}
+
+/// `PTRACE_INTERRUPT`: stops a seized thread (a `PTRACE_EVENT_STOP`).
+pub fn interrupt(tid: i32) -> io::Result<()> {
+    // SAFETY: no pointer argument.
+    check(unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0usize, 0usize) }).map(drop)
+}
+
+/// `PTRACE_CONT` with `sig` (0: none) delivered.
+pub fn cont(tid: i32, sig: i32) -> io::Result<()> {
+    // SAFETY: the signal number is passed as an integer, no pointer.
+    check(unsafe { libc::ptrace(libc::PTRACE_CONT, tid, 0usize, sig as usize) }).map(drop)
+}
+
+/// `PTRACE_DETACH` with `sig` (0: none) delivered.
+pub fn detach(tid: i32, sig: i32) -> io::Result<()> {
+    // SAFETY: the signal number is passed as an integer, no pointer.
+    check(unsafe { libc::ptrace(libc::PTRACE_DETACH, tid, 0usize, sig as usize) }).map(drop)
+}
+
+/// `PTRACE_GETREGS`.
+pub fn get_regs(tid: i32) -> io::Result<Regs> {
+    // SAFETY: an all-zero user_regs_struct is valid (integers only).
+    let mut regs: Regs = unsafe { std::mem::zeroed() };
+    // SAFETY: the kernel writes one user_regs_struct to the pointer, which
+    // points at ours.
+    check(unsafe { libc::ptrace(libc::PTRACE_GETREGS, tid, 0usize, &raw mut regs) })?;
+    Ok(regs)
+}
+
+/// `PTRACE_SETREGS`.
+pub fn set_regs(tid: i32, regs: &Regs) -> io::Result<()> {
+    // SAFETY: the kernel reads one user_regs_struct from the pointer.
+    check(unsafe { libc::ptrace(libc::PTRACE_SETREGS, tid, 0usize, regs as *const Regs) }).map(drop)
+}
+
+/// The extended state (`PTRACE_GETREGSET`, `NT_X86_XSTATE`), as many bytes
+/// as the kernel gives.
+pub fn get_xstate(tid: i32) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: the kernel writes at most iov_len bytes to iov_base, our
+    // buffer, and sets iov_len to the number written.
+    check(unsafe {
+        libc::ptrace(
+            libc::PTRACE_GETREGSET,
+            tid,
+            NT_X86_XSTATE as usize,
+            &raw mut iov,
+        )
+    })?;
+    buf.truncate(iov.iov_len);
+    Ok(buf)
+}
+
+/// Puts back what [`get_xstate`] read.
+pub fn set_xstate(tid: i32, state: &[u8]) -> io::Result<()> {
+    let mut iov = libc::iovec {
+        iov_base: state.as_ptr().cast_mut().cast(),
+        iov_len: state.len(),
+    };
+    // SAFETY: PTRACE_SETREGSET only reads iov_len bytes from iov_base.
+    check(unsafe {
+        libc::ptrace(
+            libc::PTRACE_SETREGSET,
+            tid,
+            NT_X86_XSTATE as usize,
+            &raw mut iov,
+        )
+    })
+    .map(drop)
+}
+
+/// `waitpid(tid, __WALL | flags)`: `Some(status)`, or `None` with
+/// `WNOHANG` when nothing changed.
+pub fn wait(tid: i32, nohang: bool) -> io::Result<Option<i32>> {
+    let mut status = 0;
+    let flags = libc::__WALL | if nohang { libc::WNOHANG } else { 0 };
+    loop {
+        // SAFETY: waitpid writes one int to the pointer, ours.
+        let r = unsafe { libc::waitpid(tid, &raw mut status, flags) };
+        if r == -1 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        return Ok(if r == 0 { None } else { Some(status) });
+    }
+}
+
+/// Blocks the signals that would end memshim-ctl (SIGINT, SIGTERM,
+/// SIGHUP, SIGQUIT, SIGPIPE) while the target is changed, and unblocks them
+/// when dropped: a tracer that dies mid-call leaves the target with our
+/// registers, and it crashes.
+pub struct HoldSignals(libc::sigset_t);
+
+impl HoldSignals {
+    /// Blocks them.
+    pub fn new() -> HoldSignals {
+        // SAFETY: sigset_t is plain data; sigemptyset initialises it.
+        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: both point at our sigsets; the calls only fill them and
+        // change this thread's mask.
+        unsafe {
+            libc::sigemptyset(&raw mut set);
+            for s in [
+                libc::SIGINT,
+                libc::SIGTERM,
+                libc::SIGHUP,
+                libc::SIGQUIT,
+                libc::SIGPIPE,
+            ] {
+                libc::sigaddset(&raw mut set, s);
+            }
+            libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, &raw mut old);
+        }
+        HoldSignals(old)
+    }
+}
+
+impl Drop for HoldSignals {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask saved by `new`, a valid sigset.
+        unsafe {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &raw const self.0, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Whether this process has `cap` in its effective set (`capget`-free:
+/// read from /proc/self/status).
+pub fn has_cap(cap: u32) -> bool {
+    let Ok(s) = std::fs::read_to_string("/proc/self/status") else {
+        return false;
+    };
+    s.lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|m| m & (1u64 << cap) != 0)
+}
+
+/// Our effective uid.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
+/// `tgkill(pid, tid, sig)`: gives a signal back to the thread it was
+/// meant for.
+pub fn tgkill(pid: i32, tid: i32, sig: i32) {
+    // SAFETY: tgkill takes integers only.
+    unsafe {
+        libc::syscall(libc::SYS_tgkill, pid, tid, sig);
+    }
+}

@@ -1,0 +1,488 @@
+//! Verbs on a CPython started without the preload (issue 46): `release`,
+//! `gc` and `stats` reach it by ptrace, and `list` shows it, in each idle main-thread state, on every CPython
+//! the tests run (`py::cpythons`: pyenv's 3.8-3.13, Debian sid's 3.13-3.15).
+//! Each is served within a second, gives back what an in-process
+//! `gc.collect(); malloc_trim(0)` gives back, and the process goes on as
+//! before: its wait ends when it would have, its stdout, empty stderr and
+//! exit status are unchanged. Refusals: a process under strace, another
+//! user's process, `PYTHON_DISABLE_REMOTE_DEBUG`, a process that is no
+//! CPython, a main thread that never idles (nothing is changed).
+//!
+//! Fixture: tests/fixtures/py_unshimmed.py.
+
+use memshim_proto::exit::{NO_PTRACE, NO_SAFE_POINT, NOT_CPYTHON, REMOTE_DEBUG_DISABLED, TRACED};
+use memshim_tests::py::*;
+use memshim_tests::{Cmd, ctl, mib, rss_bytes, wait_until};
+use std::time::{Duration, Instant};
+
+/// How long the fixture waits in its state.
+const WAIT: f64 = 2.0;
+
+/// The fixture, unshimmed, in `state`, once it printed "ready".
+fn start(py: &Cpython, state: &str) -> memshim_tests::Child {
+    start_for(py, state, WAIT)
+}
+
+/// [`start`], waiting `seconds` in its state.
+fn start_for(py: &Cpython, state: &str, seconds: f64) -> memshim_tests::Child {
+    let mut child = py
+        .cmd([
+            fixture_py("py_unshimmed.py").display().to_string(),
+            state.to_string(),
+            seconds.to_string(),
+        ])
+        .spawn();
+    child.labelled(&format!(
+        "CPython {}, unshimmed, main thread in {state}",
+        py.label
+    ));
+    child.wait_for_line("ready", Duration::from_secs(60));
+    child
+}
+
+/// Waits until the main thread sleeps in the kernel (in its wait).
+fn in_kernel_wait(pid: i32) {
+    wait_until(Duration::from_secs(10), || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let state = stat.rsplit(')').next()?.split_whitespace().next()?;
+        (state == "S").then_some(())
+    })
+    .expect("the main thread sleeps in the kernel");
+}
+
+/// RSS after the fixture's own `gc.collect(); malloc_trim(0)`.
+fn in_process_rss(py: &Cpython) -> u64 {
+    let o = py
+        .cmd([
+            fixture_py("py_unshimmed.py").display().to_string(),
+            "inproc".into(),
+            "0".into(),
+        ])
+        .run();
+    assert_eq!(o.code, 5, "{o:?}");
+    o.stdout
+        .split("rss=")
+        .nth(1)
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no rss in {o:?}"))
+}
+
+/// What the fixture's last gc.collect() found.
+fn garbage(stdout: &str) -> u64 {
+    stdout
+        .split("garbage=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no garbage= in {stdout:?}"))
+}
+
+fn ctl_json(args: &[&str]) -> (i32, serde_json::Value, String) {
+    let o = Cmd::new(ctl(), args).run();
+    let v = serde_json::from_str(&o.stdout).unwrap_or(serde_json::Value::Null);
+    (o.code, v, o.stderr)
+}
+
+#[test]
+fn release_reaches_an_unshimmed_cpython_in_every_idle_state_and_it_goes_on_unchanged() {
+    let mut report = Vec::new();
+    for py in cpythons() {
+        let inproc = in_process_rss(&py);
+        for state in ["sleep", "select", "epoll", "read"] {
+            let what = format!("CPython {}, main thread in {state}", py.label);
+            let mut child = start(&py, state);
+            let pid = child.pid();
+            in_kernel_wait(pid);
+            let t = Instant::now();
+            let (code, v, err) = ctl_json(&["release", &pid.to_string(), "--json"]);
+            let took = t.elapsed();
+            assert_eq!(code, 0, "{what}: {v} {err}");
+            assert!(took < Duration::from_secs(1), "{what}: took {took:?}");
+            let r = &v["release"][0];
+            assert_eq!(r["reached"]["by"], "ptrace", "{what}: {v}");
+            let before = r["result"]["rss_before"].as_u64().unwrap_or(0);
+            let after = r["result"]["rss_after"].as_u64().unwrap_or(u64::MAX);
+            assert!(after < before / 4 * 3, "{what}: rss {before} -> {after}");
+            // Close to what the process gives back by itself.
+            assert!(
+                after < inproc + inproc / 5 + (4 << 20),
+                "{what}: rss after release {:.1} MiB, in-process {:.1} MiB",
+                mib(after),
+                mib(inproc)
+            );
+            // The figure is the process's RSS after (what it touches on
+            // waking may add a page or two).
+            let now = rss_bytes(pid);
+            assert!(
+                now.abs_diff(after) < 1 << 20,
+                "{what}: rss {now}, reported {after}"
+            );
+            if state == "read" {
+                child.send("hello");
+            }
+            let o = child.finish(Duration::from_secs(30));
+            assert_eq!(o.code, 5, "{what}: {o:?}");
+            assert_eq!(o.stderr, "", "{what}: {o:?}");
+            let elapsed: f64 = o
+                .stdout
+                .split("elapsed=")
+                .nth(1)
+                .and_then(|s| s.split_whitespace().next()?.parse().ok())
+                .unwrap_or_else(|| panic!("{what}: {o:?}"));
+            let got = o.stdout.split("got=").nth(1).unwrap_or("").trim();
+            // The garbage went with release's gc.collect().
+            assert_eq!(garbage(&o.stdout), 0, "{what}: {o:?}");
+            if state == "read" {
+                assert_eq!(got, "hello", "{what}: {o:?}");
+            } else {
+                // The wait ends when it would have without memshim.
+                assert!(
+                    (WAIT - 0.02..WAIT + 0.15).contains(&elapsed),
+                    "{what}: waited {elapsed} s for {WAIT} s"
+                );
+            }
+            report.push(format!(
+                "{what}: {took:?}, rss {:.1} -> {:.1} MiB (in-process {:.1} MiB), waited {elapsed} s",
+                mib(before),
+                mib(after),
+                mib(inproc)
+            ));
+        }
+    }
+    eprintln!("{}", report.join("\n"));
+}
+
+#[test]
+fn gc_reaches_an_unshimmed_cpython_and_finds_its_cycles() {
+    let py = cpythons().into_iter().next().expect("a CPython");
+    let child = start(&py, "sleep");
+    let pid = child.pid();
+    in_kernel_wait(pid);
+    let o = Cmd::new(ctl(), ["gc", &pid.to_string()]).run();
+    assert_eq!(o.code, 0, "{o:?}");
+    let found: u64 = o
+        .stdout
+        .split("found ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{o:?}"));
+    // 150000 self-referencing objects and their dicts.
+    assert!(found >= 150_000, "{o:?}");
+    assert!(o.stdout.contains("reached by ptrace"), "{o:?}");
+    let o = child.finish(Duration::from_secs(30));
+    assert_eq!((o.code, o.stderr.as_str()), (5, ""), "{o:?}");
+}
+
+#[test]
+fn a_main_thread_that_never_idles_is_not_reached_and_nothing_changes() {
+    let py = cpythons().into_iter().next().expect("a CPython");
+    let child = start(&py, "spin");
+    let pid = child.pid();
+    let (code, v, err) = ctl_json(&["gc", &pid.to_string(), "--json"]);
+    assert_eq!(code, i32::from(NO_SAFE_POINT.code), "{v} {err}");
+    assert_eq!(v["error"]["code"], "no_safe_point", "{v}");
+    let o = child.finish(Duration::from_secs(30));
+    assert_eq!((o.code, o.stderr.as_str()), (5, ""), "{o:?}");
+    // Nothing ran: the garbage is still there for the fixture's own collection.
+    assert!(garbage(&o.stdout) >= 200_000, "{o:?}");
+}
+
+#[test]
+fn refusals_have_their_own_code_and_leave_the_process_alone() {
+    let py = cpythons().into_iter().next().expect("a CPython");
+    // Under strace: already traced.
+    let mut traced = Cmd::new(
+        "strace",
+        [
+            "-o".to_string(),
+            "/dev/null".into(),
+            py.exe.display().to_string(),
+            fixture_py("py_unshimmed.py").display().to_string(),
+            "sleep".into(),
+            WAIT.to_string(),
+        ],
+    )
+    .spawn();
+    traced.wait_for_line("ready", Duration::from_secs(60));
+    let pid = wait_until(Duration::from_secs(10), || {
+        let kids =
+            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", traced.pid())).ok()?;
+        kids.split_whitespace().next()?.parse::<i32>().ok()
+    })
+    .expect("strace's child");
+    let (code, v, err) = ctl_json(&["release", &pid.to_string(), "--json"]);
+    assert_eq!(code, i32::from(TRACED.code), "{v} {err}");
+    let message = v["release"][0]["error"]["message"].as_str().unwrap_or("");
+    assert!(message.contains("already traced"), "{v}");
+    let o = traced.finish(Duration::from_secs(30));
+    assert_eq!(o.code, 5, "{o:?}");
+    assert!(o.stdout.contains("elapsed="), "{o:?}");
+
+    // Another user's process, from uid 65534.
+    let root_py = start(&py, "sleep");
+    let pid = root_py.pid().to_string();
+    let o = Cmd::new(
+        "setpriv",
+        [
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            &ctl().display().to_string(),
+            "release",
+            &pid,
+        ],
+    )
+    .run();
+    assert_eq!(o.code, i32::from(NO_PTRACE.code), "{o:?}");
+    assert!(o.stderr.contains("belongs to uid 0"), "{o:?}");
+    let o = root_py.finish(Duration::from_secs(30));
+    assert_eq!((o.code, o.stderr.as_str()), (5, ""), "{o:?}");
+
+    // Its owner disabled remote debugging: respected.
+    let mut off = py
+        .cmd([
+            fixture_py("py_unshimmed.py").display().to_string(),
+            "sleep".into(),
+            WAIT.to_string(),
+        ])
+        .env("PYTHON_DISABLE_REMOTE_DEBUG", "1")
+        .spawn();
+    off.wait_for_line("ready", Duration::from_secs(60));
+    let (code, v, err) = ctl_json(&["gc", &off.pid().to_string(), "--json"]);
+    assert_eq!(code, i32::from(REMOTE_DEBUG_DISABLED.code), "{v} {err}");
+    let o = off.finish(Duration::from_secs(30));
+    assert_eq!((o.code, o.stderr.as_str()), (5, ""), "{o:?}");
+    assert!(garbage(&o.stdout) >= 200_000, "nothing ran: {o:?}");
+
+    // Not a CPython.
+    let sleeper = Cmd::new("sleep", ["30"]).spawn();
+    let pid = sleeper.pid().to_string();
+    let (code, v, err) = ctl_json(&["release", &pid, "--json"]);
+    assert_eq!(code, i32::from(NOT_CPYTHON.code), "{v} {err}");
+    assert_eq!(v["release"][0]["error"]["code"], "not_cpython", "{v}");
+    drop(sleeper);
+}
+
+/// `elapsed=` of the fixture's last line.
+fn elapsed(stdout: &str) -> f64 {
+    stdout
+        .split("elapsed=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no elapsed= in {stdout:?}"))
+}
+
+#[test]
+fn stats_reaches_an_unshimmed_cpython_with_the_sections_that_exist_and_changes_nothing() {
+    // The cgroup section is there wherever a memory cgroup is mounted:
+    // v2's unified hierarchy with `memory` enabled, or v1's `memory`.
+    let have_cgroup = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+        .is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"))
+        || std::fs::metadata("/sys/fs/cgroup/memory/memory.usage_in_bytes").is_ok();
+    let wait = 4.0;
+    for py in cpythons() {
+        let what = format!("CPython {}", py.label);
+        let child = start_for(&py, "sleep", wait);
+        let pid = child.pid();
+        in_kernel_wait(pid);
+        let (code, v, err) = ctl_json(&["stats", &pid.to_string(), "--json"]);
+        assert_eq!((code, err.as_str()), (0, ""), "{what}: {v}");
+        assert_eq!(v["pid"], pid, "{what}: {v}");
+        assert_eq!(v["reached"]["by"], "ptrace", "{what}: {v}");
+        assert!(
+            v["allocator"].is_null() && v["config"].is_null(),
+            "{what}: {v}"
+        );
+        let why = v["allocator_unavailable"].as_str().unwrap_or("");
+        assert!(why.contains("libmemshim.so is not loaded"), "{what}: {v}");
+        // The kernel's figures, as /proc says them now.
+        let rss = v["process"]["rss"].as_u64().unwrap_or(0);
+        let now = rss_bytes(pid);
+        assert!(
+            rss.abs_diff(now) < now / 20,
+            "{what}: rss {rss}, /proc {now}"
+        );
+        assert_eq!(v["process"]["unmanaged"], rss, "{what}: {v}");
+        assert!(
+            v["process"]["anon"].as_u64().unwrap_or(0) > 0,
+            "{what}: {v}"
+        );
+        if have_cgroup {
+            // Its path as /proc/PID/cgroup says it, for the version found.
+            let theirs = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+            let prefix = if v["cgroup"]["version"] == 1 {
+                "memory:"
+            } else {
+                ":"
+            };
+            let path = theirs
+                .lines()
+                .find_map(|l| l.split_once(':')?.1.strip_prefix(prefix))
+                .unwrap_or("?");
+            assert_eq!(v["cgroup"]["path"], path, "{what}: {v}");
+            assert!(
+                v["cgroup"]["current"].as_u64().unwrap_or(0) >= rss / 2,
+                "{what}: {v}"
+            );
+        }
+        // CPython's figures, read in the process: its version, the
+        // collector it disabled, its 200000 garbage cycles still counted.
+        let p = &v["python"];
+        assert!(v["python_unavailable"].is_null(), "{what}: {v}");
+        assert_eq!(p["version"], py.version.as_str(), "{what}: {v}");
+        assert_eq!(p["gc_enabled"], false, "{what}: {v}");
+        assert_eq!(p["free_threaded"], false, "{what}: {v}");
+        assert_eq!(p["threads"], 1, "{what}: {v}");
+        assert!(
+            p["allocated_blocks"].as_u64().unwrap_or(0) > 200_000,
+            "{what}: {v}"
+        );
+        assert!(
+            p["gc_counts"][0].as_u64().unwrap_or(0) > 1000,
+            "{what}: {v}"
+        );
+        assert_eq!(
+            p["gc_thresholds"].as_array().map(Vec::len),
+            Some(3),
+            "{what}: {v}"
+        );
+        // The human form: the shimmed report's sections, in its order.
+        let o = Cmd::new(ctl(), ["stats", &pid.to_string()]).run();
+        assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{what}: {o:?}");
+        let h = &o.stdout;
+        let at = |s: &str| {
+            h.find(s)
+                .unwrap_or_else(|| panic!("{what}: no {s:?} in\n{h}"))
+        };
+        assert!(
+            at(&format!(
+                "pid {pid}: reached by ptrace, not preloaded (CPython {}",
+                py.minor
+            )) < at("\nallocator: not available (libmemshim.so is not loaded")
+                && at("\nallocator:") < at("\nprocess\n")
+                && at("\nprocess\n") < at("\nconfig: not available")
+                && at("\nconfig:") < at(&format!("\npython {}\n", py.version)),
+            "{what}:\n{h}"
+        );
+        // Nothing collected, nothing lost: the wait ends on time.
+        let o = child.finish(Duration::from_secs(30));
+        assert_eq!((o.code, o.stderr.as_str()), (5, ""), "{what}: {o:?}");
+        assert!(
+            garbage(&o.stdout) >= 200_000,
+            "{what}: stats collected: {o:?}"
+        );
+        let e = elapsed(&o.stdout);
+        assert!(
+            (wait - 0.02..wait + 0.15).contains(&e),
+            "{what}: waited {e} s for {wait} s"
+        );
+    }
+}
+
+/// The `not_preloaded` entry of `list --json` for `pid`.
+fn listed(list: &serde_json::Value, pid: i32) -> Option<serde_json::Value> {
+    list["not_preloaded"]
+        .as_array()?
+        .iter()
+        .find(|e| e["pid"] == pid)
+        .cloned()
+}
+
+#[test]
+fn list_shows_unshimmed_cpythons_and_whether_they_can_be_reached() {
+    let py = cpythons().into_iter().next().expect("a CPython");
+    let child = start_for(&py, "sleep", 10.0);
+    let pid = child.pid();
+    let mut traced = Cmd::new(
+        "strace",
+        [
+            "-o".to_string(),
+            "/dev/null".into(),
+            py.exe.display().to_string(),
+            fixture_py("py_unshimmed.py").display().to_string(),
+            "sleep".into(),
+            "10".into(),
+        ],
+    )
+    .spawn();
+    traced.wait_for_line("ready", Duration::from_secs(60));
+    let traced_pid = wait_until(Duration::from_secs(10), || {
+        let kids =
+            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", traced.pid())).ok()?;
+        kids.split_whitespace().next()?.parse::<i32>().ok()
+    })
+    .expect("strace's child");
+    let sleeper = Cmd::new("sleep", ["30"]).spawn();
+
+    let (code, v, err) = ctl_json(&["list", "--json"]);
+    assert_eq!((code, err.as_str()), (0, ""), "{v}");
+    // Shimmed processes only, as before; the others in a field of their own.
+    for p in [pid, traced_pid, sleeper.pid()] {
+        let shimmed = v["processes"].as_array().expect("processes");
+        assert!(!shimmed.iter().any(|e| e["pid"] == p), "{p} in {v}");
+    }
+    let e = listed(&v, pid).unwrap_or_else(|| panic!("{pid} not in {v}"));
+    assert_eq!(e["preload"], "not preloaded", "{e}");
+    assert_eq!(e["reachable"], true, "{e}");
+    assert_eq!(e["python"], py.minor.as_str(), "{e}");
+    assert!(e["code"].is_null() && e["reason"].is_null(), "{e}");
+    let e = listed(&v, traced_pid).unwrap_or_else(|| panic!("{traced_pid} not in {v}"));
+    assert_eq!(e["reachable"], false, "{e}");
+    assert_eq!(e["code"], TRACED.name, "{e}");
+    assert!(
+        e["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("already traced"),
+        "{e}"
+    );
+    assert!(listed(&v, sleeper.pid()).is_none(), "not a CPython: {v}");
+
+    let o = Cmd::new(ctl(), ["list"]).run();
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    let row = o
+        .stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with(&format!("{pid} ")))
+        .unwrap_or_else(|| panic!("no row for {pid}: {}", o.stdout));
+    assert!(
+        row.contains(&format!(" {} ", py.minor)) && row.contains(" yes "),
+        "{row}"
+    );
+    assert!(
+        o.stdout.contains("\nnot preloaded (CPython"),
+        "{}",
+        o.stdout
+    );
+    let why = format!("  pid {traced_pid}: process {traced_pid} is already traced");
+    assert!(o.stdout.contains(&why), "{}", o.stdout);
+    assert!(
+        o.stdout.contains(&format!("(exit {})", TRACED.code)),
+        "{}",
+        o.stdout
+    );
+
+    // Another user sees only its own: not root's CPython.
+    let o = Cmd::new(
+        "setpriv",
+        [
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            &ctl().display().to_string(),
+            "list",
+            "--json",
+        ],
+    )
+    .run();
+    assert_eq!(o.code, 0, "{o:?}");
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).expect("JSON");
+    assert!(listed(&v, pid).is_none(), "{v}");
+
+    // Listing touched nothing.
+    drop(sleeper);
+    let o = child.finish(Duration::from_secs(40));
+    assert_eq!((o.code, o.stderr.as_str()), (5, ""), "{o:?}");
+    assert!(garbage(&o.stdout) >= 200_000, "{o:?}");
+    let o = traced.finish(Duration::from_secs(40));
+    assert_eq!(o.code, 5, "{o:?}");
+}
