@@ -1,6 +1,6 @@
 //! `memshim-ctl gc <PID> [--json]`: a full `gc.collect()` in a Python process.
 
-use super::{OneArgs, ask_one};
+use super::{OneArgs, ask_one, print_reached};
 use crate::exit::{Exit, Failure};
 use crate::output::render::{bytes, delta, ms};
 use memshim_proto::{GcResult, Request};
@@ -13,7 +13,7 @@ pub type GcArgs = OneArgs;
 pub fn run(a: GcArgs) -> Result<Exit, Failure> {
     if crate::reach::ptrace::applies(a.pid) {
         let (r, how) = crate::reach::ptrace::gc(a.pid)?;
-        return crate::reach::ptrace::print_one(&a, &r, &how, line);
+        return print_reached(&a, &r, &how, line);
     }
     ask_one(&a, &Request::Gc, line)
 }

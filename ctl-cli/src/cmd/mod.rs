@@ -72,6 +72,27 @@ pub fn ask_one<R: Answer + serde::Serialize>(
     Ok(exit::OK)
 }
 
+/// Prints the answer of a one-process verb reached by ptrace
+/// (`crate::reach::ptrace`), as [`ask_one`] prints a shimmed process's
+/// (`line` makes the human line), with how it was reached: the line of
+/// `reached_line`, or in JSON a `"reached"` field beside the answer's.
+pub fn print_reached<R: serde::Serialize>(
+    a: &OneArgs,
+    r: &R,
+    how: &crate::reach::ptrace::Reached,
+    line: impl FnOnce(&R) -> String,
+) -> Result<Exit, Failure> {
+    if a.json {
+        let mut v = serde_json::to_value(r).unwrap_or_default();
+        v["reached"] = serde_json::json!(how);
+        outln!("{v}")?;
+    } else {
+        outln!("pid {}: {}", a.pid, line(r))?;
+        outln!("{}", crate::reach::ptrace::reached_line(a.pid, how))?;
+    }
+    Ok(exit::OK)
+}
+
 /// The outcome for one target of a multi-target command.
 pub struct Outcome<T> {
     /// Pid as given.

@@ -42,7 +42,7 @@ pub fn fetch(c: &mut Client, arenas: bool, pss: bool) -> Result<StatsReport, Fai
 pub fn run(a: StatsArgs) -> Result<Exit, Failure> {
     // A CPython started without the preload: reached by ptrace (reach/ptrace.rs).
     if crate::reach::ptrace::applies(a.pid) {
-        let s = crate::reach::ptrace::stats(a.pid, a.pss)?;
+        let s = crate::reach::ptrace::stats(a.pid, a.pss, cgroup_section(a.pid))?;
         if a.json {
             outln!("{}", serde_json::to_string(&s).unwrap_or_default())?;
         } else {
@@ -255,6 +255,14 @@ fn process(p: &ProcessStats) -> String {
                 "not the shim's (pymalloc, mmap, stacks, code)",
             ),
         ])
+}
+
+/// The `cgroup` section of a process without the preload, if its memory
+/// cgroup can be read here (as `memshim-ctl cgroup` reads it).
+fn cgroup_section(pid: i32) -> Option<CgroupStats> {
+    let loc = crate::cgroup::fs::locate(Some(pid)).ok()?;
+    let files = crate::cgroup::fs::read_files(&loc, Some(pid)).ok()?;
+    Some(CgroupStats::from_files(loc.path, &files))
 }
 
 /// The `cgroup` section.

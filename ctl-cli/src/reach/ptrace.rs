@@ -4,9 +4,7 @@
 //! point, restore that thread exactly and let it go. Their output is the
 //! shimmed process's, plus one line saying how the process was reached.
 
-use crate::cmd::OneArgs;
 use crate::exit::{self as status, Exit, Failure};
-use crate::output::print::outln;
 use crate::reach::procfs;
 use memshim_proto::{
     CgroupStats, GcResult, ProcessStats, PythonSection, PythonUnavailable, ReleaseResult,
@@ -37,27 +35,6 @@ pub fn reached_line(pid: i32, how: &Reached) -> String {
          and goes on as before)",
         how.version.0, how.version.1, how.tid, how.syscall
     )
-}
-
-/// Prints the answer of a one-process verb reached this way, as
-/// `cmd::ask_one` prints a shimmed process's (`line` makes the human line),
-/// with how it was reached: the line of [`reached_line`], or in JSON a
-/// `"reached"` field beside the answer's.
-pub fn print_one<R: serde::Serialize>(
-    a: &OneArgs,
-    r: &R,
-    how: &Reached,
-    line: impl FnOnce(&R) -> String,
-) -> Result<Exit, Failure> {
-    if a.json {
-        let mut v = serde_json::to_value(r).unwrap_or_default();
-        v["reached"] = serde_json::json!(how);
-        outln!("{v}")?;
-    } else {
-        outln!("pid {}: {}", a.pid, line(r))?;
-        outln!("{}", reached_line(a.pid, how))?;
-    }
-    Ok(status::OK)
 }
 
 /// How a process was reached.
@@ -443,15 +420,9 @@ fn process_stats(pid: i32, pss: bool) -> ProcessStats {
     }
 }
 
-/// The `cgroup` section, if the process's memory cgroup can be read here.
-fn cgroup_stats(pid: i32) -> Option<CgroupStats> {
-    let loc = crate::cgroup::fs::locate(Some(pid)).ok()?;
-    let files = crate::cgroup::fs::read_files(&loc, Some(pid)).ok()?;
-    Some(CgroupStats::from_files(loc.path, &files))
-}
-
-/// `stats` on a process without the preload.
-pub fn stats(pid: i32, pss: bool) -> Result<Stats, Failure> {
+/// `stats` on a process without the preload, with its `cgroup` section as
+/// the caller read it.
+pub fn stats(pid: i32, pss: bool, cgroup: Option<CgroupStats>) -> Result<Stats, Failure> {
     let start = Instant::now();
     let mut calls = memshim_reach::python(pid, SAFE_POINT_LIMIT).map_err(|e| failure(pid, e))?;
     let how = reached(&calls);
@@ -490,7 +461,7 @@ pub fn stats(pid: i32, pss: bool) -> Result<Stats, Failure> {
         allocator: None,
         allocator_unavailable: NO_ALLOCATOR.into(),
         process: process_stats(pid, pss),
-        cgroup: cgroup_stats(pid),
+        cgroup,
         config: None,
         python,
         python_unavailable,
