@@ -22,8 +22,8 @@ pub const SAFE_POINT_LIMIT: Duration = Duration::from_secs(2);
 /// says so, and what to do.
 pub fn applies(pid: i32) -> bool {
     match procfs::shim_loaded(pid) {
-        Ok(false) => !procfs::all_threads_exited(pid),
-        Err(e) => e.kind() == std::io::ErrorKind::PermissionDenied,
+        Ok(false) => looks_like_python(pid) && !procfs::all_threads_exited(pid),
+        Err(e) => e.kind() == std::io::ErrorKind::PermissionDenied && looks_like_python(pid),
         Ok(true) => false,
     }
 }
@@ -143,11 +143,16 @@ pub struct Candidate {
 }
 
 /// Whether `pid` (without libmemshim.so) looks like a CPython by its files,
-/// before any symbol is read: its executable's or a mapped library's name.
+/// before any symbol is read: its executable's or a mapped library's name,
+/// or, where those are another user's to read, its `comm`. Any other
+/// process without the shim is answered as before the ptrace road: the
+/// shim is not loaded (or, unreadable, permission denied).
 fn looks_like_python(pid: i32) -> bool {
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
     let name = exe.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
     name.starts_with("python")
+        || comm.starts_with("python")
         || std::fs::read_to_string(format!("/proc/{pid}/maps"))
             .is_ok_and(|m| m.contains("/libpython3"))
 }

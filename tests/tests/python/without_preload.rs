@@ -253,8 +253,11 @@ fn refusals_have_their_own_code_and_leave_the_process_alone() {
     assert_eq!((o.code, o.stderr.as_str()), (5, ""), "{o:?}");
     assert!(garbage(&o.stdout) >= 200_000, "nothing ran: {o:?}");
 
-    // Not a CPython.
-    let sleeper = Cmd::new("sleep", ["30"]).spawn();
+    // Named like a CPython, but not one (a process with no such name and
+    // no shim is "not loaded", as before: control::purge).
+    let fake = memshim_tests::scratch().join("python3-not-cpython");
+    std::fs::copy("/bin/sleep", &fake).unwrap();
+    let sleeper = Cmd::new(&fake, ["30"]).spawn();
     let pid = sleeper.pid().to_string();
     let (code, v, err) = ctl_json(&["release", &pid, "--json"]);
     assert_eq!(code, i32::from(NOT_CPYTHON.code), "{v} {err}");
