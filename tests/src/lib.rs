@@ -19,6 +19,7 @@
 
 pub mod cgroups;
 pub mod control;
+pub mod cpython;
 pub mod deploy;
 pub mod endpoint;
 mod fixtures;

@@ -230,23 +230,32 @@ pub fn human(l: &Listing) -> String {
         &["PID", "RSS", "RESIDENT", "PURGEABLE", "ENDPOINT", "COMMAND"],
         &rows,
     );
-    let down: Vec<&Entry> = l.processes.iter().filter(|e| !e.endpoint).collect();
-    if !down.is_empty() {
-        s.push_str("\nendpoint down:\n");
-        for e in down {
-            s.push_str(&format!(
-                "  pid {}: {}\n",
-                e.pid,
-                e.reason.as_deref().unwrap_or("?")
-            ));
-        }
-    }
+    let down: Vec<String> = l
+        .processes
+        .iter()
+        .filter(|e| !e.endpoint)
+        .map(|e| format!("pid {}: {}", e.pid, e.reason.as_deref().unwrap_or("?")))
+        .collect();
+    s.push_str(&reasons("endpoint down", &down));
     s.push_str(&not_preloaded(&l.not_preloaded));
     if l.unreadable > 0 {
         s.push_str(&format!("({})\n", unreadable_note(l.unreadable, l.as_root)));
     }
     for f in &l.stale_removed {
         s.push_str(&format!("removed stale socket {f}\n"));
+    }
+    s
+}
+
+/// `title:` and one indented line per reason, after a blank line; nothing
+/// when there is none.
+fn reasons(title: &str, lines: &[String]) -> String {
+    if lines.is_empty() {
+        return String::new();
+    }
+    let mut s = format!("\n{title}:\n");
+    for l in lines {
+        s.push_str(&format!("  {l}\n"));
     }
     s
 }
@@ -277,18 +286,19 @@ fn not_preloaded(c: &[crate::reach::ptrace::Candidate]) -> String {
         &["PID", "RSS", "PYTHON", "REACHABLE", "COMMAND"],
         &rows,
     ));
-    let refused: Vec<_> = c.iter().filter(|e| !e.reachable).collect();
-    if !refused.is_empty() {
-        s.push_str("\nnot reachable:\n");
-        for e in refused {
-            s.push_str(&format!(
-                "  pid {}: {} (exit {})\n",
+    let refused: Vec<String> = c
+        .iter()
+        .filter(|e| !e.reachable)
+        .map(|e| {
+            format!(
+                "pid {}: {} (exit {})",
                 e.pid,
                 e.reason.as_deref().unwrap_or("?"),
                 e.code.map_or(0, |c| c.code)
-            ));
-        }
-    }
+            )
+        })
+        .collect();
+    s.push_str(&reasons("not reachable", &refused));
     s
 }
 

@@ -262,33 +262,41 @@ pub fn release(pid: i32) -> Result<(ReleaseResult, Reached), Failure> {
 }
 
 fn steps(pid: i32, calls: &mut PythonCalls) -> Result<Vec<ReleaseStep>, Error> {
-    let mut out = Vec::new();
+    let gc = step(pid, ReleaseStepKind::Gc, |s| {
+        Ok(match calls.gc_collect()? {
+            None => s.failed("gc.collect() raised"),
+            Some(_) => s,
+        })
+    })?;
+    let cache = step(pid, ReleaseStepKind::EmptyCache, |s| {
+        Ok(if !calls.imported("torch")? {
+            s.nothing_to_do("torch is not imported")
+        } else if !calls.run(TORCH_CACHES)? {
+            s.failed("torch's cache calls raised")
+        } else {
+            s
+        })
+    })?;
+    let trim = step(pid, ReleaseStepKind::Purge, |s| {
+        Ok(match calls.malloc_trim()? {
+            None => s.nothing_to_do("no malloc_trim in the process (not glibc's allocator)"),
+            Some(_) => s,
+        })
+    })?;
+    Ok(vec![gc, cache, trim])
+}
+
+/// One step of `release`: what `run` makes of it, with the RSS before and
+/// after and the time it took.
+fn step(
+    pid: i32,
+    kind: ReleaseStepKind,
+    run: impl FnOnce(ReleaseStep) -> Result<ReleaseStep, Error>,
+) -> Result<ReleaseStep, Error> {
     let (t, before) = (Instant::now(), rss(pid));
-    let mut gc = ReleaseStep::new(ReleaseStepKind::Gc, "rss");
-    if calls.gc_collect()?.is_none() {
-        gc = gc.failed("gc.collect() raised");
-    }
-    (gc.before, gc.after, gc.elapsed_ms) = (before, rss(pid), ms(t));
-    out.push(gc);
-    let (t, before) = (Instant::now(), rss(pid));
-    let mut cache = ReleaseStep::new(ReleaseStepKind::EmptyCache, "rss");
-    if calls.imported("torch")? {
-        if !calls.run(TORCH_CACHES)? {
-            cache = cache.failed("torch's cache calls raised");
-        }
-    } else {
-        cache = cache.nothing_to_do("torch is not imported");
-    }
-    (cache.before, cache.after, cache.elapsed_ms) = (before, rss(pid), ms(t));
-    out.push(cache);
-    let (t, before) = (Instant::now(), rss(pid));
-    let mut trim = ReleaseStep::new(ReleaseStepKind::Purge, "rss");
-    if calls.malloc_trim()?.is_none() {
-        trim = trim.nothing_to_do("no malloc_trim in the process (not glibc's allocator)");
-    }
-    (trim.before, trim.after, trim.elapsed_ms) = (before, rss(pid), ms(t));
-    out.push(trim);
-    Ok(out)
+    let mut s = run(ReleaseStep::new(kind, "rss"))?;
+    (s.before, s.after, s.elapsed_ms) = (before, rss(pid), ms(t));
+    Ok(s)
 }
 
 /// `gc` on a process without the preload: `gc.collect()` as Python calls it.
