@@ -4,6 +4,7 @@
 //! detach. docs/design.md, "Reaching a process started without the
 //! preload", says why each step is as it is.
 
+pub use crate::failure::Failure;
 use crate::ptrace::{self, Regs};
 use std::fs;
 use std::io;
@@ -42,30 +43,6 @@ const ERESTARTNOHAND: i64 = -514;
 const ERESTART_RESTARTBLOCK: i64 = -516;
 const EINTR: i64 = -4;
 const PTRACE_EVENT_STOP: i32 = 128;
-
-/// Why nothing was called.
-#[derive(Debug)]
-pub enum Failure {
-    /// No thread was in an idle system call within the time limit; what
-    /// each thread was doing at the last look.
-    NoSafePoint(String),
-    /// The process (or the thread) ended.
-    Gone,
-    /// `PTRACE_SEIZE` failed with this error (EPERM: no right to trace).
-    Seize(io::Error),
-    /// Any other failure of a system call.
-    Io(String),
-}
-
-impl From<io::Error> for Failure {
-    fn from(e: io::Error) -> Failure {
-        if e.raw_os_error() == Some(libc::ESRCH) {
-            Failure::Gone
-        } else {
-            Failure::Io(e.to_string())
-        }
-    }
-}
 
 /// The thread we hold stopped, and what it was doing.
 pub struct Held {

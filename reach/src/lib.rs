@@ -9,16 +9,24 @@
 //!   register and the interrupted system call restored.
 //! * `ptrace`: the raw system calls, the crate's only `unsafe`.
 //!
+//! On other architectures `inject` is inject_other.rs: holding a thread
+//! fails at once, so the CLI builds (the aarch64 wheel) and says so.
+//!
 //! The CLI forbids `unsafe`; this crate is where its system calls live
 //! (docs/design.md, "Reaching a process started without the preload").
 
 pub mod check;
+mod failure;
+#[cfg(target_arch = "x86_64")]
+pub mod inject;
+#[cfg(not(target_arch = "x86_64"))]
+#[path = "inject_other.rs"]
 pub mod inject;
 mod ptrace;
 pub mod symbols;
 
 pub use check::{Python, Refusal, Refused};
-pub use inject::Failure;
+pub use failure::Failure;
 use std::time::Duration;
 
 /// Why an operation did not happen.

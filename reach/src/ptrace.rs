@@ -3,11 +3,16 @@
 //! Memory of the target is read and written through `/proc/PID/mem`
 //! (std's files), which a tracer may do.
 
+// Without the injector (inject_other.rs) only the checks' calls are used.
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+
 use std::io;
 
+#[cfg(target_arch = "x86_64")]
 /// A thread's general registers (x86_64 `user_regs_struct`).
 pub type Regs = libc::user_regs_struct;
 
+#[cfg(target_arch = "x86_64")]
 /// `NT_X86_XSTATE`: the FPU, SSE and AVX state, as `XSAVE` lays it out.
 const NT_X86_XSTATE: libc::c_int = 0x202;
 
@@ -43,6 +48,7 @@ pub fn detach(tid: i32, sig: i32) -> io::Result<()> {
     check(unsafe { libc::ptrace(libc::PTRACE_DETACH, tid, 0usize, sig as usize) }).map(drop)
 }
 
+#[cfg(target_arch = "x86_64")]
 /// `PTRACE_GETREGS`.
 pub fn get_regs(tid: i32) -> io::Result<Regs> {
     // SAFETY: an all-zero user_regs_struct is valid (integers only).
@@ -53,12 +59,14 @@ pub fn get_regs(tid: i32) -> io::Result<Regs> {
     Ok(regs)
 }
 
+#[cfg(target_arch = "x86_64")]
 /// `PTRACE_SETREGS`.
 pub fn set_regs(tid: i32, regs: &Regs) -> io::Result<()> {
     // SAFETY: the kernel reads one user_regs_struct from the pointer.
     check(unsafe { libc::ptrace(libc::PTRACE_SETREGS, tid, 0usize, regs as *const Regs) }).map(drop)
 }
 
+#[cfg(target_arch = "x86_64")]
 /// The extended state (`PTRACE_GETREGSET`, `NT_X86_XSTATE`), as many bytes
 /// as the kernel gives.
 pub fn get_xstate(tid: i32) -> io::Result<Vec<u8>> {
@@ -81,6 +89,7 @@ pub fn get_xstate(tid: i32) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
+#[cfg(target_arch = "x86_64")]
 /// Puts back what [`get_xstate`] read.
 pub fn set_xstate(tid: i32, state: &[u8]) -> io::Result<()> {
     let mut iov = libc::iovec {

@@ -1,0 +1,27 @@
+//! Why the injector called nothing (on every architecture).
+
+use std::io;
+
+/// Why nothing was called.
+#[derive(Debug)]
+pub enum Failure {
+    /// No thread was in an idle system call within the time limit; what
+    /// each thread was doing at the last look.
+    NoSafePoint(String),
+    /// The process (or the thread) ended.
+    Gone,
+    /// `PTRACE_SEIZE` failed with this error (EPERM: no right to trace).
+    Seize(io::Error),
+    /// Any other failure of a system call.
+    Io(String),
+}
+
+impl From<io::Error> for Failure {
+    fn from(e: io::Error) -> Failure {
+        if e.raw_os_error() == Some(libc::ESRCH) {
+            Failure::Gone
+        } else {
+            Failure::Io(e.to_string())
+        }
+    }
+}
