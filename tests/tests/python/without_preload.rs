@@ -40,6 +40,25 @@ fn start_for(py: &Cpython, state: &str, seconds: f64) -> memshim_tests::Child {
     child
 }
 
+/// The fixture sleeping `seconds` under `strace -o /dev/null` (already
+/// traced: the `traced` refusal), ready.
+fn under_strace(py: &Cpython, seconds: f64) -> memshim_tests::Child {
+    let mut traced = Cmd::new(
+        "strace",
+        [
+            "-o".to_string(),
+            "/dev/null".into(),
+            py.exe.display().to_string(),
+            fixture_py("py_unshimmed.py").display().to_string(),
+            "sleep".into(),
+            seconds.to_string(),
+        ],
+    )
+    .spawn();
+    traced.wait_for_line("ready", Duration::from_secs(60));
+    traced
+}
+
 /// Waits until the main thread sleeps in the kernel (in its wait).
 fn in_kernel_wait(pid: i32) {
     wait_until(Duration::from_secs(10), || {
@@ -190,19 +209,7 @@ fn a_main_thread_that_never_idles_is_not_reached_and_nothing_changes() {
 fn refusals_have_their_own_code_and_leave_the_process_alone() {
     let py = cpythons().into_iter().next().expect("a CPython");
     // Under strace: already traced.
-    let mut traced = Cmd::new(
-        "strace",
-        [
-            "-o".to_string(),
-            "/dev/null".into(),
-            py.exe.display().to_string(),
-            fixture_py("py_unshimmed.py").display().to_string(),
-            "sleep".into(),
-            WAIT.to_string(),
-        ],
-    )
-    .spawn();
-    traced.wait_for_line("ready", Duration::from_secs(60));
+    let traced = under_strace(&py, WAIT);
     let pid = wait_until(Duration::from_secs(10), || {
         let kids =
             std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", traced.pid())).ok()?;
@@ -395,19 +402,7 @@ fn list_shows_unshimmed_cpythons_and_whether_they_can_be_reached() {
     let py = cpythons().into_iter().next().expect("a CPython");
     let child = start_for(&py, "sleep", 10.0);
     let pid = child.pid();
-    let mut traced = Cmd::new(
-        "strace",
-        [
-            "-o".to_string(),
-            "/dev/null".into(),
-            py.exe.display().to_string(),
-            fixture_py("py_unshimmed.py").display().to_string(),
-            "sleep".into(),
-            "10".into(),
-        ],
-    )
-    .spawn();
-    traced.wait_for_line("ready", Duration::from_secs(60));
+    let traced = under_strace(&py, 10.0);
     let traced_pid = wait_until(Duration::from_secs(10), || {
         let kids =
             std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", traced.pid())).ok()?;
