@@ -7,8 +7,8 @@
 use crate::exit::{self as status, Exit, Failure};
 use crate::reach::procfs;
 use memshim_proto::{
-    CgroupStats, GcResult, ProcessStats, PythonSection, PythonUnavailable, ReleaseResult,
-    ReleaseStep, ReleaseStepKind,
+    CgroupStats, DeviceChange, EmptyCacheResult, GcResult, ProcessStats, PythonSection,
+    PythonUnavailable, ReleaseResult, ReleaseStep, ReleaseStepKind,
 };
 use memshim_reach::{Error, Failure as Fail, PythonCalls, Refusal};
 use std::time::{Duration, Instant};
@@ -220,20 +220,70 @@ fn reached(calls: &PythonCalls) -> Reached {
     }
 }
 
-/// The code of the CUDA step: torch's own calls, where CUDA is in use;
-/// any exception is caught, none reaches the process's stderr.
-const TORCH_CACHES: &str = "\
-try:
-    import sys as _m_sys
-    _m_t = _m_sys.modules.get('torch')
-    if _m_t is not None and _m_t.cuda.is_initialized():
-        _m_t.cuda.empty_cache()
-        _m_h = getattr(_m_t._C, '_host_emptyCache', None)
-        if _m_h is not None:
-            _m_h()
-    del _m_sys, _m_t
-except BaseException:
-    pass
+/// The CUDA steps of `release` on a process without the preload, as the
+/// shim's bridge makes them (`shim/src/python/cuda.rs`): ipc_collect, the
+/// cuBLAS workspaces, empty_cache on each device with a context, the pinned
+/// host cache; or one `empty_cache` step with nothing to do without torch or
+/// CUDA. `answer` holds one `;`-separated line per step,
+/// `kind|measure|done/skip/fail|reason|ms|before|after|i:before:after,...`.
+const CUDA_RELEASE: &str = "\
+import sys, time
+t = sys.modules.get('torch')
+out = []
+def add(kind, measure, ok, why, t0, devs, before=0, after=0):
+    before, after = (sum(d[1] for d in devs), sum(d[2] for d in devs)) if devs else (before, after)
+    out.append('|'.join((kind, measure, ok, why.replace('|', '/').replace(';', ','), '%.3f' % ((time.monotonic() - t0) * 1e3), str(before), str(after), ','.join('%d:%d:%d' % d for d in devs))))
+if t is None or not t.cuda.is_initialized():
+    add('empty_cache', 'cuda_reserved', 'skip', 'CUDA is not initialized' if t else 'torch is not imported', time.monotonic(), [])
+else:
+    c, C, has = t.cuda, t._C, getattr(t._C, '_cuda_hasPrimaryContext', None)
+    def devs():
+        m = {i: c.memory_stats(i) for i in range(min(c.device_count(), 1024))}
+        return {i: s for i, s in m.items() if (has(i) if has else s.get('reserved_bytes.all.current', 0) > 0)}
+    def step(kind, measure, key, run):
+        t0, b = time.monotonic(), devs()
+        try:
+            ok, why = ('done', '') if run(b) else ('skip', 'this torch has no call for it')
+        except Exception as e:
+            ok, why = 'fail', str(e) or type(e).__name__
+        a = devs()
+        add(kind, measure, ok, why, t0, [(i, s.get(key, 0), a.get(i, {}).get(key, 0)) for i, s in b.items()])
+    def call(f):
+        return f is not None and (f() or True)
+    def empty(b):
+        for i, s in b.items():
+            if s.get('reserved_bytes.all.current', 0) > 0:
+                with c.device(i):
+                    if c.is_current_stream_capturing():
+                        raise RuntimeError('a CUDA graph capture is in progress on this thread')
+                    c.empty_cache()
+        return True
+    A = 'allocated_bytes.all.current'
+    step('ipc_collect', 'cuda_allocated', A, lambda b: call(getattr(C, '_cuda_ipc_collect', None)))
+    step('cublas_workspaces', 'cuda_allocated', A, lambda b: call(getattr(C, '_cuda_clearCublasWorkspaces', None)))
+    step('empty_cache', 'cuda_reserved', 'reserved_bytes.all.current', empty)
+    t0 = time.monotonic()
+    def cached():
+        h = c.host_memory_stats()
+        return max(h.get('allocated_bytes.current', 0) - h.get('active_bytes.current', 0), 0)
+    try:
+        before = cached()
+    except Exception:
+        before = None
+    if before is None:
+        add('host_cache', 'pinned_host_cached', 'skip', 'this torch does not report its pinned host cache', t0, [])
+    else:
+        f = getattr(sys.modules.get('torch.accelerator'), 'empty_host_cache', None) or getattr(C, '_host_emptyCache', None)
+        try:
+            ok, why = ('done', '') if call(f) else ('skip', 'this torch has no call for it')
+        except Exception as e:
+            ok, why = 'fail', str(e) or type(e).__name__
+        try:
+            after = cached()
+        except Exception:
+            after = 0
+        add('host_cache', 'pinned_host_cached', ok, why, t0, [], before, after)
+answer = ';'.join(out)
 ";
 
 /// `release` on a process without the preload: gc.collect(), torch's CUDA
@@ -268,22 +318,67 @@ fn steps(pid: i32, calls: &mut PythonCalls) -> Result<Vec<ReleaseStep>, Error> {
             Some(_) => s,
         })
     })?;
-    let cache = step(pid, ReleaseStepKind::EmptyCache, |s| {
-        Ok(if !calls.imported("torch")? {
-            s.nothing_to_do("torch is not imported")
-        } else if !calls.run(TORCH_CACHES)? {
-            s.failed("torch's cache calls raised")
-        } else {
-            s
-        })
-    })?;
+    let t = Instant::now();
+    let cuda = match calls
+        .eval(&answer_of(CUDA_RELEASE))?
+        .as_deref()
+        .and_then(cuda_steps)
+    {
+        Some(steps) => steps,
+        None => {
+            let mut s = ReleaseStep::new(ReleaseStepKind::EmptyCache, "cuda_reserved")
+                .failed("torch's cache calls raised in the process");
+            s.elapsed_ms = ms(t);
+            vec![s]
+        }
+    };
     let trim = step(pid, ReleaseStepKind::Purge, |s| {
         Ok(match calls.malloc_trim()? {
             None => s.nothing_to_do("no malloc_trim in the process (not glibc's allocator)"),
             Some(_) => s,
         })
     })?;
-    Ok(vec![gc, cache, trim])
+    Ok([vec![gc], cuda, vec![trim]].concat())
+}
+
+/// The steps from [`CUDA_RELEASE`]'s answer.
+fn cuda_steps(answer: &str) -> Option<Vec<ReleaseStep>> {
+    answer
+        .split(';')
+        .map(|line| {
+            let f: Vec<&str> = line.split('|').collect();
+            let [kind, measure, outcome, why, elapsed, before, after, devices] = f[..] else {
+                return None;
+            };
+            let kind = serde_json::from_value(serde_json::json!(kind))
+                .ok()
+                .filter(|k| *k != ReleaseStepKind::Unknown)?;
+            let mut s = ReleaseStep::new(kind, measure);
+            s = match outcome {
+                "done" => s,
+                "skip" => s.nothing_to_do(why),
+                _ => s.failed(why),
+            };
+            (s.elapsed_ms, s.before, s.after) = (
+                elapsed.parse().ok()?,
+                before.parse().ok()?,
+                after.parse().ok()?,
+            );
+            s.devices = devices
+                .split(',')
+                .filter(|d| !d.is_empty())
+                .map(|d| {
+                    let mut n = d.split(':').map(|x| x.parse::<u64>().ok());
+                    Some(DeviceChange {
+                        index: u32::try_from(n.next()??).ok()?,
+                        before: n.next()??,
+                        after: n.next()??,
+                    })
+                })
+                .collect::<Option<_>>()?;
+            Some(s)
+        })
+        .collect()
 }
 
 /// One step of `release`: what `run` makes of it, with the RSS before and
@@ -326,6 +421,99 @@ pub fn gc(pid: i32) -> Result<(GcResult, Reached), Failure> {
         },
         how,
     ))
+}
+
+/// The code of `empty-cache` on a process without the preload, as the
+/// shim's bridge does it (`shim/src/python/cuda.rs`): the devices with a
+/// context, their reserved bytes before and after `empty_cache()` on each.
+/// `answer` is `done|reason|devices|before|after` (reason empty when done).
+const EMPTY_CACHE: &str = "\
+import sys
+t = sys.modules.get('torch')
+devices, before, after, why = [], 0, 0, ''
+if t is None:
+    why = 'torch is not imported'
+elif not t.cuda.is_initialized():
+    why = 'CUDA is not initialized'
+else:
+    c = t.cuda
+    has = getattr(t._C, '_cuda_hasPrimaryContext', None)
+    def reserved(i):
+        return c.memory_stats(i).get('reserved_bytes.all.current', 0)
+    devices = [i for i in range(min(c.device_count(), 1024))
+               if (has(i) if has is not None else reserved(i) > 0)]
+    each = [reserved(i) for i in devices]
+    before = sum(each)
+    for i, r in zip(devices, each):
+        if r > 0:
+            with c.device(i):
+                if c.is_current_stream_capturing():
+                    why = 'a CUDA graph capture is in progress on this thread'
+                    break
+                c.empty_cache()
+    after = sum(reserved(i) for i in devices)
+answer = '|'.join((('skip' if why else 'done'), why, ' '.join(map(str, devices)), str(before), str(after)))
+";
+
+/// The expression that runs `code` (statements) in a namespace of its own,
+/// not the program's, and makes the `str` it leaves in `answer` (`"None"`
+/// if it raised: the exception is caught inside). The namespace is emptied
+/// after, so that the functions the code defines (which refer to it) leave
+/// no reference cycle behind in a process whose collector may be off.
+/// Each level of indentation is one space, to fit the injector's 3 KiB.
+fn answer_of(code: &str) -> String {
+    let mut compact = String::from("try:\n");
+    for l in code.lines() {
+        let body = l.trim_start_matches(' ');
+        let indent = (l.len() - body.len()) / 4 + 1;
+        compact += &format!("{}{body}\n", " ".repeat(indent));
+    }
+    compact += "except BaseException:\n answer = None\n";
+    format!("(lambda n: (exec({compact:?}, n), str(n.get('answer')), n.clear())[1])({{}})")
+}
+
+/// `empty-cache` on a process without the preload: torch's own calls, the
+/// answer the shim's bridge gives.
+pub fn empty_cache(pid: i32) -> Result<(EmptyCacheResult, Reached), Failure> {
+    let mut calls = memshim_reach::python(pid, SAFE_POINT_LIMIT).map_err(|e| failure(pid, e))?;
+    let how = reached(&calls);
+    let t = Instant::now();
+    let line = calls.eval(&answer_of(EMPTY_CACHE));
+    let elapsed_ms = ms(t);
+    let finished = calls.finish();
+    let line = line.map_err(|e| failure(pid, e))?;
+    finished.map_err(|e| failure(pid, e))?;
+    let raised = || {
+        Failure::new(
+            status::PYTHON_STEP,
+            Some(pid),
+            "torch's cache calls raised in the process",
+        )
+    };
+    let mut r = line
+        .as_deref()
+        .and_then(empty_cache_result)
+        .ok_or_else(raised)?;
+    r.elapsed_ms = elapsed_ms;
+    Ok((r, how))
+}
+
+/// The result from [`EMPTY_CACHE`]'s answer.
+fn empty_cache_result(line: &str) -> Option<EmptyCacheResult> {
+    let mut parts = line.split('|');
+    let (kind, why) = (parts.next()?, parts.next()?);
+    let devices = parts
+        .next()?
+        .split_whitespace()
+        .map(|d| d.parse().ok())
+        .collect::<Option<Vec<u32>>>()?;
+    Some(EmptyCacheResult {
+        devices,
+        reserved_before: parts.next()?.parse().ok()?,
+        reserved_after: parts.next()?.parse().ok()?,
+        elapsed_ms: 0.0,
+        skipped: (kind == "skip").then(|| why.to_owned()),
+    })
 }
 
 /// `stats` of a process without the preload: the sections whose figures
@@ -500,5 +688,41 @@ mod tests {
         // A short gc list is no section, not zeros.
         assert!(python_section("3.8.20|0|7|1 5 0").is_none());
         assert!(python_section("garbage").is_none());
+    }
+
+    #[test]
+    fn cuda_release_answers_are_parsed_and_the_code_fits_the_injector() {
+        let steps =
+            cuda_steps("empty_cache|cuda_reserved|skip|torch is not imported|0.010|0|0|").unwrap();
+        assert_eq!(steps.len(), 1);
+        assert_eq!(steps[0].skipped.as_deref(), Some("torch is not imported"));
+        let steps = cuda_steps(
+            "ipc_collect|cuda_allocated|done||1.5|300|200|1:300:200;\
+             host_cache|pinned_host_cached|fail|boom|0.1|64|64|",
+        )
+        .unwrap();
+        assert_eq!(steps[0].step, ReleaseStepKind::IpcCollect);
+        assert_eq!(steps[0].devices[0].index, 1);
+        assert_eq!((steps[0].before, steps[0].after), (300, 200));
+        assert_eq!(steps[1].outcome, memshim_proto::StepOutcome::Failed);
+        assert!(cuda_steps("nope|x|done||0|0|0|").is_none());
+        assert!(cuda_steps("None").is_none());
+        for code in [CUDA_RELEASE, EMPTY_CACHE] {
+            assert!(answer_of(code).len() < 3072, "{}", answer_of(code).len());
+        }
+    }
+
+    #[test]
+    fn empty_cache_answers_are_parsed() {
+        let r = empty_cache_result("skip|torch is not imported||0|0").unwrap();
+        assert_eq!(r.skipped.as_deref(), Some("torch is not imported"));
+        let r = empty_cache_result("done||0 1|300|100").unwrap();
+        assert_eq!(
+            (r.devices, r.reserved_before, r.reserved_after),
+            (vec![0, 1], 300, 100)
+        );
+        assert!(r.skipped.is_none());
+        assert!(empty_cache_result("done||x|1|1").is_none());
+        assert!(empty_cache_result("None").is_none());
     }
 }

@@ -484,3 +484,86 @@ fn list_shows_unshimmed_cpythons_and_whether_they_can_be_reached() {
     let o = traced.finish(Duration::from_secs(40));
     assert_eq!(o.code, 5, "{o:?}");
 }
+
+/// `empty-cache` and `release` on a CPython without the preload: torch's
+/// own calls as the shim's bridge makes them, with its figures, on the
+/// device with a context only (a stand-in torch,
+/// tests/fixtures/py_fake_cuda.py: CI has no GPU); and "nothing to do"
+/// where torch is not imported. The process goes on.
+#[test]
+fn empty_cache_and_release_make_the_bridges_cuda_calls_on_an_unshimmed_cpython() {
+    const GIB: u64 = 1 << 30;
+    let py = cpythons().into_iter().next().expect("a CPython");
+    let mut child = py
+        .cmd([fixture_py("py_fake_cuda.py").display().to_string()])
+        .spawn();
+    child.wait_for_line("ready", Duration::from_secs(30));
+    let pid = child.pid().to_string();
+    let (code, v, stderr) = ctl_json(&["empty-cache", &pid, "--json"]);
+    assert_eq!((code, stderr.as_str()), (0, ""), "{v}");
+    assert_eq!(v["devices"], serde_json::json!([1]), "{v}");
+    assert_eq!(v["reserved_before"], 4 * GIB, "{v}");
+    // What is allocated stays reserved: 1 GiB + 224 MiB.
+    assert_eq!(v["reserved_after"], GIB + (224 << 20), "{v}");
+    assert!(v["skipped"].is_null(), "{v}");
+    assert_eq!(v["reached"]["by"], "ptrace", "{v}");
+    child.send("calls");
+    let calls = child.wait_for_line("calls:", Duration::from_secs(10));
+    assert!(calls.contains(r#"["device.enter", 0, 1]"#), "{calls}");
+    assert!(calls.contains(r#"["empty_cache", 1]"#), "{calls}");
+    assert!(
+        !calls.contains(r#"["empty_cache", 0]"#),
+        "cuda:0 has no context: {calls}"
+    );
+    child.send("quit");
+    let o = child.finish(Duration::from_secs(30));
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+
+    // release: the CUDA steps of the shim's bridge, in its order, with its figures.
+    let mut child = py
+        .cmd([fixture_py("py_fake_cuda.py").display().to_string()])
+        .spawn();
+    child.wait_for_line("ready", Duration::from_secs(30));
+    let (code, v, stderr) = ctl_json(&["release", &child.pid().to_string(), "--json"]);
+    assert_eq!((code, stderr.as_str()), (0, ""), "{v}");
+    let steps = &v["release"][0]["result"]["steps"];
+    let kinds: Vec<&str> = steps
+        .as_array()
+        .unwrap_or_else(|| panic!("{v}"))
+        .iter()
+        .map(|s| s["step"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "gc",
+            "ipc_collect",
+            "cublas_workspaces",
+            "empty_cache",
+            "host_cache",
+            "purge"
+        ],
+        "{v}"
+    );
+    let figures = |i: usize| (steps[i]["before"].as_u64(), steps[i]["after"].as_u64());
+    assert_eq!(figures(3), (Some(4 * GIB), Some(GIB)), "{v}");
+    assert_eq!(figures(4), (Some(64 << 20), Some(0)), "{v}");
+    assert_eq!(steps[3]["devices"][0]["index"], 1, "{v}");
+    let ipc = figures(1);
+    assert_eq!(ipc.0.unwrap() - ipc.1.unwrap(), 128 << 20, "{v}");
+    child.send("quit");
+    let o = child.finish(Duration::from_secs(30));
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+
+    let child = start(&py, "sleep");
+    in_kernel_wait(child.pid());
+    let o = Cmd::new(ctl(), ["empty-cache", &child.pid().to_string()]).run();
+    assert_eq!(o.code, 0, "{o:?}");
+    assert!(
+        o.stdout.contains("nothing to do: torch is not imported"),
+        "{o:?}"
+    );
+    assert!(o.stdout.contains("reached by ptrace"), "{o:?}");
+    let o = child.finish(Duration::from_secs(30));
+    assert_eq!((o.code, o.stderr.as_str()), (5, ""), "{o:?}");
+}
