@@ -14,6 +14,7 @@ use crate::output::print::outln;
 use crate::output::render::bytes;
 use crate::output::timeline::{Marker, Series, Timeline};
 use crate::reach::client::Client;
+use crate::reach::procfs;
 use clap::Args;
 use memshim_proto::StatsReport;
 use std::path::PathBuf;
@@ -56,8 +57,8 @@ fn output_parser(s: &str) -> Result<PathBuf, String> {
 struct Sample {
     t: f64,
     rss: u64,
-    resident: u64,
-    purgeable: u64,
+    resident: Option<u64>,
+    purgeable: Option<u64>,
     pymalloc: Option<u64>,
     /// (device, reserved, allocated)
     torch: Vec<(u32, u64, u64)>,
@@ -70,12 +71,11 @@ struct Sample {
 }
 
 fn sample(t: f64, s: &StatsReport, cg: Option<&cgroup::fs::Location>, pid: i32) -> Sample {
-    let mem = cg.and_then(|l| cgroup::fs::read_memory(l, Some(pid)).ok());
     Sample {
         t,
         rss: s.process.rss,
-        resident: s.allocator.resident,
-        purgeable: s.allocator.purgeable,
+        resident: Some(s.allocator.resident),
+        purgeable: Some(s.allocator.purgeable),
         pymalloc: s.python.as_ref().and_then(|p| p.pymalloc_arena_bytes),
         torch: s
             .torch
@@ -87,25 +87,89 @@ fn sample(t: f64, s: &StatsReport, cg: Option<&cgroup::fs::Location>, pid: i32) 
                     .collect()
             })
             .unwrap_or_default(),
-        cg_usage: mem.as_ref().map(|m| m.usage),
-        cg_working_set: mem.as_ref().map(|m| m.working_set),
         purges: s.purges.map_or(0, |p| p.count),
         released: s.purges.map_or(0, |p| p.released_bytes),
         pressure_purges: s.pressure.as_ref().map_or(0, |p| p.purges),
         vram_returns: s.cuda_idle.map_or(0, |c| c.returns),
+        ..with_cgroup(t, cg, pid)
+    }
+}
+
+/// A sample with only the time and the cgroup's figures.
+fn with_cgroup(t: f64, cg: Option<&cgroup::fs::Location>, pid: i32) -> Sample {
+    let mem = cg.and_then(|l| cgroup::fs::read_memory(l, Some(pid)).ok());
+    Sample {
+        t,
+        cg_usage: mem.as_ref().map(|m| m.usage),
+        cg_working_set: mem.as_ref().map(|m| m.working_set),
+        ..Sample::default()
+    }
+}
+
+/// Where the samples come from.
+enum Source {
+    /// The shim, over its socket.
+    Shim(Client),
+    /// `/proc` (a process without the preload, never stopped): the first
+    /// sample's start time, which tells a reused pid.
+    Proc(u64),
+}
+
+impl Source {
+    fn sample(
+        &mut self,
+        t: f64,
+        cg: Option<&cgroup::fs::Location>,
+        pid: i32,
+    ) -> Result<Sample, Failure> {
+        match self {
+            Source::Shim(client) => {
+                let s = match super::stats::fetch(client, false, false) {
+                    Ok(s) => s,
+                    // The server closes idle connections; connect again once.
+                    Err(_) => {
+                        let mut c = Client::open(pid)?;
+                        let s = super::stats::fetch(&mut c, false, false)?;
+                        *client = c;
+                        s
+                    }
+                };
+                Ok(sample(t, &s, cg, pid))
+            }
+            Source::Proc(start) => {
+                let p = procfs::read_proc(pid)?;
+                if p.starttime != *start || procfs::all_threads_exited(pid) {
+                    return Err(Failure::new(
+                        exit::NOT_FOUND,
+                        Some(pid),
+                        "the process exited",
+                    ));
+                }
+                Ok(Sample {
+                    rss: p.rss,
+                    ..with_cgroup(t, cg, pid)
+                })
+            }
+        }
     }
 }
 
 /// Runs `record`.
 pub fn run(a: RecordArgs) -> Result<Exit, Failure> {
-    let mut client = Client::open(a.pid)?;
-    let command = client.proc.command.clone();
+    let unshimmed = crate::reach::ptrace::applies(a.pid);
+    let (mut source, command) = if unshimmed {
+        let p = procfs::read_proc(a.pid)?;
+        (Source::Proc(p.starttime), p.command)
+    } else {
+        let client = Client::open(a.pid)?;
+        let command = client.proc.command.clone();
+        (Source::Shim(client), command)
+    };
     let cg = cgroup::fs::locate(Some(a.pid)).ok();
     let started = SystemTime::now();
     let start = Instant::now();
     let total = Duration::from_secs(a.seconds);
-    let first = super::stats::fetch(&mut client, false, false)?;
-    let mut samples = vec![sample(0.0, &first, cg.as_ref(), a.pid)];
+    let mut samples = vec![source.sample(0.0, cg.as_ref(), a.pid)?];
     // The file is created once the first sample is in (whatever happens
     // to the process after it appears is in the timeline), and before the
     // rest, so that a path that cannot be written fails at once.
@@ -119,26 +183,19 @@ pub fn run(a: RecordArgs) -> Result<Exit, Failure> {
         if let Some(wait) = due.checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
         }
-        let t = start.elapsed().as_secs_f64();
-        let s = match super::stats::fetch(&mut client, false, false) {
-            Ok(s) => s,
-            // The server closes idle connections; connect again once. A
-            // process that ended ends the recording.
-            Err(_) => match Client::open(a.pid).and_then(|mut c| {
-                let s = super::stats::fetch(&mut c, false, false)?;
-                client = c;
-                Ok(s)
-            }) {
-                Ok(s) => s,
-                Err(f) => {
-                    ended = Some(f);
-                    break;
-                }
-            },
-        };
-        samples.push(sample(t, &s, cg.as_ref(), a.pid));
+        // A process that ended ends the recording.
+        match source.sample(start.elapsed().as_secs_f64(), cg.as_ref(), a.pid) {
+            Ok(s) => samples.push(s),
+            Err(f) => {
+                ended = Some(f);
+                break;
+            }
+        }
     }
-    let timeline = build(&a, &command, started, &samples, cg.as_ref());
+    let mut timeline = build(&a, &command, started, &samples, cg.as_ref());
+    if unshimmed {
+        timeline.notes.push(NOT_PRELOADED.into());
+    }
     let is_svg = a
         .output
         .extension()
@@ -162,6 +219,9 @@ pub fn run(a: RecordArgs) -> Result<Exit, Failure> {
         bytes(samples.iter().map(|s| s.rss).max().unwrap_or(0)),
         timeline.markers.len()
     )?;
+    if unshimmed {
+        outln!("pid {}: {NOT_PRELOADED}", a.pid)?;
+    }
     match ended {
         None => Ok(exit::OK),
         Some(f) => Err(Failure::new(
@@ -177,6 +237,10 @@ pub fn run(a: RecordArgs) -> Result<Exit, Failure> {
         )),
     }
 }
+
+/// What a timeline of a process without the preload holds, and why.
+const NOT_PRELOADED: &str = "not preloaded: recorded from /proc and its cgroup without stopping \
+it (the allocator's, Python's and PyTorch's figures need the shim)";
 
 fn write_failure(a: &RecordArgs, e: &std::io::Error) -> Failure {
     Failure::new(
@@ -196,20 +260,20 @@ fn build(
     cg: Option<&cgroup::fs::Location>,
 ) -> Timeline {
     let col = |f: &dyn Fn(&Sample) -> Option<u64>| samples.iter().map(f).collect::<Vec<_>>();
-    let mut series = vec![
-        Series {
-            name: "RSS".into(),
-            values: col(&|s| Some(s.rss)),
-        },
-        Series {
+    let mut series = vec![Series {
+        name: "RSS".into(),
+        values: col(&|s| Some(s.rss)),
+    }];
+    if samples.iter().any(|s| s.resident.is_some()) {
+        series.push(Series {
             name: "allocator resident".into(),
-            values: col(&|s| Some(s.resident)),
-        },
-        Series {
+            values: col(&|s| s.resident),
+        });
+        series.push(Series {
             name: "allocator purgeable".into(),
-            values: col(&|s| Some(s.purgeable)),
-        },
-    ];
+            values: col(&|s| s.purgeable),
+        });
+    }
     if samples.iter().any(|s| s.pymalloc.is_some()) {
         series.push(Series {
             name: "pymalloc arenas".into(),

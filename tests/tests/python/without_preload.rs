@@ -567,3 +567,79 @@ fn empty_cache_and_release_make_the_bridges_cuda_calls_on_an_unshimmed_cpython()
     let o = child.finish(Duration::from_secs(30));
     assert_eq!((o.code, o.stderr.as_str()), (5, ""), "{o:?}");
 }
+
+/// `record` on a CPython without the preload: a timeline of its RSS (and
+/// cgroup) from `/proc`, taken without stopping it (its sleep ends on time,
+/// nothing traces it), that says so; the recording ends when it exits.
+#[test]
+fn record_draws_an_unshimmed_cpython_from_proc_without_stopping_it() {
+    let py = cpythons().into_iter().next().expect("a CPython");
+    let child = start_for(&py, "sleep", 3.0);
+    let pid = child.pid();
+    in_kernel_wait(pid);
+    let out = memshim_tests::scratch().join(format!("record-unshimmed-{pid}.html"));
+    let o = Cmd::new(
+        ctl(),
+        [
+            "record",
+            &pid.to_string(),
+            "--seconds",
+            "2",
+            "--interval",
+            "0.2",
+            "-o",
+            &out.display().to_string(),
+        ],
+    )
+    .run();
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    assert!(
+        o.stdout.contains("not preloaded: recorded from /proc"),
+        "{o:?}"
+    );
+    let samples: u32 = o
+        .stdout
+        .split(": ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{o:?}"));
+    assert!(samples >= 8, "{o:?}");
+    let html = std::fs::read_to_string(&out).expect("the timeline");
+    assert!(
+        html.contains("RSS") && html.contains("not preloaded"),
+        "{html}"
+    );
+    assert!(
+        !html.contains("allocator resident"),
+        "no allocator series without the shim"
+    );
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    assert!(status.contains("TracerPid:\t0"), "{status}");
+    let o = child.finish(Duration::from_secs(30));
+    assert_eq!((o.code, o.stderr.as_str()), (5, ""), "{o:?}");
+    assert!(
+        (3.0..3.5).contains(&elapsed(&o.stdout)),
+        "its sleep ended on time: {o:?}"
+    );
+
+    // A process that exits ends the recording, which says so.
+    let child = start_for(&py, "sleep", 0.5);
+    let pid = child.pid().to_string();
+    let o = Cmd::new(
+        ctl(),
+        [
+            "record",
+            &pid,
+            "--seconds",
+            "5",
+            "--interval",
+            "0.1",
+            "-o",
+            &out.display().to_string(),
+        ],
+    )
+    .run();
+    assert_eq!(o.code, i32::from(memshim_proto::exit::NOT_FOUND.code), "{o:?}");
+    assert!(o.stderr.contains("the recording stopped after"), "{o:?}");
+    child.finish(Duration::from_secs(30));
+}
