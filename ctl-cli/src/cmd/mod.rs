@@ -154,13 +154,18 @@ pub fn for_targets<T>(
         )
         .hint("`memshim-ctl list` shows every shimmed process and why one has no endpoint"));
     }
+    let exit = exit_of(&out);
+    Ok((out, exit))
+}
+
+/// The exit status of several outcomes, as [`for_targets`] gives it.
+pub fn exit_of<T>(out: &[Outcome<T>]) -> Exit {
     let failed: Vec<&Failure> = out.iter().filter_map(|o| o.result.as_ref().err()).collect();
-    let exit = match (failed.len(), out.len()) {
+    match (failed.len(), out.len()) {
         (0, _) => exit::OK,
         (n, m) if n == m && failed.iter().all(|f| f.exit == failed[0].exit) => failed[0].exit,
         _ => exit::FAILED,
-    };
-    Ok((out, exit))
+    }
 }
 
 /// Prints the failures of a multi-target human report to stderr, then

@@ -1,10 +1,11 @@
 //! `memshim-ctl release <PID>... | --all [--json]`: gc, empty-cache, purge.
 
-use super::{Outcome, for_targets, outcome_json, print_failures};
+use super::{Outcome, exit_of, for_targets, outcome_json, print_failures};
 use crate::args::Targets;
 use crate::exit::{self, Exit, Failure};
 use crate::output::print::{out, outln};
 use crate::output::render::{bytes, delta, ms, table};
+use crate::reach::client::Client;
 use clap::Args;
 use memshim_proto::{ReleaseResult, Request, StepOutcome};
 
@@ -20,12 +21,15 @@ pub struct ReleaseArgs {
 /// or failed counts as failed ([`exit::PYTHON_STEP`] for a single target), though what the
 /// other steps did is reported as usual.
 pub fn run(a: ReleaseArgs) -> Result<Exit, Failure> {
-    // One CPython started without the preload: reached by ptrace (reach/ptrace.rs).
-    if let [pid] = a.targets.pids[..]
-        && !a.targets.all
-        && crate::reach::ptrace::applies(pid)
+    // CPythons started without the preload among the pids: reached by
+    // ptrace (reach/ptrace.rs), the others over their sockets.
+    if !a.targets.all
+        && a.targets
+            .pids
+            .iter()
+            .any(|&p| crate::reach::ptrace::applies(p))
     {
-        return without_preload(pid, a.targets.json);
+        return with_unshimmed(&a.targets.pids, a.targets.json);
     }
     let (outcomes, exit) = for_targets(&a.targets, |c| c.ask::<ReleaseResult>(&Request::Release))?;
     let partial: Vec<Failure> = outcomes
@@ -44,37 +48,57 @@ pub fn run(a: ReleaseArgs) -> Result<Exit, Failure> {
     Ok(exit)
 }
 
-/// `release` of a process without the preload: the same report, and the
-/// line that says how it was reached (in JSON, `"reached"`).
-fn without_preload(pid: i32, json: bool) -> Result<Exit, Failure> {
-    let command = crate::reach::procfs::read_proc(pid).ok().map(|p| p.command);
-    let (result, how) = match crate::reach::ptrace::release(pid) {
-        Ok((r, how)) => (Ok(r), Some(how)),
-        Err(f) => (Err(f), None),
-    };
-    let partial: Vec<Failure> = match &result {
-        Ok(r) => step_failures(pid, r).collect(),
-        Err(_) => Vec::new(),
-    };
-    let exit = match &result {
-        Ok(_) if !partial.is_empty() => exit::PYTHON_STEP,
-        Ok(_) => exit::OK,
-        Err(f) => f.exit,
-    };
-    let outcomes = [Outcome {
-        pid,
-        command,
-        result,
-    }];
+/// `release` of pids of which some are CPythons without the preload: the
+/// same report, and for each of those the line that says how it was
+/// reached (in JSON, `"reached"`).
+fn with_unshimmed(pids: &[i32], json: bool) -> Result<Exit, Failure> {
+    use crate::reach::ptrace;
+    let mut reached = Vec::new();
+    let mut outcomes = Vec::new();
+    for &pid in pids {
+        let command = crate::reach::procfs::read_proc(pid).ok().map(|p| p.command);
+        let result = if ptrace::applies(pid) {
+            ptrace::release(pid).map(|(r, how)| {
+                reached.push((pid, how));
+                r
+            })
+        } else {
+            Client::open(pid).and_then(|mut c| c.ask::<ReleaseResult>(&Request::Release))
+        };
+        outcomes.push(Outcome {
+            pid,
+            command,
+            result,
+        });
+    }
+    let partial: Vec<Failure> = outcomes
+        .iter()
+        .filter_map(|o| o.result.as_ref().ok().map(|r| (o.pid, r)))
+        .flat_map(|(pid, r)| step_failures(pid, r))
+        .collect();
+    let exit = overall(
+        exit_of(&outcomes),
+        outcomes.len(),
+        &outcomes,
+        !partial.is_empty(),
+    );
     if json {
-        let mut v = outcome_json(&outcomes[0]);
-        v["reached"] = serde_json::json!(how);
-        outln!("{}", serde_json::json!({ "release": [v] }))?;
+        let v: Vec<_> = outcomes
+            .iter()
+            .map(|o| {
+                let mut v = outcome_json(o);
+                if let Some((_, how)) = reached.iter().find(|(pid, _)| *pid == o.pid) {
+                    v["reached"] = serde_json::json!(how);
+                }
+                v
+            })
+            .collect();
+        outln!("{}", serde_json::json!({ "release": v }))?;
         return Ok(exit);
     }
     out!("{}", human(&outcomes))?;
-    if let Some(how) = &how {
-        outln!("{}", crate::reach::ptrace::reached_line(pid, how))?;
+    for (pid, how) in &reached {
+        outln!("{}", ptrace::reached_line(*pid, how))?;
     }
     print_failures(&outcomes, &partial, exit);
     Ok(exit)

@@ -639,7 +639,67 @@ fn record_draws_an_unshimmed_cpython_from_proc_without_stopping_it() {
         ],
     )
     .run();
-    assert_eq!(o.code, i32::from(memshim_proto::exit::NOT_FOUND.code), "{o:?}");
+    assert_eq!(
+        o.code,
+        i32::from(memshim_proto::exit::NOT_FOUND.code),
+        "{o:?}"
+    );
     assert!(o.stderr.contains("the recording stopped after"), "{o:?}");
     child.finish(Duration::from_secs(30));
+}
+
+/// `release` of several pids: a CPython without the preload (by ptrace), a
+/// shimmed one (over its socket) and a pid that does not exist. Each gets
+/// its own answer, the unshimmed one its `reached`, and the exit status
+/// says that some failed.
+#[test]
+fn release_of_several_pids_reaches_each_its_own_way() {
+    let py = cpythons().into_iter().next().expect("a CPython");
+    let unshimmed = start_for(&py, "sleep", 3.0);
+    let dir = socket_dir("release-mixed");
+    let mut shimmed = shimmed_python(
+        &py.exe,
+        &fixture_py("py_unshimmed.py"),
+        &["sleep", "3"],
+        &dir,
+    )
+    .spawn();
+    shimmed.wait_for_line("ready", Duration::from_secs(60));
+    socket_of(&dir, shimmed.pid());
+    in_kernel_wait(unshimmed.pid());
+    let (a, b) = (unshimmed.pid().to_string(), shimmed.pid().to_string());
+    let o = Cmd::new(ctl(), ["release", &a, &b, "999999", "--json"])
+        .env("MEMSHIM_SOCKET_DIR", &dir)
+        .run();
+    assert_eq!(o.code, i32::from(memshim_proto::exit::FAILED.code), "{o:?}");
+    let v: serde_json::Value =
+        serde_json::from_str(&o.stdout).unwrap_or_else(|e| panic!("{e}: {o:?}"));
+    let r = &v["release"];
+    assert_eq!(r[0]["reached"]["by"], "ptrace", "{v}");
+    assert!(
+        r[0]["result"]["rss_before"].as_u64() > r[0]["result"]["rss_after"].as_u64(),
+        "{v}"
+    );
+    assert!(
+        r[1]["reached"].is_null() && r[1]["result"]["steps"].is_array(),
+        "{v}"
+    );
+    assert_eq!(r[2]["error"]["code"], "not_found", "{v}");
+    // Without --json: both blocks, and the line for the one reached by ptrace.
+    let o = Cmd::new(ctl(), ["release", &a, &b])
+        .env("MEMSHIM_SOCKET_DIR", &dir)
+        .run();
+    assert_eq!(o.code, 0, "{o:?}");
+    assert!(
+        o.stdout.contains(&format!("pid {a} (")) && o.stdout.contains(&format!("pid {b} (")),
+        "{o:?}"
+    );
+    assert!(
+        o.stdout.contains(&format!("pid {a}: reached by ptrace")),
+        "{o:?}"
+    );
+    for child in [unshimmed, shimmed] {
+        let o = child.finish(Duration::from_secs(30));
+        assert_eq!((o.code, o.stderr.as_str()), (5, ""), "{o:?}");
+    }
 }
