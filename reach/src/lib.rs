@@ -267,8 +267,9 @@ impl PythonCalls {
     /// The value of the Python expression `expr`, which must make a `str`,
     /// evaluated in `__main__`'s namespace (it must not assign): `None` if
     /// it raised (cleared, never printed) or did not make a `str`. At most
-    /// 3 KiB of it, and of the answer, which comes back through the
-    /// process's memory, never its output.
+    /// 3 KiB of it (it is written on the held thread's stack) and 64 KiB of
+    /// the answer, which comes back through the process's memory, never
+    /// its output.
     pub fn eval(&mut self, expr: &str) -> Result<Option<String>, Error> {
         let Some(e) = self.eval else {
             return Ok(None);
@@ -296,7 +297,7 @@ impl PythonCalls {
             self.held.call(self.err_clear, &[])?;
             None
         } else {
-            Some(self.held.read_cstr(utf8, 3072)?)
+            Some(self.held.read_cstr(utf8, 64 * 1024)?)
         };
         self.held.call(self.decref, &[value])?;
         Ok(answer)

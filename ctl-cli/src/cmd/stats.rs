@@ -162,6 +162,12 @@ pub fn human_unshimmed(s: &crate::reach::ptrace::Stats, command: &str, arenas: b
     }
     out += "\nconfig: not available (no shim in the process)\n";
     out += &python(s.python.as_ref(), s.python_unavailable.as_ref());
+    if let Some(t) = &s.torch {
+        out += &torch(t);
+    }
+    if let Some(why) = &s.torch_unavailable {
+        out += &format!("\ntorch: not available ({why})\n");
+    }
     out
 }
 

@@ -8,7 +8,7 @@ use crate::exit::{self as status, Exit, Failure};
 use crate::reach::procfs;
 use memshim_proto::{
     CgroupStats, DeviceChange, EmptyCacheResult, GcResult, ProcessStats, PythonSection,
-    PythonUnavailable, ReleaseResult, ReleaseStep, ReleaseStepKind,
+    PythonUnavailable, ReleaseResult, ReleaseStep, ReleaseStepKind, TorchDevice, TorchSection,
 };
 use memshim_reach::{Error, Failure as Fail, PythonCalls, Refusal};
 use std::time::{Duration, Instant};
@@ -455,6 +455,69 @@ else:
 answer = '|'.join((('skip' if why else 'done'), why, ' '.join(map(str, devices)), str(before), str(after)))
 ";
 
+/// The `torch` section of `stats` on a process without the preload, read
+/// as the shim's bridge reads it (`shim/src/python/torch.rs`): `answer` is
+/// the section as JSON (`fragmentation` is computed here), or `null` when
+/// torch is not imported. Nothing is imported, CUDA is never initialised,
+/// and only devices with a context are named.
+const TORCH_SECTION: &str = "\
+import sys
+t = sys.modules.get('torch')
+def j(v):
+    if v is None or isinstance(v, bool):
+        return {None: 'null', True: 'true', False: 'false'}[v]
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, str):
+        return '\"' + ''.join(c if c.isprintable() and c not in '\"\\\\' else '\\\\u%04x' % ord(c) for c in v) + '\"'
+    if isinstance(v, dict):
+        return '{' + ','.join(j(k) + ':' + j(x) for k, x in v.items()) + '}'
+    return '[' + ','.join(map(j, v)) + ']'
+def s(f, *a):
+    try:
+        return f(*a)
+    except Exception:
+        return None
+if t is None:
+    answer = 'null'
+else:
+    c, C = t.cuda, sys.modules.get('torch._C')
+    on = bool(c.is_initialized())
+    r = {'version': str(t.__version__), 'cuda_initialized': on, 'devices': []}
+    conf = s(getattr(C, '_accelerator_getAllocatorSettings', None)) if on else None
+    if not conf:
+        e = getattr(sys.modules.get('os'), 'environ', {})
+        conf = e.get('PYTORCH_CUDA_ALLOC_CONF', e.get('PYTORCH_ALLOC_CONF'))
+    if conf is not None:
+        r['alloc_conf'] = str(conf)
+    if on:
+        has = getattr(C, '_cuda_hasPrimaryContext', None)
+        for i in range(min(c.device_count(), 1024)):
+            m = c.memory_stats(i)
+            g = lambda k: int(m.get(k, 0))
+            if not (has(i) if has else g('reserved_bytes.all.current') > 0):
+                continue
+            u = s(lambda: str(c.get_device_properties(i).uuid))
+            r['devices'].append({'index': i, 'allocated': g('allocated_bytes.all.current'), 'reserved': g('reserved_bytes.all.current'), 'active': g('active_bytes.all.current'), 'inactive_split': g('inactive_split_bytes.all.current'), 'peak_allocated': g('allocated_bytes.all.peak'), 'num_alloc_retries': g('num_alloc_retries'), 'num_ooms': g('num_ooms'), 'allocations': g('allocation.all.allocated'), 'uuid': u if u is None or u.startswith('GPU-') else 'GPU-' + u})
+        b = s(c.get_allocator_backend)
+        if b is not None:
+            r['allocator_backend'] = str(b)
+        h = s(c.host_memory_stats)
+        if h is not None:
+            a, act = int(h.get('allocated_bytes.current', 0)), int(h.get('active_bytes.current', 0))
+            r['host_pinned'] = {'allocated': a, 'active': act, 'cached': max(a - act, 0)}
+    answer = j(r)
+";
+
+/// The section from [`TORCH_SECTION`]'s answer: `Ok(None)` without torch.
+fn torch_section(answer: &str) -> Result<Option<TorchSection>, String> {
+    let mut t: Option<TorchSection> = serde_json::from_str(answer).map_err(|e| e.to_string())?;
+    for d in t.iter_mut().flat_map(|t| t.devices.iter_mut()) {
+        d.fragmentation = TorchDevice::fragmentation_of(d.inactive_split, d.reserved);
+    }
+    Ok(t)
+}
+
 /// The expression that runs `code` (statements) in a namespace of its own,
 /// not the program's, and makes the `str` it leaves in `answer` (`"None"`
 /// if it raised: the exception is caught inside). The namespace is emptied
@@ -541,6 +604,12 @@ pub struct Stats {
     pub python: Option<PythonSection>,
     /// Why `python` is absent.
     pub python_unavailable: Option<PythonUnavailable>,
+    /// PyTorch, as a shimmed process reports it; `null` unless torch is
+    /// imported.
+    pub torch: Option<TorchSection>,
+    /// Why `torch` could not be read, where torch is imported.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub torch_unavailable: Option<String>,
     /// Time taken, ms.
     pub elapsed_ms: f64,
 }
@@ -631,10 +700,24 @@ pub fn stats(pid: i32, pss: bool, cgroup: Option<CgroupStats>) -> Result<Stats, 
         let line = calls.eval(PYTHON_FIGURES)?;
         let enabled = calls.gc_is_enabled()?;
         let threads = calls.threads()?;
-        Ok::<_, Error>((line, enabled, threads))
+        let torch = calls.eval(&answer_of(TORCH_SECTION))?;
+        Ok::<_, Error>((line, enabled, threads, torch))
     })();
     let finished = calls.finish();
-    let (line, enabled, threads) = read.map_err(|e| failure(pid, e))?;
+    let (line, enabled, threads, torch) = read.map_err(|e| failure(pid, e))?;
+    let (torch, torch_unavailable) = match torch.as_deref().filter(|a| *a != "None") {
+        Some(answer) => match torch_section(answer) {
+            Ok(t) => (t, None),
+            Err(e) => (
+                None,
+                Some(format!("torch's figures could not be read: {e}")),
+            ),
+        },
+        None => (
+            None,
+            Some("torch's figures could not be read: Python raised".into()),
+        ),
+    };
     finished.map_err(|e| failure(pid, e))?;
     let (python, python_unavailable) = match line.as_deref().and_then(python_section) {
         Some(mut s) => {
@@ -666,6 +749,8 @@ pub fn stats(pid: i32, pss: bool, cgroup: Option<CgroupStats>) -> Result<Stats, 
         config: None,
         python,
         python_unavailable,
+        torch,
+        torch_unavailable,
         elapsed_ms: ms(start),
     })
 }
@@ -707,9 +792,22 @@ mod tests {
         assert_eq!(steps[1].outcome, memshim_proto::StepOutcome::Failed);
         assert!(cuda_steps("nope|x|done||0|0|0|").is_none());
         assert!(cuda_steps("None").is_none());
-        for code in [CUDA_RELEASE, EMPTY_CACHE] {
+        for code in [CUDA_RELEASE, EMPTY_CACHE, TORCH_SECTION] {
             assert!(answer_of(code).len() < 3072, "{}", answer_of(code).len());
         }
+    }
+
+    #[test]
+    fn torch_sections_are_parsed_with_fragmentation() {
+        assert_eq!(torch_section("null"), Ok(None));
+        let t = torch_section(
+            r#"{"version":"2.5.1","cuda_initialized":true,"devices":[{"index":1,"allocated":1,"reserved":4,"active":1,"inactive_split":2,"peak_allocated":3,"num_alloc_retries":0,"num_ooms":0,"allocations":7,"uuid":null}],"host_pinned":{"allocated":2,"active":1,"cached":1}}"#,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(t.devices[0].fragmentation, 0.5);
+        assert_eq!(t.host_pinned.map(|h| h.cached), Some(1));
+        assert!(torch_section("None").is_err());
     }
 
     #[test]

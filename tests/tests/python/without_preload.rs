@@ -485,13 +485,14 @@ fn list_shows_unshimmed_cpythons_and_whether_they_can_be_reached() {
     assert_eq!(o.code, 5, "{o:?}");
 }
 
-/// `empty-cache` and `release` on a CPython without the preload: torch's
-/// own calls as the shim's bridge makes them, with its figures, on the
+/// `stats`' torch section, `empty-cache` and `release` on a CPython without
+/// the preload: torch's own calls as the shim's bridge makes them, with its
+/// figures, on the
 /// device with a context only (a stand-in torch,
 /// tests/fixtures/py_fake_cuda.py: CI has no GPU); and "nothing to do"
 /// where torch is not imported. The process goes on.
 #[test]
-fn empty_cache_and_release_make_the_bridges_cuda_calls_on_an_unshimmed_cpython() {
+fn stats_empty_cache_and_release_make_the_bridges_cuda_calls_on_an_unshimmed_cpython() {
     const GIB: u64 = 1 << 30;
     let py = cpythons().into_iter().next().expect("a CPython");
     let mut child = py
@@ -499,6 +500,36 @@ fn empty_cache_and_release_make_the_bridges_cuda_calls_on_an_unshimmed_cpython()
         .spawn();
     child.wait_for_line("ready", Duration::from_secs(30));
     let pid = child.pid().to_string();
+    // stats: the torch section a shimmed process gives, read without a call
+    // that changes anything.
+    let (code, v, stderr) = ctl_json(&["stats", &pid, "--json"]);
+    assert_eq!((code, stderr.as_str()), (0, ""), "{v}");
+    let t = &v["torch"];
+    assert_eq!(
+        (&t["version"], &t["cuda_initialized"]),
+        (&"2.15.0+fake".into(), &true.into()),
+        "{v}"
+    );
+    assert_eq!(
+        t["devices"].as_array().map(Vec::len),
+        Some(1),
+        "only cuda:1 has a context: {v}"
+    );
+    let d = &t["devices"][0];
+    assert_eq!(
+        (&d["index"], &d["reserved"], &d["fragmentation"]),
+        (&1.into(), &(4 * GIB).into(), &0.5.into()),
+        "{v}"
+    );
+    assert_eq!(d["uuid"], "GPU-00000001-aaaa-bbbb-cccc-dddddddddddd", "{v}");
+    assert_eq!(t["allocator_backend"], "native", "{v}");
+    assert_eq!(
+        t["alloc_conf"], "expandable_segments:False,max_split_size_mb:512",
+        "{v}"
+    );
+    assert_eq!(t["host_pinned"]["cached"], 64 << 20, "{v}");
+    let o = Cmd::new(ctl(), ["stats", &pid]).run();
+    assert!(o.stdout.contains("torch 2.15.0+fake"), "{o:?}");
     let (code, v, stderr) = ctl_json(&["empty-cache", &pid, "--json"]);
     assert_eq!((code, stderr.as_str()), (0, ""), "{v}");
     assert_eq!(v["devices"], serde_json::json!([1]), "{v}");
@@ -562,6 +593,11 @@ fn empty_cache_and_release_make_the_bridges_cuda_calls_on_an_unshimmed_cpython()
     assert!(
         o.stdout.contains("nothing to do: torch is not imported"),
         "{o:?}"
+    );
+    let (code, v, _) = ctl_json(&["stats", &child.pid().to_string(), "--json"]);
+    assert!(
+        code == 0 && v["torch"].is_null() && v.get("torch_unavailable").is_none(),
+        "{v}"
     );
     assert!(o.stdout.contains("reached by ptrace"), "{o:?}");
     let o = child.finish(Duration::from_secs(30));
