@@ -435,8 +435,17 @@ fn table(p: &Profile, title: &str, top: usize, active_ms: Option<u64>) -> String
     s
 }
 
-/// One `python_trace` request on a connection of its own.
+/// One `python_trace` request on a connection of its own; on a CPython
+/// started without the preload, the same by ptrace, the first of them
+/// saying on stderr how the process was reached.
 fn ask_py(pid: i32, action: PyTraceAction, seconds: Option<u64>) -> Result<PyTraceReply, Failure> {
+    use crate::reach::ptrace;
+    if ptrace::applies(pid) {
+        let (r, how) = ptrace::py_trace(pid, action, seconds)?;
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| errln!("memshim-ctl: {}", ptrace::reached_line(pid, &how)));
+        return Ok(r);
+    }
     let mut c = Client::open(pid)?;
     let req = Request::PythonTrace {
         action,

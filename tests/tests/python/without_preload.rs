@@ -739,3 +739,93 @@ fn release_of_several_pids_reaches_each_its_own_way() {
         assert_eq!((o.code, o.stderr.as_str()), (5, ""), "{o:?}");
     }
 }
+
+/// `profile --python` on a CPython without the preload, on every CPython:
+/// tracemalloc switched on by ptrace (and left on with `--keep`), the line
+/// that keeps the memory on top, `--stop` switches off what memshim-ctl
+/// started and never the program's own tracing; the program's output and
+/// exit are unchanged.
+#[test]
+fn python_lines_of_an_unshimmed_cpython_name_the_line_that_keeps_the_memory() {
+    let script = fixture_py("py_profile.py");
+    let text = std::fs::read_to_string(&script).expect("the fixture");
+    let n = text
+        .lines()
+        .position(|l| l.contains("kept.append(bytearray(1 << 20))"))
+        .expect("the line")
+        + 1;
+    let where_ = format!("{}:{n}", script.display());
+    for py in cpythons() {
+        let v = &py.label;
+        let mut child = py.cmd([script.display().to_string()]).spawn();
+        child.wait_for_line("ready", Duration::from_secs(30));
+        let pid = child.pid().to_string();
+        in_kernel_wait(child.pid());
+        let profile = |args: &[&str]| {
+            let mut a = vec!["profile", &pid, "--python"];
+            a.extend_from_slice(args);
+            Cmd::new(ctl(), a).run()
+        };
+        let o = profile(&["--seconds", "0", "--keep"]);
+        assert_eq!(o.code, 0, "{v}: {o:?}");
+        assert!(
+            o.stderr.contains("tracemalloc started") && o.stderr.contains("reached by ptrace"),
+            "{v}: {o:?}"
+        );
+        child.send("grow");
+        child.wait_for_line("grown", Duration::from_secs(30));
+        in_kernel_wait(child.pid());
+        let o = profile(&[]);
+        assert_eq!(o.code, 0, "{v}: {o:?}");
+        let first = o
+            .stdout
+            .lines()
+            .skip_while(|l| !l.trim_start().starts_with("LIVE"))
+            .nth(1)
+            .unwrap_or("");
+        assert!(
+            first.contains(&where_),
+            "{v}: the top line keeps the memory:\n{}",
+            o.stdout
+        );
+        let share: f64 = first
+            .split_whitespace()
+            .nth(2)
+            .and_then(|s| s.trim_end_matches('%').parse().ok())
+            .unwrap_or_else(|| panic!("{v}: {first}"));
+        assert!(share >= 80.0, "{v}: {first}");
+        let o = profile(&["--stop"]);
+        assert!(
+            o.code == 0 && o.stdout.contains("tracemalloc stopped"),
+            "{v}: {o:?}"
+        );
+        child.send("traced");
+        assert_eq!(
+            child
+                .wait_for_line("traced", Duration::from_secs(10))
+                .trim(),
+            "traced False",
+            "{v}"
+        );
+        // The program's own tracing is never stopped.
+        child.send("trace");
+        child.wait_for_line("tracing", Duration::from_secs(10));
+        in_kernel_wait(child.pid());
+        let o = profile(&["--stop"]);
+        assert!(
+            o.code == 0 && o.stdout.contains("the program's own"),
+            "{v}: {o:?}"
+        );
+        child.send("traced");
+        assert_eq!(
+            child
+                .wait_for_line("traced", Duration::from_secs(10))
+                .trim(),
+            "traced True",
+            "{v}"
+        );
+        child.send("quit");
+        let o = child.finish(Duration::from_secs(30));
+        assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{v}: {o:?}");
+    }
+}
