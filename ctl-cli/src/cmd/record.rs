@@ -109,7 +109,7 @@ fn with_cgroup(t: f64, cg: Option<&cgroup::fs::Location>, pid: i32) -> Sample {
 /// Where the samples come from.
 enum Source {
     /// The shim, over its socket.
-    Shim(Client),
+    Shim(Box<Client>),
     /// `/proc` (a process without the preload, never stopped): the first
     /// sample's start time, which tells a reused pid.
     Proc(u64),
@@ -130,7 +130,7 @@ impl Source {
                     Err(_) => {
                         let mut c = Client::open(pid)?;
                         let s = super::stats::fetch(&mut c, false, false)?;
-                        *client = c;
+                        **client = c;
                         s
                     }
                 };
@@ -163,7 +163,7 @@ pub fn run(a: RecordArgs) -> Result<Exit, Failure> {
     } else {
         let client = Client::open(a.pid)?;
         let command = client.proc.command.clone();
-        (Source::Shim(client), command)
+        (Source::Shim(Box::new(client)), command)
     };
     let cg = cgroup::fs::locate(Some(a.pid)).ok();
     let started = SystemTime::now();

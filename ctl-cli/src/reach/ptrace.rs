@@ -320,17 +320,24 @@ fn steps(pid: i32, calls: &mut PythonCalls) -> Result<Vec<ReleaseStep>, Error> {
         })
     })?;
     let t = Instant::now();
-    let cuda = match calls
-        .eval(&answer_of(CUDA_RELEASE))?
-        .as_deref()
-        .and_then(cuda_steps)
-    {
-        Some(steps) => steps,
-        None => {
-            let mut s = ReleaseStep::new(ReleaseStepKind::EmptyCache, "cuda_reserved")
-                .failed("torch's cache calls raised in the process");
-            s.elapsed_ms = ms(t);
-            vec![s]
+    let quiet = |s: ReleaseStep| {
+        let mut s = s;
+        s.elapsed_ms = ms(t);
+        vec![s]
+    };
+    let cache = ReleaseStep::new(ReleaseStepKind::EmptyCache, "cuda_reserved");
+    // Without torch, no Python code is compiled in the process (its
+    // allocations would stay in pymalloc's arenas).
+    let cuda = if !calls.imported("torch")? {
+        quiet(cache.nothing_to_do("torch is not imported"))
+    } else {
+        match calls
+            .eval(&answer_of(CUDA_RELEASE))?
+            .as_deref()
+            .and_then(cuda_steps)
+        {
+            Some(steps) => steps,
+            None => quiet(cache.failed("torch's cache calls raised in the process")),
         }
     };
     let trim = step(pid, ReleaseStepKind::Purge, |s| {
@@ -677,7 +684,11 @@ pub fn empty_cache(pid: i32) -> Result<(EmptyCacheResult, Reached), Failure> {
     let mut calls = memshim_reach::python(pid, SAFE_POINT_LIMIT).map_err(|e| failure(pid, e))?;
     let how = reached(&calls);
     let t = Instant::now();
-    let line = calls.eval(&answer_of(EMPTY_CACHE));
+    let line = match calls.imported("torch") {
+        Ok(false) => Ok(Some("skip|torch is not imported||0|0".to_owned())),
+        Ok(true) => calls.eval(&answer_of(EMPTY_CACHE)),
+        Err(e) => Err(e),
+    };
     let elapsed_ms = ms(t);
     let finished = calls.finish();
     let line = line.map_err(|e| failure(pid, e))?;
@@ -836,7 +847,10 @@ pub fn stats(pid: i32, pss: bool, cgroup: Option<CgroupStats>) -> Result<Stats, 
         let line = calls.eval(PYTHON_FIGURES)?;
         let enabled = calls.gc_is_enabled()?;
         let threads = calls.threads()?;
-        let torch = calls.eval(&answer_of(TORCH_SECTION))?;
+        let torch = match calls.imported("torch")? {
+            true => calls.eval(&answer_of(TORCH_SECTION))?,
+            false => Some("null".to_owned()),
+        };
         Ok::<_, Error>((line, enabled, threads, torch))
     })();
     let finished = calls.finish();
