@@ -6,7 +6,9 @@ compare the failures (docs/reliability.md, "CPython's test suite").
 
 Modes: `base` (no LD_PRELOAD), `on` (MEMSHIM_CONTROL=on: the shim's thread
 and control socket in every process), `off` (MEMSHIM_CONTROL=off), `auto`
-(the default). Every mode runs `python -m test` on the same modules; a
+(the default), `ptrace` (no LD_PRELOAD, and every second `memshim-ctl
+release PID` (--ctl) on every process of the run, by ptrace: docs/attach.md;
+the JSON counts those releases by exit code). Every mode runs `python -m test` on the same modules; a
 failing test case (`FAIL:`/`ERROR:` line, or a module that crashed or timed
 out) that fails under the shim but not in `base` is re-run alone, twice,
 in both modes; it counts as a new failure only if it fails again under the
@@ -14,11 +16,13 @@ shim and passes without it. Prints one JSON document on stdout.
 """
 
 import argparse
+import collections
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 # Differences that are the documented cost of a mode, not bugs: reported
@@ -30,17 +34,58 @@ EXPECTED = {}
 
 CASE = re.compile(r"^(FAIL|ERROR): (\S+) \((\S+?)\)", re.M)
 # "test_x failed", "test_x crashed (Exit code -9)", "test_x timed out", ...
-MODULE = re.compile(r"^\S.*?\[[ \d/]+\] (test_\w+) (failed|crashed|timed out|.*?env changed)", re.M)
+# (test_asyncio.test_events: a module of a test package)
+MODULE = re.compile(r"^\S.*?\[[ \d/]+\] (test_[\w.]+) (failed|crashed|timed out|.*?env changed)", re.M)
 TOTAL = re.compile(r"Total tests: run=([\d,]+)")
 
 
 def env_for(mode, shim):
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSHIM_")}
     env.pop("LD_PRELOAD", None)
-    if mode != "base":
+    if mode not in ("base", "ptrace"):
         env["LD_PRELOAD"] = shim
         env["MEMSHIM_CONTROL"] = mode
     return env
+
+
+def descendants(pid):
+    """The processes below `pid` now."""
+    children = collections.defaultdict(list)
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children[ppid].append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+class Releaser(threading.Thread):
+    """Every second, `memshim-ctl release PID` on the run's process and all
+    its descendants; counts the exit codes."""
+
+    def __init__(self, ctl, pid):
+        super().__init__(daemon=True)
+        self.ctl, self.pid, self.done = ctl, pid, threading.Event()
+        self.codes = collections.Counter()
+
+    def run(self):
+        while not self.done.wait(1.0):
+            for pid in [self.pid] + descendants(self.pid):
+                r = subprocess.run([self.ctl, "release", str(pid)], stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+                self.codes[r.returncode] += 1
+
+
+CTL = None
 
 
 def run_regrtest(mode, shim, modules, jobs, timeout, extra=()):
@@ -48,10 +93,18 @@ def run_regrtest(mode, shim, modules, jobs, timeout, extra=()):
     # name the failing cases even with -j.
     cmd = [sys.executable, "-m", "test", f"-j{jobs}", "-W", f"--timeout={timeout}", *extra, *modules]
     t0 = time.monotonic()
-    p = subprocess.run(cmd, env=env_for(mode, shim), stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, text=True, errors="replace",
-                       timeout=timeout * max(1, len(modules)) + 120)
-    out = p.stdout
+    p = subprocess.Popen(cmd, env=env_for(mode, shim), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, errors="replace")
+    releaser = None
+    if mode == "ptrace":
+        releaser = Releaser(CTL, p.pid)
+        releaser.start()
+    try:
+        out, _ = p.communicate(timeout=timeout * max(1, len(modules)) + 120)
+    finally:
+        if releaser:
+            releaser.done.set()
+            releaser.join()
     # 3.11 prints "FAIL: test_y (test.test_x.Class.test_y)": keep the full id.
     cases = {m.group(3) for m in CASE.finditer(out)}
     mods = {m.group(1) for m in MODULE.finditer(out) if "env changed" not in m.group(2)}
@@ -62,14 +115,17 @@ def run_regrtest(mode, shim, modules, jobs, timeout, extra=()):
         if m not in with_cases:
             cases.add(m)
     total = TOTAL.search(out)
-    return {
+    r = {
         "mode": mode,
         "rc": p.returncode,
         "seconds": round(time.monotonic() - t0, 1),
         "tests_run": int(total.group(1).replace(",", "")) if total else 0,
         "failures": sorted(cases),
-        "tail": out[-3000:],
+        "tail": out[-6000:],
     }
+    if releaser:
+        r["releases"] = {str(k): v for k, v in sorted(releaser.codes.items())}
+    return r
 
 
 def case_fails(mode, shim, case, timeout):
@@ -89,6 +145,7 @@ def case_fails(mode, shim, case, timeout):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shim", required=True)
+    ap.add_argument("--ctl", help="memshim-ctl, for the ptrace mode")
     ap.add_argument("--modes", default="base,on,off")
     ap.add_argument("--jobs", type=int, default=2)
     # Per-module limit of regrtest: a hang (like the pthread_exit bug this
@@ -98,6 +155,9 @@ def main():
     a = ap.parse_args()
     modes = a.modes.split(",")
     assert modes[0] == "base", "the first mode must be base"
+    global CTL
+    CTL = a.ctl
+    assert CTL or "ptrace" not in modes, "the ptrace mode needs --ctl"
     runs = {m: run_regrtest(m, a.shim, a.modules, a.jobs, a.timeout) for m in modes}
     base = set(runs["base"]["failures"])
     report = {"python": sys.version.split()[0], "modules": a.modules, "runs": [], "new_failures": []}
@@ -113,8 +173,12 @@ def main():
             (confirmed if fails_shim and not fails_base else flaky).append(case)
         report["runs"].append({
             "mode": m, "rc": r["rc"], "seconds": r["seconds"], "tests_run": r["tests_run"],
+            "releases": r.get("releases"),
             "failures": r["failures"], "new_failures": confirmed, "not_reproduced": flaky,
             "expected": {c: EXPECTED[m][c] for c in expected},
+            # A run that failed without naming a case or a module: its
+            # output, to be read (the test prints it).
+            "unexplained": r["tail"] if r["rc"] not in (0, runs["base"]["rc"]) and not r["failures"] else "",
             "tail": r["tail"] if confirmed else "",
         })
         report["new_failures"] += [f"{m}: {c}" for c in confirmed]
