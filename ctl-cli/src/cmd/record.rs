@@ -259,26 +259,19 @@ fn build(
     samples: &[Sample],
     cg: Option<&cgroup::fs::Location>,
 ) -> Timeline {
-    let col = |f: &dyn Fn(&Sample) -> Option<u64>| samples.iter().map(f).collect::<Vec<_>>();
-    let mut series = vec![Series {
-        name: "RSS".into(),
-        values: col(&|s| Some(s.rss)),
-    }];
-    if samples.iter().any(|s| s.resident.is_some()) {
-        series.push(Series {
-            name: "allocator resident".into(),
-            values: col(&|s| s.resident),
-        });
-        series.push(Series {
-            name: "allocator purgeable".into(),
-            values: col(&|s| s.purgeable),
-        });
+    type Figure<'a> = &'a dyn Fn(&Sample) -> Option<u64>;
+    let line = |name: &str, f: Figure<'_>| Series {
+        name: name.to_owned(),
+        values: samples.iter().map(f).collect(),
+    };
+    let any = |f: Figure<'_>| samples.iter().any(|s| f(s).is_some());
+    let mut series = vec![line("RSS", &|s| Some(s.rss))];
+    if any(&|s| s.resident) {
+        series.push(line("allocator resident", &|s| s.resident));
+        series.push(line("allocator purgeable", &|s| s.purgeable));
     }
-    if samples.iter().any(|s| s.pymalloc.is_some()) {
-        series.push(Series {
-            name: "pymalloc arenas".into(),
-            values: col(&|s| s.pymalloc),
-        });
+    if any(&|s| s.pymalloc) {
+        series.push(line("pymalloc arenas", &|s| s.pymalloc));
     }
     let mut devices: Vec<u32> = samples
         .iter()
@@ -288,24 +281,16 @@ fn build(
     devices.dedup();
     for dev in devices {
         let of = move |s: &Sample| s.torch.iter().find(|d| d.0 == dev).copied();
-        series.push(Series {
-            name: format!("cuda:{dev} reserved"),
-            values: col(&|s| of(s).map(|d| d.1)),
-        });
-        series.push(Series {
-            name: format!("cuda:{dev} allocated"),
-            values: col(&|s| of(s).map(|d| d.2)),
-        });
+        series.push(line(&format!("cuda:{dev} reserved"), &|s| {
+            of(s).map(|d| d.1)
+        }));
+        series.push(line(&format!("cuda:{dev} allocated"), &|s| {
+            of(s).map(|d| d.2)
+        }));
     }
-    if samples.iter().any(|s| s.cg_usage.is_some()) {
-        series.push(Series {
-            name: "cgroup usage".into(),
-            values: col(&|s| s.cg_usage),
-        });
-        series.push(Series {
-            name: "cgroup working set".into(),
-            values: col(&|s| s.cg_working_set),
-        });
+    if any(&|s| s.cg_usage) {
+        series.push(line("cgroup usage", &|s| s.cg_usage));
+        series.push(line("cgroup working set", &|s| s.cg_working_set));
     }
     let mut markers = Vec::new();
     for w in samples.windows(2) {
