@@ -314,7 +314,7 @@ pub fn release(pid: i32) -> Result<(ReleaseResult, Reached), Failure> {
 
 fn steps(pid: i32, calls: &mut PythonCalls) -> Result<Vec<ReleaseStep>, Error> {
     let gc = step(pid, ReleaseStepKind::Gc, |s| {
-        Ok(match gc_collect(calls)? {
+        Ok(match calls.gc_collect()? {
             None => s.failed("gc.collect() raised"),
             Some(_) => s,
         })
@@ -389,18 +389,6 @@ fn cuda_steps(answer: &str) -> Option<Vec<ReleaseStep>> {
         .collect()
 }
 
-/// `gc.collect()` run as Python code (`PyRun_StringFlags`), as a program
-/// runs it: through the C API (`PyObject_CallMethod`) the process kept one
-/// more pymalloc arena after the collection (1 MiB on CPython 3.10, the
-/// same when gdb made those calls); the number it found, or `None` if it
-/// raised.
-fn gc_collect(calls: &mut PythonCalls) -> Result<Option<i64>, Error> {
-    match calls.eval("str(__import__('gc').collect())")? {
-        Some(n) => Ok(n.parse().ok()),
-        None => calls.gc_collect(), // no PyRun_StringFlags: the C API
-    }
-}
-
 /// One step of `release`: what `run` makes of it, with the RSS before and
 /// after and the time it took.
 fn step(
@@ -420,7 +408,7 @@ pub fn gc(pid: i32) -> Result<(GcResult, Reached), Failure> {
     let mut calls = memshim_reach::python(pid, SAFE_POINT_LIMIT).map_err(|e| failure(pid, e))?;
     let how = reached(&calls);
     let t = Instant::now();
-    let collected = gc_collect(&mut calls);
+    let collected = calls.gc_collect();
     let elapsed_ms = ms(t);
     let finished = calls.finish();
     let collected = collected.map_err(|e| failure(pid, e))?;
