@@ -21,17 +21,34 @@ pub struct ReleaseArgs {
 /// or failed counts as failed ([`exit::PYTHON_STEP`] for a single target), though what the
 /// other steps did is reported as usual.
 pub fn run(a: ReleaseArgs) -> Result<Exit, Failure> {
-    // CPythons started without the preload among the pids: reached by
-    // ptrace (reach/ptrace.rs), the others over their sockets.
-    if !a.targets.all
-        && a.targets
+    use crate::reach::ptrace;
+    // Given pids: a CPython started without the preload is reached by
+    // ptrace (reach/ptrace.rs), any other over its socket, as
+    // `for_targets` does; `--all` is the shimmed processes only.
+    let mut reached = Vec::new();
+    let (outcomes, exit) = if a.targets.all {
+        for_targets(&a.targets, |c| c.ask::<ReleaseResult>(&Request::Release))?
+    } else {
+        let outcomes: Vec<Outcome<ReleaseResult>> = a
+            .targets
             .pids
             .iter()
-            .any(|&p| crate::reach::ptrace::applies(p))
-    {
-        return with_unshimmed(&a.targets.pids, a.targets.json);
-    }
-    let (outcomes, exit) = for_targets(&a.targets, |c| c.ask::<ReleaseResult>(&Request::Release))?;
+            .map(|&pid| Outcome {
+                pid,
+                command: crate::reach::procfs::read_proc(pid).ok().map(|p| p.command),
+                result: if ptrace::applies(pid) {
+                    ptrace::release(pid).map(|(r, how)| {
+                        reached.push((pid, how));
+                        r
+                    })
+                } else {
+                    Client::open(pid).and_then(|mut c| c.ask(&Request::Release))
+                },
+            })
+            .collect();
+        let exit = exit_of(&outcomes);
+        (outcomes, exit)
+    };
     let partial: Vec<Failure> = outcomes
         .iter()
         .filter_map(|o| o.result.as_ref().ok().map(|r| (o.pid, r)))
@@ -39,50 +56,6 @@ pub fn run(a: ReleaseArgs) -> Result<Exit, Failure> {
         .collect();
     let exit = overall(exit, outcomes.len(), &outcomes, !partial.is_empty());
     if a.targets.json {
-        let v: Vec<_> = outcomes.iter().map(outcome_json).collect();
-        outln!("{}", serde_json::json!({ "release": v }))?;
-    } else {
-        out!("{}", human(&outcomes))?;
-        print_failures(&outcomes, &partial, exit);
-    }
-    Ok(exit)
-}
-
-/// `release` of pids of which some are CPythons without the preload: the
-/// same report, and for each of those the line that says how it was
-/// reached (in JSON, `"reached"`).
-fn with_unshimmed(pids: &[i32], json: bool) -> Result<Exit, Failure> {
-    use crate::reach::ptrace;
-    let mut reached = Vec::new();
-    let mut outcomes = Vec::new();
-    for &pid in pids {
-        let command = crate::reach::procfs::read_proc(pid).ok().map(|p| p.command);
-        let result = if ptrace::applies(pid) {
-            ptrace::release(pid).map(|(r, how)| {
-                reached.push((pid, how));
-                r
-            })
-        } else {
-            Client::open(pid).and_then(|mut c| c.ask::<ReleaseResult>(&Request::Release))
-        };
-        outcomes.push(Outcome {
-            pid,
-            command,
-            result,
-        });
-    }
-    let partial: Vec<Failure> = outcomes
-        .iter()
-        .filter_map(|o| o.result.as_ref().ok().map(|r| (o.pid, r)))
-        .flat_map(|(pid, r)| step_failures(pid, r))
-        .collect();
-    let exit = overall(
-        exit_of(&outcomes),
-        outcomes.len(),
-        &outcomes,
-        !partial.is_empty(),
-    );
-    if json {
         let v: Vec<_> = outcomes
             .iter()
             .map(|o| {
@@ -94,13 +67,13 @@ fn with_unshimmed(pids: &[i32], json: bool) -> Result<Exit, Failure> {
             })
             .collect();
         outln!("{}", serde_json::json!({ "release": v }))?;
-        return Ok(exit);
+    } else {
+        out!("{}", human(&outcomes))?;
+        for (pid, how) in &reached {
+            outln!("{}", ptrace::reached_line(*pid, how))?;
+        }
+        print_failures(&outcomes, &partial, exit);
     }
-    out!("{}", human(&outcomes))?;
-    for (pid, how) in &reached {
-        outln!("{}", ptrace::reached_line(*pid, how))?;
-    }
-    print_failures(&outcomes, &partial, exit);
     Ok(exit)
 }
 
