@@ -12,7 +12,7 @@ use std::time::Duration;
 
 /// The rows of the first table in `out` (after its `LIVE` header, up to
 /// the blank line).
-fn table_rows(out: &str) -> Vec<&str> {
+pub(crate) fn table_rows(out: &str) -> Vec<&str> {
     out.lines()
         .skip_while(|l| !l.trim_start().starts_with("LIVE"))
         .skip(1)
@@ -21,7 +21,7 @@ fn table_rows(out: &str) -> Vec<&str> {
 }
 
 /// The fixture's line that keeps the memory, and its number.
-fn grow_line() -> (String, u32) {
+pub(crate) fn grow_line() -> (String, u32) {
     let script = fixture_py("py_profile.py");
     let text = std::fs::read_to_string(&script).unwrap();
     let n = text

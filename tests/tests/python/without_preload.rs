@@ -748,13 +748,7 @@ fn release_of_several_pids_reaches_each_its_own_way() {
 #[test]
 fn python_lines_of_an_unshimmed_cpython_name_the_line_that_keeps_the_memory() {
     let script = fixture_py("py_profile.py");
-    let text = std::fs::read_to_string(&script).expect("the fixture");
-    let n = text
-        .lines()
-        .position(|l| l.contains("kept.append(bytearray(1 << 20))"))
-        .expect("the line")
-        + 1;
-    let where_ = format!("{}:{n}", script.display());
+    let (where_, _) = super::profile::grow_line();
     for py in cpythons() {
         let v = &py.label;
         let mut child = py.cmd([script.display().to_string()]).spawn();
@@ -777,11 +771,9 @@ fn python_lines_of_an_unshimmed_cpython_name_the_line_that_keeps_the_memory() {
         in_kernel_wait(child.pid());
         let o = profile(&[]);
         assert_eq!(o.code, 0, "{v}: {o:?}");
-        let first = o
-            .stdout
-            .lines()
-            .skip_while(|l| !l.trim_start().starts_with("LIVE"))
-            .nth(1)
+        let first = super::profile::table_rows(&o.stdout)
+            .first()
+            .copied()
             .unwrap_or("");
         assert!(
             first.contains(&where_),
