@@ -8,7 +8,8 @@
 //! under which a process's heap grows in 2 MiB steps).
 //!
 //! A configuration passes when every test in it passes; what ran, and for
-//! how long, is reported on stderr. It says SKIP where QEMU or its kernel
+//! how long, is reported on stderr. The last test is not a cgroup's: it
+//! checks the ptrace road's Yama refusals against a kernel that has Yama. It says SKIP where QEMU or its kernel
 //! cannot be had (scripts/vm-image.sh wrote why).
 
 use memshim_tests::vm::{self, Kernel, Thp, Vm};
@@ -425,4 +426,62 @@ fn the_vm_runs_a_command_on_cgroup_v2_and_reports_its_status_and_output() {
     );
     // Nothing the VM wrote is here.
     assert!(!Path::new(&scratch).join("x").exists());
+}
+
+// --- Not cgroups: what else needs the VM's kernel ------------------------------
+
+/// Yama, which this machine's kernel lacks and Debian's has: for each
+/// `ptrace_scope`, memshim-ctl's ptrace road (docs/attach.md) refuses
+/// exactly where the kernel itself refuses (`PTRACE_SEIZE` from the same
+/// uid and from root), with `yama`'s exit code, and serves where it
+/// allows; the target, a CPython of uid 65534 started without the
+/// preload, is left running and untraced (tests/vm/ptrace_scope.sh).
+#[test]
+fn yama_ptrace_scope_refusals_match_the_kernel() {
+    let kernel = match vm::kernel("bookworm").or_else(|_| vm::kernel("newest")) {
+        Ok(k) => k,
+        Err(why) => {
+            say(&format!("SKIP: {why}"));
+            return;
+        }
+    };
+    let vm = Vm::new(kernel.clone(), 1, 512, Thp::Madvise);
+    let script = root().join("tests/vm/ptrace_scope.sh");
+    let o = vm.run(
+        &["/bin/sh", script.to_str().unwrap(), ctl().to_str().unwrap()],
+        &[],
+        Duration::from_secs(600),
+    );
+    say(&format!(
+        "yama: {} booted in {:.1} s, ran {:.1} s:\n{}",
+        kernel.version, o.boot_s, o.run_s, o.stdout
+    ));
+    assert_eq!(o.code, 0, "{o:?}");
+    if o.stdout.trim() == "no-yama" {
+        panic!("Debian's kernel {} has no writable Yama ptrace_scope", kernel.version);
+    }
+    let yama = i32::from(memshim_proto::exit::YAMA.code);
+    let mut tries = 0;
+    for line in o.stdout.lines().filter_map(|l| l.strip_prefix("try ")) {
+        let field = |k: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(k)?.strip_prefix('='))
+                .unwrap_or_else(|| panic!("no {k} in {line:?}"))
+        };
+        let scope: u32 = field("scope").parse().unwrap();
+        let root_caller = field("as") == "root";
+        // What Yama allows a caller that is not the target's ancestor: any
+        // at 0, one with CAP_SYS_PTRACE at 1 and 2, none at 3.
+        let allowed = scope == 0 || (root_caller && scope < 3);
+        let kernel_errno: i32 = field("kernel").parse().unwrap();
+        assert_eq!(kernel_errno == 0, allowed, "the kernel's own answer: {line}");
+        let ctl_code: i32 = field("ctl").parse().unwrap();
+        assert_eq!(ctl_code, if allowed { 0 } else { yama }, "{line}\n{o:?}");
+        assert_eq!(field("reached"), if allowed { "1" } else { "0" }, "{line}");
+        assert_eq!(field("tracer"), "0", "{line}");
+        tries += 1;
+    }
+    assert_eq!(tries, 8, "{o:?}");
+    assert!(o.stdout.contains("target alive=1 tracer=0"), "{o:?}");
+    assert!(o.stderr.contains("ptrace_scope is 3"), "{o:?}");
 }
