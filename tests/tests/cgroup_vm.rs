@@ -86,7 +86,6 @@ fn say(msg: &str) {
     let _ = writeln!(std::io::stderr(), "{msg}");
 }
 
-
 /// The executable cargo built for the test target `name`: the newest
 /// `<name>-<hash>` beside this test's own executable.
 fn test_executable(name: &str) -> Option<PathBuf> {
@@ -458,7 +457,10 @@ fn yama_ptrace_scope_refusals_match_the_kernel() {
     ));
     assert_eq!(o.code, 0, "{o:?}");
     if o.stdout.trim() == "no-yama" {
-        panic!("Debian's kernel {} has no writable Yama ptrace_scope", kernel.version);
+        panic!(
+            "Debian's kernel {} has no writable Yama ptrace_scope",
+            kernel.version
+        );
     }
     let yama = i32::from(memshim_proto::exit::YAMA.code);
     let mut tries = 0;
@@ -474,7 +476,11 @@ fn yama_ptrace_scope_refusals_match_the_kernel() {
         // at 0, one with CAP_SYS_PTRACE at 1 and 2, none at 3.
         let allowed = scope == 0 || (root_caller && scope < 3);
         let kernel_errno: i32 = field("kernel").parse().unwrap();
-        assert_eq!(kernel_errno == 0, allowed, "the kernel's own answer: {line}");
+        assert_eq!(
+            kernel_errno == 0,
+            allowed,
+            "the kernel's own answer: {line}"
+        );
         let ctl_code: i32 = field("ctl").parse().unwrap();
         assert_eq!(ctl_code, if allowed { 0 } else { yama }, "{line}\n{o:?}");
         assert_eq!(field("reached"), if allowed { "1" } else { "0" }, "{line}");
