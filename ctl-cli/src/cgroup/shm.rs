@@ -137,10 +137,11 @@ fn shm_dirs(pids: &[i32]) -> (Vec<(PathBuf, u64)>, Vec<i32>) {
             }
             continue;
         };
-        if let Ok(m) = std::fs::metadata(&dir) {
-            if m.is_dir() && !out.iter().any(|(_, d)| *d == m.dev()) {
-                out.push((dir, m.dev()));
-            }
+        if let Ok(m) = std::fs::metadata(&dir)
+            && m.is_dir()
+            && !out.iter().any(|(_, d)| *d == m.dev())
+        {
+            out.push((dir, m.dev()));
         }
     }
     (out, unreachable)

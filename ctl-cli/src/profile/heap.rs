@@ -70,16 +70,18 @@ impl Profile {
     /// Symbolizes a dump of process `pid`, which sees itself as `own_pid`.
     pub fn from_dump(pid: i32, own_pid: i32, lg_sample: u32, d: &HeapDump) -> Profile {
         let mut sym = Symbolizer::new(Some((pid, own_pid)), d.maps.clone());
-        let mut cache: HashMap<u32, Frame> = HashMap::new();
+        let mut cache: HashMap<u32, Vec<Frame>> = HashMap::new();
         let mut merged: HashMap<Vec<Frame>, (i64, i64)> = HashMap::new();
         for s in &d.stacks {
             let mut frames: Vec<Frame> = s
                 .frames
                 .iter()
-                .map(|&i| {
+                .flat_map(|&i| {
                     cache
                         .entry(i)
-                        .or_insert_with(|| sym.frame(d.addrs.get(i as usize).copied().unwrap_or(0)))
+                        .or_insert_with(|| {
+                            sym.frames(d.addrs.get(i as usize).copied().unwrap_or(0))
+                        })
                         .clone()
                 })
                 .collect();
@@ -138,25 +140,31 @@ impl Profile {
     }
 
     /// Per function: (bytes it allocated itself, bytes under it anywhere
-    /// in the stack), by its own bytes, largest first.
+    /// in the stack), by its own bytes, largest first. A function is one
+    /// row whatever its lines (the frames of the rows have no `source`).
     pub fn by_function(&self) -> Vec<(Frame, i64, i64)> {
-        let mut own: HashMap<&Frame, i64> = HashMap::new();
-        let mut cum: HashMap<&Frame, i64> = HashMap::new();
+        let mut own: HashMap<Frame, i64> = HashMap::new();
+        let mut cum: HashMap<Frame, i64> = HashMap::new();
         for s in &self.stacks {
-            if let Some(f) = s.frames.first() {
-                *own.entry(f).or_default() += s.bytes;
+            let functions: Vec<Frame> = s
+                .frames
+                .iter()
+                .map(|f| Frame::new(f.function.as_str(), f.library.as_str()))
+                .collect();
+            if let Some(f) = functions.first() {
+                *own.entry(f.clone()).or_default() += s.bytes;
             }
             let mut seen: Vec<&Frame> = Vec::new();
-            for f in &s.frames {
+            for f in &functions {
                 if !seen.contains(&f) {
                     seen.push(f);
-                    *cum.entry(f).or_default() += s.bytes;
+                    *cum.entry(f.clone()).or_default() += s.bytes;
                 }
             }
         }
         let mut rows: Vec<(Frame, i64, i64)> = cum
             .iter()
-            .map(|(f, &c)| ((*f).clone(), own.get(f).copied().unwrap_or(0), c))
+            .map(|(f, &c)| (f.clone(), own.get(f).copied().unwrap_or(0), c))
             .collect();
         rows.sort_by(|a, b| {
             b.1.abs()
@@ -268,13 +276,7 @@ pub fn test_profile(stacks: &[(i64, &[(&str, &str)])]) -> Profile {
             .map(|(bytes, frames)| Stack {
                 bytes: *bytes,
                 objects: bytes.signum(),
-                frames: frames
-                    .iter()
-                    .map(|(f, l)| Frame {
-                        function: f.to_string(),
-                        library: l.to_string(),
-                    })
-                    .collect(),
+                frames: frames.iter().map(|(f, l)| Frame::new(*f, *l)).collect(),
             })
             .collect(),
     }
@@ -297,10 +299,7 @@ mod tests {
     use super::*;
 
     fn f(name: &str) -> Frame {
-        Frame {
-            function: name.into(),
-            library: "app".into(),
-        }
+        Frame::new(name, "app")
     }
 
     fn profile(stacks: &[(i64, &[&str])]) -> Profile {

@@ -8,7 +8,9 @@
 //! figures), period `space/bytes` = the sampling interval. One mapping per
 //! library (its file name; the profile is symbolized already, so
 //! `has_functions` is set), one location per distinct frame, each one line
-//! of one function whose file name is the library.
+//! of one function. A function's file name is its source file where the
+//! library's debug information names one (and the line is the frame's:
+//! `go tool pprof -lines`, `list`), else the library.
 
 use crate::profile::heap::Profile;
 use crate::profile::symbols::Frame;
@@ -83,6 +85,8 @@ mod proto {
     pub struct Line {
         #[prost(uint64, tag = "1")]
         pub function_id: u64,
+        #[prost(int64, tag = "2")]
+        pub line: i64,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
@@ -199,18 +203,22 @@ fn location<'a>(
         });
     }
     let (function_id, new) = functions.get((f.function.as_str(), f.library.as_str()));
+    let (file, line) = match f.source.rsplit_once(':') {
+        Some((file, line)) => (file, line.parse().unwrap_or(0)),
+        None => (f.library.as_str(), 0),
+    };
     if new {
         out.function.push(proto::Function {
             id: function_id,
             name: s.get(&f.function),
             system_name: s.get(&f.function),
-            filename: s.get(&f.library),
+            filename: s.get(file),
         });
     }
     proto::Location {
         id,
         mapping_id,
-        line: vec![proto::Line { function_id }],
+        line: vec![proto::Line { function_id, line }],
     }
 }
 
@@ -259,5 +267,41 @@ mod tests {
             ]
         );
         assert_eq!(name_of(m.sample[2].location_id[0]).1, "libc10.so");
+    }
+
+    /// A frame with a source line: its function's file is the source file
+    /// and its location's line the line (`go tool pprof -lines`); one
+    /// without keeps the library as the file and line 0.
+    #[test]
+    fn a_frame_with_a_source_line_is_a_pprof_line() {
+        let mut p = sample_profile();
+        p.stacks[0].frames[0].source = "inl.c:9".into();
+        let mut body = vec![];
+        flate2::read::GzDecoder::new(&encode(&p)[..])
+            .read_to_end(&mut body)
+            .unwrap();
+        let m = proto::Profile::decode(&body[..]).unwrap();
+        let st = |i: i64| m.string_table[i as usize].as_str();
+        let line_of = |loc: u64| {
+            let l = &m.location[loc as usize - 1].line[0];
+            let func = &m.function[l.function_id as usize - 1];
+            (
+                st(func.name).to_string(),
+                st(func.filename).to_string(),
+                l.line,
+            )
+        };
+        let stack: Vec<_> = m.sample[0]
+            .location_id
+            .iter()
+            .map(|&i| line_of(i))
+            .collect();
+        assert_eq!(
+            stack,
+            [
+                ("leaf;odd".into(), "inl.c".into(), 9),
+                ("main".into(), "app".into(), 0)
+            ]
+        );
     }
 }

@@ -99,10 +99,7 @@ mod tests {
 
     #[test]
     fn a_retainer_is_named_only_when_it_holds_memory() {
-        let frame = |f: &str, l: &str| Frame {
-            function: f.into(),
-            library: l.into(),
-        };
+        let frame = |f: &str, l: &str| Frame::new(f, l);
         let p = Profile {
             pid: None,
             lg_sample: 19,

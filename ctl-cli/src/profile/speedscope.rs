@@ -25,7 +25,17 @@ pub fn encode(p: &Profile, title: &str) -> String {
             .rev()
             .map(|f| {
                 *index.entry(f).or_insert_with(|| {
-                    frames.push(json!({"name": f.function, "file": f.library}));
+                    let mut frame = json!({"name": f.function, "file": f.library});
+                    // speedscope's `line`: where the library's debug
+                    // information gives one.
+                    if let Some(line) = f
+                        .source
+                        .rsplit_once(':')
+                        .and_then(|l| l.1.parse::<u32>().ok())
+                    {
+                        frame["line"] = json!(line);
+                    }
+                    frames.push(frame);
                     frames.len() - 1
                 })
             })

@@ -1,12 +1,17 @@
-//! Addresses of another process to function names, for `profile`.
+//! Addresses of another process to function names and source lines, for
+//! `profile`.
 //!
 //! The process sends its executable file mappings with the profile; each
 //! file is read here (through `/proc/PID/root`, so a container's files are
-//! its own, falling back to the path as given), its ELF symbol tables
-//! (`.symtab` where the file was not stripped, `.dynsym` always) give the
-//! functions, and an address is placed in the load segment it falls in.
-//! 64-bit little-endian ELF only (x86_64, aarch64). A function that has no
-//! symbol is shown as `library+0xoffset`.
+//! its own, falling back to the path as given) by blazesym, which finds
+//! the function in its symbol tables (`.symtab` where the file was not
+//! stripped, `.dynsym` always) and, where the file or its separate debug
+//! file has DWARF, the source file and line and the functions inlined at
+//! that address. Separate debug files are found as gdb finds them: by
+//! build id under `/usr/lib/debug/.build-id` (Debian's `-dbg` and
+//! `-dbgsym` packages), or by the file's `.gnu_debuglink` name with its
+//! CRC checked; in the process's root first, then this machine's. A
+//! function that has no symbol is shown as `library+0xoffset`.
 //!
 //! C++ and Rust names are shown by [`demangle`]: the qualified name only,
 //! without parameter types or template arguments, which is what a profile
@@ -17,27 +22,35 @@
 //! 3.12+ run with `-X perf` names each Python function's trampoline
 //! `py::<function>:<file>`.
 
+use blazesym::symbolize::source::{Elf, Source};
+use blazesym::symbolize::{CodeInfo, Input, Symbolized};
 use memshim_proto::Mapping;
 use std::collections::HashMap;
 
-/// Where an address is: its function (if a symbol covers it) and its file.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+/// Where an address is: its function (if a symbol covers it), its file,
+/// and its source line where debug information has one.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Frame {
     /// The function's name, demangled; `lib+0x..` when there is no symbol.
     pub function: String,
     /// The file's name without its directory (`libtorch_cpu.so`).
     pub library: String,
+    /// `file:line` of the address inside `function` (the line that
+    /// allocated, or that called the next frame), from the library's
+    /// DWARF; empty without debug information.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub source: String,
 }
 
-/// One ELF file's functions and load segments. Names stay in the file
-/// until a lookup needs one.
-struct Elf {
-    file: ElfFile,
-    /// (start, size, file offset of the NUL-terminated name), sorted by
-    /// start.
-    funcs: Vec<(u64, u64, u64)>,
-    /// (file offset, vaddr, file size) of each PT_LOAD.
-    loads: Vec<(u64, u64, u64)>,
+impl Frame {
+    /// A frame with no source line.
+    pub fn new(function: impl Into<String>, library: impl Into<String>) -> Frame {
+        Frame {
+            function: function.into(),
+            library: library.into(),
+            source: String::new(),
+        }
+    }
 }
 
 /// Symbolizes the addresses of one process.
@@ -46,7 +59,12 @@ pub struct Symbolizer {
     own_pid: Option<i32>,
     root: String,
     maps: Vec<Mapping>,
-    files: HashMap<String, Option<Elf>>,
+    /// blazesym's, which keeps each file it opened (mapped, not read: a
+    /// 450 MB libtorch_cpu.so costs only the pages a lookup touches).
+    blaze: blazesym::symbolize::Symbolizer,
+    /// The path each mapped file is read at: in the process's root if
+    /// there, else as given; `None` if neither opens.
+    paths: HashMap<String, Option<String>>,
     /// The perf map's (start, size, name), sorted; read on first need.
     perf: Option<Vec<(u64, u64, String)>>,
 }
@@ -54,25 +72,45 @@ pub struct Symbolizer {
 /// The library a perf map's functions are shown in.
 pub const PERF_MAP: &str = "[perf map]";
 
+/// Where separate debug files are looked for, under the process's root and
+/// then this machine's (blazesym searches each one's `.build-id`, and the
+/// debug link's name in it).
+const DEBUG_DIRS: &[&str] = &["/usr/lib/debug", "/lib/debug"];
+
 impl Symbolizer {
     /// For the process `pid` (files read through `/proc/PID/root`), which
     /// sees itself as `own_pid` (`procfs::Proc::nspid`).
     pub fn new(pid: Option<(i32, i32)>, mut maps: Vec<Mapping>) -> Symbolizer {
         maps.sort_by_key(|m| m.start);
+        let root = pid
+            .map(|p| format!("/proc/{}/root", p.0))
+            .unwrap_or_default();
+        let mut debug_dirs: Vec<String> = Vec::new();
+        if !root.is_empty() {
+            debug_dirs.extend(DEBUG_DIRS.iter().map(|d| format!("{root}{d}")));
+        }
+        debug_dirs.extend(DEBUG_DIRS.iter().map(|d| d.to_string()));
+        let blaze = blazesym::symbolize::Symbolizer::builder()
+            // demangle() below: names without parameters or templates.
+            .enable_demangling(false)
+            .enable_code_info(true)
+            .enable_inlined_fns(true)
+            .set_debug_dirs(Some(debug_dirs))
+            .build();
         Symbolizer {
             own_pid: pid.map(|p| p.1),
-            root: pid
-                .map(|p| format!("/proc/{}/root", p.0))
-                .unwrap_or_default(),
+            root,
             maps,
-            files: HashMap::new(),
+            blaze,
+            paths: HashMap::new(),
             perf: None,
         }
     }
 
-    /// The frame of a return address (looked up one byte before it, inside
-    /// the call instruction).
-    pub fn frame(&mut self, addr: u64) -> Frame {
+    /// The frames of a return address (looked up one byte before it,
+    /// inside the call instruction), innermost first: the functions
+    /// inlined there, then the function that holds the code.
+    pub fn frames(&mut self, addr: u64) -> Vec<Frame> {
         let pc = addr.saturating_sub(1);
         let i = self.maps.partition_point(|m| m.start <= pc);
         let Some(m) = i
@@ -81,29 +119,82 @@ impl Symbolizer {
             .filter(|m| pc < m.end)
         else {
             if let Some(name) = self.perf_map(pc) {
-                return Frame {
-                    function: name,
-                    library: PERF_MAP.into(),
-                };
+                return vec![Frame::new(name, PERF_MAP)];
             }
-            return Frame {
-                function: format!("{addr:#x}"),
-                library: "?".into(),
-            };
+            return vec![Frame::new(format!("{addr:#x}"), "?")];
         };
         let (path, file_off) = (m.path.clone(), pc - m.start + m.offset);
         let library = path.rsplit('/').next().unwrap_or(&path).to_string();
+        let unknown = || vec![Frame::new(format!("{library}+{file_off:#x}"), &library)];
         let root = self.root.clone();
-        let elf = self
-            .files
+        let Some(read_at) = self
+            .paths
             .entry(path.clone())
-            .or_insert_with(|| read_elf(&root, &path));
-        let function = elf
-            .as_ref()
-            .and_then(|e| e.function(file_off))
-            .map(|n| demangle(&n))
-            .unwrap_or_else(|| format!("{library}+{file_off:#x}"));
-        Frame { function, library }
+            .or_insert_with(|| {
+                let inside = format!("{root}{path}");
+                [inside, path.clone()]
+                    .into_iter()
+                    .find(|p| std::fs::File::open(p).is_ok())
+            })
+            .clone()
+        else {
+            return unknown();
+        };
+        // The function's name from the symbol table: DWARF names a
+        // function by its short name (`empty`, not `at::native::empty`);
+        // its lines and inlined calls from DWARF, where there is some.
+        let mut symtab = Elf::new(&read_at);
+        symtab.debug_syms = false;
+        let name = match self
+            .blaze
+            .symbolize_single(&Source::Elf(symtab), Input::FileOffset(file_off))
+        {
+            Ok(Symbolized::Sym(sym)) => Some(sym.name.into_owned()),
+            _ => None,
+        };
+        let Ok(Symbolized::Sym(sym)) = self
+            .blaze
+            .symbolize_single(&Source::Elf(Elf::new(read_at)), Input::FileOffset(file_off))
+        else {
+            return match name {
+                Some(name) => vec![Frame::new(demangle(&name), library)],
+                None => unknown(),
+            };
+        };
+        // blazesym lists the inlined calls outermost first, each with the
+        // line inside it; the function itself has the line of the first.
+        let mut frames: Vec<Frame> = sym
+            .inlined
+            .iter()
+            .rev()
+            .map(|f| Frame {
+                function: demangle(&f.name),
+                library: library.clone(),
+                source: source_line(f.code_info.as_ref()),
+            })
+            .collect();
+        frames.push(Frame {
+            function: demangle(name.as_deref().unwrap_or(&sym.name)),
+            library,
+            source: source_line(sym.code_info.as_deref()),
+        });
+        frames
+    }
+}
+
+/// `file:line` (the file's name without its directory), or empty.
+fn source_line(info: Option<&CodeInfo<'_>>) -> String {
+    match info {
+        Some(CodeInfo {
+            file,
+            line: Some(line),
+            ..
+        }) => {
+            let file = file.to_string_lossy();
+            let name = file.rsplit('/').next().unwrap_or(&file);
+            format!("{name}:{line}")
+        }
+        _ => String::new(),
     }
 }
 
@@ -134,152 +225,6 @@ fn read_perf_map(root: &str, own: i32) -> Vec<(u64, u64, String)> {
         .collect();
     v.sort_by_key(|e| e.0);
     v
-}
-
-impl Elf {
-    fn function(&self, file_off: u64) -> Option<String> {
-        let &(off, vaddr, _) = self
-            .loads
-            .iter()
-            .find(|&&(off, _, size)| file_off >= off && file_off < off + size)?;
-        let v = file_off - off + vaddr;
-        let i = self.funcs.partition_point(|f| f.0 <= v).checked_sub(1)?;
-        let &(start, size, name) = &self.funcs[i];
-        // A symbol of size 0 (hand-written assembly) covers up to the next.
-        if size != 0 && v >= start + size {
-            return None;
-        }
-        self.file.c_string(name)
-    }
-}
-
-fn read_elf(root: &str, path: &str) -> Option<Elf> {
-    let file = std::fs::File::open(format!("{root}{path}"))
-        .or_else(|_| std::fs::File::open(path))
-        .ok()?;
-    parse_elf(ElfFile(file))
-}
-
-/// An ELF file read piece by piece: its headers and symbol tables, then
-/// only the names a lookup finds, never the whole file (libtorch_cpu.so is
-/// 450 MB with a 78 MB string table; reading it whole made `profile` of a
-/// BERT take half a gigabyte).
-struct ElfFile(std::fs::File);
-
-impl ElfFile {
-    /// `len` bytes at `off`; `None` past the end (a truncated or odd file)
-    /// or for a length no ELF table has (over 1 GiB).
-    fn read(&self, off: u64, len: u64) -> Option<Vec<u8>> {
-        use std::os::unix::fs::FileExt;
-        if len > 1 << 30 {
-            return None;
-        }
-        let mut buf = vec![0u8; len as usize];
-        self.0.read_exact_at(&mut buf, off).ok()?;
-        Some(buf)
-    }
-
-    /// The NUL-terminated string at `off` (a symbol's name: C++ names run
-    /// to kilobytes), at most 64 KiB of it.
-    fn c_string(&self, off: u64) -> Option<String> {
-        use std::os::unix::fs::FileExt;
-        let mut name = Vec::new();
-        let mut chunk = [0u8; 512];
-        while name.len() < 64 << 10 {
-            let n = self.0.read_at(&mut chunk, off + name.len() as u64).ok()?;
-            if n == 0 {
-                break;
-            }
-            match chunk[..n].iter().position(|&c| c == 0) {
-                Some(end) => {
-                    name.extend_from_slice(&chunk[..end]);
-                    break;
-                }
-                None => name.extend_from_slice(&chunk[..n]),
-            }
-        }
-        (!name.is_empty()).then(|| String::from_utf8_lossy(&name).into_owned())
-    }
-}
-
-fn u16_at(b: &[u8], o: usize) -> Option<u64> {
-    Some(u64::from(u16::from_le_bytes(
-        b.get(o..o + 2)?.try_into().ok()?,
-    )))
-}
-fn u32_at(b: &[u8], o: usize) -> Option<u64> {
-    Some(u64::from(u32::from_le_bytes(
-        b.get(o..o + 4)?.try_into().ok()?,
-    )))
-}
-fn u64_at(b: &[u8], o: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?))
-}
-
-/// The functions and load segments of a 64-bit little-endian ELF file.
-fn parse_elf(f: ElfFile) -> Option<Elf> {
-    let h = f.read(0, 64)?;
-    if h.get(0..4)? != b"\x7fELF" || *h.get(4)? != 2 || *h.get(5)? != 1 {
-        return None;
-    }
-    let (phoff, shoff) = (u64_at(&h, 0x20)?, u64_at(&h, 0x28)?);
-    let (phentsize, phnum) = (u16_at(&h, 0x36)?, u16_at(&h, 0x38)?);
-    let (shentsize, shnum) = (u16_at(&h, 0x3a)?, u16_at(&h, 0x3c)?);
-    let ph = f.read(phoff, phentsize * phnum)?;
-    let mut loads = Vec::new();
-    for i in 0..phnum as usize {
-        let p = i * phentsize as usize;
-        if u32_at(&ph, p)? == 1 {
-            // PT_LOAD: p_offset, p_vaddr, p_filesz
-            loads.push((
-                u64_at(&ph, p + 8)?,
-                u64_at(&ph, p + 16)?,
-                u64_at(&ph, p + 32)?,
-            ));
-        }
-    }
-    let sh = f.read(shoff, shentsize * shnum)?;
-    let section = |i: usize| -> Option<(u64, u64, u64, usize)> {
-        let s = i * shentsize as usize;
-        // sh_type, sh_offset, sh_size, sh_link
-        Some((
-            u32_at(&sh, s + 4)?,
-            u64_at(&sh, s + 0x18)?,
-            u64_at(&sh, s + 0x20)?,
-            u32_at(&sh, s + 0x28)? as usize,
-        ))
-    };
-    let mut funcs = Vec::new();
-    for i in 0..shnum as usize {
-        let (kind, off, size, link) = section(i)?;
-        // SHT_SYMTAB (2) or SHT_DYNSYM (11), with their string table.
-        if kind != 2 && kind != 11 {
-            continue;
-        }
-        let (_, str_off, str_size, _) = section(link)?;
-        let syms = f.read(off, size - size % 24)?;
-        for e in syms.chunks_exact(24) {
-            let info = e[4];
-            let shndx = u16_at(e, 6)?;
-            // STT_FUNC (2) or STT_GNU_IFUNC (10), defined.
-            if !matches!(info & 0xf, 2 | 10) || shndx == 0 {
-                continue;
-            }
-            let (value, sz) = (u64_at(e, 8)?, u64_at(e, 16)?);
-            let name_off = u32_at(e, 0)?;
-            // A name inside its table, and not the empty one at 0.
-            if name_off != 0 && name_off < str_size {
-                funcs.push((value, sz, str_off + name_off));
-            }
-        }
-    }
-    funcs.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
-    funcs.dedup_by_key(|f| f.0);
-    Some(Elf {
-        file: f,
-        funcs,
-        loads,
-    })
 }
 
 /// A mangled name to its qualified name, without parameters, return type or
@@ -392,8 +337,78 @@ mod tests {
             .collect();
         let mut s = Symbolizer::new(None, maps);
         let addr = demangle as *const () as u64 + 1;
-        let f = s.frame(addr);
-        assert!(f.function.ends_with("symbols::demangle"), "{f:?}");
+        let frames = s.frames(addr);
+        let f = frames.last().unwrap();
+        assert!(f.function.ends_with("symbols::demangle"), "{frames:?}");
         assert!(f.library.starts_with("memshim_ctl"), "{f:?}");
+    }
+
+    /// A C file built with `-O2 -g`, where `f` inlines `g`, which inlines
+    /// `h`, which calls `malloc`: the call's address is three frames, each
+    /// with its own line, innermost first (what the hand-written reader,
+    /// with symbol tables only, gave as `f` alone).
+    #[test]
+    fn dwarf_gives_inlined_functions_and_source_lines() {
+        let dir = std::env::temp_dir().join(format!("memshim-symbols-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (src, exe) = (dir.join("inl.c"), dir.join("inl"));
+        std::fs::write(
+            &src,
+            "#include <stdlib.h>\n\
+             static inline __attribute__((always_inline)) void *h(size_t n) {\n\
+             return malloc(n);\n\
+             }\n\
+             static inline __attribute__((always_inline)) void *g(size_t n) {\n\
+             return h(n * 2);\n\
+             }\n\
+             __attribute__((noinline)) void *f(size_t n) {\n\
+             return g(n + 1);\n\
+             }\n\
+             int main(int c, char **v) { (void)v; return f(c) == 0; }\n",
+        )
+        .unwrap();
+        let cc = std::process::Command::new("cc")
+            .args(["-O2", "-g", "-o"])
+            .arg(&exe)
+            .arg(&src)
+            .status()
+            .unwrap();
+        assert!(cc.success());
+        // The call (or tail jump) to malloc inside f, from the disassembly.
+        let dis = std::process::Command::new("objdump")
+            .arg("-d")
+            .arg(&exe)
+            .output()
+            .unwrap();
+        let dis = String::from_utf8_lossy(&dis.stdout);
+        let body = dis.split("<f>:\n").nth(1).unwrap();
+        let call = body
+            .lines()
+            .find(|l| l.contains("malloc"))
+            .unwrap_or_else(|| panic!("no call to malloc in f: {body}"));
+        let vaddr = u64::from_str_radix(call.trim().split(':').next().unwrap(), 16).unwrap();
+        // Mapped whole at 0x10000: a PIE's first segments have file
+        // offsets equal to their addresses.
+        let len = std::fs::metadata(&exe).unwrap().len();
+        let maps = vec![Mapping {
+            start: 0x10000,
+            end: 0x10000 + len,
+            offset: 0,
+            path: exe.display().to_string(),
+        }];
+        let mut s = Symbolizer::new(None, maps);
+        // A return address: one past the instruction.
+        let frames = s.frames(0x10000 + vaddr + 1);
+        let got: Vec<(&str, &str)> = frames
+            .iter()
+            .map(|f| (f.function.as_str(), f.source.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [("h", "inl.c:3"), ("g", "inl.c:6"), ("f", "inl.c:9")],
+            "{frames:?}"
+        );
+        assert!(frames.iter().all(|f| f.library == "inl"), "{frames:?}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
