@@ -2,8 +2,11 @@
 //! `profile`.
 //!
 //! The process sends its executable file mappings with the profile; each
-//! file is read here (through `/proc/PID/root`, so a container's files are
-//! its own, falling back to the path as given) by blazesym, which finds
+//! file is read here by blazesym: the very file the process mapped while it
+//! runs (`/proc/PID/map_files`, which needs root or
+//! `CAP_CHECKPOINT_RESTORE`), else through `/proc/PID/root` (a container's
+//! files are its own), else at the path as given, but never by path once
+//! the process's file was deleted or replaced. blazesym finds
 //! the function in its symbol tables (`.symtab` where the file was not
 //! stripped, `.dynsym` always) and, where the file or its separate debug
 //! file has DWARF, the source file and line and the functions inlined at
@@ -55,6 +58,8 @@ impl Frame {
 
 /// Symbolizes the addresses of one process.
 pub struct Symbolizer {
+    /// The process's pid here (its `/proc` entry), while it runs.
+    pid: Option<i32>,
     /// The process's pid as it sees itself (its perf map's name).
     own_pid: Option<i32>,
     root: String,
@@ -62,12 +67,17 @@ pub struct Symbolizer {
     /// blazesym's, which keeps each file it opened (mapped, not read: a
     /// 450 MB libtorch_cpu.so costs only the pages a lookup touches).
     blaze: blazesym::symbolize::Symbolizer,
-    /// The path each mapped file is read at: in the process's root if
-    /// there, else as given; `None` if neither opens.
+    /// The path each mapped file is read at: the process's own mapping of
+    /// it (`/proc/PID/map_files`), else in the process's root, else as
+    /// given; `None` if none opens.
     paths: HashMap<String, Option<String>>,
     /// The perf map's (start, size, name), sorted; read on first need.
     perf: Option<Vec<(u64, u64, String)>>,
 }
+
+/// What `/proc/PID/maps` adds to the path of a file deleted (or replaced)
+/// since it was mapped.
+const DELETED: &str = " (deleted)";
 
 /// The library a perf map's functions are shown in.
 pub const PERF_MAP: &str = "[perf map]";
@@ -98,6 +108,7 @@ impl Symbolizer {
             .set_debug_dirs(Some(debug_dirs))
             .build();
         Symbolizer {
+            pid: pid.map(|p| p.0),
             own_pid: pid.map(|p| p.1),
             root,
             maps,
@@ -123,17 +134,31 @@ impl Symbolizer {
             }
             return vec![Frame::new(format!("{addr:#x}"), "?")];
         };
-        let (path, file_off) = (m.path.clone(), pc - m.start + m.offset);
+        let file_off = pc - m.start + m.offset;
+        // A file deleted or replaced since it was mapped (an upgrade under
+        // a running server): the maps line says so after its path.
+        let (path, deleted) = match m.path.strip_suffix(DELETED) {
+            Some(p) => (p.to_string(), true),
+            None => (m.path.clone(), false),
+        };
         let library = path.rsplit('/').next().unwrap_or(&path).to_string();
         let unknown = || vec![Frame::new(format!("{library}+{file_off:#x}"), &library)];
+        let mapped = self
+            .pid
+            .map(|pid| format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end));
         let root = self.root.clone();
         let Some(read_at) = self
             .paths
-            .entry(path.clone())
+            .entry(m.path.clone())
             .or_insert_with(|| {
-                let inside = format!("{root}{path}");
-                [inside, path.clone()]
+                // The very file the process mapped, while it runs (root, or
+                // CAP_CHECKPOINT_RESTORE); else the file at that path now,
+                // unless the process's own was deleted: another file there
+                // would give another file's names.
+                let by_path = (!deleted).then(|| [format!("{root}{path}"), path.clone()]);
+                mapped
                     .into_iter()
+                    .chain(by_path.into_iter().flatten())
                     .find(|p| std::fs::File::open(p).is_ok())
             })
             .clone()

@@ -74,14 +74,14 @@ fn profile_to(pid: &str, format: &str, name: &str) -> PathBuf {
 }
 
 /// `profile PID --format json -o FILE`, parsed.
-fn json_profile(pid: &str, name: &str) -> (PathBuf, Value) {
+pub(super) fn json_profile(pid: &str, name: &str) -> (PathBuf, Value) {
     let f = profile_to(pid, "json", name);
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
     (f, v)
 }
 
 /// Bytes of the stacks whose allocating frame is `function`.
-fn held_by(p: &Value, function: &str) -> i64 {
+pub(super) fn held_by(p: &Value, function: &str) -> i64 {
     p["stacks"]
         .as_array()
         .unwrap()
