@@ -205,6 +205,37 @@ print('\\n'.join(t.text or '' for t in root.iter() if t.tag.endswith('title')))"
                 o.stdout
             );
         }
+        // With the lines the fixture's DWARF gives (it is built with
+        // `-g`): each function at the line of its `malloc(1 << 20)`.
+        let o = Cmd::new(
+            "go",
+            [
+                "tool",
+                "pprof",
+                "-top",
+                "-lines",
+                "-sample_index=inuse_space",
+                &pb.display().to_string(),
+            ],
+        )
+        .env("HOME", scratch())
+        .run();
+        assert_eq!(o.code, 0, "go tool pprof -lines: {o:?}");
+        let src = std::fs::read_to_string(root().join("tests/fixtures/profile_leak.c")).unwrap();
+        for f in ["keep_sixty_four", "keep_sixteen"] {
+            let start = src.find(&format!("{f}(void) {{")).unwrap();
+            let line = src[..start].lines().count()
+                + src[start..]
+                    .lines()
+                    .position(|l| l.contains("malloc(1 << 20)"))
+                    .unwrap();
+            let want = format!("{f} profile_leak.c:{line}");
+            assert!(
+                o.stdout.lines().any(|l| l.trim_end().ends_with(&want)),
+                "go tool pprof -lines names {want}:\n{}",
+                o.stdout
+            );
+        }
     } else {
         memshim_tests::skip(
             "go tool pprof: go is not installed (Debian package golang-go; make test-deps installs it)",
