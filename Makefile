@@ -75,7 +75,7 @@ test-shipped: wheel-$(HOST_ARCH) ## The build-dependent families against the whe
 	@echo "== test-shipped: the wheel's build, $(SHIPPED_DIR)/libmemshim.so and memshim-ctl"
 	$(SHIPPED_ENV) $(CARGO) test --release -p memshim-tests --test core --no-fail-fast -- --test-threads=2 \
 	    interpose:: compat::free_keeps_errno
-	$(SHIPPED_ENV) $(CARGO) test --release -p memshim-tests --test control --no-fail-fast -- --test-threads=2 profile::
+	$(SHIPPED_ENV) $(CARGO) test --release -p memshim-tests --test control --no-fail-fast -- --test-threads=2 profile:: profile_files::
 	$(SHIPPED_ENV) $(CARGO) test --release -p memshim-tests --test python --no-fail-fast -- --test-threads=2 \
 	    profile:: sampling:: reach:: torch::a_heap_profile
 	$(PYTHON) bench/harness.py --smoke --only s6 --configs glibc,memshim,memshim-wheel,mimalloc \
