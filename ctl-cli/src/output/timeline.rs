@@ -110,6 +110,12 @@ impl Timeline {
             s,
             r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" viewBox="0 0 {W} {height}" font-family="sans-serif" font-size="12">"#
         );
+        let _ = writeln!(
+            s,
+            r#"<defs><clipPath id="plot-clip"><rect x="{LEFT}" y="{TOP}" width="{:.1}" height="{:.1}"/></clipPath></defs>"#,
+            W - LEFT - RIGHT,
+            H - TOP - BOTTOM
+        );
         let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
         let _ = writeln!(
             s,
@@ -141,6 +147,9 @@ impl Timeline {
                 escape(&bytes(v))
             );
         }
+        // The time axis, which the HTML page's script draws again when it
+        // zooms (timeline.js).
+        s.push_str("<g id=\"x-axis\">\n");
         let step = tick_step(t_max, 8.0);
         let mut t = 0.0;
         while t <= t_max + step * 1e-6 {
@@ -159,10 +168,14 @@ impl Timeline {
             );
             t += step;
         }
+        s.push_str("</g>\n");
         let _ = writeln!(
             s,
             r##"<rect x="{LEFT}" y="{TOP}" width="{pw:.1}" height="{ph:.1}" fill="none" stroke="#444"/>"##
         );
+        // What the page's zoom stretches: the markers and the lines, kept
+        // inside the plot.
+        s.push_str("<g clip-path=\"url(#plot-clip)\"><g id=\"plot\">\n");
         // Markers under the lines.
         for m in &self.markers {
             let x = x_of(m.t);
@@ -172,7 +185,7 @@ impl Timeline {
                 .map_or("#555", |(_, c)| c);
             let _ = writeln!(
                 s,
-                r#"<line class="marker" x1="{x:.1}" y1="{TOP}" x2="{x:.1}" y2="{:.1}" stroke="{colour}" stroke-dasharray="4 3"><title>{} at {:.1}s</title></line><text x="{:.1}" y="{:.1}" fill="{colour}" font-size="10">{}</text>"#,
+                r#"<line class="marker" x1="{x:.1}" y1="{TOP}" x2="{x:.1}" y2="{:.1}" stroke="{colour}" stroke-dasharray="4 3" vector-effect="non-scaling-stroke"><title>{} at {:.1}s</title></line><text x="{:.1}" y="{:.1}" fill="{colour}" font-size="10">{}</text>"#,
                 TOP + ph,
                 escape(&m.label),
                 m.t,
@@ -189,7 +202,7 @@ impl Timeline {
                 if !run.is_empty() {
                     let _ = writeln!(
                         s,
-                        r#"<polyline class="series" data-name="{}" fill="none" stroke="{colour}" stroke-width="1.8" points="{}"/>"#,
+                        r#"<polyline class="series" data-name="{}" fill="none" stroke="{colour}" stroke-width="1.8" vector-effect="non-scaling-stroke" points="{}"/>"#,
                         escape(&series.name),
                         run.join(" ")
                     );
@@ -204,6 +217,7 @@ impl Timeline {
             }
             flush(&mut run, &mut s);
         }
+        s.push_str("</g></g>\n");
         // Legend, four to a row, with the last value.
         for (i, series) in self.series.iter().enumerate() {
             let (row, col) = (i / 4, i % 4);
@@ -242,10 +256,33 @@ impl Timeline {
             "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title>\n\
              <style>body{{font-family:sans-serif;margin:1.5em}}table{{border-collapse:collapse}}\
              td,th{{padding:2px 10px;text-align:right;border-bottom:1px solid #ddd}}\
-             td:first-child,th:first-child{{text-align:left}}</style></head><body>\n",
+             td:first-child,th:first-child{{text-align:left}}\
+             #tip{{position:absolute;display:none;background:#fff;border:1px solid #888;padding:4px 8px;\
+             font-size:12px;pointer-events:none;white-space:pre}}</style></head><body>\n\
+             <p>Hover for the values at a moment; drag across the chart to zoom in time. \
+             <button id=\"reset-zoom\" style=\"display:none\">Reset zoom</button></p>\n\
+             <div id=\"chart\" style=\"position:relative\">",
             escape(&self.title)
         );
         s += &self.svg();
+        s += "<div id=\"tip\"></div></div>\n";
+        // The samples, for the script's hover and zoom. JSON is safe inside
+        // <script> once `<` is escaped (no `</script>` can appear).
+        let data = serde_json::json!({
+            "t": self.t,
+            "series": self.series.iter().map(|x| serde_json::json!({
+                "name": x.name,
+                "values": x.values,
+                "shown": x.values.iter().map(|v| v.map(bytes)).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+            "geometry": {"left": LEFT, "top": TOP, "width": W - LEFT - RIGHT, "height": H - TOP - BOTTOM},
+        });
+        let _ = write!(
+            s,
+            "<script id=\"timeline-data\" type=\"application/json\">{}</script>\n<script>{}</script>\n",
+            data.to_string().replace('<', "\\u003c"),
+            include_str!("timeline.js")
+        );
         s += "<h2>Series</h2>\n<table><tr><th>series</th><th>first</th><th>lowest</th><th>highest</th><th>last</th></tr>\n";
         for x in &self.series {
             let vals: Vec<u64> = x.values.iter().flatten().copied().collect();

@@ -604,7 +604,7 @@ fn sampled_leaker(steps: &[&str]) -> Child {
 
 /// A screenshot of `page` by Chromium at `size` ("width,height"), left in
 /// scratch as `name`: a PNG of more than 10 kB (a blank page is less).
-fn screenshot(page: &std::path::Path, name: &str, size: &str) {
+pub(super) fn screenshot(page: &std::path::Path, name: &str, size: &str) {
     let shot = out_file(name);
     let o = chromium(
         page,
@@ -625,7 +625,7 @@ fn screenshot(page: &std::path::Path, name: &str, size: &str) {
 
 /// Headless Chromium on the file `page` with `extra` arguments (its own
 /// empty profile directory, no network of its own), finished.
-fn chromium(page: &std::path::Path, extra: &[&str]) -> memshim_tests::Output {
+pub(super) fn chromium(page: &std::path::Path, extra: &[&str]) -> memshim_tests::Output {
     // One profile directory per run: Chromium locks its directory.
     static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -1,6 +1,7 @@
 //! `memshim-ctl record`: a memory timeline of a real shimmed process,
 //! written as SVG and HTML that an XML parser reads, with a marker where a
-//! purge happened; a process that ends during the recording; bad paths.
+//! purge happened; its HTML page hovered and zoomed in Chromium; a process
+//! that ends during the recording; bad paths.
 
 use memshim_tests::control::{ctl_run, heap_fixture};
 use memshim_tests::*;
@@ -155,4 +156,114 @@ fn bad_outputs_and_pids_fail_before_recording() {
     assert!(o.stderr.contains("cannot write"), "{}", o.stderr);
     heap.send("quit");
     let _ = heap.finish(Duration::from_secs(10));
+}
+
+/// The HTML page in headless Chromium, as a person uses it: hovering the
+/// chart shows the nearest sample's time and each figure; dragging across
+/// a quarter of it zooms in time (the lines stretched, the time axis drawn
+/// again from later than 0, "Reset zoom" shown). Screenshots of the page
+/// before and after are left in scratch (`profile-*-record-chart*.png`).
+#[test]
+fn the_html_page_shows_values_on_hover_and_zooms_on_a_drag_in_chromium() {
+    if !memshim_tests::have("chromium") {
+        memshim_tests::skip(
+            "the timeline in Chromium: chromium is not installed (make test-deps installs it)",
+        );
+        return;
+    }
+    let mut heap = Cmd::new(heap_fixture(), Vec::<String>::new())
+        .shimmed()
+        .spawn();
+    heap.wait_for_line("started", Duration::from_secs(10));
+    memshim_tests::control::wait_endpoint(heap.pid());
+    let pid = heap.pid().to_string();
+    let html = out_file("chart.html");
+    let o = ctl_run(&[
+        "record",
+        &pid,
+        "--seconds",
+        "2",
+        "--interval",
+        "0.1",
+        "-o",
+        &html.display().to_string(),
+    ]);
+    assert_eq!(o.code, 0, "{o:?}");
+    heap.send("quit");
+    let _ = heap.finish(Duration::from_secs(10));
+    let page = std::fs::read_to_string(&html).unwrap();
+    super::profile::screenshot(&html, "record-chart.png", "1000,900");
+    let person = r##"<script>
+window.addEventListener("load", function () { setTimeout(function () {
+  var svg = document.querySelector("#chart svg");
+  var m = svg.getScreenCTM();
+  var g = JSON.parse(document.getElementById("timeline-data").textContent).geometry;
+  function at(x, y) { return { clientX: m.a * x + m.e, clientY: m.d * y + m.f, bubbles: true }; }
+  var y = g.top + g.height / 2;
+  svg.dispatchEvent(new MouseEvent("mousemove", at(g.left + g.width * 0.6, y)));
+  document.body.setAttribute("data-tip", document.getElementById("tip").textContent);
+  svg.dispatchEvent(new MouseEvent("mousedown", at(g.left + g.width * 0.5, y)));
+  svg.dispatchEvent(new MouseEvent("mousemove", at(g.left + g.width * 0.75, y)));
+  svg.dispatchEvent(new MouseEvent("mouseup", at(g.left + g.width * 0.75, y)));
+}, 0); });
+</script>
+</body>"##;
+    let (body, _) = page.rsplit_once("</body>").expect("an HTML page");
+    let acted = out_file("chart-person.html");
+    std::fs::write(&acted, format!("{body}{person}</html>\n")).unwrap();
+    super::profile::screenshot(&acted, "record-chart-zoomed.png", "1000,600");
+    let dom = super::profile::chromium(&acted, &["--dump-dom"]);
+    assert_eq!(dom.code, 0, "{dom:?}");
+    let d = &dom.stdout;
+    // Hover: "1.2 s", then a line per figure with its value.
+    let tip = d
+        .split("data-tip=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .unwrap_or_else(|| panic!("no tooltip text: {}", &d[..d.len().min(2000)]));
+    let mut lines = tip.lines();
+    let when: f64 = lines
+        .next()
+        .and_then(|l| l.strip_suffix(" s"))
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("the tooltip's first line is a time: {tip:?}"));
+    assert!(
+        (0.8..=1.8).contains(&when),
+        "hovered at 60 % of 2 s: {tip:?}"
+    );
+    assert!(
+        lines.any(|l| l.starts_with("RSS: ") && l.ends_with("MiB")),
+        "the tooltip gives RSS: {tip:?}"
+    );
+    // Zoom: the lines stretched 4 times, the axis from 1 s on, Reset shown.
+    let transform = d
+        .split("id=\"plot\"")
+        .nth(1)
+        .and_then(|r| r.split("transform=\"matrix(").nth(1))
+        .and_then(|r| r.split(',').next())
+        .and_then(|a| a.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no zoom transform on #plot"));
+    assert!((3.5..=4.5).contains(&transform), "stretched {transform}x");
+    let axis = d.split("id=\"x-axis\"").nth(1).unwrap_or("");
+    let first_label = axis
+        .split("<text")
+        .nth(1)
+        .and_then(|t| t.split_once('>'))
+        .and_then(|(_, r)| r.split("s<").next())
+        .and_then(|t| t.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no time label on the axis"));
+    assert!(
+        first_label >= 0.9,
+        "the zoomed axis starts at {first_label} s"
+    );
+    let reset = d.split("id=\"reset-zoom\"").nth(1).unwrap_or("");
+    assert!(
+        !reset.trim_start().starts_with("style=\"display: none")
+            && !reset.trim_start().starts_with("style=\"display:none"),
+        "Reset zoom is shown: {}",
+        &reset[..reset.len().min(80)]
+    );
+    for f in [html, acted] {
+        let _ = std::fs::remove_file(f);
+    }
 }
