@@ -33,6 +33,17 @@ pub struct PythonSection {
     pub pymalloc_arena_bytes: Option<u64>,
 }
 
+/// The bytes in pymalloc's arenas from what CPython's
+/// `_PyObject_DebugMallocStats` writes (`sys._debugmallocstats()`'s text):
+/// its line `N arenas * S bytes/arena = B`. Read in the process by the
+/// shim's bridge and, without the shim, by memshim-ctl's ptrace road.
+pub fn pymalloc_arena_bytes(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.contains("bytes/arena"))?;
+    let value = line.rsplit('=').next()?;
+    let digits: String = value.chars().filter(|c| c.is_ascii_digit()).collect();
+    digits.parse().ok()
+}
+
 /// PyTorch, as `stats` reports it (only if `torch` is already imported).
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
 pub struct TorchSection {

@@ -217,6 +217,13 @@ impl Held {
         Ok(at)
     }
 
+    /// The 8 bytes at `addr`, as the target's `u64`.
+    pub fn read_u64(&self, addr: u64) -> io::Result<u64> {
+        let mut b = [0u8; 8];
+        self.mem.read_exact_at(&mut b, addr)?;
+        Ok(u64::from_ne_bytes(b))
+    }
+
     /// Reads a NUL-terminated string of at most `max` bytes at `addr`.
     pub fn read_cstr(&self, addr: u64, max: usize) -> io::Result<String> {
         let mut buf = vec![0u8; max];

@@ -145,6 +145,7 @@ pub struct PythonCalls {
     threads: Option<Threads>,
     gc_is_enabled: Option<u64>,
     this_state: Option<u64>,
+    malloc_stats: Option<MallocStats>,
     /// Whether the held thread had a thread state before we took the GIL
     /// (`PyGILState_Ensure` makes one for a thread that had none).
     had_state: bool,
@@ -170,6 +171,15 @@ struct Threads {
     next: u64,
 }
 
+/// The functions [`PythonCalls::malloc_stats`] calls.
+#[derive(Debug, Clone, Copy)]
+struct MallocStats {
+    debug_malloc_stats: u64,
+    open_memstream: u64,
+    fclose: u64,
+    free: u64,
+}
+
 /// CPython's `Py_eval_input`: the start symbol of an expression.
 const PY_EVAL_INPUT: u64 = 258;
 
@@ -189,6 +199,9 @@ pub fn python(pid: i32, limit: Duration) -> Result<PythonCalls, Error> {
     let modules = syms.find("PyImport_GetModuleDict").map(|(a, _)| a);
     let get_item = syms.find("PyDict_GetItemString").map(|(a, _)| a);
     let trim = syms.find("malloc_trim").map(|(a, _)| a);
+    // Only where glibc's malloc is the process's: the stream's buffer is
+    // then glibc's to free (another allocator's would be another `free`).
+    let glibc_heap = !syms.defined_beside_libc("malloc");
     let mut find = |n: &str| syms.find(n).map(|(a, _)| a);
     let eval = (|| {
         Some(Eval {
@@ -203,6 +216,15 @@ pub fn python(pid: i32, limit: Duration) -> Result<PythonCalls, Error> {
             main: find("PyInterpreterState_Main")?,
             head: find("PyInterpreterState_ThreadHead")?,
             next: find("PyThreadState_Next")?,
+        })
+    })();
+    let malloc_stats = (|| {
+        glibc_heap.then_some(())?;
+        Some(MallocStats {
+            debug_malloc_stats: find("_PyObject_DebugMallocStats")?,
+            open_memstream: find("open_memstream")?,
+            fclose: find("fclose")?,
+            free: find("free")?,
         })
     })();
     let gc_is_enabled = find("PyGC_IsEnabled");
@@ -229,6 +251,7 @@ pub fn python(pid: i32, limit: Duration) -> Result<PythonCalls, Error> {
         threads,
         gc_is_enabled,
         this_state,
+        malloc_stats,
         had_state: true,
         gil: None,
         _signals: signals,
@@ -366,6 +389,36 @@ impl PythonCalls {
             return Ok(None);
         }
         Ok(Some(n))
+    }
+
+    /// What `sys._debugmallocstats()` would print (pymalloc's arenas and
+    /// size classes), written by `_PyObject_DebugMallocStats` into a
+    /// stream in the process's memory (`open_memstream`, freed after), and
+    /// read from there: never the process's stderr. `None` where CPython
+    /// does not export the function, or pymalloc is not its allocator (it
+    /// wrote nothing). At most 64 KiB.
+    pub fn malloc_stats(&mut self) -> Result<Option<String>, Error> {
+        let Some(m) = self.malloc_stats else {
+            return Ok(None);
+        };
+        self.lock()?;
+        // open_memstream's two out-parameters: the buffer and its size.
+        let slots = self.held.put(0, &[0u8; 16])?;
+        let fp = self.held.call(m.open_memstream, &[slots, slots + 8])?;
+        if fp == 0 {
+            return Ok(None);
+        }
+        let wrote = self.held.call(m.debug_malloc_stats, &[fp])? & 0xffff_ffff != 0;
+        // fclose flushes and leaves the buffer's address in the slot.
+        let closed = self.held.call(m.fclose, &[fp])? & 0xffff_ffff == 0;
+        let buf = self.held.read_u64(slots)?;
+        if buf == 0 {
+            return Ok(None);
+        }
+        let text = self.held.read_cstr(buf, 64 * 1024);
+        self.held.call(m.free, &[buf])?;
+        let text = text?;
+        Ok((wrote && closed && !text.is_empty()).then_some(text))
     }
 
     /// Whether `sys.modules` has `name` (without importing it).

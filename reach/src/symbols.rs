@@ -182,6 +182,21 @@ impl Resolver {
         self.objects.iter().map(|(o, _)| o.path.as_str())
     }
 
+    /// Whether `name` is defined by an object whose file name does not
+    /// start with `libc.so` (an allocator preloaded or linked in: its
+    /// `malloc` is the process's, not glibc's).
+    pub fn defined_beside_libc(&mut self, name: &str) -> bool {
+        let pid = self.pid;
+        self.objects.iter_mut().any(|(o, elf)| {
+            let file = o.path.rsplit('/').next().unwrap_or("");
+            !file.starts_with("libc.so")
+                && elf
+                    .get_or_insert_with(|| Elf::open(pid, o))
+                    .as_ref()
+                    .is_some_and(|e| e.symbol(name).is_some())
+        })
+    }
+
     /// The target's address of the first definition of `name` among its
     /// objects (the executable first, as the loader searches), with the
     /// path of the file that defines it.

@@ -847,14 +847,17 @@ pub fn stats(pid: i32, pss: bool, cgroup: Option<CgroupStats>) -> Result<Stats, 
         let line = calls.eval(PYTHON_FIGURES)?;
         let enabled = calls.gc_is_enabled()?;
         let threads = calls.threads()?;
+        let arenas = calls
+            .malloc_stats()?
+            .and_then(|t| memshim_proto::pymalloc_arena_bytes(&t));
         let torch = match calls.imported("torch")? {
             true => calls.eval(&answer_of(TORCH_SECTION))?,
             false => Some("null".to_owned()),
         };
-        Ok::<_, Error>((line, enabled, threads, torch))
+        Ok::<_, Error>((line, enabled, threads, arenas, torch))
     })();
     let finished = calls.finish();
-    let (line, enabled, threads, torch) = read.map_err(|e| failure(pid, e))?;
+    let (line, enabled, threads, arenas, torch) = read.map_err(|e| failure(pid, e))?;
     let (torch, torch_unavailable) = match torch.as_deref().filter(|a| *a != "None") {
         Some(answer) => match torch_section(answer) {
             Ok(t) => (t, None),
@@ -877,6 +880,7 @@ pub fn stats(pid: i32, pss: bool, cgroup: Option<CgroupStats>) -> Result<Stats, 
                 s.gc_enabled = enabled.unwrap_or(true);
             }
             s.threads = threads.unwrap_or(0);
+            s.pymalloc_arena_bytes = arenas;
             (Some(s), None)
         }
         None => (

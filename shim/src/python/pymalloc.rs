@@ -30,11 +30,7 @@ pub fn arena_bytes(api: &Api) -> Option<u64> {
 
 /// Finds `... bytes/arena = 1,572,864` and returns the number.
 fn parse(text: &[u8]) -> Option<u64> {
-    let text = core::str::from_utf8(text).ok()?;
-    let line = text.lines().find(|l| l.contains("bytes/arena"))?;
-    let value = line.rsplit('=').next()?;
-    let digits: String = value.chars().filter(|c| c.is_ascii_digit()).collect();
-    digits.parse().ok()
+    memshim_proto::pymalloc_arena_bytes(core::str::from_utf8(text).ok()?)
 }
 
 #[cfg(test)]

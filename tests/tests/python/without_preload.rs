@@ -350,6 +350,14 @@ fn stats_reaches_an_unshimmed_cpython_with_the_sections_that_exist_and_changes_n
             p["gc_counts"][0].as_u64().unwrap_or(0) > 1000,
             "{what}: {v}"
         );
+        // pymalloc's arenas, as `_PyObject_DebugMallocStats` wrote them into
+        // a stream in the process's memory: whole arenas (256 KiB, 1 MiB
+        // from 3.10), holding the 200000 cycles' objects, inside RSS.
+        let arenas = p["pymalloc_arena_bytes"].as_u64().unwrap_or(0);
+        assert!(
+            arenas % (256 << 10) == 0 && (8 << 20..=rss).contains(&arenas),
+            "{what}: pymalloc arenas {arenas} B, rss {rss}: {v}"
+        );
         assert_eq!(
             p["gc_thresholds"].as_array().map(Vec::len),
             Some(3),
