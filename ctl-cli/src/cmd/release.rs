@@ -23,7 +23,7 @@ pub struct ReleaseArgs {
 pub fn run(a: ReleaseArgs) -> Result<Exit, Failure> {
     use crate::reach::ptrace;
     // Given pids: a CPython started without the preload is reached by
-    // ptrace (reach/ptrace.rs), any other over its socket, as
+    // ptrace (reach/ptrace/), any other over its socket, as
     // `for_targets` does; `--all` is the shimmed processes only.
     let mut reached = Vec::new();
     let (outcomes, exit) = if a.targets.all {

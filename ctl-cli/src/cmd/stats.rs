@@ -40,7 +40,7 @@ pub fn fetch(c: &mut Client, arenas: bool, pss: bool) -> Result<StatsReport, Fai
 /// Runs `stats`. Where torch has CUDA devices, the driver's view of them
 /// (NVML) is added: `gpu` in the JSON document, a table in the human form.
 pub fn run(a: StatsArgs) -> Result<Exit, Failure> {
-    // A CPython started without the preload: reached by ptrace (reach/ptrace.rs).
+    // A CPython started without the preload: reached by ptrace (reach/ptrace/).
     if crate::reach::ptrace::applies(a.pid) {
         let s = crate::reach::ptrace::stats(a.pid, a.pss, cgroup_section(a.pid))?;
         if a.json {

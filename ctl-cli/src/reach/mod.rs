@@ -1,7 +1,7 @@
 //! Reaching a process: finding its control socket, checking that the answer
 //! comes from that process, talking to it, reading what `/proc` says about
 //! it, and saying in words why a process has no endpoint; and reaching a
-//! CPython started without the preload by ptrace (`ptrace.rs`).
+//! CPython started without the preload by ptrace (`ptrace/`).
 
 pub mod client;
 pub mod no_endpoint;
