@@ -17,3 +17,4 @@ mod sampling;
 mod torch;
 mod versions;
 mod without_preload;
+mod without_preload_figures;
