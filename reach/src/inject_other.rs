@@ -29,6 +29,11 @@ impl Held {
     }
 
     /// Unreachable: no `Held` is made here.
+    pub fn read_u64(&self, _addr: u64) -> io::Result<u64> {
+        Err(io::ErrorKind::Unsupported.into())
+    }
+
+    /// Unreachable: no `Held` is made here.
     pub fn read_cstr(&self, _addr: u64, _max: usize) -> io::Result<String> {
         Err(io::ErrorKind::Unsupported.into())
     }
