@@ -203,10 +203,7 @@ fn location<'a>(
         });
     }
     let (function_id, new) = functions.get((f.function.as_str(), f.library.as_str()));
-    let (file, line) = match f.source.rsplit_once(':') {
-        Some((file, line)) => (file, line.parse().unwrap_or(0)),
-        None => (f.library.as_str(), 0),
-    };
+    let (file, line) = f.file_line().unwrap_or((&f.library, 0));
     if new {
         out.function.push(proto::Function {
             id: function_id,
@@ -218,7 +215,10 @@ fn location<'a>(
     proto::Location {
         id,
         mapping_id,
-        line: vec![proto::Line { function_id, line }],
+        line: vec![proto::Line {
+            function_id,
+            line: i64::from(line),
+        }],
     }
 }
 
@@ -228,16 +228,20 @@ mod tests {
     use crate::profile::heap::sample_profile;
     use std::io::Read;
 
+    /// `p` encoded, then gunzipped and decoded.
+    fn decoded(p: &Profile) -> proto::Profile {
+        let mut body = vec![];
+        flate2::read::GzDecoder::new(&encode(p)[..])
+            .read_to_end(&mut body)
+            .unwrap();
+        proto::Profile::decode(&body[..]).unwrap()
+    }
+
     #[test]
     fn the_gzipped_message_decodes_to_the_stacks_functions_and_libraries() {
         let p = sample_profile();
-        let gz = encode(&p);
-        assert_eq!(&gz[..2], &[0x1f, 0x8b]);
-        let mut body = vec![];
-        flate2::read::GzDecoder::new(&gz[..])
-            .read_to_end(&mut body)
-            .unwrap();
-        let m = proto::Profile::decode(&body[..]).unwrap();
+        assert_eq!(&encode(&p)[..2], &[0x1f, 0x8b]);
+        let m = decoded(&p);
         let st = |i: i64| m.string_table[i as usize].as_str();
         assert_eq!(st(0), "");
         assert_eq!(m.sample.len(), 3);
@@ -276,11 +280,7 @@ mod tests {
     fn a_frame_with_a_source_line_is_a_pprof_line() {
         let mut p = sample_profile();
         p.stacks[0].frames[0].source = "inl.c:9".into();
-        let mut body = vec![];
-        flate2::read::GzDecoder::new(&encode(&p)[..])
-            .read_to_end(&mut body)
-            .unwrap();
-        let m = proto::Profile::decode(&body[..]).unwrap();
+        let m = decoded(&p);
         let st = |i: i64| m.string_table[i as usize].as_str();
         let line_of = |loc: u64| {
             let l = &m.location[loc as usize - 1].line[0];

@@ -28,11 +28,7 @@ pub fn encode(p: &Profile, title: &str) -> String {
                     let mut frame = json!({"name": f.function, "file": f.library});
                     // speedscope's `line`: where the library's debug
                     // information gives one.
-                    if let Some(line) = f
-                        .source
-                        .rsplit_once(':')
-                        .and_then(|l| l.1.parse::<u32>().ok())
-                    {
+                    if let Some((_, line)) = f.file_line() {
                         frame["line"] = json!(line);
                     }
                     frames.push(frame);

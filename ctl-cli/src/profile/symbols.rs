@@ -54,6 +54,12 @@ impl Frame {
             source: String::new(),
         }
     }
+
+    /// `source` as its file and line; `None` without one.
+    pub fn file_line(&self) -> Option<(&str, u32)> {
+        let (file, line) = self.source.rsplit_once(':')?;
+        Some((file, line.parse().ok()?))
+    }
 }
 
 /// Symbolizes the addresses of one process.
