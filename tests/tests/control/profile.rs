@@ -184,19 +184,17 @@ print('\\n'.join(t.text or '' for t in root.iter() if t.tag.endswith('title')))"
     );
     // The same file, read by pprof itself (Debian's golang-go).
     if memshim_tests::have("go") {
-        let o = Cmd::new(
-            "go",
-            [
-                "tool",
-                "pprof",
-                "-top",
-                "-sample_index=inuse_space",
-                &pb.display().to_string(),
-            ],
-        )
-        .env("HOME", scratch())
-        .run();
-        assert_eq!(o.code, 0, "go tool pprof: {o:?}");
+        // `go tool pprof -top -sample_index=inuse_space [extra] FILE`.
+        let pprof = |extra: &[&str]| {
+            let pb = pb.display().to_string();
+            let mut args = vec!["tool", "pprof", "-top", "-sample_index=inuse_space"];
+            args.extend_from_slice(extra);
+            args.push(&pb);
+            let o = Cmd::new("go", args).env("HOME", scratch()).run();
+            assert_eq!(o.code, 0, "go tool pprof {extra:?}: {o:?}");
+            o
+        };
+        let o = pprof(&[]);
         let top: Vec<&str> = o.stdout.lines().filter(|l| l.contains('%')).collect();
         for f in ["keep_sixty_four", "keep_sixteen"] {
             assert!(
@@ -207,20 +205,7 @@ print('\\n'.join(t.text or '' for t in root.iter() if t.tag.endswith('title')))"
         }
         // With the lines the fixture's DWARF gives (it is built with
         // `-g`): each function at the line of its `malloc(1 << 20)`.
-        let o = Cmd::new(
-            "go",
-            [
-                "tool",
-                "pprof",
-                "-top",
-                "-lines",
-                "-sample_index=inuse_space",
-                &pb.display().to_string(),
-            ],
-        )
-        .env("HOME", scratch())
-        .run();
-        assert_eq!(o.code, 0, "go tool pprof -lines: {o:?}");
+        let o = pprof(&["-lines"]);
         let src = std::fs::read_to_string(root().join("tests/fixtures/profile_leak.c")).unwrap();
         for f in ["keep_sixty_four", "keep_sixteen"] {
             let start = src.find(&format!("{f}(void) {{")).unwrap();
