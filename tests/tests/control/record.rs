@@ -34,14 +34,22 @@ for e in svg.iter():
     o.stdout.lines().map(str::to_owned).collect()
 }
 
-#[test]
-fn a_recording_draws_each_figure_and_marks_a_purge() {
-    let mut heap = Cmd::new(heap_fixture(), Vec::<String>::new())
-        .shimmed()
-        .env("MEMSHIM_DIRTY_DECAY_MS", "-1")
-        .spawn();
+/// `heap` (the control heap fixture) started, once it said so and its
+/// endpoint is up.
+fn started(heap: Cmd) -> Child {
+    let mut heap = heap.spawn();
     heap.wait_for_line("started", Duration::from_secs(10));
     memshim_tests::control::wait_endpoint(heap.pid());
+    heap
+}
+
+#[test]
+fn a_recording_draws_each_figure_and_marks_a_purge() {
+    let mut heap = started(
+        Cmd::new(heap_fixture(), Vec::<String>::new())
+            .shimmed()
+            .env("MEMSHIM_DIRTY_DECAY_MS", "-1"),
+    );
     let pid = heap.pid().to_string();
     let svg = out_file("a.svg");
     let args = ["record", &pid, "--seconds", "3", "--interval", "0.1", "-o"];
@@ -98,11 +106,7 @@ fn a_recording_draws_each_figure_and_marks_a_purge() {
 
 #[test]
 fn a_process_that_ends_stops_the_recording_with_what_was_drawn() {
-    let mut heap = Cmd::new(heap_fixture(), Vec::<String>::new())
-        .shimmed()
-        .spawn();
-    heap.wait_for_line("started", Duration::from_secs(10));
-    memshim_tests::control::wait_endpoint(heap.pid());
+    let mut heap = started(Cmd::new(heap_fixture(), Vec::<String>::new()).shimmed());
     let pid = heap.pid().to_string();
     let svg = out_file("ends.svg");
     let rec = Cmd::new(
@@ -141,11 +145,7 @@ fn bad_outputs_and_pids_fail_before_recording() {
     assert!(o.stderr.contains(".svg or .html"), "{}", o.stderr);
     let o = ctl_run(&["record", "999999999", "-o", "/tmp/x.svg"]);
     assert_ne!(o.code, 0, "{o:?}");
-    let mut heap = Cmd::new(heap_fixture(), Vec::<String>::new())
-        .shimmed()
-        .spawn();
-    heap.wait_for_line("started", Duration::from_secs(10));
-    memshim_tests::control::wait_endpoint(heap.pid());
+    let mut heap = started(Cmd::new(heap_fixture(), Vec::<String>::new()).shimmed());
     let o = ctl_run(&[
         "record",
         &heap.pid().to_string(),
@@ -171,11 +171,7 @@ fn the_html_page_shows_values_on_hover_and_zooms_on_a_drag_in_chromium() {
         );
         return;
     }
-    let mut heap = Cmd::new(heap_fixture(), Vec::<String>::new())
-        .shimmed()
-        .spawn();
-    heap.wait_for_line("started", Duration::from_secs(10));
-    memshim_tests::control::wait_endpoint(heap.pid());
+    let mut heap = started(Cmd::new(heap_fixture(), Vec::<String>::new()).shimmed());
     let pid = heap.pid().to_string();
     let html = out_file("chart.html");
     let o = ctl_run(&[
