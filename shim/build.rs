@@ -9,10 +9,12 @@
 //! * `--wrap=madvise,mmap,munmap,mprotect`: the system calls jemalloc can make
 //!   inside `free` keep errno themselves, so `free` forwards with nothing
 //!   around it (exports.rs, "jemalloc's system calls keep errno").
-//! * `jemalloc-lazy.ld` (`-T`, added to the default script by `INSERT`):
-//!   drops jemalloc's constructor, so jemalloc initialises on the first
-//!   allocation instead of in every exec (`src/jemalloc.rs`, "Lazy
-//!   initialisation and fork").
+//! * `link.ld` (`-T`, added to the default script by `INSERT`; one file,
+//!   as zig passes only the last `-T`): drops jemalloc's constructor, so
+//!   jemalloc initialises on the first allocation instead of in every exec
+//!   (`src/jemalloc.rs`, "Lazy initialisation and fork"); and puts the code
+//!   every exec runs (`.text.startup`) together, a page fault where it took
+//!   seven (`src/exports.rs`, "Start-up pages").
 //! * `--wrap=pthread_atfork`: jemalloc's fork functions, which it registers
 //!   during that initialisation, run inside the shim's handlers instead, in
 //!   the order they had when jemalloc registered first (same section).
@@ -35,8 +37,8 @@ fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,--wrap=secure_getenv");
     println!("cargo:rustc-cdylib-link-arg=-Wl,--wrap=pthread_atfork");
     let dir = std::env::var("CARGO_MANIFEST_DIR").unwrap();
-    println!("cargo:rerun-if-changed=jemalloc-lazy.ld");
-    println!("cargo:rustc-cdylib-link-arg=-Wl,-T,{dir}/jemalloc-lazy.ld");
+    println!("cargo:rerun-if-changed=link.ld");
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-T,{dir}/link.ld");
     for f in ["madvise", "mmap", "munmap", "mprotect"] {
         println!("cargo:rustc-cdylib-link-arg=-Wl,--wrap={f}");
     }

@@ -70,4 +70,8 @@ def run(ctx):
             "target/x86_64-unknown-linux-gnu/release/libmemshim.so` counts them, and the cargo build with those "
             "two names added by `patchelf --add-needed` costs what the wheel's does). docs/design.md, "
             "\"Portability\", says why it stays.")
+    res["md"] += (
+        "\n\nWhere the page faults of a `/bin/true` under memshim come from, section by section of the "
+        "library, and what issue 48 (item 1) changed and left: "
+        "[bench/FINDINGS-startup.md](bench/FINDINGS-startup.md).")
     return res

@@ -180,6 +180,7 @@ pub fn quota_cpus(quota: u64, period: u64) -> Option<u32> {
 /// The process's cgroup path in a `/proc/<pid>/cgroup` text: the v2 line
 /// (`0::/path`) with `controller` `None`, or the v1 line whose controllers
 /// include `controller`. Allocation-free (the shim reads it in every exec).
+#[inline] // into the shim's start-up code (its `.text.startup`), where LTO allows
 pub fn proc_cgroup_path<'a>(text: &'a [u8], controller: Option<&[u8]>) -> Option<&'a [u8]> {
     text.split(|&b| b == b'\n').find_map(|line| {
         let mut parts = line.splitn(3, |&b| b == b':');

@@ -42,6 +42,7 @@ pub fn not_ours(realloc: *mut c_void) {
 }
 
 /// Start-up: reads glibc's version (constructor).
+#[unsafe(link_section = ".text.startup")]
 pub fn init() {
     ALIGNED_ALLOC_STRICT.store(crate::os::dl::glibc_version() >= (2, 38), Relaxed);
 }

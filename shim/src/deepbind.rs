@@ -38,6 +38,7 @@ pub(crate) extern "C" fn resolve_real() -> usize {
 }
 
 /// Constructor step: resolve glibc's dlopen and apply the setting.
+#[unsafe(link_section = ".text.startup")]
 pub fn init() {
     resolve_real();
     CLEAR.store(u8::from(crate::options::clear_deepbind()), Release);

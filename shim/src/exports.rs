@@ -419,6 +419,9 @@ macro_rules! wrap_target {
     ($sym:literal, $target:path) => {
         #[cfg(not(test))]
         core::arch::global_asm!(
+            // Beside the start-up code ("Start-up pages" below): jemalloc's
+            // initialisation and the constructor go through these jumps.
+            ".pushsection .text.startup,\"ax\",@progbits",
             concat!(".globl ", $sym),
             concat!(".hidden ", $sym),
             concat!(".type ", $sym, ",@function"),
@@ -428,6 +431,7 @@ macro_rules! wrap_target {
             #[cfg(target_arch = "aarch64")]
             "b {f}",
             concat!(".size ", $sym, ", . - ", $sym),
+            ".popsection",
             f = sym $target,
         );
     };
@@ -497,6 +501,7 @@ unsafe fn __real_pthread_atfork(prepare: AtforkFn, parent: AtforkFn, child: Atfo
 ///
 /// # Safety
 /// The C contract of `pthread_atfork`.
+#[unsafe(link_section = ".text.startup")]
 pub unsafe extern "C" fn wrap_pthread_atfork(
     prepare: AtforkFn,
     parent: AtforkFn,
@@ -595,7 +600,20 @@ keeps_errno!(mprotect, __real_mprotect, wrap_mprotect, "__wrap_mprotect",
     (addr: *mut c_void, len: usize, prot: c_int) -> c_int);
 
 // --- Constructor and destructor -------------------------------------------------
+//
+// Start-up pages. Every exec runs the constructor, and every exit the
+// destructor, with what they call; each 64 KiB of the library's code they
+// first touch is a page fault (the kernel maps file pages 16 at a time).
+// Spread over the library, that code cost seven faults per exec; so each
+// function of that path, in this crate and the one it calls in proto, is
+// put in `.text.startup`, which the linker places together at the start of
+// `.text` (its default script; gcc does the same for `main` and
+// constructors), and the path avoids `core::fmt` (`StackBuf::push_i64`).
+// A function added to the path without the attribute still works; it costs
+// a fault (bench/execcost.py shows it). Issue 48, item 1;
+// BENCHMARKS.md, "Start-up".
 
+#[unsafe(link_section = ".text.startup")]
 extern "C" fn constructor() {
     let _e = os::KeepErrno::new();
     alloc::init();
@@ -621,6 +639,7 @@ extern "C" fn before_dlopen(file: *const c_char) {
     thread::before_dlopen(name);
 }
 
+#[unsafe(link_section = ".text.startup")]
 extern "C" fn destructor() {
     thread::on_unload();
 }

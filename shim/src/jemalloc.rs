@@ -114,7 +114,7 @@ pub fn version() -> &'static str {
 // --- Lazy initialisation and fork ----------------------------------------------
 //
 // jemalloc initialises on the first allocation of the process, not in every
-// exec: the link drops its constructor (build.rs, `jemalloc-lazy.ld`), so a
+// exec: the link drops its constructor (build.rs, `link.ld`), so a
 // process that never allocates (`/bin/true`, most of a shell's children
 // before `exec`) never pays for it. jemalloc's constructor was there for one
 // race: a thread created before the first allocation could be initialising
@@ -171,7 +171,11 @@ unsafe extern "C" {
     static JE_BACKGROUND_THREADS_ON: AtomicBool;
 }
 
-/// The shim's fork handlers are registered with glibc.
+/// The shim's fork handlers are registered with glibc. Written by the
+/// constructor: in `.data`, whose pages the loader has already written
+/// (relocations), not on a `.bss` page of its own (exports.rs, "Start-up
+/// pages").
+#[unsafe(link_section = ".data")]
 static SHIM_HANDLERS: AtomicBool = AtomicBool::new(false);
 /// jemalloc registered its fork functions after the shim's handlers: they
 /// run from inside the shim's.

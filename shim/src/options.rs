@@ -186,29 +186,47 @@ const MAX_NARENAS: i64 = endpoint::MAX_NARENAS as i64;
 
 // --- loading ------------------------------------------------------------------
 
-static LOADED: AtomicBool = AtomicBool::new(false);
 /// Longest composed configuration: memshim's defaults and knobs, and up to
 /// 2048 bytes from each of `MALLOC_CONF`, `_RJEM_MALLOC_CONF` and
 /// `MEMSHIM_MALLOC_CONF` (it was kept in 2048 bytes, which could cut a
 /// long one in the middle of a value).
 const CONF_MAX: usize = 8192;
 
-/// jemalloc's configuration, NUL-terminated: composed by [`compose_conf`]
-/// in place, once, and only read afterwards. A static, not the stack:
-/// composing runs at the first `malloc`, on whatever stack the program has
-/// (a small `ulimit -s` overflowed with the buffer there).
-struct Composed(UnsafeCell<StackBuf<{ CONF_MAX + 1 }>>, AtomicU32);
-// SAFETY: written only in `load` (single-threaded, before LOADED is
-// published with Release); the length is published after the bytes.
-unsafe impl Sync for Composed {}
-static JEMALLOC_CONF: Composed = Composed(UnsafeCell::new(StackBuf::new()), AtomicU32::new(0));
+/// What [`load`] writes in every exec, in one place: the flag, then
+/// jemalloc's configuration, NUL-terminated, with its length in front of its
+/// bytes. Composed by [`compose_conf`] in place, once, and only read
+/// afterwards. A static, not the stack: composing runs at the first `malloc`,
+/// on whatever stack the program has (a small `ulimit -s` overflowed with
+/// the buffer there). `repr(C)`, in this order, so that a process with a
+/// configuration of ordinary length writes one page of it: the flag and the
+/// length were on pages of their own (the flag elsewhere in `.bss`, the
+/// length after the 8 KiB of bytes), three page faults in every exec where
+/// one does (issue 48, item 1).
+#[repr(C)]
+struct Loaded {
+    done: AtomicBool,
+    conf_len: AtomicU32,
+    conf: UnsafeCell<StackBuf<{ CONF_MAX + 1 }>>,
+}
+// SAFETY: `conf` is written only in `load` (single-threaded, before `done`
+// is published with Release); its length is published after the bytes.
+unsafe impl Sync for Loaded {}
+// In `.data`, beside what the loader has already written, as
+// `jemalloc::SHIM_HANDLERS` is: in `.bss` its first page took two faults
+// in every exec (read, then written).
+#[unsafe(link_section = ".data")]
+static LOADED: Loaded = Loaded {
+    done: AtomicBool::new(false),
+    conf_len: AtomicU32::new(0),
+    conf: UnsafeCell::new(StackBuf::new()),
+};
 
-impl Composed {
+impl Loaded {
     /// The composed bytes (without the NUL).
-    fn get(&self) -> &[u8] {
-        let n = self.1.load(Acquire) as usize;
+    fn conf(&self) -> &[u8] {
+        let n = self.conf_len.load(Acquire) as usize;
         // SAFETY: the first `n` bytes were written before `n` was published.
-        unsafe { &(*self.0.get()).as_bytes()[..n] }
+        unsafe { &(*self.conf.get()).as_bytes()[..n] }
     }
 }
 /// The composed string holds options written by the user (`MALLOC_CONF`,
@@ -237,8 +255,9 @@ fn bad(name: &str, value: &[u8], expected: &str, default: &str) {
 /// Parses every `MEMSHIM_*` variable once per process. Called from
 /// jemalloc's initialisation and from the constructor; whichever comes
 /// first does the work, in a single-threaded context. Allocation-free.
+#[unsafe(link_section = ".text.startup")]
 pub fn load() {
-    if LOADED.load(Acquire) {
+    if LOADED.done.load(Acquire) {
         return;
     }
     // One walk of the environment for every setting (this runs in every
@@ -269,13 +288,14 @@ pub fn load() {
         }
     }
     compose_conf();
-    LOADED.store(true, Release);
+    LOADED.done.store(true, Release);
 }
 
 /// Builds the string jemalloc parses (see the module docs for the order).
+#[unsafe(link_section = ".text.startup")]
 fn compose_conf() {
     // SAFETY: single-threaded, before LOADED is published (`load`).
-    let s = unsafe { &mut *JEMALLOC_CONF.0.get() };
+    let s = unsafe { &mut *LOADED.conf.get() };
     s.clear();
     let sep = |s: &mut StackBuf<{ CONF_MAX + 1 }>| {
         if !s.as_bytes().is_empty() && s.as_bytes().last() != Some(&b',') {
@@ -301,20 +321,22 @@ fn compose_conf() {
     //    rarely grow where it lies: growing one in 1 MiB steps to 512 MiB
     //    took 128 s instead of 6.8 s (glibc 0.9 s, with `mremap`). Without
     //    it, large blocks are page-aligned, as glibc's mmapped chunks are.
-    let _ = write!(
-        s,
-        "dirty_decay_ms:{},muzzy_decay_ms:{},oversize_threshold:0,tcache_gc_incr_bytes:1048576,cache_oblivious:false",
-        spec::DIRTY_DECAY_MS.default_value(),
-        spec::MUZZY_DECAY_MS.default_value()
-    );
+    //    Written without `core::fmt`, as below in this step: it runs in
+    //    every exec, and fmt's code is pages of its own.
+    s.push(b"dirty_decay_ms:");
+    s.push_i64(spec::DIRTY_DECAY_MS.default_value());
+    s.push(b",muzzy_decay_ms:");
+    s.push_i64(spec::MUZZY_DECAY_MS.default_value());
+    s.push(b",oversize_threshold:0,tcache_gc_incr_bytes:1048576,cache_oblivious:false");
     if let Some(n) = auto_narenas() {
-        let _ = write!(s, ",narenas:{n}");
+        s.push(b",narenas:");
+        s.push_i64(n.into());
     }
     //    The heap profiler, ready but not sampling: `memshim-ctl profile`
     //    sets `prof.active` (jemalloc.rs, "Heap profiles"). Without
     //    `prof:true` here it can never be switched on in this process.
     if int!(PROFILE).get() != 0 {
-        let _ = write!(s, ",prof:true,prof_active:false");
+        s.push(b",prof:true,prof_active:false");
     }
     //    Under an address-space limit (`ulimit -v`: RLIMIT_AS; RLIMIT_DATA,
     //    which counts private writable mappings), what jemalloc keeps for
@@ -322,7 +344,7 @@ fn compose_conf() {
     //    limit, though it holds no memory: a later large allocation then
     //    fails where glibc's, which unmaps, succeeds. There, unmap too.
     if os::raw::limited(libc::RLIMIT_AS) || os::raw::limited(libc::RLIMIT_DATA) {
-        let _ = write!(s, ",retain:false");
+        s.push(b",retain:false");
     }
     // 2. Configuration written for a stock jemalloc.
     let stock = ["MALLOC_CONF", "_RJEM_MALLOC_CONF"];
@@ -368,7 +390,7 @@ fn compose_conf() {
     // environment).
     s.truncate(CONF_MAX);
     let n = s.as_cstr().map_or(0, |c| c.to_bytes().len());
-    JEMALLOC_CONF.1.store(n as u32, Release);
+    LOADED.conf_len.store(n as u32, Release);
 }
 
 /// Largest `tcache_max` this build's jemalloc accepts (from `build.rs`).
@@ -416,6 +438,7 @@ pub fn effective_cpus() -> (u32, Option<u32>) {
 /// quota and sized the arenas for every host CPU). Raw system calls and
 /// fixed buffers (see the module docs): this runs in every exec whose
 /// affinity mask has more than one CPU.
+#[unsafe(link_section = ".text.startup")]
 fn cgroup_quota_cpus() -> Option<u32> {
     let mut text = [0u8; 2048];
     let n = os::raw::read_file(c"/proc/self/cgroup", &mut text).unwrap_or(0);
@@ -450,6 +473,7 @@ fn cgroup_quota_cpus() -> Option<u32> {
 
 /// Reads `dir` + `name` into `buf`; the bytes read, `None` if the file
 /// cannot be opened.
+#[unsafe(link_section = ".text.startup")]
 fn read_in(dir: &[u8], name: &[u8], buf: &mut [u8]) -> Option<usize> {
     let mut path = StackBuf::<512>::new();
     path.push(dir);
@@ -461,6 +485,7 @@ fn read_in(dir: &[u8], name: &[u8], buf: &mut [u8]) -> Option<usize> {
 /// to `mount` itself (`read` gives a directory's quota). Where that
 /// cgroup is not there (a container that sees the host's path but has its
 /// own cgroup mounted at the root), the mount root alone.
+#[unsafe(link_section = ".text.startup")]
 fn tightest_quota(
     mount: &[u8],
     path: &[u8],
@@ -500,6 +525,7 @@ fn tightest_quota(
 /// reuse.
 /// One arena per CPU would lower peak RSS, but two busy threads can then
 /// share an arena while another sits idle (bench/FINDINGS-issue15.md, (d)).
+#[unsafe(link_section = ".text.startup")]
 fn auto_narenas() -> Option<u32> {
     // No quota is tighter than one CPU (a quota rounds up to whole CPUs):
     // then the cgroup files are not read at all.
@@ -516,7 +542,7 @@ fn auto_narenas() -> Option<u32> {
 pub fn jemalloc_conf_ptr() -> *const c_char {
     load();
     // SAFETY: `load` composed it (NUL-terminated) and nothing writes it again.
-    unsafe { (*JEMALLOC_CONF.0.get()).as_ptr().cast() }
+    unsafe { (*LOADED.conf.get()).as_ptr().cast() }
 }
 
 // --- accessors ----------------------------------------------------------------
@@ -583,11 +609,12 @@ pub fn socket_dir() -> Option<&'static [u8]> {
 }
 /// The configuration string handed to jemalloc.
 pub fn jemalloc_conf() -> &'static [u8] {
-    JEMALLOC_CONF.get()
+    LOADED.conf()
 }
 
 /// Warns once about `MEMSHIM_*` variables that are not settings (typos).
 /// Called from the constructor.
+#[unsafe(link_section = ".text.startup")]
 pub fn warn_unknown() {
     for entry in os::env::entries() {
         let Some(rest) = entry.strip_prefix(spec::PREFIX.as_bytes()) else {

@@ -130,6 +130,7 @@ pub fn tick(now_ms: u64) {
 /// loader's lock is recursive, and nothing allocates inside jemalloc here).
 /// Samples made before, by allocations in earlier constructors, are not
 /// taken. A process without `libgcc_s.so.1` gets one warning line.
+#[unsafe(link_section = ".text.startup")]
 pub fn at_load() {
     if !options::profile_from_start() {
         return;

@@ -171,6 +171,7 @@ pub fn record_unbound() {
 /// Removes this process's socket file if it has one (library destructor;
 /// allocation-free). A fork child that never bound one leaves its
 /// parent's alone.
+#[unsafe(link_section = ".text.startup")]
 pub fn unlink_at_exit() {
     if !BOUND_NOW.load(Acquire) || BOUND_PID.load(Acquire) != os::getpid() {
         return;

@@ -24,6 +24,7 @@ pub fn next_once(slot: &AtomicUsize, name: &CStr) -> usize {
 }
 
 /// The global definition of `name` (`RTLD_DEFAULT`), null if none.
+#[unsafe(link_section = ".text.startup")]
 pub fn global(name: &CStr) -> *mut c_void {
     // SAFETY: dlsym with a NUL-terminated name.
     unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }
@@ -92,7 +93,9 @@ pub fn global_definition(name: &CStr) -> Option<*mut c_void> {
 /// with one of `prefixes`. Walks the loader's list (`dl_iterate_phdr`),
 /// which, unlike a `dlsym` that fails, builds no error message: no
 /// allocation.
+#[unsafe(link_section = ".text.startup")]
 pub fn any_loaded(prefixes: &[&[u8]]) -> bool {
+    #[unsafe(link_section = ".text.startup")]
     unsafe extern "C" fn visit(
         info: *mut libc::dl_phdr_info,
         _size: usize,
@@ -133,6 +136,7 @@ pub fn same_object(a: usize, b: usize) -> bool {
 }
 
 /// glibc's version as (major, minor), e.g. (2, 36).
+#[unsafe(link_section = ".text.startup")]
 pub fn glibc_version() -> (u64, u64) {
     // SAFETY: returns a static NUL-terminated string such as "2.36".
     let v = unsafe { CStr::from_ptr(libc::gnu_get_libc_version()) }.to_bytes();

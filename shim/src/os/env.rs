@@ -39,6 +39,7 @@ pub fn entries() -> impl Iterator<Item = &'static [u8]> {
 /// The values of `names` (`None` for each one unset), in one walk of the
 /// environment; the first entry of a name wins, as with `getenv`. All
 /// `None` in secure-execution mode. Allocation-free.
+#[unsafe(link_section = ".text.startup")]
 pub fn vars<const N: usize>(names: &[&[u8]; N]) -> [Option<&'static [u8]>; N] {
     let mut found = [None; N];
     if secure() {

@@ -17,6 +17,7 @@ pub fn ours() -> bool {
 /// Detects whether our `malloc` is the process's `malloc` (and no
 /// sanitizer, which must own malloc, is present); [`ours`] keeps the
 /// answer. Constructor.
+#[unsafe(link_section = ".text.startup")]
 pub fn detect() -> bool {
     let yes = detect_now();
     OURS.store(yes, core::sync::atomic::Ordering::Relaxed);

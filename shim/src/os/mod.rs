@@ -196,13 +196,17 @@ pub use memshim_proto::settings::{parse_i64, parse_u64};
 
 /// A fixed-capacity byte buffer that implements `fmt::Write`; text that does
 /// not fit is cut off. Lets the shim format without the heap.
+///
+/// `repr(C)`, the length first: writing a short text into a big buffer
+/// touches the pages at its start only.
+#[repr(C)]
 pub struct StackBuf<const N: usize> {
+    len: usize,
     /// Only the first `len` bytes are initialised. The buffer is not zeroed
     /// first, so it touches only the memory it uses: the 8 KiB one that
     /// composes jemalloc's configuration in every exec would otherwise
     /// fault in fresh stack pages.
     buf: [MaybeUninit<u8>; N],
-    len: usize,
 }
 
 impl<const N: usize> StackBuf<N> {
@@ -221,6 +225,27 @@ impl<const N: usize> StackBuf<N> {
             dst.write(b);
         }
         self.len += n;
+    }
+
+    /// Appends `v` in decimal, without `core::fmt` (whose code the start-up
+    /// path would otherwise fault in: issue 48, item 1).
+    #[unsafe(link_section = ".text.startup")]
+    pub fn push_i64(&mut self, v: i64) {
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
+        let mut n = v.unsigned_abs();
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        if v < 0 {
+            self.push(b"-");
+        }
+        self.push(&digits[at..]);
     }
 
     /// Forgets what was written.
@@ -288,6 +313,15 @@ mod tests {
         assert_eq!(parse_i64(b"+5"), Some(5));
         assert_eq!(parse_i64(b"-9223372036854775808"), Some(i64::MIN));
         assert_eq!(parse_i64(b"-"), None);
+    }
+
+    #[test]
+    fn stackbuf_writes_numbers_as_fmt_does() {
+        for v in [0, 7, -7, 10, 1000, -1, i64::MAX, i64::MIN, 1_048_576] {
+            let mut b = StackBuf::<24>::new();
+            b.push_i64(v);
+            assert_eq!(b.as_bytes(), v.to_string().as_bytes());
+        }
     }
 
     #[test]

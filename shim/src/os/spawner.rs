@@ -89,6 +89,7 @@ pub fn wanted() -> bool {
 }
 
 /// Sets what every spawner thread runs first.
+#[unsafe(link_section = ".text.startup")]
 pub fn on_start(f: fn()) {
     ON_START.store(f as usize, Release);
 }

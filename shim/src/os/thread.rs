@@ -25,6 +25,7 @@ static REAL_PTHREAD_CREATE: AtomicUsize = AtomicUsize::new(0);
 
 /// glibc's `pthread_create`. Resolved by the constructor, or on first use if
 /// a library constructor creates a thread before ours runs.
+#[unsafe(link_section = ".text.startup")]
 pub fn real_pthread_create() -> Option<PthreadCreate> {
     let p = super::dl::next_once(&REAL_PTHREAD_CREATE, c"pthread_create");
     // SAFETY: a non-null result of dlsym("pthread_create") has this type.
@@ -185,6 +186,7 @@ pub fn gettid() -> i32 {
 }
 
 /// Registers fork handlers (`pthread_atfork`); false if glibc refused.
+#[unsafe(link_section = ".text.startup")]
 pub fn atfork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern "C" fn()) -> bool {
     // SAFETY: registering plain extern "C" functions.
     unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) == 0 }

@@ -35,6 +35,7 @@ use core::sync::atomic::Ordering::Relaxed;
 use state::{LEADER_GONE, Phase, STATE};
 
 /// May this process start the shim's thread at all?
+#[unsafe(link_section = ".text.startup")]
 fn eligible() -> bool {
     STATE.interposed()
         && options::control() != Control::Off
@@ -76,6 +77,7 @@ fn arm() {
 
 /// Constructor; `interposed`: our `malloc` is the process's
 /// (`os::interpose::detect`).
+#[unsafe(link_section = ".text.startup")]
 pub fn on_load(interposed: bool) {
     // jemalloc stays uninitialised until the first allocation or thread
     // (jemalloc.rs, "Lazy initialisation and fork"); if that comes after
@@ -117,6 +119,7 @@ pub fn on_load(interposed: bool) {
 }
 
 /// Destructor (the process is exiting).
+#[unsafe(link_section = ".text.startup")]
 pub fn on_unload() {
     crate::control::at_exit();
 }

@@ -146,6 +146,7 @@ impl State {
     }
 
     /// Start-up: this process's pid and clock, whether we interpose.
+    #[unsafe(link_section = ".text.startup")]
     pub fn on_load(&self, pid: i32, now_ms: u64, interposed: bool) {
         self.pid.store(pid, Relaxed);
         self.start_ms.store(now_ms, Relaxed);
@@ -154,6 +155,7 @@ impl State {
 
     /// The constructor has finished; returns whether a thread was created
     /// before it ran.
+    #[unsafe(link_section = ".text.startup")]
     pub fn ctor_finished(&self) -> bool {
         self.ctor_done.store(true, Release);
         self.pending.load(Relaxed)

@@ -102,6 +102,54 @@ fn no_jemalloc_internals_are_exported_or_imported() {
     );
 }
 
+/// The code every exec runs lies together in `.text.startup`
+/// (shim/src/exports.rs, "Start-up pages"; shim/link.ld), in the cargo
+/// build (GNU ld or rust-lld) and the wheel's (zig's lld): an exec then
+/// faults in one window of the library's code where it took seven
+/// (BENCHMARKS.md, "Start-up"). Where the library keeps its symbol table,
+/// the constructor and `options::load` must be inside the section.
+#[test]
+fn the_start_up_code_lies_in_one_section() {
+    let lib = shim();
+    let o = run_ok(
+        Command::new("readelf").args(["-SW"]).arg(&lib),
+        format_args!("readelf -SW {lib:?}"),
+    );
+    let sections = String::from_utf8_lossy(&o.stdout).into_owned();
+    let line = sections
+        .lines()
+        .find(|l| l.split_whitespace().any(|w| w == ".text.startup"))
+        .unwrap_or_else(|| panic!("no .text.startup in {lib:?}:\n{sections}"));
+    let words: Vec<&str> = line
+        .split(']')
+        .nth(1)
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    // Name Type Address Off Size ...
+    let addr = u64::from_str_radix(words[2], 16).unwrap();
+    let size = u64::from_str_radix(words[4], 16).unwrap();
+    assert!(size >= 4096, "{line}: too small to hold the start-up path");
+    let o = run_ok(
+        Command::new("nm").args(["-C"]).arg(&lib),
+        format_args!("nm -C {lib:?}"),
+    );
+    let syms = String::from_utf8_lossy(&o.stdout).into_owned();
+    for name in ["memshim::exports::constructor", "memshim::options::load"] {
+        let Some(at) = syms
+            .lines()
+            .find(|l| l.ends_with(&format!(" {name}")))
+            .and_then(|l| u64::from_str_radix(l.split_whitespace().next()?, 16).ok())
+        else {
+            continue; // a stripped library: the section's size is the check
+        };
+        assert!(
+            (addr..addr + size).contains(&at),
+            "{name} at {at:#x}, outside .text.startup {addr:#x}+{size:#x}"
+        );
+    }
+}
+
 /// std's unwinder imports are forwarded to `libgcc_s.so.1` on first use
 /// (shim/src/os/unwind.rs), so an exec under the shim loads no unwinder:
 /// not as a dependency, not through an exported or imported `_Unwind_*`.

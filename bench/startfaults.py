@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Where the page faults of one exec land: by object and ELF section, side by side per preload.
+
+  python3 bench/startfaults.py [--runs N] [--cmd /bin/true] [LIB ...]
+      (default: no preload, this checkout's cargo and wheel builds of libmemshim.so)
+
+Each exec runs under `perf record -e page-faults -c 1 -d` (every fault, with its data address);
+the address is placed in the mapping it fell in (perf's mmap events) and, for a file, in the
+section of that file that holds it (readelf); the preloaded library is "PRELOAD". Faults on anonymous memory (.bss past the file,
+the heap, TLS blocks, the loader's own allocations) are "//anon". The count per row is the median
+over N runs. Needs `perf` and `readelf`; root, or perf_event_paranoid <= 1.
+bench/FINDINGS-startup.md reads this table."""
+
+import argparse
+import collections
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MMAP = re.compile(r"PERF_RECORD_MMAP2 \d+/\d+: \[0x([0-9a-f]+)\(0x([0-9a-f]+)\) @ (0x[0-9a-f]+|0) .*?\]: \S+ (.*)$")
+_sections = {}
+
+
+def sections(path):
+    """(name, vaddr, size) of the allocated sections of an ELF file."""
+    if path not in _sections:
+        out = subprocess.run(["readelf", "-SW", path], capture_output=True, text=True).stdout
+        rows = []
+        for line in out.splitlines():
+            m = re.match(r"\s*\[\s*\d+\]\s+(\S+)\s+\S+\s+([0-9a-f]+)\s+[0-9a-f]+\s+([0-9a-f]+)", line)
+            if m and int(m.group(2), 16):
+                rows.append((m.group(1), int(m.group(2), 16), int(m.group(3), 16)))
+        _sections[path] = rows
+    return _sections[path]
+
+
+def one_exec(cmd, lib, comm):
+    """Counter of (object, section) for the faults of one run of `cmd`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LD_PRELOAD", "MEMSHIM_"))}
+    with tempfile.TemporaryDirectory() as d:
+        data = os.path.join(d, "perf.data")
+        pre = ["env", f"LD_PRELOAD={lib}"] if lib else ["env"]
+        subprocess.run(["perf", "record", "-q", "-e", "page-faults", "-c", "1", "-d", "-o", data] + pre + cmd,
+                       env=env, capture_output=True, check=True)
+        out = subprocess.run(["perf", "script", "-i", data, "-F", "comm,addr", "--show-mmap-events"],
+                             capture_output=True, text=True).stdout
+    maps, first, got = [], {}, collections.Counter()
+    for line in out.splitlines():
+        words = line.split()
+        if not words or words[0] != comm:
+            continue
+        m = MMAP.search(line)
+        if m:
+            start, size, path = int(m.group(1), 16), int(m.group(2), 16), m.group(4).strip()
+            maps.append((start, size, path))
+            first.setdefault(path, start)
+            continue
+        if len(words) < 2:
+            continue
+        addr = int(words[1], 16)
+        where = "?"
+        for start, size, path in reversed(maps):
+            if start <= addr < start + size:
+                if path.startswith("/") and os.path.isfile(path):
+                    off = addr - first[path]
+                    sec = next((n for n, a, s in sections(path) if a <= off < a + max(s, 1)), "?")
+                    name = "PRELOAD" if lib and os.path.realpath(path) == os.path.realpath(lib) else \
+                        os.path.basename(path)
+                    where = f"{name} {sec}"
+                else:
+                    where = path
+                break
+        got[where] += 1
+    return got
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--cmd", default="/bin/true")
+    ap.add_argument("libs", nargs="*", help="libraries to preload ('' or 'glibc' = none)")
+    a = ap.parse_args()
+    libs = [("" if x in ("", "glibc") else os.path.abspath(x)) for x in a.libs] or [
+        "", os.path.join(ROOT, "target", "release", "libmemshim.so"),
+        os.path.join(ROOT, "target", "x86_64-unknown-linux-gnu", "release", "libmemshim.so")]
+    cmd = a.cmd.split()
+    comm = os.path.basename(os.path.realpath(cmd[0]))[:15]
+    runs = {lib: [one_exec(cmd, lib, comm) for _ in range(a.runs)] for lib in libs}
+    rows = sorted({k for r in runs.values() for c in r for k in c})
+    med = {lib: {k: statistics.median(c[k] for c in r) for k in rows} for lib, r in runs.items()}
+    names = [os.path.relpath(lib, ROOT)[-28:] if lib.startswith(ROOT) else (os.path.basename(lib) or "no preload")
+             for lib in libs]
+    print(f"{'object section':44s}" + "".join(f"{n[-28:]:>30s}" for n in names))
+    rows.sort(key=lambda k: -max(med[lib][k] for lib in libs))
+    for k in rows:
+        vals = [med[lib][k] for lib in libs]
+        if any(vals):
+            print(f"{k[:44]:44s}" + "".join(f"{v:>30g}" for v in vals))
+    print(f"{'total (median of sums)':44s}" + "".join(
+        f"{statistics.median(sum(c.values()) for c in runs[lib]):>30g}" for lib in libs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
