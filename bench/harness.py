@@ -220,6 +220,16 @@ def update_report(ctx, results, durations, errors):
 
 # What heap profiling costs is measured by its own tools and run, not by every full run (two more
 # configurations on every scenario would add a third to its time): bench/FINDINGS-profiling.md.
+MEDIUM_NOTE = (
+    "Same-thread churn of 1 to 64 KiB (scenario 4, `medium`) is slower than glibc's because jemalloc 5.3.1 "
+    "caches freed blocks per thread only up to 8 of its pages (32 KiB with 4 KiB pages), so half of the "
+    "kernel's blocks go to the arena. A build with 8 KiB jemalloc pages may cache up to 64 KiB: measured "
+    "side by side (bench/FINDINGS-medium.md), it runs at 1.02x glibc's speed at T=1 with 2 cached blocks "
+    "per large size class, up to 2.2x with jemalloc's 20, but scenario 2's idle figure rises from 46.0 MB "
+    "to 56.4-78.1 MB (slabs twice as large, and what parked threads' caches keep, which the idle return "
+    "cannot reach). The defaults keep 4 KiB pages: scenario 2's idle figure does not move. "
+    "`BENCH_PAGE8K_SHIM` and `--configs ms-page8k,...` rerun the study.")
+
 BIGBLOCKS_NOTE = (
     "One thread frees a block of 5 to 25 MiB and allocates another of a similar size, writing every page "
     "(mimalloc-bench's malloc-large pattern, in the project's own `bench/workloads/bigblocks.c`), measured "
@@ -300,6 +310,7 @@ def write_report(ctx, a, machine, missing, results, durations, total, errors):
     if ctx.mode == "full":
         o += ["## Heap profiling", "", PROFILING_NOTE, ""]
         o += ["## Big blocks in one thread", "", BIGBLOCKS_NOTE, ""]
+        o += ["## Medium sizes: speed against idle memory", "", MEDIUM_NOTE, ""]
     if any(s in results for s in ("s1", "s2", "s3", "s4", "s5", "s6")):
         o += ["## Closing note: targets", "",
               "memshim with its defaults against the issue's targets, in this run. \"floor\" = the lowest "

@@ -15,6 +15,9 @@ WHEEL_SHIM = os.path.join(ROOT, "target", f"{os.uname().machine}-unknown-linux-g
 # BENCH_BASE_SHIM=/path/libmemshim.so adds "memshim-base", an earlier build measured in the same run,
 # for before/after tables of a change (BENCH_BASE_LABEL names it).
 BASE_SHIM = os.environ.get("BENCH_BASE_SHIM", "")
+# BENCH_PAGE8K_SHIM=/path/libmemshim.so (built with JEMALLOC_SYS_WITH_LG_PAGE=13) adds "ms-page8k" and
+# "ms-page8k-t32k", named with --configs only (bench/FINDINGS-medium.md).
+PAGE8K_SHIM = os.environ.get("BENCH_PAGE8K_SHIM", "")
 
 # Variables a configuration may set; all of them are cleared from the harness's
 # own environment first so that nothing leaks from the caller into a run.
@@ -67,7 +70,19 @@ def competitors():
                {"MEMSHIM_PROFILE": "on"}, study=True),
         Config("ms-sampling", "memshim, MEMSHIM_PROFILE=start (sampling one allocation per 512 KiB from the start)",
                SHIM, {"MEMSHIM_PROFILE": "start"}, study=True),
-    ]
+    ] + ([
+        # Issue 48, item 2 (bench/FINDINGS-medium.md): jemalloc built with 8 KiB pages
+        # (JEMALLOC_SYS_WITH_LG_PAGE=13), whose thread caches may then hold blocks up to 64 KiB.
+        Config("ms-page8k", "memshim built with 8 KiB jemalloc pages, tcache_max 64 KiB",
+               PAGE8K_SHIM, {"MEMSHIM_MALLOC_CONF": "tcache_max:65536"}, study=True),
+        Config("ms-page8k-t32k", "memshim built with 8 KiB jemalloc pages, tcache_max 32 KiB (the default)",
+               PAGE8K_SHIM, study=True),
+    ] + [
+        Config(f"ms-page8k-n{n}", f"memshim built with 8 KiB jemalloc pages, tcache_max 64 KiB, "
+               f"{n} cached blocks per large size class (tcache_nslots_large; 20 by default)",
+               PAGE8K_SHIM, {"MEMSHIM_MALLOC_CONF": f"tcache_max:65536,tcache_nslots_large:{n}"}, study=True)
+        for n in (2, 4, 8)
+    ] if PAGE8K_SHIM else [])
 
 
 # memshim variants for choosing the defaults; each differs from the defaults in one knob.
