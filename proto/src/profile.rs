@@ -54,6 +54,24 @@ pub struct ProfileReply {
     /// it, parses it ([`HeapDump::parse`]) and removes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dump_file: Option<String>,
+    /// Action `dump`: the build id of each loaded object that has one, read
+    /// from the process's own memory (its `NT_GNU_BUILD_ID` note), so the
+    /// client knows the file it reads is the one the process mapped
+    /// ([`HeapDump::set_build_ids`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub build_ids: Vec<ObjectBuildId>,
+}
+
+/// The build id of one loaded object.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct ObjectBuildId {
+    /// First address of the object's loaded segments.
+    pub start: u64,
+    /// One past the last address of its loaded segments.
+    pub end: u64,
+    /// The build id, in lowercase hex (as `readelf -n` and
+    /// `/usr/lib/debug/.build-id` write it).
+    pub id: String,
 }
 
 /// The live allocations jemalloc sampled, by call stack. Counts are
@@ -113,6 +131,10 @@ pub struct Mapping {
     pub offset: u64,
     /// The file, as the process sees it.
     pub path: String,
+    /// The file's build id in lowercase hex, where the process sent it
+    /// (empty: unknown).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub build_id: String,
 }
 
 impl HeapDump {
@@ -165,6 +187,15 @@ impl HeapDump {
         d.objects = d.stacks.iter().map(|s| s.objects).sum();
         d.keep_largest(MAX_DUMP_STACKS);
         Some((lg_sample, d))
+    }
+
+    /// Gives each mapping the build id of the loaded object it lies in.
+    pub fn set_build_ids(&mut self, ids: &[ObjectBuildId]) {
+        for m in &mut self.maps {
+            if let Some(o) = ids.iter().find(|o| o.start <= m.start && m.start < o.end) {
+                m.build_id.clone_from(&o.id);
+            }
+        }
     }
 
     /// Keeps the `n` stacks with the most live bytes (totals unchanged, the
@@ -239,6 +270,7 @@ fn parse_map(line: &str) -> Option<Mapping> {
         end: u64::from_str_radix(end, 16).ok()?,
         offset: u64::from_str_radix(offset, 16).ok()?,
         path,
+        build_id: String::new(),
     })
 }
 

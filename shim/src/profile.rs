@@ -68,6 +68,7 @@ pub fn request(
     }
     let was = jemalloc::prof_active();
     let mut dump_file = None;
+    let mut build_ids = Vec::new();
     match action {
         ProfileAction::Status => {}
         ProfileAction::Start if !was => {
@@ -86,6 +87,7 @@ pub fn request(
         ProfileAction::Dump => {
             write_dump(dump_path)?;
             dump_file = Some(dump_name.to_owned());
+            build_ids = os::dl::build_ids();
         }
     }
     let active = jemalloc::prof_active();
@@ -99,6 +101,7 @@ pub fn request(
         stops_in_ms: (active && deadline != 0).then(|| deadline.saturating_sub(now_ms)),
         dump: None,
         dump_file,
+        build_ids,
     })
 }
 

@@ -297,7 +297,7 @@ fn dump(c: &mut Client) -> Result<(Profile, Option<u64>), Failure> {
     let pid = c.proc.pid;
     let t0 = std::time::Instant::now();
     let r = ask_on(c, ProfileAction::Dump, None)?;
-    let d = match (&r.dump, &r.dump_file) {
+    let mut d = match (&r.dump, &r.dump_file) {
         (Some(d), _) => d.clone(),
         (None, Some(name)) => {
             let (_, mut d) = read_dump(c, name)?;
@@ -306,6 +306,7 @@ fn dump(c: &mut Client) -> Result<(Profile, Option<u64>), Failure> {
         }
         (None, None) => HeapDump::default(),
     };
+    d.set_build_ids(&r.build_ids);
     if d.dropped_stacks > 0 {
         errln!(
             "memshim-ctl: {pid} has more sampled stacks than one answer carries: the {} smallest ({}) are left out",
@@ -314,10 +315,11 @@ fn dump(c: &mut Client) -> Result<(Profile, Option<u64>), Failure> {
         );
     }
     let own_pid = c.proc.nspid;
-    Ok((
-        Profile::from_dump(pid, own_pid, r.lg_sample, &d),
-        r.active_ms,
-    ))
+    let (p, mismatched) = Profile::from_dump(pid, own_pid, r.lg_sample, &d);
+    for m in mismatched {
+        errln!("memshim-ctl: {pid}: {m}; its frames are shown as offsets");
+    }
+    Ok((p, r.active_ms))
 }
 
 /// Reads and removes the dump file `name` in the process's socket

@@ -9,7 +9,7 @@
 
 use crate::output::render::{bytes, table};
 use crate::profile::symbols::{Frame, Symbolizer};
-use memshim_proto::HeapDump;
+use memshim_proto::{HeapDump, Mapping};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
@@ -64,11 +64,22 @@ pub struct Profile {
     pub objects: i64,
     /// By bytes, largest first.
     pub stacks: Vec<Stack>,
+    /// The process's executable file mappings, by address, which the
+    /// frames' addresses lie in (empty in a difference).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub maps: Vec<Mapping>,
 }
 
 impl Profile {
-    /// Symbolizes a dump of process `pid`, which sees itself as `own_pid`.
-    pub fn from_dump(pid: i32, own_pid: i32, lg_sample: u32, d: &HeapDump) -> Profile {
+    /// Symbolizes a dump of process `pid`, which sees itself as `own_pid`;
+    /// with a line for each file left unnamed because the file at the
+    /// process's path is not the one it mapped.
+    pub fn from_dump(
+        pid: i32,
+        own_pid: i32,
+        lg_sample: u32,
+        d: &HeapDump,
+    ) -> (Profile, Vec<String>) {
         let mut sym = Symbolizer::new(Some((pid, own_pid)), d.maps.clone());
         let mut cache: HashMap<u32, Vec<Frame>> = HashMap::new();
         let mut merged: HashMap<Vec<Frame>, (i64, i64)> = HashMap::new();
@@ -94,7 +105,9 @@ impl Profile {
             e.0 += s.bytes as i64;
             e.1 += s.objects as i64;
         }
-        Profile::from_stacks(Some(pid), lg_sample, merged)
+        let mut p = Profile::from_stacks(Some(pid), lg_sample, merged);
+        p.maps = sym.maps().to_vec();
+        (p, sym.mismatched().to_vec())
     }
 
     fn from_stacks(
@@ -122,6 +135,7 @@ impl Profile {
             bytes: stacks.iter().map(|s| s.bytes).sum(),
             objects: stacks.iter().map(|s| s.objects).sum(),
             stacks,
+            maps: Vec::new(),
         }
     }
 
@@ -279,6 +293,7 @@ pub fn test_profile(stacks: &[(i64, &[(&str, &str)])]) -> Profile {
                 frames: frames.iter().map(|(f, l)| Frame::new(*f, *l)).collect(),
             })
             .collect(),
+        maps: vec![],
     }
 }
 

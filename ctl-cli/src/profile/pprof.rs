@@ -5,15 +5,23 @@
 //!
 //! Two sample values per stack, `inuse_objects/count` and
 //! `inuse_space/bytes` (the names pprof gives a Go heap profile's live
-//! figures), period `space/bytes` = the sampling interval. One mapping per
-//! library (its file name; the profile is symbolized already, so
-//! `has_functions` is set), one location per distinct frame, each one line
-//! of one function. A function's file name is its source file where the
-//! library's debug information names one (and the line is the frame's:
-//! `go tool pprof -lines`, `list`), else the library.
+//! figures), period `space/bytes` = the sampling interval.
+//!
+//! The profile is symbolized already (`has_functions` is set), and keeps
+//! what pprof needs to do it again from the files (`-symbolize=force`,
+//! `PPROF_BINARY_PATH`): one mapping per executable mapping of the process
+//! with its addresses, file offset, full path and build id, and one
+//! location per address looked up, in that mapping, whose lines are the
+//! frames found there, the functions inlined at that address first (as
+//! pprof orders them). A frame without an address (a difference's) is a
+//! location of its own, in a mapping named after its library. A function's
+//! file name is its source file where the library's debug information
+//! names one (and the line is the frame's: `go tool pprof -lines`, `list`),
+//! else the library.
 
 use crate::profile::heap::Profile;
 use crate::profile::symbols::Frame;
+use memshim_proto::Mapping;
 use prost::Message;
 use std::collections::HashMap;
 use std::io::Write;
@@ -65,10 +73,24 @@ mod proto {
     pub struct Mapping {
         #[prost(uint64, tag = "1")]
         pub id: u64,
+        #[prost(uint64, tag = "2")]
+        pub memory_start: u64,
+        #[prost(uint64, tag = "3")]
+        pub memory_limit: u64,
+        #[prost(uint64, tag = "4")]
+        pub file_offset: u64,
         #[prost(int64, tag = "5")]
         pub filename: i64,
+        #[prost(int64, tag = "6")]
+        pub build_id: i64,
         #[prost(bool, tag = "7")]
         pub has_functions: bool,
+        #[prost(bool, tag = "8")]
+        pub has_filenames: bool,
+        #[prost(bool, tag = "9")]
+        pub has_line_numbers: bool,
+        #[prost(bool, tag = "10")]
+        pub has_inline_frames: bool,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
@@ -77,6 +99,8 @@ mod proto {
         pub id: u64,
         #[prost(uint64, tag = "2")]
         pub mapping_id: u64,
+        #[prost(uint64, tag = "3")]
+        pub address: u64,
         #[prost(message, repeated, tag = "4")]
         pub line: Vec<Line>,
     }
@@ -142,83 +166,145 @@ impl<K: std::hash::Hash + Eq> Ids<K> {
     }
 }
 
+/// Mappings, locations and functions of the message, each added the first
+/// time it is used.
+struct Builder<'a> {
+    s: Strings,
+    out: proto::Profile,
+    /// The process's mappings, by address.
+    maps: &'a [Mapping],
+    /// A mapping's id by its index in `maps`, or by a library's name.
+    mappings: Ids<MappingKey<'a>>,
+    /// A location's id by its address and frames (0 and one frame: a frame
+    /// without an address).
+    locations: Ids<(u64, &'a [Frame])>,
+    functions: Ids<(&'a str, &'a str)>,
+}
+
+#[derive(Hash, PartialEq, Eq)]
+enum MappingKey<'a> {
+    Process(usize),
+    Library(&'a str),
+}
+
 fn message(p: &Profile) -> proto::Profile {
-    let mut s = Strings::default();
-    s.get(""); // string_table[0] must be ""
-    let mut out = proto::Profile::default();
+    let mut b = Builder {
+        s: Strings::default(),
+        out: proto::Profile::default(),
+        maps: &p.maps,
+        mappings: Ids(HashMap::new()),
+        locations: Ids(HashMap::new()),
+        functions: Ids(HashMap::new()),
+    };
+    b.s.get(""); // string_table[0] must be ""
     let vt = |s: &mut Strings, t: &str, u: &str| proto::ValueType {
         r#type: s.get(t),
         unit: s.get(u),
     };
-    out.sample_type = vec![
-        vt(&mut s, "inuse_objects", "count"),
-        vt(&mut s, "inuse_space", "bytes"),
+    b.out.sample_type = vec![
+        vt(&mut b.s, "inuse_objects", "count"),
+        vt(&mut b.s, "inuse_space", "bytes"),
     ];
-    let (mut mappings, mut locations, mut functions) = (
-        Ids(HashMap::new()),
-        Ids(HashMap::new()),
-        Ids(HashMap::new()),
-    );
     for st in &p.stacks {
         let mut ids = Vec::with_capacity(st.frames.len());
-        for f in &st.frames {
-            let (id, new) = locations.get(f);
-            if new {
-                let loc = location(&mut s, &mut out, id, f, &mut mappings, &mut functions);
-                out.location.push(loc);
-            }
-            ids.push(id);
+        // The frames found at one address (those inlined there, then the
+        // function holding the code) are one location.
+        let mut rest = &st.frames[..];
+        while let Some(first) = rest.first() {
+            let n = match first.address {
+                0 => 1,
+                a => rest.iter().take_while(|f| f.address == a).count(),
+            };
+            let (here, next) = rest.split_at(n);
+            ids.push(b.location(first.address, here));
+            rest = next;
         }
-        out.sample.push(proto::Sample {
+        b.out.sample.push(proto::Sample {
             location_id: ids,
             value: vec![st.objects, st.bytes],
         });
     }
-    out.period_type = Some(vt(&mut s, "space", "bytes"));
+    let mut out = b.out;
+    out.period_type = Some(vt(&mut b.s, "space", "bytes"));
     out.period = 1i64 << p.lg_sample.min(62);
-    out.default_sample_type = s.get("inuse_space");
+    out.default_sample_type = b.s.get("inuse_space");
     out.time_nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i64);
-    out.string_table = s.table;
+    out.string_table = b.s.table;
     out
 }
 
-/// The location of frame `f`, adding its function and its library's
-/// mapping to `out` the first time each is seen.
-fn location<'a>(
-    s: &mut Strings,
-    out: &mut proto::Profile,
-    id: u64,
-    f: &'a Frame,
-    mappings: &mut Ids<&'a str>,
-    functions: &mut Ids<(&'a str, &'a str)>,
-) -> proto::Location {
-    let (mapping_id, new) = mappings.get(f.library.as_str());
-    if new {
-        out.mapping.push(proto::Mapping {
-            id: mapping_id,
-            filename: s.get(&f.library),
-            has_functions: true,
+impl<'a> Builder<'a> {
+    /// The id of the location of `frames` (innermost first) at `address`,
+    /// adding it, its functions and its mapping the first time.
+    fn location(&mut self, address: u64, frames: &'a [Frame]) -> u64 {
+        let (id, new) = self.locations.get((address, frames));
+        if !new {
+            return id;
+        }
+        let mapping_id = self.mapping(address, &frames[0].library);
+        let line = frames
+            .iter()
+            .map(|f| {
+                let (function_id, new) = self.functions.get((&f.function, &f.library));
+                let (file, line) = f.file_line().unwrap_or((&f.library, 0));
+                if new {
+                    let name = self.s.get(&f.function);
+                    self.out.function.push(proto::Function {
+                        id: function_id,
+                        name,
+                        system_name: name,
+                        filename: self.s.get(file),
+                    });
+                }
+                proto::Line {
+                    function_id,
+                    line: i64::from(line),
+                }
+            })
+            .collect();
+        self.out.location.push(proto::Location {
+            id,
+            mapping_id,
+            address,
+            line,
         });
+        id
     }
-    let (function_id, new) = functions.get((f.function.as_str(), f.library.as_str()));
-    let (file, line) = f.file_line().unwrap_or((&f.library, 0));
-    if new {
-        out.function.push(proto::Function {
-            id: function_id,
-            name: s.get(&f.function),
-            system_name: s.get(&f.function),
-            filename: s.get(file),
-        });
-    }
-    proto::Location {
-        id,
-        mapping_id,
-        line: vec![proto::Line {
-            function_id,
-            line: i64::from(line),
-        }],
+
+    /// The id of the process's mapping that holds `address`, else of one
+    /// named after `library`, adding it the first time.
+    fn mapping(&mut self, address: u64, library: &'a str) -> u64 {
+        let i = self.maps.partition_point(|m| m.start <= address);
+        let held = (address != 0)
+            .then(|| i.checked_sub(1))
+            .flatten()
+            .filter(|&i| address < self.maps[i].end);
+        let key = held.map_or(MappingKey::Library(library), MappingKey::Process);
+        let (id, new) = self.mappings.get(key);
+        if new {
+            let mut m = proto::Mapping {
+                id,
+                filename: self.s.get(library),
+                has_functions: true,
+                ..Default::default()
+            };
+            if let Some(i) = held {
+                let pm = &self.maps[i];
+                let path = pm.path.strip_suffix(" (deleted)").unwrap_or(&pm.path);
+                m.memory_start = pm.start;
+                m.memory_limit = pm.end;
+                m.file_offset = pm.offset;
+                m.filename = self.s.get(path);
+                m.build_id = self.s.get(&pm.build_id);
+                m.has_filenames = true;
+                m.has_line_numbers = true;
+                m.has_inline_frames = true;
+            }
+            self.out.mapping.push(m);
+        }
+        id
     }
 }
 
@@ -302,6 +388,71 @@ mod tests {
                 ("leaf;odd".into(), "inl.c".into(), 9),
                 ("main".into(), "app".into(), 0)
             ]
+        );
+    }
+
+    /// A profile with the process's mappings: each address is one location
+    /// in the mapping that holds it (path, range, offset, build id), the
+    /// frames inlined there its lines, innermost first; a frame without an
+    /// address keeps a mapping named after its library.
+    #[test]
+    fn addresses_and_mappings_are_kept_for_pprof_to_symbolize_again() {
+        let mut p = sample_profile();
+        p.maps = vec![Mapping {
+            start: 0x1000,
+            end: 0x9000,
+            offset: 0x800,
+            path: "/opt/app/bin/app (deleted)".into(),
+            build_id: "ab".repeat(20),
+        }];
+        let at = |a: u64, f: &str| Frame {
+            address: a,
+            ..Frame::new(f, "app")
+        };
+        p.stacks[0].frames = vec![
+            at(0x2000, "inlined"),
+            at(0x2000, "outer"),
+            at(0x3000, "main"),
+        ];
+        p.stacks[1].frames = vec![
+            at(0x2000, "inlined"),
+            at(0x2000, "outer"),
+            at(0x3000, "main"),
+        ];
+        let m = decoded(&p);
+        let st = |i: i64| m.string_table[i as usize].as_str();
+        assert_eq!(m.sample[0].location_id, m.sample[1].location_id);
+        let locs: Vec<&proto::Location> = m.sample[0]
+            .location_id
+            .iter()
+            .map(|&i| &m.location[i as usize - 1])
+            .collect();
+        assert_eq!(
+            locs.iter()
+                .map(|l| (l.address, l.line.len()))
+                .collect::<Vec<_>>(),
+            [(0x2000, 2), (0x3000, 1)]
+        );
+        let fname = |l: &proto::Line| st(m.function[l.function_id as usize - 1].name);
+        assert_eq!(
+            locs[0].line.iter().map(fname).collect::<Vec<_>>(),
+            ["inlined", "outer"]
+        );
+        let map = &m.mapping[locs[0].mapping_id as usize - 1];
+        assert_eq!(locs[1].mapping_id, locs[0].mapping_id);
+        assert_eq!(
+            (map.memory_start, map.memory_limit, map.file_offset),
+            (0x1000, 0x9000, 0x800)
+        );
+        assert_eq!(st(map.filename), "/opt/app/bin/app");
+        assert_eq!(st(map.build_id), "ab".repeat(20));
+        assert!(map.has_functions && map.has_inline_frames);
+        // The freed stack's frames have no address: a mapping by library.
+        let freed = &m.location[m.sample[2].location_id[0] as usize - 1];
+        assert_eq!(freed.address, 0);
+        assert_eq!(
+            st(m.mapping[freed.mapping_id as usize - 1].filename),
+            "libc10.so"
         );
     }
 }

@@ -101,6 +101,7 @@ mod tests {
     fn a_retainer_is_named_only_when_it_holds_memory() {
         let frame = |f: &str, l: &str| Frame::new(f, l);
         let p = Profile {
+            maps: vec![],
             pid: None,
             lg_sample: 19,
             bytes: 3 << 20,

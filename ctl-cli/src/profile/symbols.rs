@@ -32,7 +32,12 @@ use std::collections::HashMap;
 
 /// Where an address is: its function (if a symbol covers it), its file,
 /// and its source line where debug information has one.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+///
+/// Two frames are the same frame when their function, library and line
+/// are: the address is left out of the comparison (two calls on one line,
+/// or one function in two processes, are one frame of a profile and of a
+/// difference), and a merged stack keeps one of its addresses.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Frame {
     /// The function's name, demangled; `lib+0x..` when there is no symbol.
     pub function: String,
@@ -43,15 +48,47 @@ pub struct Frame {
     /// DWARF; empty without debug information.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub source: String,
+    /// The address in the process that was looked up (inside the call
+    /// instruction of a return address), so that pprof can find the frame
+    /// again in the file ([`super::pprof`]); the frames inlined at one
+    /// address share it. 0: none (a frame made here, or a difference's).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub address: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+impl PartialEq for Frame {
+    fn eq(&self, o: &Frame) -> bool {
+        (&self.function, &self.library, &self.source) == (&o.function, &o.library, &o.source)
+    }
+}
+
+impl Eq for Frame {}
+
+impl std::hash::Hash for Frame {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        (&self.function, &self.library, &self.source).hash(h);
+    }
 }
 
 impl Frame {
-    /// A frame with no source line.
+    /// A frame with no source line and no address.
     pub fn new(function: impl Into<String>, library: impl Into<String>) -> Frame {
         Frame {
             function: function.into(),
             library: library.into(),
-            source: String::new(),
+            ..Frame::default()
+        }
+    }
+
+    /// The frame found at `address`.
+    fn at(address: u64, function: impl Into<String>, library: impl Into<String>) -> Frame {
+        Frame {
+            address,
+            ..Frame::new(function, library)
         }
     }
 
@@ -79,6 +116,9 @@ pub struct Symbolizer {
     paths: HashMap<String, Option<String>>,
     /// The perf map's (start, size, name), sorted; read on first need.
     perf: Option<Vec<(u64, u64, String)>>,
+    /// Files found at the path the process mapped but with another build
+    /// id than the process's: their frames are left unnamed.
+    mismatched: Vec<String>,
 }
 
 /// What `/proc/PID/maps` adds to the path of a file deleted (or replaced)
@@ -121,7 +161,19 @@ impl Symbolizer {
             blaze,
             paths: HashMap::new(),
             perf: None,
+            mismatched: Vec::new(),
         }
+    }
+
+    /// The process's executable mappings, by address.
+    pub fn maps(&self) -> &[Mapping] {
+        &self.maps
+    }
+
+    /// One line per file whose frames were left unnamed because the file at
+    /// the process's path is not the one it mapped (another build id).
+    pub fn mismatched(&self) -> &[String] {
+        &self.mismatched
     }
 
     /// The frames of a return address (looked up one byte before it,
@@ -136,9 +188,9 @@ impl Symbolizer {
             .filter(|m| pc < m.end)
         else {
             if let Some(name) = self.perf_map(pc) {
-                return vec![Frame::new(name, PERF_MAP)];
+                return vec![Frame::at(pc, name, PERF_MAP)];
             }
-            return vec![Frame::new(format!("{addr:#x}"), "?")];
+            return vec![Frame::at(pc, format!("{addr:#x}"), "?")];
         };
         let file_off = pc - m.start + m.offset;
         // A file deleted or replaced since it was mapped (an upgrade under
@@ -148,24 +200,45 @@ impl Symbolizer {
             None => (m.path.clone(), false),
         };
         let library = path.rsplit('/').next().unwrap_or(&path).to_string();
-        let unknown = || vec![Frame::new(format!("{library}+{file_off:#x}"), &library)];
+        let unknown = || vec![Frame::at(pc, format!("{library}+{file_off:#x}"), &library)];
         let mapped = self
             .pid
             .map(|pid| format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end));
         let root = self.root.clone();
+        let build_id = m.build_id.clone();
+        let mismatched = &mut self.mismatched;
         let Some(read_at) = self
             .paths
             .entry(m.path.clone())
             .or_insert_with(|| {
                 // The very file the process mapped, while it runs (root, or
                 // CAP_CHECKPOINT_RESTORE); else the file at that path now,
-                // unless the process's own was deleted: another file there
-                // would give another file's names.
+                // unless the process's own was deleted, or the file there
+                // has another build id than the process's: another file
+                // there would give another file's names.
+                if let Some(p) = mapped.filter(|p| std::fs::File::open(p).is_ok()) {
+                    return Some(p);
+                }
                 let by_path = (!deleted).then(|| [format!("{root}{path}"), path.clone()]);
-                mapped
-                    .into_iter()
-                    .chain(by_path.into_iter().flatten())
-                    .find(|p| std::fs::File::open(p).is_ok())
+                let mut other = None;
+                let found = by_path.into_iter().flatten().find(|p| {
+                    if std::fs::File::open(p).is_err() {
+                        return false;
+                    }
+                    match file_build_id(p) {
+                        Some(id) if !build_id.is_empty() && id != build_id => {
+                            other.get_or_insert(id);
+                            false
+                        }
+                        _ => true,
+                    }
+                });
+                if let (None, Some(other)) = (&found, other) {
+                    mismatched.push(format!(
+                        "{path}: the file there has build id {other}, the process mapped {build_id}"
+                    ));
+                }
+                found
             })
             .clone()
         else {
@@ -188,7 +261,7 @@ impl Symbolizer {
             .symbolize_single(&Source::Elf(Elf::new(read_at)), Input::FileOffset(file_off))
         else {
             return match name {
-                Some(name) => vec![Frame::new(demangle(&name), library)],
+                Some(name) => vec![Frame::at(pc, demangle(&name), library)],
                 None => unknown(),
             };
         };
@@ -202,15 +275,24 @@ impl Symbolizer {
                 function: demangle(&f.name),
                 library: library.clone(),
                 source: source_line(f.code_info.as_ref()),
+                address: pc,
             })
             .collect();
         frames.push(Frame {
             function: demangle(name.as_deref().unwrap_or(&sym.name)),
             library,
             source: source_line(sym.code_info.as_deref()),
+            address: pc,
         });
         frames
     }
+}
+
+/// The build id of the ELF file at `path`, in lowercase hex; `None` if it
+/// has none or is not one.
+fn file_build_id(path: &str) -> Option<String> {
+    let id = blazesym::helper::read_elf_build_id(path).ok()??;
+    Some(id.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// `file:line` (the file's name without its directory), or empty.
@@ -363,6 +445,7 @@ mod tests {
                     end: u64::from_str_radix(e, 16).unwrap(),
                     offset: u64::from_str_radix(f[2], 16).unwrap(),
                     path: f[5..].join(" "),
+                    build_id: String::new(),
                 })
             })
             .collect();
@@ -374,14 +457,13 @@ mod tests {
         assert!(f.library.starts_with("memshim_ctl"), "{f:?}");
     }
 
-    /// A C file built with `-O2 -g`, where `f` inlines `g`, which inlines
-    /// `h`, which calls `malloc`: the call's address is three frames, each
-    /// with its own line, innermost first (what the hand-written reader,
-    /// with symbol tables only, gave as `f` alone).
-    #[test]
-    fn dwarf_gives_inlined_functions_and_source_lines() {
-        let dir = std::env::temp_dir().join(format!("memshim-symbols-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+    /// A C file built with `-O2 -g` into `dir`, where `f` inlines `g`,
+    /// which inlines `h`, which calls `malloc`: the executable, mapped
+    /// whole at 0x10000 (a PIE's first segments have file offsets equal to
+    /// their addresses), and the return address of that call (or tail
+    /// jump) there.
+    fn inlining_program(dir: &std::path::Path) -> (Mapping, u64) {
+        std::fs::create_dir_all(dir).unwrap();
         let (src, exe) = (dir.join("inl.c"), dir.join("inl"));
         std::fs::write(
             &src,
@@ -399,13 +481,12 @@ mod tests {
         )
         .unwrap();
         let cc = std::process::Command::new("cc")
-            .args(["-O2", "-g", "-o"])
+            .args(["-O2", "-g", "-Wl,--build-id", "-o"])
             .arg(&exe)
             .arg(&src)
             .status()
             .unwrap();
         assert!(cc.success());
-        // The call (or tail jump) to malloc inside f, from the disassembly.
         let dis = std::process::Command::new("objdump")
             .arg("-d")
             .arg(&exe)
@@ -418,18 +499,26 @@ mod tests {
             .find(|l| l.contains("malloc"))
             .unwrap_or_else(|| panic!("no call to malloc in f: {body}"));
         let vaddr = u64::from_str_radix(call.trim().split(':').next().unwrap(), 16).unwrap();
-        // Mapped whole at 0x10000: a PIE's first segments have file
-        // offsets equal to their addresses.
         let len = std::fs::metadata(&exe).unwrap().len();
-        let maps = vec![Mapping {
+        let map = Mapping {
             start: 0x10000,
             end: 0x10000 + len,
             offset: 0,
             path: exe.display().to_string(),
-        }];
-        let mut s = Symbolizer::new(None, maps);
-        // A return address: one past the instruction.
-        let frames = s.frames(0x10000 + vaddr + 1);
+            build_id: String::new(),
+        };
+        (map, 0x10000 + vaddr + 1)
+    }
+
+    /// The call's address is three frames, each with its own line,
+    /// innermost first (what the hand-written reader, with symbol tables
+    /// only, gave as `f` alone), all at the address looked up.
+    #[test]
+    fn dwarf_gives_inlined_functions_and_source_lines() {
+        let dir = std::env::temp_dir().join(format!("memshim-symbols-{}", std::process::id()));
+        let (map, ret) = inlining_program(&dir);
+        let mut s = Symbolizer::new(None, vec![map]);
+        let frames = s.frames(ret);
         let got: Vec<(&str, &str)> = frames
             .iter()
             .map(|f| (f.function.as_str(), f.source.as_str()))
@@ -440,6 +529,40 @@ mod tests {
             "{frames:?}"
         );
         assert!(frames.iter().all(|f| f.library == "inl"), "{frames:?}");
+        assert!(frames.iter().all(|f| f.address == ret - 1), "{frames:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A file read at the process's path is used only if its build id is
+    /// the one the process sent: another file there (a rebuilt library)
+    /// would give its own names to the process's addresses.
+    #[test]
+    fn a_file_with_another_build_id_than_the_process_s_is_not_read() {
+        let dir = std::env::temp_dir().join(format!("memshim-buildid-{}", std::process::id()));
+        let (map, ret) = inlining_program(&dir);
+        let id = file_build_id(&map.path).expect("cc -Wl,--build-id wrote a build id");
+        assert_eq!(id.len(), 40, "{id}");
+        let named = |build_id: &str| {
+            let mut s = Symbolizer::new(
+                None,
+                vec![Mapping {
+                    build_id: build_id.into(),
+                    ..map.clone()
+                }],
+            );
+            let f = s.frames(ret).last().unwrap().function.clone();
+            (f, s.mismatched().to_vec())
+        };
+        assert_eq!(named(&id), ("f".to_string(), vec![]));
+        assert_eq!(named("").0, "f", "no build id sent: the path is trusted");
+        let other = "ab".repeat(20);
+        let (f, mismatched) = named(&other);
+        assert!(f.starts_with("inl+0x"), "{f}");
+        assert_eq!(mismatched.len(), 1);
+        assert!(
+            mismatched[0].contains(&id) && mismatched[0].contains(&other),
+            "{mismatched:?}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

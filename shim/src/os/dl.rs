@@ -145,3 +145,158 @@ pub fn glibc_version() -> (u64, u64) {
     let mi = it.next().and_then(super::parse_u64).unwrap_or(0);
     (ma, mi)
 }
+
+/// The most loaded objects [`build_ids`] reads (a PyTorch process has
+/// about 150).
+const MAX_OBJECTS: usize = 4096;
+
+/// The longest build id kept (GNU ld writes 20 bytes, a SHA-1; `--build-id=`
+/// with a hex string may write more: such an object is left out).
+const MAX_BUILD_ID: usize = 64;
+
+/// One object's span and build id, as the loader walk records it.
+struct RawBuildId {
+    start: u64,
+    end: u64,
+    len: usize,
+    id: [u8; MAX_BUILD_ID],
+}
+
+/// The build id of every loaded object that has one (its `NT_GNU_BUILD_ID`
+/// note, read from the object's own loaded segment), with the span of its
+/// loaded segments, for the `profile` request's answer, on the shim's
+/// thread. The loader holds its lock during the walk, so the callback
+/// neither allocates nor formats (an allocation could be sampled, and the
+/// sample's unwinder walks the loader's list too): it fills room reserved
+/// before the walk, and the hex is written after it.
+pub fn build_ids() -> Vec<memshim_proto::ObjectBuildId> {
+    unsafe extern "C" fn visit(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut c_void,
+    ) -> libc::c_int {
+        // SAFETY: `data` is the Vec passed below, alive for the call; `info`
+        // and its program headers are valid for this callback, and each
+        // PT_NOTE segment lies in a loaded (readable) segment of the object.
+        unsafe {
+            let out = &mut *(data as *mut Vec<RawBuildId>);
+            let info = &*info;
+            if info.dlpi_phdr.is_null() || out.len() == out.capacity() {
+                return 0;
+            }
+            let phdrs = core::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize);
+            let base = info.dlpi_addr;
+            let mut raw = RawBuildId {
+                start: u64::MAX,
+                end: 0,
+                len: 0,
+                id: [0; MAX_BUILD_ID],
+            };
+            for ph in phdrs {
+                match ph.p_type {
+                    libc::PT_LOAD => {
+                        raw.start = raw.start.min(base.wrapping_add(ph.p_vaddr));
+                        raw.end = raw.end.max(base.wrapping_add(ph.p_vaddr + ph.p_memsz));
+                    }
+                    libc::PT_NOTE if raw.len == 0 => {
+                        let p = base.wrapping_add(ph.p_vaddr) as *const u8;
+                        let notes = core::slice::from_raw_parts(p, ph.p_filesz as usize);
+                        if let Some(id) = gnu_build_id(notes, ph.p_align)
+                            && id.len() <= MAX_BUILD_ID
+                        {
+                            raw.id[..id.len()].copy_from_slice(id);
+                            raw.len = id.len();
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if raw.len > 0 && raw.start < raw.end {
+                // Within the capacity reserved: no allocation.
+                out.push(raw);
+            }
+            0
+        }
+    }
+    let mut raw: Vec<RawBuildId> = Vec::with_capacity(MAX_OBJECTS);
+    // SAFETY: the callback only reads the loader's entries and fills `raw`
+    // within its capacity.
+    unsafe { libc::dl_iterate_phdr(Some(visit), (&raw mut raw).cast()) };
+    raw.iter()
+        .map(|r| memshim_proto::ObjectBuildId {
+            start: r.start,
+            end: r.end,
+            id: r.id[..r.len].iter().map(|b| format!("{b:02x}")).collect(),
+        })
+        .collect()
+}
+
+/// The description of the `NT_GNU_BUILD_ID` note in a note segment whose
+/// entries are aligned to `align` (4, or 8 for some), if it has one.
+fn gnu_build_id(mut notes: &[u8], align: u64) -> Option<&[u8]> {
+    const NT_GNU_BUILD_ID: u32 = 3;
+    let align = if align == 8 { 8 } else { 4 };
+    let pad = |n: usize| n.div_ceil(align) * align;
+    let word = |b: &[u8], at: usize| -> Option<u32> {
+        Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
+    };
+    while notes.len() >= 12 {
+        let namesz = word(notes, 0)? as usize;
+        let descsz = word(notes, 4)? as usize;
+        let kind = word(notes, 8)?;
+        let desc_at = 12 + pad(namesz);
+        let name = notes.get(12..12 + namesz)?;
+        let desc = notes.get(desc_at..desc_at + descsz)?;
+        if kind == NT_GNU_BUILD_ID && name == b"GNU\0" && !desc.is_empty() {
+            return Some(desc);
+        }
+        notes = notes.get(desc_at + pad(descsz)..)?;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// This test binary's own build id, as `readelf -n` reads it from the
+    /// file, is among the loaded objects' (rustc links with `--build-id`).
+    #[test]
+    fn the_loaded_objects_build_ids_are_the_files() {
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let out = std::process::Command::new("readelf")
+            .arg("-n")
+            .arg(&exe)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let want = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("Build ID: "))
+            .expect("the test binary has a build id")
+            .to_string();
+        let ids = build_ids();
+        let here = the_loaded_objects_build_ids_are_the_files as *const () as u64;
+        let mine = ids.iter().find(|o| o.start <= here && here < o.end);
+        assert_eq!(mine.map(|o| o.id.as_str()), Some(want.as_str()), "{ids:?}");
+        // libc has one too, in its own span.
+        assert!(ids.len() >= 2, "{ids:?}");
+    }
+
+    #[test]
+    fn a_note_segment_with_other_notes_first_is_read() {
+        let mut notes = Vec::new();
+        // An ABI tag note (type 1, "GNU", 16 bytes), then the build id.
+        for (kind, desc) in [(1u32, vec![0u8; 16]), (3, vec![0xab, 0x01, 0xff])] {
+            notes.extend(4u32.to_ne_bytes());
+            notes.extend((desc.len() as u32).to_ne_bytes());
+            notes.extend(kind.to_ne_bytes());
+            notes.extend(b"GNU\0");
+            let n = desc.len();
+            notes.extend(desc);
+            notes.resize(notes.len() + (4 - n % 4) % 4, 0);
+        }
+        assert_eq!(gnu_build_id(&notes, 4), Some(&[0xab, 0x01, 0xff][..]));
+        assert_eq!(gnu_build_id(&notes[..20], 4), None);
+    }
+}

@@ -221,6 +221,46 @@ print('\\n'.join(t.text or '' for t in root.iter() if t.tag.endswith('title')))"
                 o.stdout
             );
         }
+        // pprof can symbolize it again: the fixture's mapping carries the
+        // file's path and build id, and `-symbolize=force` finds both
+        // functions from the file (addr2line's source paths are whole,
+        // the profile's own are file names).
+        let exe = fixture("profile_leak", &[]);
+        let notes = Cmd::new("readelf", ["-n".into(), exe.display().to_string()]).run();
+        let build_id = notes
+            .stdout
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("Build ID: "))
+            .unwrap_or_else(|| panic!("the fixture has no build id: {notes:?}"))
+            .to_string();
+        let raw = |extra: &[&str]| {
+            let pb = pb.display().to_string();
+            let mut args = vec!["tool", "pprof", "-raw"];
+            args.extend_from_slice(extra);
+            args.push(&pb);
+            let o = Cmd::new("go", args).env("HOME", scratch()).run();
+            assert_eq!(o.code, 0, "go tool pprof -raw {extra:?}: {o:?}");
+            o
+        };
+        let o = raw(&[]);
+        let mapping = o
+            .stdout
+            .lines()
+            .skip_while(|l| !l.starts_with("Mappings"))
+            .find(|l| l.contains(&exe.display().to_string()))
+            .unwrap_or_else(|| panic!("no mapping of the fixture: {}", o.stdout));
+        assert!(mapping.contains(&build_id), "{mapping} lacks {build_id}");
+        let o = raw(&["-symbolize=force"]);
+        assert!(!o.stderr.contains("failed"), "{o:?}");
+        for f in ["keep_sixty_four", "keep_sixteen"] {
+            assert!(
+                o.stdout
+                    .lines()
+                    .any(|l| l.contains(&format!(" {f} /")) && l.contains("/profile_leak.c:")),
+                "go tool pprof -symbolize=force finds {f} in the fixture's file:\n{}",
+                o.stdout
+            );
+        }
     } else {
         memshim_tests::skip(
             "go tool pprof: go is not installed (Debian package golang-go; make test-deps installs it)",
