@@ -18,15 +18,12 @@ configuration once per round, in a rotated order); medians of:
 Ratios are against glibc's median. Stdlib only."""
 
 import argparse
-import json
 import os
-import statistics
-import subprocess
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
+from benchlib import interleaved  # noqa: E402
 from benchlib.build import build_all  # noqa: E402
 
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
@@ -41,27 +38,10 @@ def default_configs():
     return c
 
 
-def parse_config(text):
-    name, _, rest = text.partition("=")
-    lib, _, envs = rest.partition(":")
-    env = dict(kv.split("=", 1) for kv in envs.split(",") if kv)
-    return (name, lib or None, env)
-
-
 def run_once(exe, args, lib, env):
-    e = {k: v for k, v in os.environ.items() if not k.startswith(("LD_PRELOAD", "MEMSHIM_", "MALLOC_"))}
-    e.update(env)
-    if lib:
-        e["LD_PRELOAD"] = lib
-    t = time.monotonic()
-    p = subprocess.Popen([exe, *args], env=e, stdout=subprocess.PIPE)
-    out = p.stdout.read().decode()
-    _, status, ru = os.wait4(p.pid, 0)
-    wall = time.monotonic() - t
-    if status != 0:
-        sys.exit(f"bigblocks failed ({status}) under {lib} {env}")
-    ev = {j["event"]: j for j in map(json.loads, out.split("\n")[:-1])}
-    return {"faults": ru.ru_minflt, "cpu": ru.ru_utime + ru.ru_stime, "wall": wall,
+    r = interleaved.run_once([exe, *args], lib, env)
+    ev = r["events"]
+    return {"faults": r["faults"], "cpu": r["cpu"], "wall": r["wall"],
             "peak": ev["done"]["hwm_kb"] / 1024, "idle": ev["idle"]["rss_kb"] / 1024}
 
 
@@ -73,17 +53,12 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("configs", nargs="*")
     a = ap.parse_args()
-    configs = [parse_config(c) for c in a.configs] or default_configs()
+    configs = [interleaved.parse_config(c) for c in a.configs] or default_configs()
     exe = build_all()["bigblocks"]
     args = [str(a.ops), str(a.slots), str(a.wait)]
-    res = {c[0]: [] for c in configs}
-    for r in range(a.runs):
-        order = configs[r % len(configs):] + configs[:r % len(configs)]
-        for name, lib, env in order:
-            res[name].append(run_once(exe, args, lib, env))
-    keys = ("faults", "cpu", "wall", "peak", "idle")
-    med = {n: {k: statistics.median(x[k] for x in rs) for k in keys} for n, rs in res.items()}
-    spread = {n: {k: (min(x[k] for x in rs), max(x[k] for x in rs)) for k in ("cpu", "wall")} for n, rs in res.items()}
+    res = interleaved.rounds(configs, a.runs, lambda _n, lib, env: run_once(exe, args, lib, env))
+    med = interleaved.medians(res, ("faults", "cpu", "wall", "peak", "idle"))
+    spread = interleaved.spreads(res, ("cpu", "wall"))
     base = med.get("glibc") or next(iter(med.values()))
     print(f"bigblocks {a.ops} ops, {a.slots} slots, idle after {a.wait:g} s, medians of {a.runs} interleaved runs; ratios against glibc")
     print("| config | faults | × | cpu s | × | wall s (min–max) | × | peak MB | × | idle MB |")
