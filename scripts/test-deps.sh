@@ -83,17 +83,18 @@ fi
 
 # --- Python packages -----------------------------------------------------------------
 # torch + transformers for the PyTorch bridge tests (`make test` runs
-# test-torch) and the model-cycle benchmark. PyPI only has torch's CUDA
+# test-torch) and the model-cycle benchmark; fastapi + uvicorn for the
+# model server test of a process started without the preload. PyPI only has torch's CUDA
 # build for x86_64 (several GiB with its nvidia-* packages; the tests use the
 # CPU and never initialise CUDA); pip's cache keeps re-runs fast.
 # Pinned to the versions the tests were last checked with, so that a fresh
 # machine does not pick up a release that warns or allocates differently.
-py_pins=(torch==2.15.0 transformers==5.23.0 numpy==2.4.6)
+py_pins=(torch==2.15.0 transformers==5.23.0 numpy==2.4.6 fastapi==0.165.0 uvicorn==0.55.0)
 PY=$(python3 -c 'import sys; print(sys.executable)')
-if "$PY" -c 'import torch, transformers, numpy' >/dev/null 2>&1; then
-    say "torch, transformers, numpy importable by $PY"
+if "$PY" -c 'import torch, transformers, numpy, fastapi, uvicorn' >/dev/null 2>&1; then
+    say "torch, transformers, numpy, fastapi, uvicorn importable by $PY"
 elif [ "$dry" = 1 ]; then
-    say "missing for $PY: torch transformers numpy"
+    say "missing for $PY: torch transformers numpy fastapi uvicorn"
 else
     say "pip install ${py_pins[*]} (for $PY)"
     pip_args=(-q)

@@ -218,3 +218,94 @@ fn bert_cycle(py: &Cpython) {
     let out = child.finish(Duration::from_secs(60));
     assert_eq!((out.code, out.stderr.as_str()), (0, ""), "{v}");
 }
+
+/// A FastAPI server (uvicorn) with a BERT model, started the ordinary way
+/// (no preload), idle in `epoll_wait` after its second `del model`: `release PID`
+/// reaches it by ptrace and brings its RSS to within 10 % of what the same
+/// server under the shim keeps after its own `release`; both servers
+/// answer afterwards and stop on SIGINT with status 0 and an empty stderr.
+#[test]
+#[ignore = "needs torch, transformers, fastapi and uvicorn: make test-torch"]
+fn a_fastapi_bert_server_started_without_the_preload_gives_back_what_a_shimmed_one_does() {
+    use memshim_tests::deploy::{http, json_num};
+    let _machine = memshim_tests::serial::exclusive(module_path!());
+    let py = default_python();
+    let v = &py.label;
+    let dir = socket_dir("torch-fastapi");
+    let script = fixture_py("py_bert_server.py");
+    // (RSS loaded, after `del model`, after `release`) of one server.
+    let cycle = |shimmed: bool| -> (u64, u64, u64) {
+        let cmd = if shimmed {
+            py.shimmed(&script, &[], &dir)
+        } else {
+            py.cmd([&script])
+        };
+        let mut server = cmd.spawn();
+        let line = server.wait_for_line("listening", Duration::from_secs(180));
+        let addr = format!("127.0.0.1:{}", line.split_whitespace().nth(1).unwrap());
+        let pid = server.pid();
+        // Two loads: glibc's first frees of the big tensors raise its mmap
+        // threshold, so the second model's tensors come from its heap and
+        // stay there after `del` (the bloat users see); the first model's
+        // went back to the kernel at once.
+        let mut loaded = 0;
+        for _ in 0..2 {
+            let (code, body) = http(&addr, "POST", "/load");
+            assert_eq!(code, 200, "{v}: {body}");
+            assert!(json_num(&body, "params").unwrap() > 1e8, "{v}: {body}");
+            loaded = rss_bytes(pid);
+            let (code, body) = http(&addr, "POST", "/unload");
+            assert_eq!(code, 200, "{v}: {body}");
+        }
+        let unloaded = rss_bytes(pid);
+        // The main thread back in epoll_wait, the worker thread idle.
+        std::thread::sleep(Duration::from_secs(1));
+        let o = memshim_tests::Cmd::new(memshim_tests::ctl(), ["release", &pid.to_string()]).run();
+        assert_eq!(o.code, 0, "{v}, shimmed {shimmed}: {o:?}");
+        assert_eq!(
+            o.stdout.contains("reached by ptrace"),
+            !shimmed,
+            "{v}, shimmed {shimmed}: {o:?}"
+        );
+        let released = rss_bytes(pid);
+        assert_eq!(
+            http(&addr, "GET", "/health").0,
+            200,
+            "{v}: the server answers"
+        );
+        let k = memshim_tests::Cmd::new("kill", ["-INT", &pid.to_string()]).run();
+        assert_eq!(k.code, 0);
+        let out = server.finish(Duration::from_secs(60));
+        assert_eq!(
+            (out.code, out.stderr.as_str()),
+            (0, ""),
+            "{v}, shimmed {shimmed}"
+        );
+        (loaded, unloaded, released)
+    };
+    let (p_loaded, p_unloaded, p_released) = cycle(false);
+    let (s_loaded, s_unloaded, s_released) = cycle(true);
+    let _ = writeln!(
+        std::io::stderr(),
+        "FastAPI BERT server, {v}: without the preload loaded {:.0} MiB, after del {:.0} MiB, after release {:.0} MiB; \
+         shimmed loaded {:.0} MiB, after del {:.0} MiB, after release {:.0} MiB",
+        mib(p_loaded),
+        mib(p_unloaded),
+        mib(p_released),
+        mib(s_loaded),
+        mib(s_unloaded),
+        mib(s_released)
+    );
+    assert!(
+        p_unloaded > p_released + 100 * MIB,
+        "{v}: without the preload, del kept the model's pages ({:.0} MiB) until release ({:.0} MiB)",
+        mib(p_unloaded),
+        mib(p_released)
+    );
+    assert!(
+        p_released as f64 <= 1.10 * s_released as f64,
+        "{v}: after release, the server without the preload keeps {:.0} MiB, the shimmed one {:.0} MiB",
+        mib(p_released),
+        mib(s_released)
+    );
+}
