@@ -64,8 +64,8 @@ pub struct Profile {
     pub objects: i64,
     /// By bytes, largest first.
     pub stacks: Vec<Stack>,
-    /// The process's executable file mappings, by address, which the
-    /// frames' addresses lie in (empty in a difference).
+    /// The process's executable file mappings that the frames' addresses
+    /// lie in, by address (empty in a difference).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub maps: Vec<Mapping>,
 }
@@ -106,7 +106,18 @@ impl Profile {
             e.1 += s.objects as i64;
         }
         let mut p = Profile::from_stacks(Some(pid), lg_sample, merged);
-        p.maps = sym.maps().to_vec();
+        // The mappings the frames lie in (a PyTorch process maps hundreds).
+        p.maps = sym
+            .maps()
+            .iter()
+            .filter(|m| {
+                p.stacks
+                    .iter()
+                    .flat_map(|s| &s.frames)
+                    .any(|f| m.start <= f.address && f.address < m.end)
+            })
+            .cloned()
+            .collect();
         (p, sym.mismatched().to_vec())
     }
 
