@@ -114,6 +114,12 @@ def variants():
         # (bench/FINDINGS-percpu.md, issue 36; bench/percpu_study.py names it, the full run leaves it out).
         Config("ms-percpu", "memshim, percpu_arena:percpu (one arena per CPU, chosen by the running CPU)", SHIM,
                {"MEMSHIM_MALLOC_CONF": "percpu_arena:percpu"}, True, study=True),
+        # Deeper thread caches for small sizes (jemalloc: 2 x a slab's regions per size class, at most 200):
+        # what glibc-simple's pattern (1000 blocks of one size, then all freed) trails on
+        # (BENCHMARKS.md, "The suite's patterns"); only where --configs names it.
+        Config("ms-slots", "memshim, thread caches of up to 2048 small blocks per size class "
+               "(tcache_nslots_small_max:2048, lg_tcache_nslots_mul:4)", SHIM,
+               {"MEMSHIM_MALLOC_CONF": "tcache_nslots_small_max:2048,lg_tcache_nslots_mul:4"}, True, study=True),
     ]
 
 
