@@ -179,7 +179,10 @@ fn example_app_loads_and_unloads_a_model_under_the_installed_shim() {
     .env("LD_PRELOAD", &lib)
     .env("DEMO_LAYERS", "2")
     .spawn();
-    let line = app.wait_for_line("listening on", Duration::from_secs(60));
+    // The app imports torch and transformers before it listens: tens of
+    // seconds with a cold page cache on a loaded 2-CPU machine (one run
+    // timed out at 60 s there).
+    let line = app.wait_for_line("listening on", Duration::from_secs(180));
     let addr = line.split_whitespace().nth(2).unwrap().to_owned();
     let pid = app.pid();
 

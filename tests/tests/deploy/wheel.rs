@@ -437,7 +437,10 @@ fn wheel_dockerfile_steps_by_hand_give_a_shimmed_app_that_returns_memory() {
     .env("MEMSHIM_CONTROL", "on")
     .env("DEMO_LAYERS", "2")
     .spawn();
-    let line = app.wait_for_line("listening on", Duration::from_secs(60));
+    // The app imports torch and transformers before it listens: tens of
+    // seconds with a cold page cache on a loaded 2-CPU machine (one run
+    // timed out at 60 s there).
+    let line = app.wait_for_line("listening on", Duration::from_secs(180));
     let addr = line.split_whitespace().nth(2).unwrap().to_owned();
     let pid = app.pid();
     let (code, body) = http(&addr, "POST", "/load");
