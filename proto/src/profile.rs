@@ -278,6 +278,31 @@ fn parse_map(line: &str) -> Option<Mapping> {
 mod tests {
     use super::*;
 
+    /// Each mapping takes the build id of the object whose loaded span
+    /// holds its start; one in no object's span keeps none.
+    #[test]
+    fn mappings_take_the_build_id_of_the_object_they_lie_in() {
+        let map = |start: u64| Mapping {
+            start,
+            end: start + 0x1000,
+            offset: 0,
+            path: "/x".into(),
+            build_id: String::new(),
+        };
+        let mut d = HeapDump {
+            maps: vec![map(0x1000), map(0x5000), map(0x9000)],
+            ..HeapDump::default()
+        };
+        let id = |start: u64, end: u64, id: &str| ObjectBuildId {
+            start,
+            end,
+            id: id.into(),
+        };
+        d.set_build_ids(&[id(0x0, 0x2000, "aa"), id(0x4000, 0x8000, "bb")]);
+        let ids: Vec<&str> = d.maps.iter().map(|m| m.build_id.as_str()).collect();
+        assert_eq!(ids, ["aa", "bb", ""]);
+    }
+
     #[test]
     fn a_heap_profile_of_jemalloc_parses() {
         let text = "heap_v2/524288\n  t*: 65: 68157440 [0: 0]\n  t0: 65: 68157440 [0: 0]\n\
