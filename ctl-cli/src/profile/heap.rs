@@ -8,7 +8,7 @@
 //! first frame is the function that asked for the memory.
 
 use crate::output::render::{bytes, table};
-use crate::profile::symbols::{Frame, Symbolizer};
+use crate::profile::symbols::{Frame, Symbolizer, holding};
 use memshim_proto::{HeapDump, Mapping};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -106,17 +106,20 @@ impl Profile {
             e.1 += s.objects as i64;
         }
         let mut p = Profile::from_stacks(Some(pid), lg_sample, merged);
-        // The mappings the frames lie in (a PyTorch process maps hundreds).
-        p.maps = sym
-            .maps()
+        // The mappings the frames lie in (a PyTorch process maps hundreds),
+        // each frame looked up once.
+        let maps = sym.maps();
+        let mut used = vec![false; maps.len()];
+        for f in p.stacks.iter().flat_map(|s| &s.frames) {
+            if let Some(i) = holding(maps, f.address) {
+                used[i] = true;
+            }
+        }
+        p.maps = maps
             .iter()
-            .filter(|m| {
-                p.stacks
-                    .iter()
-                    .flat_map(|s| &s.frames)
-                    .any(|f| m.start <= f.address && f.address < m.end)
-            })
-            .cloned()
+            .zip(used)
+            .filter(|(_, used)| *used)
+            .map(|(m, _)| m.clone())
             .collect();
         (p, sym.mismatched().to_vec())
     }

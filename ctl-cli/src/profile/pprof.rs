@@ -20,7 +20,7 @@
 //! else the library.
 
 use crate::profile::heap::Profile;
-use crate::profile::symbols::Frame;
+use crate::profile::symbols::{Frame, holding};
 use memshim_proto::Mapping;
 use prost::Message;
 use std::collections::HashMap;
@@ -276,11 +276,9 @@ impl<'a> Builder<'a> {
     /// The id of the process's mapping that holds `address`, else of one
     /// named after `library`, adding it the first time.
     fn mapping(&mut self, address: u64, library: &'a str) -> u64 {
-        let i = self.maps.partition_point(|m| m.start <= address);
         let held = (address != 0)
-            .then(|| i.checked_sub(1))
-            .flatten()
-            .filter(|&i| address < self.maps[i].end);
+            .then(|| holding(self.maps, address))
+            .flatten();
         let key = held.map_or(MappingKey::Library(library), MappingKey::Process);
         let (id, new) = self.mappings.get(key);
         if new {

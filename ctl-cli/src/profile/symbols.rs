@@ -121,6 +121,13 @@ pub struct Symbolizer {
     mismatched: Vec<String>,
 }
 
+/// The index of the mapping in `maps` (sorted by start, not overlapping)
+/// that holds `addr`, if one does.
+pub fn holding(maps: &[Mapping], addr: u64) -> Option<usize> {
+    let i = maps.partition_point(|m| m.start <= addr).checked_sub(1)?;
+    (addr < maps[i].end).then_some(i)
+}
+
 /// What `/proc/PID/maps` adds to the path of a file deleted (or replaced)
 /// since it was mapped.
 const DELETED: &str = " (deleted)";
@@ -181,12 +188,7 @@ impl Symbolizer {
     /// inlined there, then the function that holds the code.
     pub fn frames(&mut self, addr: u64) -> Vec<Frame> {
         let pc = addr.saturating_sub(1);
-        let i = self.maps.partition_point(|m| m.start <= pc);
-        let Some(m) = i
-            .checked_sub(1)
-            .map(|i| &self.maps[i])
-            .filter(|m| pc < m.end)
-        else {
+        let Some(m) = holding(&self.maps, pc).map(|i| &self.maps[i]) else {
             if let Some(name) = self.perf_map(pc) {
                 return vec![Frame::at(pc, name, PERF_MAP)];
             }
