@@ -11,6 +11,8 @@ import subprocess
 import sys
 import time
 
+from .configs import CONTROLLED_PREFIXES
+
 
 def parse_config(text):
     """NAME=LIB[:ENV=V,...] (LIB empty: no preload)."""
@@ -23,7 +25,7 @@ def parse_config(text):
 def run_once(argv, lib, env):
     """One run: its JSON event lines by event name (common.h's emit), and minor faults, CPU seconds
     (user + system) and wall seconds from wait4. Exits the script if the program fails."""
-    e = {k: v for k, v in os.environ.items() if not k.startswith(("LD_PRELOAD", "MEMSHIM_", "MALLOC_"))}
+    e = {k: v for k, v in os.environ.items() if not k.startswith(CONTROLLED_PREFIXES)}
     e.update(env)
     if lib:
         e["LD_PRELOAD"] = lib
