@@ -1,6 +1,6 @@
 # memshim — build, test, install, benchmark.
 #
-#   make                 build target/release/libmemshim.so and memshim-ctl
+#   make                 build target/release/libmemshim.so, libmemshim_bridge.so and memshim-ctl
 #   make test            install what the tests need (scripts/test-deps.sh), then
 #                        every test CI runs (unit, integration, wheel, bench smoke)
 #   make wheel           target/wheels/memshim-<version>-py3-none-manylinux_2_17_<arch>.whl
@@ -13,6 +13,7 @@ CARGO   ?= cargo
 PYTHON  ?= python3
 
 LIB := target/release/libmemshim.so
+BRIDGE := target/release/libmemshim_bridge.so
 CTL := target/release/memshim-ctl
 
 # Wheels: built with zig as the C compiler and linker (cargo-zigbuild), against
@@ -36,9 +37,9 @@ WHEEL_ENV     = PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" CARGO_PROFILE_RELEASE_DEBUG
 all: build
 
 build: ## Build the release library and CLI
-	$(CARGO) build --release -p memshim -p memshim-ctl
+	$(CARGO) build --release -p memshim -p memshim-bridge -p memshim-ctl
 
-$(LIB) $(CTL): build
+$(LIB) $(BRIDGE) $(CTL): build
 
 test: test-deps ## Install what the tests need, then run every test (what CI runs)
 	$(MAKE) build
@@ -77,7 +78,7 @@ test-shipped: wheel-$(HOST_ARCH) ## The build-dependent families against the whe
 	    interpose:: compat::free_keeps_errno
 	$(SHIPPED_ENV) $(CARGO) test --release -p memshim-tests --test control --no-fail-fast -- --test-threads=2 profile:: profile_files::
 	$(SHIPPED_ENV) $(CARGO) test --release -p memshim-tests --test python --no-fail-fast -- --test-threads=2 \
-	    profile:: sampling:: reach:: torch::a_heap_profile
+	    profile:: sampling:: reach:: attach:: torch::a_heap_profile
 	$(PYTHON) bench/harness.py --smoke --only s6 --configs glibc,memshim,memshim-wheel,mimalloc \
 	    --out target/test-scratch/bench-shipped
 
@@ -98,16 +99,18 @@ lint: ## rustfmt and clippy, warnings are errors
 
 # Docs: README.md at the top of share/doc/memshim and docs/ beside it, so the
 # README's relative links resolve (and docs/README.md does not collide with it).
-install: build ## Install lib/libmemshim.so, bin/memshim-ctl and the docs under $(DESTDIR)$(PREFIX)
+install: build ## Install lib/libmemshim.so, lib/libmemshim_bridge.so, bin/memshim-ctl and the docs under $(DESTDIR)$(PREFIX)
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/doc/memshim/docs
 	install -m 0755 $(LIB) $(DESTDIR)$(PREFIX)/lib/libmemshim.so
 	strip --strip-debug $(DESTDIR)$(PREFIX)/lib/libmemshim.so
+	install -m 0755 $(BRIDGE) $(DESTDIR)$(PREFIX)/lib/libmemshim_bridge.so
+	strip --strip-debug $(DESTDIR)$(PREFIX)/lib/libmemshim_bridge.so
 	install -m 0755 $(CTL) $(DESTDIR)$(PREFIX)/bin/memshim-ctl
 	install -m 0644 README.md $(DESTDIR)$(PREFIX)/share/doc/memshim/
 	install -m 0644 docs/*.md $(DESTDIR)$(PREFIX)/share/doc/memshim/docs/
 
 uninstall: ## Remove what `make install` installed
-	rm -f $(DESTDIR)$(PREFIX)/lib/libmemshim.so $(DESTDIR)$(PREFIX)/bin/memshim-ctl
+	rm -f $(DESTDIR)$(PREFIX)/lib/libmemshim.so $(DESTDIR)$(PREFIX)/lib/libmemshim_bridge.so $(DESTDIR)$(PREFIX)/bin/memshim-ctl
 	rm -rf $(DESTDIR)$(PREFIX)/share/doc/memshim
 
 bench-deps: ## Install the comparison allocators from Debian's packages
@@ -146,7 +149,7 @@ wheel-x86_64 wheel-aarch64: wheel-%: $(ZIGBUILD)
 # glibc $(GLIBC_FLOOR), without debug info (the wheel is what users download).
 zigbuild = @for a in $(1); do rustup target list --installed 2>/dev/null | grep -qx "$$a-unknown-linux-gnu" \
 	        || rustup target add "$$a-unknown-linux-gnu" || exit 1; done; \
-	$(WHEEL_ENV) $(CARGO) zigbuild --release -p memshim -p memshim-ctl \
+	$(WHEEL_ENV) $(CARGO) zigbuild --release -p memshim -p memshim-bridge -p memshim-ctl \
 	    $(foreach a,$(1),--target $(a)-unknown-linux-gnu.$(GLIBC_FLOOR))
 
 # $(call pack,ARCH): the wheel, checked by auditwheel for its platform tag.

@@ -87,14 +87,16 @@ def record_line(name, data):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", required=True, choices=sorted(ELF_MACHINE))
-    ap.add_argument("--bin-dir", required=True, help="directory with libmemshim.so and memshim-ctl")
+    ap.add_argument("--bin-dir", required=True,
+                    help="directory with libmemshim.so, libmemshim_bridge.so and memshim-ctl")
     ap.add_argument("--out", default=os.path.join(ROOT, "target", "wheels"))
     a = ap.parse_args()
 
     version = pep440(workspace_version())
     lib = os.path.join(a.bin_dir, "libmemshim.so")
+    bridge = os.path.join(a.bin_dir, "libmemshim_bridge.so")
     ctl = os.path.join(a.bin_dir, "memshim-ctl")
-    for p in (lib, ctl):
+    for p in (lib, bridge, ctl):
         if not os.path.isfile(p):
             sys.exit("build_wheel: %s is missing (build it first: make wheel)" % p)
         if elf_machine(p) != ELF_MACHINE[a.arch]:
@@ -116,7 +118,9 @@ def main():
             with open(os.path.join(PKG, name), "rb") as f:
                 files.append(("memshim/" + name, f.read(), False))
     files.append(("memshim/_version.py", ('__version__ = "%s"\n' % version).encode(), False))
-    for src, dst in ((lib, "memshim/lib/libmemshim.so"), (ctl, "memshim/bin/memshim-ctl")):
+    for src, dst in ((lib, "memshim/lib/libmemshim.so"),
+                     (bridge, "memshim/lib/libmemshim_bridge.so"),
+                     (ctl, "memshim/bin/memshim-ctl")):
         with open(src, "rb") as f:
             files.append((dst, f.read(), True))
     metadata = (

@@ -32,8 +32,12 @@
 //!   jemalloc accepts (5.3.1 clips larger values silently; see
 //!   `options::tcache_clipped`).
 fn main() {
+    println!("cargo::rustc-check-cfg=cfg(memshim_bridge)");
     tcache_limit();
     unwind_forwarders();
+    if std::env::var("CARGO_PKG_NAME").as_deref() == Ok("memshim-bridge") {
+        return bridge();
+    }
     println!("cargo:rustc-cdylib-link-arg=-Wl,--wrap=secure_getenv");
     println!("cargo:rustc-cdylib-link-arg=-Wl,--wrap=pthread_atfork");
     let dir = std::env::var("CARGO_MANIFEST_DIR").unwrap();
@@ -45,6 +49,17 @@ fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,now");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libmemshim.so");
+}
+
+/// libmemshim_bridge.so (the `memshim-bridge` package, the same sources):
+/// `cfg(memshim_bridge)`, no jemalloc and none of the wraps above, which
+/// serve it. `-z nodelete` and `-z now` as for the shim: `detach` leaves the
+/// library mapped, and nothing resolves lazily on its thread.
+fn bridge() {
+    println!("cargo:rustc-cfg=memshim_bridge");
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-z,now");
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libmemshim_bridge.so");
 }
 
 /// jemalloc 5.3.1 caps `tcache_max` at `TCACHE_MAXCLASS_LIMIT` =
@@ -79,11 +94,17 @@ fn tcache_limit() {
 /// the link ahead of std, whose `_Unwind_*` references they then satisfy;
 /// unwind tables let an unwinder pass through the forwarders' own frames.
 fn unwind_forwarders() {
-    println!("cargo:rerun-if-changed=src/os/unwind.c");
-    println!("cargo:rerun-if-changed=src/os/libm.c");
+    // The shim's directory, whichever package (the bridge's is beside it).
+    let dir = std::path::Path::new(&std::env::var("CARGO_MANIFEST_DIR").unwrap())
+        .join("../shim")
+        .canonicalize()
+        .unwrap();
+    let (unwind, libm) = (dir.join("src/os/unwind.c"), dir.join("src/os/libm.c"));
+    println!("cargo:rerun-if-changed={}", unwind.display());
+    println!("cargo:rerun-if-changed={}", libm.display());
     cc::Build::new()
-        .file("src/os/unwind.c")
-        .file("src/os/libm.c")
+        .file(unwind)
+        .file(libm)
         .flag("-fno-builtin")
         .flag("-funwind-tables")
         .flag("-fvisibility=hidden")

@@ -82,6 +82,10 @@ pub enum Command {
     Record(cmd::record::RecordArgs),
     /// Where a process's live memory was allocated: a heap profile, taken from outside.
     Profile(cmd::profile::ProfileArgs),
+    /// Bring memshim's bridge (thread, socket, Python) into a CPython started without the preload.
+    Attach(cmd::attach::AttachArgs),
+    /// Stop an attached bridge's thread and close its socket.
+    Detach(cmd::attach::DetachArgs),
 }
 
 impl Command {
@@ -101,6 +105,8 @@ impl Command {
             Command::Cgroup(a) => a.json,
             Command::Reclaim(a) => a.json,
             Command::Profile(a) => a.json,
+            Command::Attach(a) => a.json,
+            Command::Detach(a) => a.json,
         }
     }
 
@@ -123,6 +129,8 @@ impl Command {
             Command::Reclaim(a) => cmd::reclaim::run(a),
             Command::Record(a) => cmd::record::run(a),
             Command::Profile(a) => cmd::profile::run(a),
+            Command::Attach(a) => cmd::attach::run_attach(a),
+            Command::Detach(a) => cmd::attach::run_detach(a),
         }
     }
 }

@@ -31,6 +31,15 @@ pub struct DecayResult {
     pub muzzy_decay_ms: i64,
 }
 
+/// Answer to `detach`, sent before the bridge's thread stops.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DetachResult {
+    /// Idle returns the bridge made while attached.
+    pub idle_returns: u64,
+    /// Milliseconds the bridge was attached.
+    pub attached_ms: u64,
+}
+
 /// Answer to `gc`.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
 pub struct GcResult {

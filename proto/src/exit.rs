@@ -158,8 +158,23 @@ pub const NO_SAFE_POINT: ExitStatus = ExitStatus {
     brief: "no safe point in time (nothing changed)",
 };
 
+/// `attach`: the process's `dlopen` of the bridge failed (its message is
+/// in the error); nothing was changed.
+pub const NOT_ATTACHED: ExitStatus = ExitStatus {
+    code: 22,
+    name: "not_attached",
+    brief: "the bridge could not be loaded (nothing changed)",
+};
+/// `attach`/`detach` on a process started with libmemshim.so preloaded:
+/// it is reachable already and has no bridge.
+pub const PRELOADED: ExitStatus = ExitStatus {
+    code: 23,
+    name: "preloaded",
+    brief: "the shim is preloaded: no bridge to attach or detach",
+};
+
 /// Every status, by code.
-pub const ALL: [ExitStatus; 22] = [
+pub const ALL: [ExitStatus; 24] = [
     OK,
     FAILED,
     USAGE,
@@ -182,6 +197,8 @@ pub const ALL: [ExitStatus; 22] = [
     UNSUPPORTED_VERSION,
     NOT_CPYTHON,
     NO_SAFE_POINT,
+    NOT_ATTACHED,
+    PRELOADED,
 ];
 
 impl ExitStatus {

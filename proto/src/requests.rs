@@ -4,7 +4,9 @@
 //! type ([`Answer`]), the time class a client waits for ([`Wait`]) and the
 //! example line the golden test round-trips.
 
-use crate::actions::{DecayResult, EmptyCacheResult, GcResult, PurgeResult, ReleaseResult};
+use crate::actions::{
+    DecayResult, DetachResult, EmptyCacheResult, GcResult, PurgeResult, ReleaseResult,
+};
 use crate::endpoint::HelloReply;
 use crate::profile::{ProfileAction, ProfileReply, PyTraceAction, PyTraceReply};
 use crate::stats::StatsReport;
@@ -178,6 +180,11 @@ requests! {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         top: Option<u32>,
     } -> Box<PyTraceReply>, Long, r#"{"op":"python_trace","action":"snapshot","top":10}"#;
+
+    /// Stop the attached bridge's thread and close its socket
+    /// ([`DetachResult`]); the answer comes first. A preloaded shim
+    /// refuses it (`unsupported`): its thread is the process's allocator's.
+    "detach" => Detach -> DetachResult, Short, r#"{"op":"detach"}"#;
 }
 
 #[cfg(test)]

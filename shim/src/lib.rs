@@ -19,18 +19,35 @@
 //!
 //! Rules for the allocation path: no locks, no allocation, no formatting,
 //! no Rust thread-locals, no panics (`panic = "abort"` in every profile).
+//!
+//! The same sources build libmemshim_bridge.so (`cfg(memshim_bridge)`, the
+//! `bridge/` package), which `memshim-ctl attach` loads into a process
+//! started without the preload: no allocator, no exports but a
+//! constructor; [`bridge`] and its stand-in for [`jemalloc`] answer with
+//! the process's own allocator (docs/design.md, "The attached bridge").
 
 #![warn(missing_docs)]
 // Unit tests build without the constructor and the exports (they would
 // replace the test binary's own malloc), so what only they reach is unused there.
 #![cfg_attr(test, allow(dead_code))]
 
+#[cfg(not(memshim_bridge))]
 pub mod alloc;
+#[cfg(memshim_bridge)]
+pub mod bridge;
 pub mod control;
+#[cfg(not(memshim_bridge))]
 pub mod deepbind;
+#[cfg(not(memshim_bridge))]
 pub mod exports;
+#[cfg(not(memshim_bridge))]
 pub mod glibc_api;
+#[cfg(not(memshim_bridge))]
 pub mod jemalloc;
+/// The bridge's stand-in for `jemalloc`: the same functions, answered by
+/// the allocator the process already has.
+#[cfg(memshim_bridge)]
+pub use bridge::heap as jemalloc;
 pub mod log;
 pub mod options;
 pub mod os;
@@ -41,5 +58,8 @@ pub mod thread;
 
 /// The shim's own Rust allocations (control plane, formatting) go straight
 /// to jemalloc instead of through the exported `malloc`.
+#[cfg(not(memshim_bridge))]
 #[global_allocator]
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+// The bridge's go to the process's own `malloc` (std's default, `System`):
+// it never replaces the allocator of a process whose heap already exists.

@@ -4,7 +4,8 @@
 //! (a) one `memshim: warning: ...` line per bad setting and (b) what the user
 //! asked for with `MEMSHIM_VERBOSE=1`. Messages are formatted into a stack
 //! buffer and written with one `write(2)`, so they never allocate and lines
-//! from different processes do not interleave mid-line.
+//! from different processes do not interleave mid-line. The attached
+//! bridge prints nothing at all.
 
 use crate::os::{StackBuf, write_stderr};
 use core::fmt::{self, Write};
@@ -14,6 +15,11 @@ use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 const LINE_MAX: usize = 1024;
 
 fn line(prefix: &str, args: fmt::Arguments<'_>) {
+    // The attached bridge never writes to the process's stderr: the process
+    // was started without memshim, and its stderr is its own.
+    if cfg!(memshim_bridge) {
+        return;
+    }
     let mut buf = StackBuf::<LINE_MAX>::new();
     let _ = buf.write_str(prefix);
     let _ = buf.write_fmt(args);

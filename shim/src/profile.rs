@@ -36,6 +36,14 @@ static STARTED_MS: AtomicU64 = AtomicU64::new(0);
 static DEADLINE_MS: AtomicU64 = AtomicU64::new(0);
 
 fn off() -> ErrorReply {
+    if cfg!(memshim_bridge) {
+        return ErrorReply::new(
+            ErrorCode::ProfilingOff,
+            "memshim was attached to this process, which has its own allocator: native heap profiles \
+             sample inside libmemshim.so's jemalloc, so they need the process started with \
+             LD_PRELOAD=libmemshim.so and MEMSHIM_PROFILE=on; `profile --python` works attached",
+        );
+    }
     ErrorReply::new(
         ErrorCode::ProfilingOff,
         "this process started without MEMSHIM_PROFILE=on, so jemalloc's profiler cannot be switched on in it; \

@@ -45,6 +45,8 @@ pub struct Entry {
     pub resident: Option<u64>,
     /// Bytes a purge could give back now (endpoint only).
     pub purgeable: Option<u64>,
+    /// Reached by `attach` (libmemshim_bridge.so), not preloaded.
+    pub attached: bool,
 }
 
 /// The whole `list` document.
@@ -92,6 +94,7 @@ fn entry(p: Proc) -> Entry {
         reason: None,
         resident: None,
         purgeable: None,
+        attached: false,
     };
     let stats = Client::open_proc(p).and_then(|mut c| c.stats());
     match stats {
@@ -154,9 +157,12 @@ pub fn run(a: ListArgs) -> Result<Exit, Failure> {
         if pid == me {
             continue;
         }
-        match procfs::shim_loaded(pid) {
-            Ok(true) => {}
-            Ok(false) => {
+        let loaded = procfs::memshim_in(pid);
+        let detached = matches!(loaded, Ok(procfs::Loaded::Attached))
+            && !crate::reach::ptrace::bridge_serves(pid);
+        match loaded {
+            Ok(procfs::Loaded::Preloaded | procfs::Loaded::Attached) if !detached => {}
+            Ok(_) => {
                 if let Ok(p) = procfs::read_proc(pid)
                     && let Some(c) = crate::reach::ptrace::candidate(&p)
                 {
@@ -177,7 +183,9 @@ pub fn run(a: ListArgs) -> Result<Exit, Failure> {
         if loc.dir == loc.dir_inside && !dirs.contains(&loc.dir) {
             dirs.push(loc.dir.clone());
         }
-        processes.push(entry(p));
+        let mut e = entry(p);
+        e.attached = matches!(loaded, Ok(procfs::Loaded::Attached));
+        processes.push(e);
     }
     let listing = Listing {
         processes,
@@ -217,10 +225,10 @@ pub fn human(l: &Listing) -> String {
                 render::bytes(e.rss),
                 render::opt_bytes(e.resident),
                 render::opt_bytes(e.purgeable),
-                if e.endpoint {
-                    "up".into()
-                } else {
-                    "down".into()
+                match (e.endpoint, e.attached) {
+                    (true, false) => "up".into(),
+                    (true, true) => "up (attached)".into(),
+                    (false, _) => "down".into(),
                 },
                 render::shorten(&e.command, 40),
             ]
@@ -321,6 +329,20 @@ mod tests {
                     reason: None,
                     resident: Some(200 << 20),
                     purgeable: Some(64 << 20),
+                    attached: false,
+                },
+                Entry {
+                    pid: 12,
+                    nspid: 12,
+                    uid: 0,
+                    command: "python3 server.py".into(),
+                    rss: 900 << 20,
+                    endpoint: true,
+                    socket: "/tmp/memshim-0/12-7.sock".into(),
+                    reason: None,
+                    resident: Some(800 << 20),
+                    purgeable: Some(1 << 20),
+                    attached: true,
                 },
                 Entry {
                     pid: 11,
@@ -333,6 +355,7 @@ mod tests {
                     reason: Some("single-threaded process".into()),
                     resident: None,
                     purgeable: None,
+                    attached: false,
                 },
             ],
             not_preloaded: vec![],
@@ -347,13 +370,15 @@ mod tests {
             "{h}"
         );
         assert!(h.contains("300.0 MiB  200.0 MiB   64.0 MiB  up"), "{h}");
-        assert!(h.contains("down      cat"), "{h}");
+        assert!(h.contains("down           cat"), "{h}");
+        assert!(h.contains("up (attached)  python3 server.py"), "{h}");
         assert!(
             h.contains("endpoint down:\n  pid 11: single-threaded process\n"),
             "{h}"
         );
         let j = serde_json::to_value(&l).unwrap();
-        assert_eq!(j["processes"][1]["endpoint"], false);
+        assert_eq!(j["processes"][2]["endpoint"], false);
+        assert_eq!(j["processes"][1]["attached"], true);
         assert_eq!(j["processes"][0]["purgeable"], 64 << 20);
     }
 

@@ -19,6 +19,7 @@
 //! requests), `render` (sizes, tables), `out` (stdout, stderr), and
 //! [`for_targets`] for commands that take `<PID>... | --all`.
 
+pub mod attach;
 pub mod cgroup;
 pub mod decay;
 pub mod doctor;

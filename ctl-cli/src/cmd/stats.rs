@@ -173,10 +173,16 @@ pub fn human_unshimmed(s: &crate::reach::ptrace::Stats, command: &str, arenas: b
 
 /// The `allocator` section.
 fn allocator(a: &AllocatorStats, jemalloc_version: &str) -> String {
-    let mut out = format!(
-        "\nallocator (jemalloc {})\n",
-        jemalloc_version.split('-').next().unwrap_or("")
-    );
+    // An attached bridge names the process's own allocator instead
+    // (shim/src/bridge/heap.rs, `version`).
+    let mut out = if jemalloc_version.ends_with("(attached bridge)") {
+        format!("\nallocator ({jemalloc_version})\n")
+    } else {
+        format!(
+            "\nallocator (jemalloc {})\n",
+            jemalloc_version.split('-').next().unwrap_or("")
+        )
+    };
     out += &kv(&[
         ("allocated", bytes(a.allocated), "in live allocations"),
         ("active", bytes(a.active), "pages holding allocations"),

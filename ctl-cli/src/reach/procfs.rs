@@ -215,7 +215,7 @@ pub fn not_a_thread(pid: i32, status: &str) -> Result<(), Failure> {
     }
 }
 
-fn gone(pid: i32, e: io::Error) -> Failure {
+pub fn gone(pid: i32, e: io::Error) -> Failure {
     Failure::new(
         exit::NOT_FOUND,
         Some(pid),
@@ -356,6 +356,24 @@ pub fn all_pids() -> Vec<i32> {
 
 /// Whether the process's `maps` ([`view`]) maps libmemshim.so.
 pub fn shim_loaded(pid: i32) -> io::Result<bool> {
+    Ok(memshim_in(pid)? != Loaded::No)
+}
+
+/// How memshim is in a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loaded {
+    /// Neither library.
+    No,
+    /// libmemshim.so, preloaded: the process's allocator.
+    Preloaded,
+    /// libmemshim_bridge.so, loaded by `attach` (it stays mapped after
+    /// `detach`: its socket says whether it serves).
+    Attached,
+}
+
+/// Which memshim library `pid` has mapped ([`Loaded`]); the preload wins
+/// where both are (`attach` refuses such a process).
+pub fn memshim_in(pid: i32) -> io::Result<Loaded> {
     let mut maps = std::fs::read(proc_path(pid, "maps"))?;
     if maps.is_empty() {
         // A kernel thread, or a main thread gone with `pthread_exit`.
@@ -364,9 +382,19 @@ pub fn shim_loaded(pid: i32) -> io::Result<bool> {
             maps = std::fs::read(v.join("maps"))?;
         }
     }
-    Ok(maps
-        .split(|&b| b == b'\n')
-        .any(|l| l.ends_with(b"/libmemshim.so") || l.ends_with(b"/libmemshim.so (deleted)")))
+    let has = |name: &[u8]| {
+        maps.split(|&b| b == b'\n').any(|l| {
+            let l = l.strip_suffix(b" (deleted)").unwrap_or(l);
+            l.ends_with(name)
+        })
+    };
+    Ok(if has(b"/libmemshim.so") {
+        Loaded::Preloaded
+    } else if has(b"/libmemshim_bridge.so") {
+        Loaded::Attached
+    } else {
+        Loaded::No
+    })
 }
 
 /// A process's initial environment (`/proc/<pid>/environ`, from its

@@ -40,10 +40,7 @@ fn detect_now() -> bool {
     // them: the shim defines every one, and so does any allocator that
     // replaces malloc.
     let here = &raw const HERE as usize;
-    let Some(global) = FAMILY
-        .iter()
-        .find_map(|name| super::dl::global_definition(name))
-    else {
+    let Some(global) = process_malloc() else {
         return false;
     };
     if !super::dl::same_object(global as usize, here) {
@@ -60,6 +57,15 @@ fn detect_now() -> bool {
     // Valgrind's tools replace the malloc family by rewriting calls to
     // our entry points; its preloads name it.
     !super::dl::any_loaded(&MALLOC_OWNERS)
+}
+
+/// The definition the process's malloc family calls reach: that of the
+/// first member of [`FAMILY`] whose global definition is not the
+/// executable's PLT slot (see [`detect`]); `None` if none is found.
+pub fn process_malloc() -> Option<*mut core::ffi::c_void> {
+    FAMILY
+        .iter()
+        .find_map(|name| super::dl::global_definition(name))
 }
 
 /// Members of the malloc family, asked in this order for whose definition

@@ -149,6 +149,12 @@ api! {
     inc_ref: "Py_IncRef" => fn(*mut PyObject) -> ();
     /// `PyObject *PyCFunction_NewEx(PyMethodDef *, PyObject *self, PyObject *module)`.
     cfunction_new_ex: "PyCFunction_NewEx" => fn(*const PyMethodDef, *mut PyObject, *mut PyObject) -> *mut PyObject;
+    /// `PyObject *PyDict_New(void)` (the attached bridge's fork hooks).
+    #[cfg_attr(not(memshim_bridge), allow(dead_code))]
+    dict_new: "PyDict_New" => fn() -> *mut PyObject;
+    /// `int PyDict_SetItemString(PyObject *, const char *, PyObject *)`.
+    #[cfg_attr(not(memshim_bridge), allow(dead_code))]
+    dict_set_item_string: "PyDict_SetItemString" => fn(*mut PyObject, *const c_char, *mut PyObject) -> c_int;
     /// `Py_ssize_t PyGC_Collect(void)`: a full collection (no-op if disabled).
     gc_collect: "PyGC_Collect" => fn() -> isize;
     /// `PyInterpreterState *PyInterpreterState_Main(void)`.

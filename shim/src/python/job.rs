@@ -557,6 +557,8 @@ fn take_one() -> bool {
         let outcome = match job {
             Some(job) => {
                 gate::ensure_hook(&py);
+                #[cfg(memshim_bridge)]
+                super::at_fork::ensure_hooks(&py);
                 let r = execute(&py, job);
                 super::threads::forget_dummy(&py);
                 r

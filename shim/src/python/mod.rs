@@ -26,6 +26,8 @@
 
 mod cuda;
 pub use cuda::IdleCheck;
+#[cfg(memshim_bridge)]
+pub mod at_fork;
 mod ffi;
 mod gate;
 mod gc;

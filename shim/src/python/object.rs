@@ -158,6 +158,27 @@ impl Py {
         }
     }
 
+    /// `f(**kwargs)`, each keyword's value borrowed from the caller.
+    #[cfg(memshim_bridge)]
+    pub fn call_kw<'p>(
+        &'p self,
+        f: &Obj<'_>,
+        kwargs: &[(&CStr, *mut PyObject)],
+    ) -> PyResult<Obj<'p>> {
+        // SAFETY: GIL held; PyDict_SetItemString takes its own references;
+        // the empty tuple and the dict are released by `Obj`.
+        unsafe {
+            let t = self.own((self.api.tuple_new)(0))?;
+            let d = self.own((self.api.dict_new)())?;
+            for (k, v) in kwargs {
+                if (self.api.dict_set_item_string)(d.ptr, k.as_ptr(), *v) != 0 {
+                    return Err(self.take_error());
+                }
+            }
+            self.own((self.api.call)(f.ptr, t.ptr, d.ptr))
+        }
+    }
+
     /// `o.name(*args)`.
     pub fn call_method<'p>(
         &'p self,

@@ -72,7 +72,9 @@ pub(super) extern "C" fn prepare() {
     let _nc = NoCancel::new();
     // First, while nothing of jemalloc's is locked (it frees a little).
     crate::python::before_fork();
-    stop_if_alone_but_for_us();
+    let _stopped = stop_if_alone_but_for_us();
+    #[cfg(memshim_bridge)]
+    crate::bridge::fork::prepared(_stopped);
     // After the stop above: a thread that is stopping must still be able to
     // close its descriptors.
     os::fd::before_fork();
@@ -91,6 +93,11 @@ pub(super) extern "C" fn parent() {
     os::fd::after_fork_parent();
     if crate::options::profile() {
         os::unwind::fork_done(false);
+    }
+    // The attached bridge cannot wait for the process's next thread.
+    #[cfg(memshim_bridge)]
+    if crate::bridge::fork::restart_in_parent_handler() {
+        super::restart_after_fork();
     }
 }
 
@@ -113,14 +120,16 @@ pub(super) extern "C" fn child() {
     crate::python::after_fork_child();
     super::cuda_idle::after_fork_child();
     crate::profile::after_fork_child();
+    #[cfg(memshim_bridge)]
+    crate::bridge::fork::after_fork_child();
 }
 
 /// For a fork: if the process is alone but for the shim's threads
 /// (`MEMSHIM_CONTROL=auto`), stops them and waits (bounded) until they are
 /// gone. A job thread of the Python bridge counts as the shim's, but is not
 /// waited for ([`JOB_WAIT_MS`]).
-pub(super) fn stop_if_alone_but_for_us() {
-    stop_if_alone(false);
+pub(super) fn stop_if_alone_but_for_us() -> bool {
+    stop_if_alone(false)
 }
 
 /// For `unshare`/`setns`: as [`stop_if_alone_but_for_us`], and then waits
@@ -129,11 +138,14 @@ pub(super) fn stop_if_alone_for_namespace() {
     stop_if_alone(true);
 }
 
-fn stop_if_alone(wait_for_job: bool) {
-    if options::control() != Control::Auto
+/// Returns whether the threads stopped.
+fn stop_if_alone(wait_for_job: bool) -> bool {
+    // The attached bridge (always `on`) stops too, and starts again after
+    // the fork itself (bridge/fork.rs).
+    if (options::control() != Control::Auto && !cfg!(memshim_bridge))
         || !matches!(STATE.phase(), Phase::Running | Phase::Starting)
     {
-        return;
+        return false;
     }
     let _e = KeepErrno::new();
     let _nc = NoCancel::new();
@@ -141,7 +153,7 @@ fn stop_if_alone(wait_for_job: bool) {
     // creating it (os/spawner.rs), a moment before the kernel lists it.
     let alone = 1 + run::our_threads();
     match os::proc::thread_count() {
-        None => return,
+        None => return false,
         Some(n) if n <= alone => {}
         // One or two more: a thread the application has just joined may
         // still be on its way out. CPython's `join()` returns when the
@@ -153,17 +165,18 @@ fn stop_if_alone(wait_for_job: bool) {
             if !os::time::wait_while(JOINED_WAIT_MS, Duration::from_micros(100), || {
                 os::proc::thread_count().is_none_or(|n| n > alone)
             }) {
-                return;
+                return false;
             }
         }
-        Some(_) => return,
+        Some(_) => return false,
     }
     let limit = if wait_for_job {
         JOB_WAIT_MS
     } else {
         STOP_WAIT_MS
     };
-    if stop_once_started(true, limit) && wait_for_job && crate::python::worker_exists() {
+    let stopped = stop_once_started(true, limit);
+    if stopped && wait_for_job && crate::python::worker_exists() {
         os::time::wait_while(JOB_WAIT_MS, Duration::from_micros(200), || {
             !crate::python::reap_worker()
         });
@@ -171,6 +184,7 @@ fn stop_if_alone(wait_for_job: bool) {
             os::proc::thread_count().is_some_and(|n| n > 1)
         });
     }
+    stopped
 }
 
 /// Stops the shim's threads (bounded, as for a fork) whatever the mode and

@@ -37,7 +37,7 @@ use state::{LEADER_GONE, Phase, STATE};
 /// May this process start the shim's thread at all?
 #[unsafe(link_section = ".text.startup")]
 fn eligible() -> bool {
-    STATE.interposed()
+    (STATE.interposed() || cfg!(memshim_bridge))
         && options::control() != Control::Off
         && STATE.pid() == os::getpid()
         && !LEADER_GONE.load(Relaxed)
@@ -114,6 +114,33 @@ pub fn on_load(interposed: bool) {
         Control::Off => false,
     };
     if start && eligible() {
+        arm();
+    }
+}
+
+/// Constructor of the attached bridge (bridge/mod.rs), run by the `dlopen`
+/// `memshim-ctl attach` made on a thread of the running process: the
+/// thread starts at once (`options::control` is `on` in the bridge). No
+/// line is written to the process's stderr, the verbose report included.
+#[cfg(memshim_bridge)]
+pub fn on_attach() {
+    options::load();
+    STATE.on_load(os::getpid(), os::time::monotonic_ms(), false);
+    let _ = os::thread::real_pthread_create();
+    let _ = os::thread::atfork(fork::prepare, fork::parent, fork::child);
+    let _ = STATE.ctor_finished();
+    if eligible() {
+        arm();
+    }
+}
+
+/// The attached bridge, after a fork that stopped its threads: start them
+/// again (bridge/fork.rs says when). On the forking thread.
+#[cfg(memshim_bridge)]
+pub fn restart_after_fork() {
+    let _e = KeepErrno::new();
+    let _nc = NoCancel::new();
+    if eligible() {
         arm();
     }
 }

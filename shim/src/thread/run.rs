@@ -232,6 +232,12 @@ extern "C" fn main(_: *mut c_void) -> *mut c_void {
             }
             e.on_tick(&facts);
         }
+        // The attached bridge's `detach`: its answer went out in
+        // `on_events`; the endpoint closes, the socket file goes.
+        #[cfg(memshim_bridge)]
+        if crate::bridge::detach_asked() && try_stop(&mut own, true) {
+            return finish();
+        }
         if n > 0 {
             watcher.on_events(&fds[1 + n_ep..1 + n_ep + n_pr]);
         }
@@ -324,7 +330,10 @@ fn facts() -> crate::control::Facts {
         private_fds: os::fd::private(),
         cuda_idle: super::cuda_idle::counters(),
         pressure: pressure::facts(),
+        #[cfg(not(memshim_bridge))]
         deepbind_cleared: crate::deepbind::cleared(),
+        #[cfg(memshim_bridge)]
+        deepbind_cleared: 0,
     }
 }
 

@@ -6,6 +6,7 @@
 //! `make test-torch` runs the one test that needs the default python3's
 //! torch (`torch::`, ignored otherwise).
 
+mod attach;
 mod cuda_idle;
 mod cuda_paths;
 mod hostile;

@@ -5,7 +5,7 @@
 //! shimmed process's, plus one line saying how the process was reached.
 
 use crate::exit::{self as status, Exit, Failure};
-use crate::reach::procfs;
+use crate::reach::procfs::{self, Loaded};
 use memshim_proto::{
     CgroupStats, DeviceChange, EmptyCacheResult, GcResult, MAX_PY_TRACE_SECONDS, ProcessStats,
     PyLine, PySnapshot, PyTraceAction, PyTraceReply, PythonSection, PythonUnavailable,
@@ -32,11 +32,21 @@ pub const SAFE_POINT_LIMIT: Duration = Duration::from_secs(2);
 /// whose maps we may not read is another user's: the ptrace road's refusal
 /// says so, and what to do.
 pub fn applies(pid: i32) -> bool {
-    match procfs::shim_loaded(pid) {
-        Ok(false) => looks_like_python(pid) && !procfs::all_threads_exited(pid),
+    match procfs::memshim_in(pid) {
+        Ok(Loaded::No) => looks_like_python(pid) && !procfs::all_threads_exited(pid),
+        // A bridge `detach`ed: mapped, idle, its socket gone.
+        Ok(Loaded::Attached) => {
+            !bridge_serves(pid) && looks_like_python(pid) && !procfs::all_threads_exited(pid)
+        }
         Err(e) => e.kind() == std::io::ErrorKind::PermissionDenied && looks_like_python(pid),
-        Ok(true) => false,
+        Ok(Loaded::Preloaded) => false,
     }
+}
+
+/// Whether an attached bridge serves `pid`: its socket file is there (the
+/// bridge removes it at `detach` and at exit).
+pub fn bridge_serves(pid: i32) -> bool {
+    procfs::read_proc(pid).is_ok_and(|p| crate::reach::socket::locate(&p).path().exists())
 }
 
 /// The one line every answer reached this way carries.

@@ -9,6 +9,7 @@ use memshim_proto::*;
 use std::time::{Duration, Instant};
 
 mod decay;
+mod detach;
 mod empty_cache;
 mod gc;
 pub mod hello;
@@ -66,6 +67,7 @@ pub fn dispatch(req: &Request, ctx: &Ctx<'_>) -> Response {
             seconds,
             top,
         } => python_trace::handle(action, frames, seconds, top).map(Reply::PythonTrace),
+        Request::Detach => detach::handle(ctx).map(Reply::Detach),
     };
     match r {
         Ok(reply) => Response::Ok(reply),

@@ -1,0 +1,394 @@
+//! `memshim-ctl attach <PID> [--idle-return[=MS]] [--json]` and
+//! `memshim-ctl detach <PID> [--json]`: the bridge in a running CPython
+//! started without the preload (docs/attach.md, "attach").
+//!
+//! `attach` has the process `dlopen` libmemshim_bridge.so on one of its
+//! threads held at a safe point (the `memshim-reach` injector, as the verbs
+//! without the preload use it); the library's constructor starts the
+//! shim's thread, its socket and the Python bridge, and replaces nothing of
+//! the process's (its `malloc` least of all). From then on every verb
+//! reaches the process over its socket, as a shimmed one, with no ptrace.
+//! `--idle-return` also has the thread return the free heap with the
+//! process's own allocator once the process has idled for MS.
+//!
+//! The process opens the library where it is (the same file in the
+//! process's mount namespace), or else a copy placed in its `/tmp` in a
+//! directory only its uid may use, and removed once loaded.
+
+use crate::exit::{self, Exit, Failure};
+use crate::output::print::outln;
+use crate::reach::client::Client;
+use crate::reach::procfs::{self, Loaded, Proc};
+use crate::reach::{ptrace, socket};
+use clap::Args;
+use memshim_proto::{DecayResult, DetachResult, Request};
+use serde::Serialize;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The library's file name (`attach` finds it beside memshim-ctl).
+pub const BRIDGE: &str = "libmemshim_bridge.so";
+/// `--idle-return` without a value: the preload's default dirty decay.
+const IDLE_RETURN_DEFAULT_MS: &str = "1000";
+/// How long the bridge's socket may take to appear after the `dlopen`.
+const SOCKET_WAIT: Duration = Duration::from_secs(5);
+
+/// Options of `attach`.
+#[derive(Args, Debug)]
+pub struct AttachArgs {
+    /// Process id (a CPython started without the preload).
+    #[arg(value_parser = crate::args::pid_parser())]
+    pub pid: i32,
+    /// Also return the free heap, with the process's own allocator
+    /// (glibc's malloc_trim, or a preloaded jemalloc's, tcmalloc's or
+    /// mimalloc's call), once the process has idled this many ms
+    /// (default 1000).
+    #[arg(long, value_name = "MS", num_args = 0..=1, require_equals = true,
+          default_missing_value = IDLE_RETURN_DEFAULT_MS, value_parser = clap::value_parser!(u32).range(1..=86_400_000))]
+    pub idle_return: Option<u32>,
+    /// Longest wait for a thread of the process to reach a safe point, in seconds.
+    #[arg(long, default_value = "2", value_parser = clap::value_parser!(u64).range(1..=60))]
+    pub timeout: u64,
+    /// One JSON document on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Options of `detach`.
+#[derive(Args, Debug)]
+pub struct DetachArgs {
+    /// Process id (one `attach` reached).
+    #[arg(value_parser = crate::args::pid_parser())]
+    pub pid: i32,
+    /// One JSON document on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What `attach --json` prints.
+#[derive(Serialize, Debug)]
+struct Attached {
+    pid: i32,
+    /// False: the bridge was there and serving already.
+    loaded_now: bool,
+    /// The thread that ran the `dlopen`, and the system call it was in.
+    tid: Option<i32>,
+    syscall: Option<&'static str>,
+    /// The file the process loaded (as the process names it).
+    library: Option<String>,
+    /// Its control socket.
+    socket: String,
+    /// The idle return's interval, ms (`null`: off).
+    idle_return_ms: Option<i64>,
+}
+
+/// Runs `attach`.
+pub fn run_attach(a: AttachArgs) -> Result<Exit, Failure> {
+    let pid = a.pid;
+    let p = procfs::read_proc(pid)?;
+    let mut done = Attached {
+        pid,
+        loaded_now: false,
+        tid: None,
+        syscall: None,
+        library: None,
+        socket: socket::locate(&p).path().display().to_string(),
+        idle_return_ms: None,
+    };
+    let loaded = procfs::memshim_in(pid).map_err(|e| procfs::gone(pid, e))?;
+    if loaded == Loaded::Preloaded {
+        return Err(preloaded(pid, "attach"));
+    }
+    let serving = loaded == Loaded::Attached && Client::open_proc(p.clone()).is_ok();
+    if !serving {
+        load(&p, loaded == Loaded::Attached, &a, &mut done)?;
+    }
+    let mut c = wait_for_socket(&p)?;
+    // Its first Python job registers the bridge's fork hooks with the
+    // interpreter (shim/src/bridge/fork.rs): a `stats`, at once.
+    let _ = c.stats();
+    if let Some(ms) = a.idle_return {
+        let r: DecayResult = c.ask(&Request::Decay {
+            dirty_ms: Some(i64::from(ms)),
+            muzzy_ms: None,
+        })?;
+        done.idle_return_ms = Some(r.dirty_decay_ms);
+    } else {
+        let r: DecayResult = c.ask(&Request::Decay {
+            dirty_ms: None,
+            muzzy_ms: None,
+        })?;
+        done.idle_return_ms = (r.dirty_decay_ms >= 0).then_some(r.dirty_decay_ms);
+    }
+    if a.json {
+        outln!("{}", serde_json::to_string(&done).unwrap_or_default())?;
+        return Ok(exit::OK);
+    }
+    match (done.tid, done.syscall) {
+        (Some(tid), Some(sc)) => outln!(
+            "pid {pid}: attached: {} loaded on thread {tid}, which was in {sc} and goes on as before",
+            done.library.as_deref().unwrap_or(BRIDGE)
+        )?,
+        _ => outln!("pid {pid}: attached already")?,
+    }
+    outln!(
+        "its socket is {}; the verbs reach it there, without ptrace",
+        done.socket
+    )?;
+    match done.idle_return_ms {
+        Some(ms) => outln!(
+            "idle return: the free heap goes back to the OS once the process has idled {ms} ms"
+        )?,
+        None => outln!("idle return: off (attach --idle-return turns it on)")?,
+    }
+    Ok(exit::OK)
+}
+
+/// Runs `detach`.
+pub fn run_detach(a: DetachArgs) -> Result<Exit, Failure> {
+    let pid = a.pid;
+    let p = procfs::read_proc(pid)?;
+    match procfs::memshim_in(pid).map_err(|e| procfs::gone(pid, e))? {
+        Loaded::Preloaded => return Err(preloaded(pid, "detach")),
+        Loaded::No => {
+            return Err(Failure::new(
+                exit::NOT_FOUND,
+                Some(pid),
+                format!("memshim was never attached to this process ({})", p.command),
+            ));
+        }
+        Loaded::Attached => {}
+    }
+    let sock = socket::locate(&p).path();
+    let mut c = Client::open_proc(p).map_err(|f| {
+        Failure::new(
+            f.exit,
+            Some(pid),
+            format!(
+                "the bridge is not serving (detached already?): {}",
+                f.message
+            ),
+        )
+    })?;
+    let r: DetachResult = c.ask(&Request::Detach)?;
+    drop(c);
+    // The thread closes its socket within a tick of its answer.
+    let t0 = Instant::now();
+    while sock.exists() && t0.elapsed() < SOCKET_WAIT {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if sock.exists() {
+        return Err(Failure::new(
+            exit::FAILED,
+            Some(pid),
+            format!(
+                "the bridge answered detach but its socket {} is still there after {} s",
+                sock.display(),
+                SOCKET_WAIT.as_secs()
+            ),
+        ));
+    }
+    if a.json {
+        outln!(
+            "{}",
+            serde_json::json!({ "pid": pid, "detached": true, "attached_ms": r.attached_ms,
+                                "idle_returns": r.idle_returns })
+        )?;
+    } else {
+        outln!(
+            "pid {pid}: detached after {:.1} s ({} idle returns): the bridge's thread has stopped \
+             and its socket is closed; {BRIDGE} stays mapped (a library whose fork handlers are \
+             registered cannot be unloaded safely), idle",
+            r.attached_ms as f64 / 1000.0,
+            r.idle_returns
+        )?;
+    }
+    Ok(exit::OK)
+}
+
+fn preloaded(pid: i32, verb: &str) -> Failure {
+    Failure::new(
+        exit::PRELOADED,
+        Some(pid),
+        format!(
+            "libmemshim.so is preloaded in this process: the verbs reach it already, and there is \
+             no bridge to {verb}"
+        ),
+    )
+}
+
+/// Loads the bridge into `p`: from where it lies if the process sees the
+/// same file, else (or when that fails, or when an earlier bridge is
+/// still mapped, whose file a `dlopen` would not load again) from a copy.
+fn load(p: &Proc, earlier: bool, a: &AttachArgs, done: &mut Attached) -> Result<(), Failure> {
+    let pid = p.pid;
+    let ours = locate_bridge()?;
+    let limit = Duration::from_secs(a.timeout);
+    let same_file = !earlier && sees_same_file(pid, &ours);
+    let mut why_copy = None;
+    if same_file {
+        let path = ours.display().to_string();
+        match memshim_reach::dlopen(pid, &path, limit) {
+            Ok(d) if d.value != 0 => {
+                done.tid = Some(d.tid);
+                done.syscall = Some(d.syscall);
+                done.library = Some(path);
+                done.loaded_now = true;
+                return Ok(());
+            }
+            Ok(d) => why_copy = d.error,
+            Err(e) => return Err(ptrace::failure(pid, e)),
+        }
+    }
+    let copy = Copy::place(pid, &ours)?;
+    let r = memshim_reach::dlopen(pid, &copy.inside, limit);
+    drop(copy);
+    match r {
+        Ok(d) if d.value != 0 => {
+            done.tid = Some(d.tid);
+            done.syscall = Some(d.syscall);
+            done.library = Some(format!("a copy of {}", ours.display()));
+            done.loaded_now = true;
+            Ok(())
+        }
+        Ok(d) => Err(Failure::new(
+            exit::NOT_ATTACHED,
+            Some(pid),
+            format!(
+                "the process could not load {BRIDGE}: {}{}; nothing was changed",
+                d.error.unwrap_or_else(|| "dlopen returned NULL".into()),
+                why_copy
+                    .map(|w| format!(" (from where it lies: {w})"))
+                    .unwrap_or_default()
+            ),
+        )
+        .hint("a /tmp mounted noexec in the process's mount namespace refuses it")),
+        Err(e) => Err(ptrace::failure(pid, e)),
+    }
+}
+
+/// libmemshim_bridge.so beside the real path of memshim-ctl: `../lib/` of
+/// an installed tree, the same directory of a build tree or a wheel.
+fn locate_bridge() -> Result<PathBuf, Failure> {
+    let exe = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.canonicalize().ok());
+    let dir = exe
+        .as_deref()
+        .and_then(Path::parent)
+        .unwrap_or(Path::new("/"))
+        .to_path_buf();
+    let candidates = [dir.join("../lib").join(BRIDGE), dir.join(BRIDGE)];
+    candidates
+        .iter()
+        .find_map(|c| c.canonicalize().ok().filter(|p| p.is_file()))
+        .ok_or_else(|| {
+            Failure::new(
+                exit::NOT_ATTACHED,
+                None,
+                format!(
+                    "{BRIDGE} not found: looked at {} and {}; nothing was changed",
+                    candidates[0].display(),
+                    candidates[1].display()
+                ),
+            )
+            .hint(
+                "reinstall memshim (make install, or the wheel), which puts it beside memshim-ctl",
+            )
+        })
+}
+
+/// Whether `pid` sees `path` as the very file we see.
+fn sees_same_file(pid: i32, path: &Path) -> bool {
+    let inside = procfs::view(pid)
+        .join("root")
+        .join(path.strip_prefix("/").unwrap_or(path));
+    match (std::fs::metadata(path), std::fs::metadata(inside)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+/// A copy of the bridge in the process's `/tmp`, in a directory of its
+/// uid's with mode 0700; removed on drop (the process keeps its mapping).
+struct Copy {
+    dir: PathBuf,
+    /// The file's path as the process names it.
+    inside: String,
+}
+
+impl Copy {
+    fn place(pid: i32, from: &Path) -> Result<Copy, Failure> {
+        let (uid, gid) =
+            ids(pid).ok_or_else(|| procfs::gone(pid, std::io::ErrorKind::NotFound.into()))?;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let name = format!("memshim-bridge-{}-{pid}-{nanos:x}", std::process::id());
+        let root = procfs::view(pid).join("root");
+        let dir = root.join("tmp").join(&name);
+        let fail = |what: &str, e: std::io::Error| {
+            Failure::new(
+                exit::NOT_ATTACHED,
+                Some(pid),
+                format!(
+                    "cannot place {BRIDGE} in the process's /tmp ({what}: {e}); nothing was changed"
+                ),
+            )
+        };
+        std::fs::create_dir(&dir).map_err(|e| fail("mkdir", e))?;
+        let copy = Copy {
+            dir: dir.clone(),
+            inside: format!("/tmp/{name}/{BRIDGE}"),
+        };
+        let file = dir.join(BRIDGE);
+        std::fs::copy(from, &file).map_err(|e| fail("copy", e))?;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o500))
+            .map_err(|e| fail("chmod", e))?;
+        std::os::unix::fs::chown(&file, Some(uid), Some(gid)).map_err(|e| fail("chown", e))?;
+        std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).map_err(|e| fail("chown", e))?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| fail("chmod", e))?;
+        Ok(copy)
+    }
+}
+
+impl Drop for Copy {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The process's effective uid and gid, as its own user namespace's root
+/// directory sees them (`/proc/<pid>/status`).
+fn ids(pid: i32) -> Option<(u32, u32)> {
+    let status = std::fs::read_to_string(procfs::view(pid).join("status")).ok()?;
+    let field = |key: &str| -> Option<u32> {
+        let l = status.lines().find(|l| l.starts_with(key))?;
+        l.split_whitespace().nth(2)?.parse().ok()
+    };
+    Some((field("Uid:")?, field("Gid:")?))
+}
+
+/// Connects to the bridge once its socket is there.
+fn wait_for_socket(p: &Proc) -> Result<Client, Failure> {
+    let t0 = Instant::now();
+    loop {
+        match Client::open_proc(p.clone()) {
+            Ok(c) => return Ok(c),
+            Err(f) if t0.elapsed() >= SOCKET_WAIT => {
+                return Err(Failure::new(
+                    exit::NO_ENDPOINT,
+                    Some(p.pid),
+                    format!(
+                        "the bridge was loaded but its socket did not answer within {} s: {}",
+                        SOCKET_WAIT.as_secs(),
+                        f.message
+                    ),
+                ));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}

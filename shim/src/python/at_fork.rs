@@ -1,0 +1,91 @@
+//! The attached bridge's fork hooks in CPython: `os.register_at_fork`'s
+//! `before` and `after_in_parent`, which tell bridge/fork.rs that a fork is
+//! `os.fork()`'s and when CPython has counted its threads after it.
+
+use super::ffi::{METH_NOARGS, PyMethodDef, PyObject};
+use super::object::Py;
+use core::sync::atomic::{AtomicBool, Ordering::SeqCst};
+
+/// The hooks are registered with the interpreter.
+static HOOKED: AtomicBool = AtomicBool::new(false);
+
+unsafe extern "C" fn before(_self: *mut PyObject, _args: *mut PyObject) -> *mut PyObject {
+    crate::bridge::fork::os_fork_begins();
+    none()
+}
+
+unsafe extern "C" fn after_in_parent(_self: *mut PyObject, _args: *mut PyObject) -> *mut PyObject {
+    crate::bridge::fork::os_fork_done_in_parent();
+    none()
+}
+
+/// A new reference to `None` (the hooks' result), or NULL with no
+/// exception set if the interpreter has gone (which CPython reports as an
+/// error of the hook, harmlessly ignored).
+fn none() -> *mut PyObject {
+    match super::ffi::resolved() {
+        Some(api) => {
+            let n = api.none();
+            // SAFETY: a hook runs with the GIL held; `None` is immortal or
+            // counted, and the caller takes the reference we add.
+            unsafe { (api.inc_ref)(n) };
+            n
+        }
+        None => core::ptr::null_mut(),
+    }
+}
+
+static BEFORE: PyMethodDef = PyMethodDef {
+    ml_name: c"memshim_bridge_before_fork".as_ptr(),
+    ml_meth: Some(before),
+    ml_flags: METH_NOARGS,
+    ml_doc: core::ptr::null(),
+};
+
+static AFTER_IN_PARENT: PyMethodDef = PyMethodDef {
+    ml_name: c"memshim_bridge_after_fork".as_ptr(),
+    ml_meth: Some(after_in_parent),
+    ml_flags: METH_NOARGS,
+    ml_doc: core::ptr::null(),
+};
+
+/// Job thread, GIL held: `os.register_at_fork(before=..., after_in_parent=...)`
+/// once (`os` only if the program imported it, as every CPython does at
+/// start-up). Failures are cleared and retried at the next job.
+pub fn ensure_hooks(py: &Py) {
+    if HOOKED.load(SeqCst) {
+        return;
+    }
+    let api = py.api();
+    let Some(os) = py.imported(c"os") else {
+        return;
+    };
+    let Ok(register) = py.attr(&os, c"register_at_fork") else {
+        return;
+    };
+    // SAFETY: GIL held; the definitions are static, so the function objects
+    // may live as long as the interpreter keeps them.
+    let (b, a) = unsafe {
+        (
+            (api.cfunction_new_ex)(&BEFORE, core::ptr::null_mut(), core::ptr::null_mut()),
+            (api.cfunction_new_ex)(
+                &AFTER_IN_PARENT,
+                core::ptr::null_mut(),
+                core::ptr::null_mut(),
+            ),
+        )
+    };
+    // SAFETY: new references (or NULL with an exception), ours to give.
+    let (Ok(b), Ok(a)) = (unsafe { py.adopt(b) }, unsafe { py.adopt(a) }) else {
+        return;
+    };
+    if py
+        .call_kw(
+            &register,
+            &[(c"before", b.as_ptr()), (c"after_in_parent", a.as_ptr())],
+        )
+        .is_ok()
+    {
+        HOOKED.store(true, SeqCst);
+    }
+}

@@ -1,0 +1,295 @@
+//! `memshim-ctl attach` and `detach` (issue 46): the bridge loaded into a
+//! CPython started without the preload, on every CPython the tests run.
+//! Once attached, the verbs reach the process over its socket (no ptrace,
+//! no "reached by" line); `release` gives back what an in-process
+//! `gc.collect(); malloc_trim(0)` does; `--idle-return` returns the free
+//! heap by itself after each unload; `detach` stops the thread and closes
+//! the socket, and the verbs then reach it by ptrace again; `attach` again
+//! loads a fresh copy. Throughout, the process goes on as before: its wait
+//! ends when it would have, its stdout, empty stderr and exit status are
+//! unchanged, a fork in it works. Refusals: a preloaded process, `detach`
+//! of a process never attached. Fixtures: tests/fixtures/py_unshimmed.py,
+//! tests/fixtures/py_attach.py.
+
+use super::without_preload::{ctl_json, garbage, in_kernel_wait, in_process_rss, start_for};
+use memshim_proto::exit::{NOT_FOUND, PRELOADED};
+use memshim_tests::py::*;
+use memshim_tests::{Cmd, ctl, mib, rss_bytes, wait_until};
+use std::time::{Duration, Instant};
+
+/// How long py_unshimmed.py waits in its state.
+const WAIT: f64 = 3.0;
+
+fn threads(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
+}
+
+#[test]
+fn attached_cpythons_are_served_over_their_socket_and_go_on_unchanged_after_detach() {
+    let mut report = Vec::new();
+    let states = ["sleep", "select", "epoll", "read"];
+    for (i, py) in cpythons().into_iter().enumerate() {
+        let state = states[i % states.len()];
+        let what = format!("CPython {}, main thread in {state}", py.label);
+        let inproc = in_process_rss(&py);
+        let mut child = start_for(&py, state, WAIT);
+        let pid = child.pid();
+        let p = pid.to_string();
+        in_kernel_wait(pid);
+        let t = Instant::now();
+        let (code, v, err) = ctl_json(&["attach", &p, "--json"]);
+        let attach_took = t.elapsed();
+        assert_eq!(code, 0, "{what}: {v} {err}");
+        assert_eq!(v["loaded_now"], true, "{what}: {v}");
+        assert_eq!(err, "", "{what}");
+        // Over the socket: no "reached" line; the allocator is the process's.
+        let (code, s, err) = ctl_json(&["stats", &p, "--json"]);
+        assert_eq!(code, 0, "{what}: {s} {err}");
+        assert!(s.get("reached").is_none(), "{what}: {s}");
+        let version = s["config"]["jemalloc_version"].as_str().unwrap_or("");
+        assert_eq!(version, "glibc malloc (attached bridge)", "{what}: {s}");
+        assert!(
+            s["allocator"]["allocated"].as_u64().unwrap_or(0) > 0,
+            "{what}: {s}"
+        );
+        let t = Instant::now();
+        let (code, r, err) = ctl_json(&["release", &p, "--json"]);
+        let release_took = t.elapsed();
+        assert_eq!(code, 0, "{what}: {r} {err}");
+        assert!(r["release"][0].get("reached").is_none(), "{what}: {r}");
+        assert!(
+            release_took < Duration::from_secs(1),
+            "{what}: {release_took:?}"
+        );
+        let after = r["release"][0]["result"]["rss_after"]
+            .as_u64()
+            .unwrap_or(u64::MAX);
+        assert!(
+            after < inproc + inproc / 5 + (4 << 20),
+            "{what}: rss after release {:.1} MiB, in-process {:.1} MiB",
+            mib(after),
+            mib(inproc)
+        );
+        // Listed as attached.
+        let (code, l, err) = ctl_json(&["list", "--json"]);
+        assert_eq!(code, 0, "{what}: {err}");
+        let row = l["processes"]
+            .as_array()
+            .and_then(|a| a.iter().find(|e| e["pid"] == pid));
+        assert!(
+            row.is_some_and(|e| e["attached"] == true && e["endpoint"] == true),
+            "{what}: {l}"
+        );
+        // Native heap profiles need the preload: said so.
+        let o = Cmd::new(ctl(), ["profile", &p]).run();
+        assert_ne!(o.code, 0, "{what}: {o:?}");
+        assert!(o.stderr.contains("LD_PRELOAD"), "{what}: {o:?}");
+        // The bridge's thread and its spawner, then none.
+        assert!(threads(pid) > 1, "{what}");
+        let detach = |what: &str| {
+            let (code, d, err) = ctl_json(&["detach", &p, "--json"]);
+            assert_eq!(code, 0, "{what}: {d} {err}");
+            wait_until(Duration::from_secs(5), || (threads(pid) == 1).then_some(()))
+                .unwrap_or_else(|| panic!("{what}: {} threads after detach", threads(pid)));
+        };
+        detach(&what);
+        // Detached: the verbs reach it by ptrace again.
+        let (code, s, err) = ctl_json(&["stats", &p, "--json"]);
+        assert_eq!(code, 0, "{what}: {s} {err}");
+        assert_eq!(s["reached"]["by"], "ptrace", "{what}: {s}");
+        // Attached again: a fresh copy (the first file stays mapped, idle).
+        let (code, v, err) = ctl_json(&["attach", &p, "--json"]);
+        assert_eq!(code, 0, "{what}: {v} {err}");
+        assert!(
+            v["library"]
+                .as_str()
+                .is_some_and(|l| l.starts_with("a copy of")),
+            "{what}: {v}"
+        );
+        let (code, s, err) = ctl_json(&["stats", &p, "--json"]);
+        assert_eq!(code, 0, "{what}: {s} {err}");
+        assert!(s.get("reached").is_none(), "{what}: {s}");
+        detach(&what);
+        if state == "read" {
+            child.send("hello");
+        }
+        let o = child.finish(Duration::from_secs(30));
+        assert_eq!((o.code, o.stderr.as_str()), (5, ""), "{what}: {o:?}");
+        assert_eq!(garbage(&o.stdout), 0, "{what}: release's gc ran: {o:?}");
+        let elapsed: f64 = o
+            .stdout
+            .split("elapsed=")
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("{what}: {o:?}"));
+        if state == "read" {
+            assert!(o.stdout.contains("got=hello"), "{what}: {o:?}");
+        } else {
+            assert!(
+                (WAIT - 0.02..WAIT + 0.15).contains(&elapsed),
+                "{what}: waited {elapsed} s for {WAIT} s"
+            );
+        }
+        report.push(format!(
+            "{what}: attach {attach_took:?}, release {release_took:?} to {:.1} MiB (in-process {:.1} MiB)",
+            mib(after),
+            mib(inproc)
+        ));
+    }
+    eprintln!("{}", report.join("\n"));
+}
+
+/// py_attach.py under `py`, as the process runs it (`-c`, so that another
+/// uid needs no right to the checkout), once it printed "ready".
+fn attach_fixture(cmd: Cmd) -> (memshim_tests::Child, u64) {
+    let mut child = cmd.spawn();
+    let line = child.wait_for_line("ready", Duration::from_secs(60));
+    let rss = line
+        .split("rss=")
+        .nth(1)
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    (child, rss)
+}
+
+fn source() -> String {
+    std::fs::read_to_string(fixture_py("py_attach.py")).unwrap()
+}
+
+/// Loads and unloads twice; returns the RSS two seconds after each unload.
+fn cycles(child: &mut memshim_tests::Child, ready: u64, idle_return: bool, what: &str) -> Vec<u64> {
+    let pid = child.pid();
+    let mut out = vec![];
+    for _ in 0..2 {
+        child.send("load");
+        child.wait_for_line("loaded", Duration::from_secs(30));
+        child.send("unload");
+        child.wait_for_line("unloaded", Duration::from_secs(30));
+        if idle_return {
+            // With no command: back near where it started.
+            wait_until(Duration::from_secs(5), || {
+                (rss_bytes(pid) < ready + (24 << 20)).then_some(())
+            })
+            .unwrap_or_else(|| {
+                panic!(
+                    "{what}: rss {:.1} MiB 5 s after unload, {:.1} MiB at start",
+                    mib(rss_bytes(pid)),
+                    mib(ready)
+                )
+            });
+        } else {
+            std::thread::sleep(Duration::from_secs(2));
+        }
+        out.push(rss_bytes(pid));
+    }
+    out
+}
+
+#[test]
+fn attach_idle_return_gives_the_heap_back_after_each_unload_with_no_command() {
+    let all = cpythons();
+    let oldest = all.first().expect("a CPython").clone();
+    let newest = all.last().expect("a CPython").clone();
+    // Without memshim, glibc keeps the unloaded heap: what the test
+    // would see if the idle return did nothing.
+    let (mut plain, ready) = attach_fixture(oldest.cmd(["-c", &source()]));
+    let kept = cycles(&mut plain, ready, false, "without memshim");
+    assert!(
+        kept.iter().all(|&r| r > ready + (60 << 20)),
+        "without memshim glibc kept {kept:?} (start {ready})"
+    );
+    plain.send("quit");
+    let o = plain.finish(Duration::from_secs(30));
+    assert_eq!((o.code, o.stderr.as_str()), (7, ""), "{o:?}");
+
+    for py in [oldest, newest] {
+        let what = format!("CPython {}", py.label);
+        let (mut child, ready) = attach_fixture(py.cmd(["-c", &source()]));
+        let pid = child.pid();
+        in_kernel_wait(pid);
+        let (code, v, err) = ctl_json(&["attach", &pid.to_string(), "--idle-return=300", "--json"]);
+        assert_eq!(code, 0, "{what}: {v} {err}");
+        assert_eq!(v["idle_return_ms"], 300, "{what}: {v}");
+        let after = cycles(&mut child, ready, true, &what);
+        // A fork of the attached process.
+        child.send("fork");
+        child.wait_for_line("child pid=", Duration::from_secs(30));
+        child.wait_for_line("forked status=0", Duration::from_secs(30));
+        let (code, d, err) = ctl_json(&["detach", &pid.to_string(), "--json"]);
+        assert_eq!(code, 0, "{what}: {d} {err}");
+        assert!(d["idle_returns"].as_u64().unwrap_or(0) >= 2, "{what}: {d}");
+        child.send("quit");
+        let o = child.finish(Duration::from_secs(30));
+        assert_eq!((o.code, o.stderr.as_str()), (7, ""), "{what}: {o:?}");
+        eprintln!(
+            "{what}: start {:.1} MiB; after each unload {:?} MiB with the idle return, {:?} MiB without",
+            mib(ready),
+            after.iter().map(|&r| mib(r).round()).collect::<Vec<_>>(),
+            kept.iter().map(|&r| mib(r).round()).collect::<Vec<_>>()
+        );
+    }
+}
+
+#[test]
+fn another_users_cpython_is_attached_and_served() {
+    // Debian's own python3 (not PIE), as uid 65534.
+    let (mut child, ready) = attach_fixture(Cmd::new(
+        "setpriv",
+        [
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "/usr/bin/python3",
+            "-c",
+            &source(),
+        ],
+    ));
+    let pid = child.pid();
+    in_kernel_wait(pid);
+    let (code, v, err) = ctl_json(&["attach", &pid.to_string(), "--idle-return=300", "--json"]);
+    assert_eq!(code, 0, "{v} {err}");
+    let after = cycles(&mut child, ready, true, "uid 65534");
+    let (code, s, err) = ctl_json(&["gc", &pid.to_string(), "--json"]);
+    assert_eq!(code, 0, "{s} {err}");
+    assert!(s.get("reached").is_none(), "{s}");
+    // Nothing of ours is left in its /tmp.
+    let tmp = std::fs::read_dir(format!("/proc/{pid}/root/tmp")).unwrap();
+    let left: Vec<_> = tmp
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("memshim-bridge-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    child.send("quit");
+    let o = child.finish(Duration::from_secs(30));
+    assert_eq!((o.code, o.stderr.as_str()), (7, ""), "{o:?}");
+    eprintln!("uid 65534: after each unload {after:?}, start {ready}");
+}
+
+#[test]
+fn attach_refuses_a_preloaded_process_and_detach_one_never_attached() {
+    let py = cpythons().into_iter().next().expect("a CPython");
+    let dir = memshim_tests::scratch();
+    let mut shimmed = py
+        .shimmed_c(
+            "import sys; print('ready', flush=True); sys.stdin.readline()",
+            &dir,
+        )
+        .spawn();
+    shimmed.wait_for_line("ready", Duration::from_secs(60));
+    let p = shimmed.pid().to_string();
+    for verb in ["attach", "detach"] {
+        let o = Cmd::new(ctl(), [verb, &p]).run();
+        assert_eq!(o.code, i32::from(PRELOADED.code), "{verb}: {o:?}");
+        assert!(o.stderr.contains("preloaded"), "{verb}: {o:?}");
+    }
+    shimmed.send("");
+    let o = shimmed.finish(Duration::from_secs(30));
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+
+    let child = start_for(&py, "sleep", WAIT);
+    let o = Cmd::new(ctl(), ["detach", &child.pid().to_string()]).run();
+    assert_eq!(o.code, i32::from(NOT_FOUND.code), "{o:?}");
+    assert!(o.stderr.contains("never attached"), "{o:?}");
+    let o = child.finish(Duration::from_secs(30));
+    assert_eq!((o.code, o.stderr.as_str()), (5, ""), "{o:?}");
+}
