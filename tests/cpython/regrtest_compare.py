@@ -8,7 +8,10 @@ Modes: `base` (no LD_PRELOAD), `on` (MEMSHIM_CONTROL=on: the shim's thread
 and control socket in every process), `off` (MEMSHIM_CONTROL=off), `auto`
 (the default), `ptrace` (no LD_PRELOAD, and every second `memshim-ctl
 release PID` (--ctl) on every process of the run, by ptrace: docs/attach.md;
-the JSON counts those releases by exit code). Every mode runs `python -m test` on the same modules; a
+the JSON counts those releases by exit code), `attach` (no LD_PRELOAD, and
+every second `memshim-ctl attach PID --idle-return` then `release PID`, over
+the attached bridge's socket, on every process of the run: the bridge
+stays in each process from its first second on). Every mode runs `python -m test` on the same modules; a
 failing test case (`FAIL:`/`ERROR:` line, or a module that crashed or timed
 out) that fails under the shim but not in `base` is re-run alone, twice,
 in both modes; it counts as a new failure only if it fails again under the
@@ -42,7 +45,7 @@ TOTAL = re.compile(r"Total tests: run=([\d,]+)")
 def env_for(mode, shim):
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSHIM_")}
     env.pop("LD_PRELOAD", None)
-    if mode not in ("base", "ptrace"):
+    if mode not in ("base", "ptrace", "attach"):
         env["LD_PRELOAD"] = shim
         env["MEMSHIM_CONTROL"] = mode
     return env
@@ -72,14 +75,25 @@ class Releaser(threading.Thread):
     """Every second, `memshim-ctl release PID` on the run's process and all
     its descendants; counts the exit codes."""
 
-    def __init__(self, ctl, pid):
+    def __init__(self, ctl, pid, attach=False):
         super().__init__(daemon=True)
         self.ctl, self.pid, self.done = ctl, pid, threading.Event()
+        self.attach = attach
         self.codes = collections.Counter()
+        self.attached = collections.Counter()
+        self.refusals = []
 
     def run(self):
         while not self.done.wait(1.0):
             for pid in [self.pid] + descendants(self.pid):
+                if self.attach:
+                    r = subprocess.run([self.ctl, "attach", str(pid), "--idle-return"],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                    self.attached[r.returncode] += 1
+                    # What refused, other than a process that went (3) or
+                    # never idled (21): a few, for the report.
+                    if r.returncode not in (0, 3, 21) and len(self.refusals) < 5:
+                        self.refusals.append(r.stderr.strip())
                 r = subprocess.run([self.ctl, "release", str(pid)], stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL)
                 self.codes[r.returncode] += 1
@@ -96,8 +110,8 @@ def run_regrtest(mode, shim, modules, jobs, timeout, extra=()):
     p = subprocess.Popen(cmd, env=env_for(mode, shim), stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, errors="replace")
     releaser = None
-    if mode == "ptrace":
-        releaser = Releaser(CTL, p.pid)
+    if mode in ("ptrace", "attach"):
+        releaser = Releaser(CTL, p.pid, attach=mode == "attach")
         releaser.start()
     try:
         out, _ = p.communicate(timeout=timeout * max(1, len(modules)) + 120)
@@ -125,6 +139,9 @@ def run_regrtest(mode, shim, modules, jobs, timeout, extra=()):
     }
     if releaser:
         r["releases"] = {str(k): v for k, v in sorted(releaser.codes.items())}
+        if releaser.attach:
+            r["attaches"] = {str(k): v for k, v in sorted(releaser.attached.items())}
+            r["attach_refusals"] = releaser.refusals
     return r
 
 
@@ -157,7 +174,7 @@ def main():
     assert modes[0] == "base", "the first mode must be base"
     global CTL
     CTL = a.ctl
-    assert CTL or "ptrace" not in modes, "the ptrace mode needs --ctl"
+    assert CTL or not {"ptrace", "attach"} & set(modes), "the ptrace and attach modes need --ctl"
     runs = {m: run_regrtest(m, a.shim, a.modules, a.jobs, a.timeout) for m in modes}
     base = set(runs["base"]["failures"])
     report = {"python": sys.version.split()[0], "modules": a.modules, "runs": [], "new_failures": []}
@@ -173,7 +190,8 @@ def main():
             (confirmed if fails_shim and not fails_base else flaky).append(case)
         report["runs"].append({
             "mode": m, "rc": r["rc"], "seconds": r["seconds"], "tests_run": r["tests_run"],
-            "releases": r.get("releases"),
+            "releases": r.get("releases"), "attaches": r.get("attaches"),
+            "attach_refusals": r.get("attach_refusals"),
             "failures": r["failures"], "new_failures": confirmed, "not_reproduced": flaky,
             "expected": {c: EXPECTED[m][c] for c in expected},
             # A run that failed without naming a case or a module: its

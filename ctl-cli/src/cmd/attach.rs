@@ -101,24 +101,33 @@ pub fn run_attach(a: AttachArgs) -> Result<Exit, Failure> {
         return Err(preloaded(pid, "attach"));
     }
     let serving = loaded == Loaded::Attached && Client::open_proc(p.clone()).is_ok();
+    // A process that exits meanwhile fails wherever it was: say so.
+    let exited = |f: Failure| match procfs::read_proc(pid) {
+        Ok(now) if now.starttime == p.starttime && !procfs::all_threads_exited(pid) => f,
+        _ => Failure::new(exit::NOT_FOUND, Some(pid), "the process exited during attach"),
+    };
     if !serving {
-        load(&p, loaded == Loaded::Attached, &a, &mut done)?;
+        load(&p, loaded == Loaded::Attached, &a, &mut done).map_err(exited)?;
     }
-    let mut c = wait_for_socket(&p)?;
+    let mut c = wait_for_socket(&p).map_err(exited)?;
     // Its first Python job registers the bridge's fork hooks with the
     // interpreter (shim/src/bridge/fork.rs): a `stats`, at once.
     let _ = c.stats();
     if let Some(ms) = a.idle_return {
-        let r: DecayResult = c.ask(&Request::Decay {
-            dirty_ms: Some(i64::from(ms)),
-            muzzy_ms: None,
-        })?;
+        let r: DecayResult = c
+            .ask(&Request::Decay {
+                dirty_ms: Some(i64::from(ms)),
+                muzzy_ms: None,
+            })
+            .map_err(exited)?;
         done.idle_return_ms = Some(r.dirty_decay_ms);
     } else {
-        let r: DecayResult = c.ask(&Request::Decay {
-            dirty_ms: None,
-            muzzy_ms: None,
-        })?;
+        let r: DecayResult = c
+            .ask(&Request::Decay {
+                dirty_ms: None,
+                muzzy_ms: None,
+            })
+            .map_err(exited)?;
         done.idle_return_ms = (r.dirty_decay_ms >= 0).then_some(r.dirty_decay_ms);
     }
     if a.json {

@@ -278,6 +278,9 @@ fn inert(f: &mut Findings, seen: &mut Seen<'_>) {
 /// The shim is mapped from `lib`: whether the executable's own malloc
 /// keeps it idle, and what its control endpoint says.
 fn loaded(f: &mut Findings, seen: &Seen<'_>, lib: &str, endpoint: impl FnOnce(&Proc) -> Endpoint) {
+    if lib.contains("libmemshim_bridge") {
+        return attached(f, lib, endpoint(&seen.p.proc));
+    }
     let exe_name = &seen.exe_name;
     let own_malloc = seen.elf.as_ref().is_ok_and(|e| e.defines_malloc);
     if own_malloc {
@@ -311,6 +314,40 @@ fn loaded(f: &mut Findings, seen: &Seen<'_>, lib: &str, endpoint: impl FnOnce(&P
         Endpoint::Unreachable(why) => {
             f.add(Level::Problem, "endpoint_unreachable", format!("shim loaded from {lib}; its control socket: {why}"))
         }
+    }
+}
+
+/// The bridge `memshim-ctl attach` loads is mapped from `lib`: attached, or
+/// detached (docs/attach.md, "attach").
+fn attached(f: &mut Findings, lib: &str, endpoint: Endpoint) {
+    match endpoint {
+        Endpoint::Answered { cuda, .. } => {
+            f.add(
+                Level::Ok,
+                "attached",
+                format!(
+                    "memshim attached from {lib} (memshim-ctl attach) and answering on its control socket; \
+                     the heap is the process's own allocator's: jemalloc's decay and native heap profiles \
+                     need a start with LD_PRELOAD"
+                ),
+            );
+            for note in cuda {
+                f.add(Level::Note, "cuda_fragmentation", note);
+            }
+        }
+        Endpoint::Absent => f.add(
+            Level::Note,
+            "detached",
+            format!(
+                "{lib} is mapped but detached (memshim-ctl detach): the verbs reach the process by \
+                 ptrace; memshim-ctl attach brings the thread back"
+            ),
+        ),
+        Endpoint::Unreachable(why) => f.add(
+            Level::Problem,
+            "endpoint_unreachable",
+            format!("memshim attached from {lib}; its control socket: {why}"),
+        ),
     }
 }
 

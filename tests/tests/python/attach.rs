@@ -80,6 +80,18 @@ fn attached_cpythons_are_served_over_their_socket_and_go_on_unchanged_after_deta
             row.is_some_and(|e| e["attached"] == true && e["endpoint"] == true),
             "{what}: {l}"
         );
+        let doctor = |code: &str| {
+            let (_, d, err) = ctl_json(&["doctor", &p, "--json"]);
+            let codes: Vec<_> = d["findings"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|f| f["code"].as_str())
+                .collect();
+            assert!(codes.contains(&code), "{what}: {d} {err}");
+            assert!(!codes.contains(&"not_interposed"), "{what}: {d}");
+        };
+        doctor("attached");
         // Native heap profiles need the preload: said so.
         let o = Cmd::new(ctl(), ["profile", &p]).run();
         assert_ne!(o.code, 0, "{what}: {o:?}");
@@ -93,6 +105,7 @@ fn attached_cpythons_are_served_over_their_socket_and_go_on_unchanged_after_deta
                 .unwrap_or_else(|| panic!("{what}: {} threads after detach", threads(pid)));
         };
         detach(&what);
+        doctor("detached");
         // Detached: the verbs reach it by ptrace again.
         let (code, s, err) = ctl_json(&["stats", &p, "--json"]);
         assert_eq!(code, 0, "{what}: {s} {err}");

@@ -1,7 +1,9 @@
 //! CPython's own regression tests under the shim, compared with a run
 //! without it (tests/cpython/regrtest_compare.py does the work); and, in
 //! the `ptrace` mode, without the preload while `memshim-ctl release`
-//! reaches every process of the run by ptrace each second (issue 46).
+//! reaches every process of the run by ptrace each second (issue 46); and
+//! in the `attach` mode, with every process of the run attached (`attach
+//! --idle-return`) and released over the bridge's socket each second.
 
 use memshim_tests::stress::{Level, figures};
 use memshim_tests::*;
@@ -73,7 +75,7 @@ pub fn run(level: Level) {
         ctl().display().to_string(),
         "--modes".into(),
         level
-            .pick("base,on,off,ptrace", "base,on,off,auto,ptrace")
+            .pick("base,on,off,ptrace,attach", "base,on,off,auto,ptrace,attach")
             .into(),
         "--jobs".into(),
         "2".into(),
@@ -140,6 +142,22 @@ pub fn run(level: Level) {
         reached >= 5,
         "few releases reached the run's processes: {}",
         ptrace["releases"]
+    );
+    // The attach mode did attach (and release over the socket).
+    let attach = runs
+        .iter()
+        .find(|r| r["mode"] == "attach")
+        .expect("the attach mode ran");
+    println!(
+        "attach mode: attaches by exit code {}, releases by exit code {}; refusals: {}",
+        attach["attaches"], attach["releases"], attach["attach_refusals"]
+    );
+    assert!(
+        attach["attaches"]["0"].as_u64().unwrap_or(0) >= 5
+            && attach["releases"]["0"].as_u64().unwrap_or(0) >= 5,
+        "few attaches or releases reached the run's processes: {} {}",
+        attach["attaches"],
+        attach["releases"]
     );
     assert!(
         new.is_empty(),
