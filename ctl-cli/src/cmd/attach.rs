@@ -104,7 +104,11 @@ pub fn run_attach(a: AttachArgs) -> Result<Exit, Failure> {
     // A process that exits meanwhile fails wherever it was: say so.
     let exited = |f: Failure| match procfs::read_proc(pid) {
         Ok(now) if now.starttime == p.starttime && !procfs::all_threads_exited(pid) => f,
-        _ => Failure::new(exit::NOT_FOUND, Some(pid), "the process exited during attach"),
+        _ => Failure::new(
+            exit::NOT_FOUND,
+            Some(pid),
+            "the process exited during attach",
+        ),
     };
     if !serving {
         load(&p, loaded == Loaded::Attached, &a, &mut done).map_err(exited)?;

@@ -226,15 +226,18 @@ fn bert_cycle(py: &Cpython) {
 /// answer afterwards and stop on SIGINT with status 0 and an empty stderr.
 #[test]
 #[ignore = "needs torch, transformers, fastapi and uvicorn: make test-torch"]
-fn a_fastapi_bert_server_started_without_the_preload_gives_back_what_a_shimmed_one_does() {
+fn a_fastapi_bert_server_started_without_the_preload_gives_back_what_a_shimmed_one_does_released_or_attached()
+ {
     use memshim_tests::deploy::{http, json_num};
     let _machine = memshim_tests::serial::exclusive(module_path!());
     let py = default_python();
     let v = &py.label;
     let dir = socket_dir("torch-fastapi");
     let script = fixture_py("py_bert_server.py");
-    // (RSS loaded, after `del model`, after `release`) of one server.
-    let cycle = |shimmed: bool| -> (u64, u64, u64) {
+    // (RSS loaded, after `del model`, after `release`, and without the
+    // preload: after a third load and unload under `attach --idle-return`,
+    // with no command) of one server.
+    let cycle = |shimmed: bool| -> (u64, u64, u64, u64) {
         let cmd = if shimmed {
             py.shimmed(&script, &[], &dir)
         } else {
@@ -273,6 +276,26 @@ fn a_fastapi_bert_server_started_without_the_preload_gives_back_what_a_shimmed_o
             200,
             "{v}: the server answers"
         );
+        // Attached with the idle return, another load and unload: back
+        // down by itself once the server idles.
+        let mut idle_returned = 0;
+        if !shimmed {
+            let o = memshim_tests::Cmd::new(
+                memshim_tests::ctl(),
+                ["attach", &pid.to_string(), "--idle-return"],
+            )
+            .run();
+            assert_eq!(o.code, 0, "{v}: {o:?}");
+            let (code, body) = http(&addr, "POST", "/load");
+            assert_eq!(code, 200, "{v}: {body}");
+            let (code, body) = http(&addr, "POST", "/unload");
+            assert_eq!(code, 200, "{v}: {body}");
+            idle_returned = memshim_tests::wait_until(Duration::from_secs(20), || {
+                let r = rss_bytes(pid);
+                (r < released + released / 10).then_some(r)
+            })
+            .unwrap_or_else(|| rss_bytes(pid));
+        }
         let k = memshim_tests::Cmd::new("kill", ["-INT", &pid.to_string()]).run();
         assert_eq!(k.code, 0);
         let out = server.finish(Duration::from_secs(60));
@@ -281,17 +304,19 @@ fn a_fastapi_bert_server_started_without_the_preload_gives_back_what_a_shimmed_o
             (0, ""),
             "{v}, shimmed {shimmed}"
         );
-        (loaded, unloaded, released)
+        (loaded, unloaded, released, idle_returned)
     };
-    let (p_loaded, p_unloaded, p_released) = cycle(false);
-    let (s_loaded, s_unloaded, s_released) = cycle(true);
+    let (p_loaded, p_unloaded, p_released, p_idle) = cycle(false);
+    let (s_loaded, s_unloaded, s_released, _) = cycle(true);
     let _ = writeln!(
         std::io::stderr(),
-        "FastAPI BERT server, {v}: without the preload loaded {:.0} MiB, after del {:.0} MiB, after release {:.0} MiB; \
+        "FastAPI BERT server, {v}: without the preload loaded {:.0} MiB, after del {:.0} MiB, after release {:.0} MiB, \
+         attached with --idle-return after a third load and unload {:.0} MiB; \
          shimmed loaded {:.0} MiB, after del {:.0} MiB, after release {:.0} MiB",
         mib(p_loaded),
         mib(p_unloaded),
         mib(p_released),
+        mib(p_idle),
         mib(s_loaded),
         mib(s_unloaded),
         mib(s_released)
@@ -301,6 +326,13 @@ fn a_fastapi_bert_server_started_without_the_preload_gives_back_what_a_shimmed_o
         "{v}: without the preload, del kept the model's pages ({:.0} MiB) until release ({:.0} MiB)",
         mib(p_unloaded),
         mib(p_released)
+    );
+    assert!(
+        p_idle as f64 <= 1.10 * s_released as f64,
+        "{v}: attached with --idle-return, after a third load and unload the server keeps {:.0} MiB, \
+         the shimmed one after release {:.0} MiB",
+        mib(p_idle),
+        mib(s_released)
     );
     assert!(
         p_released as f64 <= 1.10 * s_released as f64,

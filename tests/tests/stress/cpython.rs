@@ -75,7 +75,10 @@ pub fn run(level: Level) {
         ctl().display().to_string(),
         "--modes".into(),
         level
-            .pick("base,on,off,ptrace,attach", "base,on,off,auto,ptrace,attach")
+            .pick(
+                "base,on,off,ptrace,attach",
+                "base,on,off,auto,ptrace,attach",
+            )
             .into(),
         "--jobs".into(),
         "2".into(),
