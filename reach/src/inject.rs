@@ -112,9 +112,12 @@ fn describe(pid: i32) -> String {
 
 /// Stops one thread of `pid` at a safe point, trying threads in the order
 /// of [`IDLE`] (and, among equals, `prefer` first), until `limit` has
-/// passed. Nothing of the process is changed until a thread is held.
+/// passed. Nothing of the process is changed until a thread is held. A
+/// thread another tracer holds (`EPERM`: the permission checks came
+/// first) is tried again until then, and is the answer at the limit.
 pub fn hold(pid: i32, limit: Duration, prefer: impl Fn(i32) -> bool) -> Result<Held, Failure> {
     let start = Instant::now();
+    let mut refused = None;
     loop {
         let mut candidates: Vec<(usize, bool, i32)> = tasks(pid)
             .map_err(|_| Failure::Gone)?
@@ -123,12 +126,23 @@ pub fn hold(pid: i32, limit: Duration, prefer: impl Fn(i32) -> bool) -> Result<H
             .collect();
         candidates.sort_unstable();
         for (_, _, tid) in candidates {
-            if let Some(h) = try_hold(pid, tid)? {
-                return Ok(h);
+            match try_hold(pid, tid) {
+                Ok(Some(h)) => return Ok(h),
+                Ok(None) => {}
+                // Another tracer holds this thread: a second memshim-ctl
+                // lets go within moments, strace never (then, at the
+                // limit, the refusal).
+                Err(Failure::Seize(e)) if e.raw_os_error() == Some(libc::EPERM) => {
+                    refused = Some(e);
+                }
+                Err(e) => return Err(e),
             }
         }
         if start.elapsed() >= limit {
-            return Err(Failure::NoSafePoint(describe(pid)));
+            return Err(match refused {
+                Some(e) => Failure::Seize(e),
+                None => Failure::NoSafePoint(describe(pid)),
+            });
         }
         std::thread::sleep(Duration::from_millis(5));
     }

@@ -236,6 +236,7 @@ extern "C" fn main(_: *mut c_void) -> *mut c_void {
         // `on_events`; the endpoint closes, the socket file goes.
         #[cfg(memshim_bridge)]
         if crate::bridge::detach_asked() && try_stop(&mut own, true) {
+            crate::bridge::stopped();
             return finish();
         }
         if n > 0 {

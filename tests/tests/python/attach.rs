@@ -7,12 +7,15 @@
 //! the socket, and the verbs then reach it by ptrace again; `attach` again
 //! loads a fresh copy. Throughout, the process goes on as before: its wait
 //! ends when it would have, its stdout, empty stderr and exit status are
-//! unchanged, a fork in it works. Refusals: a preloaded process, `detach`
-//! of a process never attached. Fixtures: tests/fixtures/py_unshimmed.py,
+//! unchanged, a fork in it works. Two `attach` at once leave one bridge.
+//! Refusals: a preloaded process, `detach` of a process never attached, a
+//! process under strace. Fixtures: tests/fixtures/py_unshimmed.py,
 //! tests/fixtures/py_attach.py.
 
-use super::without_preload::{ctl_json, garbage, in_kernel_wait, in_process_rss, start_for};
-use memshim_proto::exit::{NOT_FOUND, PRELOADED};
+use super::without_preload::{
+    ctl_json, garbage, in_kernel_wait, in_process_rss, start_for, under_strace,
+};
+use memshim_proto::exit::{NOT_FOUND, PRELOADED, TRACED};
 use memshim_tests::py::*;
 use memshim_tests::{Cmd, ctl, mib, rss_bytes, wait_until};
 use std::time::{Duration, Instant};
@@ -305,4 +308,53 @@ fn attach_refuses_a_preloaded_process_and_detach_one_never_attached() {
     assert!(o.stderr.contains("never attached"), "{o:?}");
     let o = child.finish(Duration::from_secs(30));
     assert_eq!((o.code, o.stderr.as_str()), (5, ""), "{o:?}");
+}
+
+#[test]
+fn two_attaches_at_once_leave_one_bridge_and_a_traced_process_is_refused() {
+    let py = cpythons().into_iter().next().expect("a CPython");
+    // Twice: from where the library lies, then (after a detach) from
+    // copies, where two loads would be two bridges.
+    let (mut child, _) = attach_fixture(py.cmd(["-c", &source()]));
+    let pid = child.pid();
+    let p = pid.to_string();
+    in_kernel_wait(pid);
+    for round in ["first", "after a detach"] {
+        let two: Vec<_> = (0..2)
+            .map(|_| Cmd::new(ctl(), ["attach", &p]).spawn())
+            .collect();
+        let codes: Vec<i32> = two
+            .into_iter()
+            .map(|c| c.finish(Duration::from_secs(30)).code)
+            .collect();
+        assert!(codes.contains(&0), "{round}: {codes:?}");
+        assert!(
+            codes.iter().all(|&c| c == 0 || c == i32::from(TRACED.code)),
+            "{round}: {codes:?}"
+        );
+        // One serving bridge: its thread and its spawner.
+        child.send("threads");
+        let line = child.wait_for_line("threads n=", Duration::from_secs(30));
+        assert_eq!(line.trim(), "threads n=3", "{round}");
+        let (code, d, err) = ctl_json(&["detach", &p, "--json"]);
+        assert_eq!(code, 0, "{round}: {d} {err}");
+    }
+    child.send("quit");
+    let o = child.finish(Duration::from_secs(30));
+    assert_eq!((o.code, o.stderr.as_str()), (7, ""), "{o:?}");
+
+    // Under strace: refused, and nothing changed.
+    let traced = under_strace(&py, WAIT);
+    let pid = wait_until(Duration::from_secs(10), || {
+        let kids =
+            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", traced.pid())).ok()?;
+        kids.split_whitespace().next()?.parse::<i32>().ok()
+    })
+    .expect("strace's child");
+    let o = Cmd::new(ctl(), ["attach", &pid.to_string()]).run();
+    assert_eq!(o.code, i32::from(TRACED.code), "{o:?}");
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    assert!(!maps.contains("libmemshim_bridge"), "loaded anyway");
+    let o = traced.finish(Duration::from_secs(30));
+    assert_eq!(o.code, 5, "{o:?}");
 }

@@ -210,13 +210,18 @@ pub fn candidate(p: &procfs::Proc) -> Option<Candidate> {
     Some(c)
 }
 
-/// The pid tracing `pid`, if any (`TracerPid` in its status).
+/// The pid tracing a thread of `pid`, if any (`TracerPid` in a thread's status).
 fn tracer(pid: i32) -> Option<i32> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("TracerPid:")?.trim().parse().ok())
-        .filter(|&t| t != 0)
+    // A tracer holds threads, not the process: another memshim-ctl holds
+    // one thread of it (any one), strace every one.
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    tasks.filter_map(|t| t.ok()).find_map(|t| {
+        std::fs::read_to_string(t.path().join("status"))
+            .ok()?
+            .lines()
+            .find_map(|l| l.strip_prefix("TracerPid:")?.trim().parse().ok())
+            .filter(|&t| t != 0)
+    })
 }
 
 /// RSS of `pid`, bytes (`/proc/PID/statm`).
