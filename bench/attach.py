@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reaching a CPython started without the preload (issue 46): memshim-ctl's ptrace road against gdb.
+"""Reaching a CPython started without the preload (issue 46): memshim-ctl's roads (ptrace, attach) against gdb.
 
   python3 bench/attach.py [--runs N] [--only 3.11,3.14] [--no-gdb]
 
@@ -11,6 +11,9 @@ of stdin (an idle server's main thread). Each road runs on a fresh process of it
   in-process      the fixture's own gc.collect(); malloc_trim(0): the figure to reach
   memshim-ctl     `release PID` (gc.collect(), torch's caches, malloc_trim(0)) by ptrace, then
                   N x `stats PID --json` and N x `release PID --json`: round trips, median and p95
+  memshim-ctl attach  `attach PID` (the first command's time), then the first `release PID`
+                  (the RSS kept) and N x `stats`/`release` over the attached bridge's socket,
+                  no ptrace; `detach PID` before the target goes on
   gdb trim        `gdb -p PID -batch -ex 'call (int)malloc_trim(0)'`: what users run by hand
   gdb gc+trim     gdb calling PyGILState_Ensure, PyRun_SimpleString("import gc; gc.collect()"),
                   PyGILState_Release and malloc_trim(0)
@@ -121,6 +124,25 @@ def memshim_road(argv, runs):
     return {"first_ms": ms, "kept": kept, "stats": stats, "release": rel, "survived": alive}
 
 
+def attached_road(argv, runs):
+    """`attach PID` (the first command), then the first `release` and the
+    round trips over the bridge's socket, no ptrace; `detach` before the
+    target goes on."""
+    t = Target(argv)
+    ms, r = timed([CTL, "attach", str(t.pid)])
+    if r.returncode != 0:
+        t.survived(False)
+        return {"first_ms": ms, "kept": None, "survived": f"no (attach exit {r.returncode})"}
+    _, r = timed([CTL, "release", str(t.pid)])
+    ok = r.returncode == 0
+    kept = rss(t.pid)
+    stats = [timed([CTL, "stats", str(t.pid), "--json"])[0] for _ in range(runs)]
+    rel = [timed([CTL, "release", str(t.pid), "--json"])[0] for _ in range(runs)]
+    d = timed([CTL, "detach", str(t.pid)])[1].returncode
+    alive = t.survived(True) if ok and d == 0 else f"no (release exit {r.returncode}, detach exit {d})"
+    return {"first_ms": ms, "kept": kept, "stats": stats, "release": rel, "survived": alive}
+
+
 GDB_GC = ["-ex", "call (int)PyGILState_Ensure()",
           "-ex", "call (int)PyRun_SimpleString(\"import gc; gc.collect()\")",
           "-ex", "call (void)PyGILState_Release($1)"]
@@ -154,6 +176,7 @@ def main():
         base = in_process(argv)
         m = memshim_road(argv, a.runs)
         rows.append((label, "memshim-ctl (ptrace)", m, base))
+        rows.append((label, "memshim-ctl attach (socket)", attached_road(argv, a.runs), base))
         if gdb:
             rows.append((label, "gdb trim", gdb_road(argv, False), base))
             rows.append((label, "gdb gc+trim", gdb_road(argv, True), base))
