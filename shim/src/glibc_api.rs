@@ -11,37 +11,7 @@ use crate::jemalloc;
 use core::ffi::c_int;
 use std::io::Write;
 
-/// glibc's `struct mallinfo` (int fields, deprecated but still used).
-#[repr(C)]
-#[derive(Default)]
-pub struct Mallinfo {
-    arena: c_int,
-    ordblks: c_int,
-    smblks: c_int,
-    hblks: c_int,
-    hblkhd: c_int,
-    usmblks: c_int,
-    fsmblks: c_int,
-    uordblks: c_int,
-    fordblks: c_int,
-    keepcost: c_int,
-}
-
-/// glibc's `struct mallinfo2` (size_t fields, glibc 2.33).
-#[repr(C)]
-#[derive(Default)]
-pub struct Mallinfo2 {
-    arena: usize,
-    ordblks: usize,
-    smblks: usize,
-    hblks: usize,
-    hblkhd: usize,
-    usmblks: usize,
-    fsmblks: usize,
-    uordblks: usize,
-    fordblks: usize,
-    keepcost: usize,
-}
+pub use crate::os::mallinfo::{Mallinfo, Mallinfo2};
 
 /// Maps jemalloc's figures onto glibc's fields (docs/stats.md explains it):
 /// `arena` = mapped, `uordblks` = allocated, `fordblks` = mapped − allocated,

@@ -53,6 +53,7 @@ pub mod options;
 pub mod os;
 pub mod profile;
 pub mod python;
+#[cfg(not(memshim_bridge))]
 pub mod report;
 pub mod thread;
 

@@ -284,21 +284,7 @@ pub fn idle_returns() -> u64 {
 /// for each allocator).
 pub type Stats = memshim_proto::AllocatorStats;
 
-/// glibc's `struct mallinfo2`.
-#[repr(C)]
-#[derive(Default, Clone, Copy)]
-struct Mallinfo2 {
-    arena: usize,
-    ordblks: usize,
-    smblks: usize,
-    hblks: usize,
-    hblkhd: usize,
-    usmblks: usize,
-    fsmblks: usize,
-    uordblks: usize,
-    fordblks: usize,
-    keepcost: usize,
-}
+use crate::os::mallinfo::Mallinfo2;
 
 /// The allocator's figures now.
 pub fn stats() -> Result<Stats, Error> {
@@ -400,34 +386,6 @@ pub fn narenas() -> u32 {
 /// 0: no arenas of the shim's.
 pub fn narenas_auto() -> u32 {
     0
-}
-
-/// The shim's `opt.*` values (defaults: none apply).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Opts {
-    /// The idle return's interval.
-    pub dirty_decay_ms: i64,
-    /// -1.
-    pub muzzy_decay_ms: i64,
-    /// 0.
-    pub narenas: u32,
-    /// 0.
-    pub tcache_max: u64,
-    /// false.
-    pub background_thread: bool,
-    /// 0.
-    pub oversize_threshold: u64,
-    /// false.
-    pub retain: bool,
-}
-
-/// [`Opts`] as the bridge has them.
-pub fn opts() -> Opts {
-    Opts {
-        dirty_decay_ms: IDLE_MS.load(Relaxed),
-        muzzy_decay_ms: -1,
-        ..Opts::default()
-    }
 }
 
 /// False.

@@ -33,6 +33,7 @@ pub mod fd;
 pub mod fence;
 pub mod interpose;
 pub mod libm;
+pub mod mallinfo;
 pub mod memstream;
 pub mod overcommit;
 pub mod proc;

@@ -76,7 +76,8 @@ fn arm() {
 }
 
 /// Constructor; `interposed`: our `malloc` is the process's
-/// (`os::interpose::detect`).
+/// (`os::interpose::detect`). (The attached bridge's is [`on_attach`].)
+#[cfg(not(memshim_bridge))]
 #[unsafe(link_section = ".text.startup")]
 pub fn on_load(interposed: bool) {
     // jemalloc stays uninitialised until the first allocation or thread
