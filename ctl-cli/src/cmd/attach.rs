@@ -115,7 +115,7 @@ pub fn run_attach(a: AttachArgs) -> Result<Exit, Failure> {
     }
     let mut c = wait_for_socket(&p).map_err(exited)?;
     // Its first Python job registers the bridge's fork hooks with the
-    // interpreter (shim/src/bridge/fork.rs): a `stats`, at once.
+    // interpreter (shim/src/thread/attached.rs): a `stats`, at once.
     let _ = c.stats();
     if let Some(ms) = a.idle_return {
         let r: DecayResult = c

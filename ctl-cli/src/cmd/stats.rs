@@ -173,16 +173,13 @@ pub fn human_unshimmed(s: &crate::reach::ptrace::Stats, command: &str, arenas: b
 
 /// The `allocator` section.
 fn allocator(a: &AllocatorStats, jemalloc_version: &str) -> String {
-    // An attached bridge names the process's own allocator instead
-    // (shim/src/bridge/heap.rs, `version`).
-    let mut out = if jemalloc_version.ends_with("(attached bridge)") {
-        format!("\nallocator ({jemalloc_version})\n")
-    } else {
-        format!(
-            "\nallocator (jemalloc {})\n",
-            jemalloc_version.split('-').next().unwrap_or("")
-        )
-    };
+    if attached(jemalloc_version) {
+        return attached_allocator(a, jemalloc_version);
+    }
+    let mut out = format!(
+        "\nallocator (jemalloc {})\n",
+        jemalloc_version.split('-').next().unwrap_or("")
+    );
     out += &kv(&[
         ("allocated", bytes(a.allocated), "in live allocations"),
         ("active", bytes(a.active), "pages holding allocations"),
@@ -212,6 +209,28 @@ fn allocator(a: &AllocatorStats, jemalloc_version: &str) -> String {
         ("purgeable", bytes(a.purgeable), "dirty + muzzy"),
     ]);
     out
+}
+
+/// Whether the report comes from an attached bridge, which names the
+/// process's own allocator there (shim/src/bridge/heap.rs, `version`).
+fn attached(jemalloc_version: &str) -> bool {
+    jemalloc_version.ends_with("(attached bridge)")
+}
+
+/// The `allocator` section of an attached bridge: the process's own
+/// allocator's figures that mean something there (docs/attach.md, "What
+/// the bridge answers").
+fn attached_allocator(a: &AllocatorStats, name: &str) -> String {
+    format!("\nallocator ({name})\n")
+        + &kv(&[
+            ("allocated", bytes(a.allocated), "in live allocations"),
+            ("mapped", bytes(a.mapped), "heap and mmap'ed chunks"),
+            (
+                "free",
+                bytes(a.dirty),
+                "free in the heap, returned to the OS or not (the allocator cannot tell)",
+            ),
+        ])
 }
 
 /// The per-arena table (`--arenas`).
@@ -307,6 +326,23 @@ fn config(c: &ConfigState) -> String {
             format!("{v} ms")
         }
     };
+    if attached(&c.jemalloc_version) {
+        return "\nconfig (attached bridge)\n".to_owned()
+            + &kv(&[
+                (
+                    "idle_return",
+                    if c.dirty_decay_ms < 0 {
+                        "off".to_owned()
+                    } else {
+                        format!("after {} idle", decay(c.dirty_decay_ms))
+                    },
+                    "attach --idle-return, decay --dirty-ms",
+                ),
+                ("attached", ms(c.uptime_ms as f64), "ago"),
+                ("thread_starts", c.thread_starts.to_string(), ""),
+                ("shim", c.shim_version.clone(), ""),
+            ]);
+    }
     "\nconfig\n".to_owned()
         + &kv(&[
             ("dirty_decay", decay(c.dirty_decay_ms), ""),

@@ -3,24 +3,25 @@
 //!
 //! The bridge is the shim's sources built with `cfg(memshim_bridge)`: the
 //! shim's thread, control socket and Python bridge, without jemalloc and
-//! without a single exported function, so a library loaded late replaces
-//! nothing of the process's (its `malloc` above all: [`heap`] answers the
-//! allocator requests with the process's own allocator); its one export,
-//! `memshim_bridge_serving`, lets a second copy see that one serves. Its constructor,
+//! with one exported function of its own name, so a library loaded late
+//! replaces nothing of the process's (its `malloc` above all: [`heap`]
+//! answers the allocator requests with the process's own allocator);
+//! that export, `memshim_bridge_serving`, lets a second copy see that one
+//! serves. Its constructor,
 //! run by the `dlopen` that `attach` makes on a thread of the process held
 //! at a safe point, starts the thread; `detach` stops it and closes the
 //! socket, and the library stays mapped (`-z nodelete`: code that may still
 //! be referenced, a fork handler's, must not go away).
 
-pub mod fork;
 pub mod heap;
 
 use crate::{os, thread};
 use core::ffi::{c_char, c_int, c_void};
 use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
-/// This copy's thread serves (from the constructor until `detach`).
-static SERVING: AtomicBool = AtomicBool::new(false);
+/// This copy's constructor started the thread (which serves until
+/// `detach`).
+static STARTED: AtomicBool = AtomicBool::new(false);
 
 /// Whether this copy of the bridge serves the process: the one symbol the
 /// library exports, a name no program uses, so that a second copy loaded
@@ -28,12 +29,7 @@ static SERVING: AtomicBool = AtomicBool::new(false);
 /// own) finds the first and stays idle ([`another_copy_serves`]).
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn memshim_bridge_serving() -> bool {
-    SERVING.load(Relaxed)
-}
-
-/// The thread stopped for good (`detach`).
-pub fn stopped() {
-    SERVING.store(false, Relaxed);
+    STARTED.load(Relaxed) && !crate::control::detach_asked()
 }
 
 /// Constructor: whether another copy of libmemshim_bridge.so in this
@@ -111,26 +107,12 @@ fn another_copy_serves() -> bool {
     })
 }
 
-/// A `detach` request was answered: the thread leaves its loop.
-static DETACH: AtomicBool = AtomicBool::new(false);
-
-/// `detach` (control/requests/detach.rs): the thread stops once the answer
-/// is sent (thread/run.rs).
-pub fn ask_detach() {
-    DETACH.store(true, Relaxed);
-}
-
-/// Whether `detach` was asked for.
-pub fn detach_asked() -> bool {
-    DETACH.load(Relaxed)
-}
-
 extern "C" fn constructor() {
     let _e = os::KeepErrno::new();
     if another_copy_serves() {
         return;
     }
-    SERVING.store(true, Relaxed);
+    STARTED.store(true, Relaxed);
     thread::on_attach();
 }
 

@@ -40,6 +40,8 @@ use core::sync::atomic::{AtomicBool, Ordering::*};
 use facts::Ctx;
 pub use facts::{Facts, PressureFacts};
 use memshim_proto::ErrorCode;
+/// Whether the attached bridge answered `detach` (its thread then stops).
+pub use requests::detach::asked as detach_asked;
 use std::ffi::CString;
 
 /// Most client connections held at once; an extra one evicts the oldest.

@@ -1,21 +1,47 @@
 //! The attached bridge's fork hooks in CPython: `os.register_at_fork`'s
-//! `before` and `after_in_parent`, which tell bridge/fork.rs that a fork is
-//! `os.fork()`'s and when CPython has counted its threads after it.
+//! `before` and `after_in_parent`, which tell the thread layer
+//! (thread/attached.rs) that a fork is `os.fork()`'s, and when CPython has
+//! counted its threads after it.
 
 use super::ffi::{METH_NOARGS, PyMethodDef, PyObject};
 use super::object::Py;
-use core::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 
 /// The hooks are registered with the interpreter.
 static HOOKED: AtomicBool = AtomicBool::new(false);
+/// CPython's `before` hook ran: the fork under way is `os.fork()`'s.
+static IN_OS_FORK: AtomicBool = AtomicBool::new(false);
+/// What `after_in_parent` calls (a `fn()`; 0 for nothing): set once by the
+/// thread layer.
+static PARENT_WORK: AtomicUsize = AtomicUsize::new(0);
+
+/// The thread layer's work after `os.fork()` in the parent.
+pub fn on_after_in_parent(f: fn()) {
+    PARENT_WORK.store(f as usize, SeqCst);
+}
+
+/// Whether the fork under way is `os.fork()`'s (its `before` hook ran).
+pub fn in_os_fork() -> bool {
+    IN_OS_FORK.load(SeqCst)
+}
+
+/// Fork child: no fork is under way there. Async-signal-safe.
+pub fn after_fork_child() {
+    IN_OS_FORK.store(false, SeqCst);
+}
 
 unsafe extern "C" fn before(_self: *mut PyObject, _args: *mut PyObject) -> *mut PyObject {
-    crate::bridge::fork::os_fork_begins();
+    IN_OS_FORK.store(true, SeqCst);
     none()
 }
 
 unsafe extern "C" fn after_in_parent(_self: *mut PyObject, _args: *mut PyObject) -> *mut PyObject {
-    crate::bridge::fork::os_fork_done_in_parent();
+    IN_OS_FORK.store(false, SeqCst);
+    let f = PARENT_WORK.load(SeqCst);
+    if f != 0 {
+        // SAFETY: only `fn()` values are stored (`on_after_in_parent`).
+        unsafe { core::mem::transmute::<usize, fn()>(f)() };
+    }
     none()
 }
 

@@ -74,7 +74,7 @@ pub(super) extern "C" fn prepare() {
     crate::python::before_fork();
     let _stopped = stop_if_alone_but_for_us();
     #[cfg(memshim_bridge)]
-    crate::bridge::fork::prepared(_stopped);
+    super::attached::prepared(_stopped);
     // After the stop above: a thread that is stopping must still be able to
     // close its descriptors.
     os::fd::before_fork();
@@ -96,7 +96,7 @@ pub(super) extern "C" fn parent() {
     }
     // The attached bridge cannot wait for the process's next thread.
     #[cfg(memshim_bridge)]
-    if crate::bridge::fork::restart_in_parent_handler() {
+    if super::attached::restart_in_parent_handler() {
         super::restart_after_fork();
     }
 }
@@ -121,7 +121,7 @@ pub(super) extern "C" fn child() {
     super::cuda_idle::after_fork_child();
     crate::profile::after_fork_child();
     #[cfg(memshim_bridge)]
-    crate::bridge::fork::after_fork_child();
+    super::attached::after_fork_child();
 }
 
 /// For a fork: if the process is alone but for the shim's threads
@@ -141,7 +141,7 @@ pub(super) fn stop_if_alone_for_namespace() {
 /// Returns whether the threads stopped.
 fn stop_if_alone(wait_for_job: bool) -> bool {
     // The attached bridge (always `on`) stops too, and starts again after
-    // the fork itself (bridge/fork.rs).
+    // the fork itself (attached.rs).
     if (options::control() != Control::Auto && !cfg!(memshim_bridge))
         || !matches!(STATE.phase(), Phase::Running | Phase::Starting)
     {

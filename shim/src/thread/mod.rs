@@ -15,12 +15,15 @@
 //! * `fork.rs`: the fork handlers, and stopping for a fork or a namespace;
 //! * `wake.rs`: how a handler wakes the thread;
 //! * `cuda_idle.rs`: the idle VRAM return, one look per tick.
+//! * `attached.rs`: the attached bridge's restart after a fork.
 //! * `pressure.rs`: the memory cgroup's pressure, watched by the thread.
 //!
 //! Code here that runs on the application's threads (our `pthread_create`,
 //! `unshare`, `setns`, the fork handlers) keeps `errno` and never acts on a
 //! pending cancellation of that thread.
 
+#[cfg(memshim_bridge)]
+mod attached;
 mod cuda_idle;
 mod fork;
 mod pressure;
@@ -129,6 +132,7 @@ pub fn on_attach() {
     STATE.on_load(os::getpid(), os::time::monotonic_ms(), false);
     let _ = os::thread::real_pthread_create();
     let _ = os::thread::atfork(fork::prepare, fork::parent, fork::child);
+    crate::python::at_fork::on_after_in_parent(attached::after_os_fork_in_parent);
     let _ = STATE.ctor_finished();
     if eligible() {
         arm();
@@ -136,7 +140,7 @@ pub fn on_attach() {
 }
 
 /// The attached bridge, after a fork that stopped its threads: start them
-/// again (bridge/fork.rs says when). On the forking thread.
+/// again (attached.rs says when). On the forking thread.
 #[cfg(memshim_bridge)]
 pub fn restart_after_fork() {
     let _e = KeepErrno::new();

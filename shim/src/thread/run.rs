@@ -235,8 +235,7 @@ extern "C" fn main(_: *mut c_void) -> *mut c_void {
         // The attached bridge's `detach`: its answer went out in
         // `on_events`; the endpoint closes, the socket file goes.
         #[cfg(memshim_bridge)]
-        if crate::bridge::detach_asked() && try_stop(&mut own, true) {
-            crate::bridge::stopped();
+        if control::detach_asked() && try_stop(&mut own, true) {
             return finish();
         }
         if n > 0 {

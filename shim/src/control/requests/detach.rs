@@ -1,16 +1,25 @@
 //! `detach`: the attached bridge's thread stops after this answer, and its
-//! socket closes (bridge/mod.rs). The preloaded shim refuses: its thread
+//! socket closes (thread/run.rs reads [`asked`]). The preloaded shim refuses: its thread
 //! returns the memory of the allocator the shim is, for the process's life.
 
 use super::super::facts::Ctx;
+use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use memshim_proto::*;
+
+/// A `detach` was answered: the thread leaves its loop (thread/run.rs).
+static ASKED: AtomicBool = AtomicBool::new(false);
+
+/// Whether `detach` was answered.
+pub fn asked() -> bool {
+    ASKED.load(Relaxed)
+}
 
 /// `detach`.
 #[cfg(memshim_bridge)]
 pub fn handle(ctx: &Ctx<'_>) -> Result<DetachResult, ErrorReply> {
-    crate::bridge::ask_detach();
+    ASKED.store(true, Relaxed);
     Ok(DetachResult {
-        idle_returns: crate::bridge::heap::idle_returns(),
+        idle_returns: crate::jemalloc::idle_returns(),
         attached_ms: ctx.facts.uptime_ms,
     })
 }

@@ -9,7 +9,7 @@ use memshim_proto::*;
 use std::time::{Duration, Instant};
 
 mod decay;
-mod detach;
+pub mod detach;
 mod empty_cache;
 mod gc;
 pub mod hello;
