@@ -96,7 +96,7 @@ pub fn run_attach(a: AttachArgs) -> Result<Exit, Failure> {
         socket: socket::locate(&p).path().display().to_string(),
         idle_return_ms: None,
     };
-    let loaded = procfs::memshim_in(pid).map_err(|e| procfs::gone(pid, e))?;
+    let loaded = which_memshim(&p)?;
     if loaded == Loaded::Preloaded {
         return Err(preloaded(pid, "attach"));
     }
@@ -162,7 +162,7 @@ pub fn run_attach(a: AttachArgs) -> Result<Exit, Failure> {
 pub fn run_detach(a: DetachArgs) -> Result<Exit, Failure> {
     let pid = a.pid;
     let p = procfs::read_proc(pid)?;
-    match procfs::memshim_in(pid).map_err(|e| procfs::gone(pid, e))? {
+    match which_memshim(&p)? {
         Loaded::Preloaded => return Err(preloaded(pid, "detach")),
         Loaded::No => {
             return Err(Failure::new(
@@ -218,6 +218,18 @@ pub fn run_detach(a: DetachArgs) -> Result<Exit, Failure> {
         )?;
     }
     Ok(exit::OK)
+}
+
+/// Which memshim library the process has mapped; its maps unreadable is
+/// a permission failure, not a missing process.
+fn which_memshim(p: &Proc) -> Result<Loaded, Failure> {
+    procfs::memshim_in(p.pid).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::PermissionDenied {
+            procfs::permission(p, &format!("/proc/{}/maps", p.pid))
+        } else {
+            procfs::gone(p.pid, e)
+        }
+    })
 }
 
 fn preloaded(pid: i32, verb: &str) -> Failure {
