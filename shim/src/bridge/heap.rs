@@ -130,43 +130,52 @@ pub fn version() -> &'static str {
 type Mallctl =
     unsafe extern "C" fn(*const c_char, *mut c_void, *mut usize, *mut c_void, usize) -> c_int;
 
-/// A `mallctl` of the preloaded jemalloc: reads a `T`, or runs an action
-/// (`T = ()`).
-fn je<T: Copy>(key: &core::ffi::CStr, action: bool) -> Result<T, Error> {
+/// One `mallctl` of the preloaded jemalloc (the same call jemalloc.rs
+/// makes on the shim's own): `old`/`old_len` to read, `new`/`new_len` to
+/// write, all null for an action.
+fn mallctl(
+    key: &core::ffi::CStr,
+    old: *mut c_void,
+    old_len: *mut usize,
+    new: *mut c_void,
+    new_len: usize,
+) -> Result<(), Error> {
     let f = FIGURES.load(Relaxed);
-    if f == 0 {
+    if kind() != Kind::Jemalloc || f == 0 {
         return Err(Error(libc::ENOTSUP));
     }
-    // SAFETY: `f` is the process's jemalloc's `mallctl` (`find`).
-    let f = unsafe { core::mem::transmute::<usize, Mallctl>(f) };
+    // SAFETY: `f` is the process's jemalloc's `mallctl` (`find`); the key
+    // is NUL-terminated and the callers pass buffers of the key's type.
+    let rc = unsafe {
+        core::mem::transmute::<usize, Mallctl>(f)(key.as_ptr(), old, old_len, new, new_len)
+    };
+    if rc == 0 { Ok(()) } else { Err(Error(rc)) }
+}
+
+/// Reads a `T` (the key's type) from the preloaded jemalloc.
+fn je_read<T: Copy>(key: &core::ffi::CStr) -> Result<T, Error> {
     let mut v = core::mem::MaybeUninit::<T>::zeroed();
     let mut len = core::mem::size_of::<T>();
-    // SAFETY: a NUL-terminated key, and a buffer of the size the key's
-    // type has (or none, for an action).
-    let rc = unsafe {
-        if action {
-            f(
-                key.as_ptr(),
-                core::ptr::null_mut(),
-                core::ptr::null_mut(),
-                core::ptr::null_mut(),
-                0,
-            )
-        } else {
-            f(
-                key.as_ptr(),
-                v.as_mut_ptr().cast(),
-                &mut len,
-                core::ptr::null_mut(),
-                0,
-            )
-        }
-    };
-    if rc != 0 {
-        return Err(Error(rc));
-    }
+    mallctl(
+        key,
+        v.as_mut_ptr().cast(),
+        &mut len,
+        core::ptr::null_mut(),
+        0,
+    )?;
     // SAFETY: zeroed, then written by jemalloc.
     Ok(unsafe { v.assume_init() })
+}
+
+/// Runs an action key (`arena.4096.purge`) of the preloaded jemalloc.
+fn je_run(key: &core::ffi::CStr) -> Result<(), Error> {
+    mallctl(
+        key,
+        core::ptr::null_mut(),
+        core::ptr::null_mut(),
+        core::ptr::null_mut(),
+        0,
+    )
 }
 
 /// Returns the free heap to the OS with the allocator's own call.
@@ -184,7 +193,7 @@ pub fn purge_all() -> Result<(), Error> {
                 let trim = core::mem::transmute::<usize, unsafe extern "C" fn(usize) -> c_int>(f);
                 trim(0);
             }
-            Kind::Jemalloc => je::<()>(c"arena.4096.purge", true)?,
+            Kind::Jemalloc => je_run(c"arena.4096.purge")?,
             Kind::Tcmalloc => core::mem::transmute::<usize, unsafe extern "C" fn()>(f)(),
             Kind::Mimalloc => core::mem::transmute::<usize, unsafe extern "C" fn(bool)>(f)(true),
             Kind::Unknown | Kind::Other => return Err(Error(libc::ENOTSUP)),
@@ -305,7 +314,7 @@ pub fn stats() -> Result<Stats, Error> {
         }
         Kind::Jemalloc => {
             advance_epoch()?;
-            let sz = |k: &core::ffi::CStr| je::<usize>(k, false).map(|v| v as u64);
+            let sz = |k: &core::ffi::CStr| je_read::<usize>(k).map(|v| v as u64);
             s.allocated = sz(c"stats.allocated")?;
             s.active = sz(c"stats.active")?;
             s.resident = sz(c"stats.resident")?;
@@ -347,20 +356,15 @@ pub fn stats() -> Result<Stats, Error> {
 /// others, whose figures are always current.
 pub fn advance_epoch() -> Result<(), Error> {
     if kind() == Kind::Jemalloc {
-        let f = FIGURES.load(Relaxed);
-        // SAFETY: jemalloc's `mallctl` (`find`), writing `epoch` a u64.
-        let ctl = unsafe { core::mem::transmute::<usize, Mallctl>(f) };
         let mut one = 1u64;
-        // SAFETY: as above: key NUL-terminated, new value a live u64.
-        unsafe {
-            ctl(
-                c"epoch".as_ptr(),
-                core::ptr::null_mut(),
-                core::ptr::null_mut(),
-                (&raw mut one).cast(),
-                8,
-            )
-        };
+        // As before: figures one epoch old rather than none.
+        let _ = mallctl(
+            c"epoch",
+            core::ptr::null_mut(),
+            core::ptr::null_mut(),
+            (&raw mut one).cast(),
+            8,
+        );
     }
     Ok(())
 }
