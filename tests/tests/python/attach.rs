@@ -13,7 +13,8 @@
 //! tests/fixtures/py_attach.py.
 
 use super::without_preload::{
-    ctl_json, garbage, in_kernel_wait, in_process_rss, start_for, under_strace,
+    ctl_json, goes_on_unchanged, in_kernel_wait, in_process_rss, start_for, traced_pid,
+    under_strace,
 };
 use memshim_proto::exit::{NOT_FOUND, PRELOADED, TRACED};
 use memshim_tests::py::*;
@@ -35,7 +36,7 @@ fn attached_cpythons_are_served_over_their_socket_and_go_on_unchanged_after_deta
         let state = states[i % states.len()];
         let what = format!("CPython {}, main thread in {state}", py.label);
         let inproc = in_process_rss(&py);
-        let mut child = start_for(&py, state, WAIT);
+        let child = start_for(&py, state, WAIT);
         let pid = child.pid();
         let p = pid.to_string();
         in_kernel_wait(pid);
@@ -126,26 +127,7 @@ fn attached_cpythons_are_served_over_their_socket_and_go_on_unchanged_after_deta
         assert_eq!(code, 0, "{what}: {s} {err}");
         assert!(s.get("reached").is_none(), "{what}: {s}");
         detach(&what);
-        if state == "read" {
-            child.send("hello");
-        }
-        let o = child.finish(Duration::from_secs(30));
-        assert_eq!((o.code, o.stderr.as_str()), (5, ""), "{what}: {o:?}");
-        assert_eq!(garbage(&o.stdout), 0, "{what}: release's gc ran: {o:?}");
-        let elapsed: f64 = o
-            .stdout
-            .split("elapsed=")
-            .nth(1)
-            .and_then(|s| s.split_whitespace().next()?.parse().ok())
-            .unwrap_or_else(|| panic!("{what}: {o:?}"));
-        if state == "read" {
-            assert!(o.stdout.contains("got=hello"), "{what}: {o:?}");
-        } else {
-            assert!(
-                (WAIT - 0.02..WAIT + 0.15).contains(&elapsed),
-                "{what}: waited {elapsed} s for {WAIT} s"
-            );
-        }
+        goes_on_unchanged(child, state, WAIT, &what);
         report.push(format!(
             "{what}: attach {attach_took:?}, release {release_took:?} to {:.1} MiB (in-process {:.1} MiB)",
             mib(after),
@@ -345,12 +327,7 @@ fn two_attaches_at_once_leave_one_bridge_and_a_traced_process_is_refused() {
 
     // Under strace: refused, and nothing changed.
     let traced = under_strace(&py, WAIT);
-    let pid = wait_until(Duration::from_secs(10), || {
-        let kids =
-            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", traced.pid())).ok()?;
-        kids.split_whitespace().next()?.parse::<i32>().ok()
-    })
-    .expect("strace's child");
+    let pid = traced_pid(&traced);
     let o = Cmd::new(ctl(), ["attach", &pid.to_string()]).run();
     assert_eq!(o.code, i32::from(TRACED.code), "{o:?}");
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();

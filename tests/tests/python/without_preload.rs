@@ -61,6 +61,53 @@ pub(super) fn under_strace(py: &Cpython, seconds: f64) -> memshim_tests::Child {
     traced
 }
 
+/// The pid of the CPython that [`under_strace`] runs (strace's child).
+pub(super) fn traced_pid(traced: &memshim_tests::Child) -> i32 {
+    wait_until(Duration::from_secs(10), || {
+        let kids =
+            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", traced.pid())).ok()?;
+        kids.split_whitespace().next()?.parse::<i32>().ok()
+    })
+    .expect("strace's child")
+}
+
+/// The fixture's end, after a verb reached it in `state` with release's
+/// gc: exit 5, empty stderr, no garbage left, and its wait as without
+/// memshim: the line it is sent now (`read`), or `seconds` (a sleep,
+/// select or epoll that ends when it would have). Returns the seconds it
+/// waited.
+pub(super) fn goes_on_unchanged(
+    mut child: memshim_tests::Child,
+    state: &str,
+    seconds: f64,
+    what: &str,
+) -> f64 {
+    if state == "read" {
+        child.send("hello");
+    }
+    let o = child.finish(Duration::from_secs(30));
+    assert_eq!(o.code, 5, "{what}: {o:?}");
+    assert_eq!(o.stderr, "", "{what}: {o:?}");
+    let elapsed: f64 = o
+        .stdout
+        .split("elapsed=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{what}: {o:?}"));
+    let got = o.stdout.split("got=").nth(1).unwrap_or("").trim();
+    // The garbage went with release's gc.collect().
+    assert_eq!(garbage(&o.stdout), 0, "{what}: {o:?}");
+    if state == "read" {
+        assert_eq!(got, "hello", "{what}: {o:?}");
+    } else {
+        assert!(
+            (seconds - 0.02..seconds + 0.15).contains(&elapsed),
+            "{what}: waited {elapsed} s for {seconds} s"
+        );
+    }
+    elapsed
+}
+
 /// Waits until the main thread sleeps in the kernel (in its wait).
 pub(super) fn in_kernel_wait(pid: i32) {
     wait_until(Duration::from_secs(10), || {
@@ -110,7 +157,7 @@ fn release_reaches_an_unshimmed_cpython_in_every_idle_state_and_it_goes_on_uncha
         let inproc = in_process_rss(&py);
         for state in ["sleep", "select", "epoll", "read"] {
             let what = format!("CPython {}, main thread in {state}", py.label);
-            let mut child = start(&py, state);
+            let child = start(&py, state);
             let pid = child.pid();
             in_kernel_wait(pid);
             let t = Instant::now();
@@ -137,30 +184,7 @@ fn release_reaches_an_unshimmed_cpython_in_every_idle_state_and_it_goes_on_uncha
                 now.abs_diff(after) < 1 << 20,
                 "{what}: rss {now}, reported {after}"
             );
-            if state == "read" {
-                child.send("hello");
-            }
-            let o = child.finish(Duration::from_secs(30));
-            assert_eq!(o.code, 5, "{what}: {o:?}");
-            assert_eq!(o.stderr, "", "{what}: {o:?}");
-            let elapsed: f64 = o
-                .stdout
-                .split("elapsed=")
-                .nth(1)
-                .and_then(|s| s.split_whitespace().next()?.parse().ok())
-                .unwrap_or_else(|| panic!("{what}: {o:?}"));
-            let got = o.stdout.split("got=").nth(1).unwrap_or("").trim();
-            // The garbage went with release's gc.collect().
-            assert_eq!(garbage(&o.stdout), 0, "{what}: {o:?}");
-            if state == "read" {
-                assert_eq!(got, "hello", "{what}: {o:?}");
-            } else {
-                // The wait ends when it would have without memshim.
-                assert!(
-                    (WAIT - 0.02..WAIT + 0.15).contains(&elapsed),
-                    "{what}: waited {elapsed} s for {WAIT} s"
-                );
-            }
+            let elapsed = goes_on_unchanged(child, state, WAIT, &what);
             report.push(format!(
                 "{what}: {took:?}, rss {:.1} -> {:.1} MiB (in-process {:.1} MiB), waited {elapsed} s",
                 mib(before),
@@ -212,12 +236,7 @@ fn refusals_have_their_own_code_and_leave_the_process_alone() {
     let py = cpythons().into_iter().next().expect("a CPython");
     // Under strace: already traced.
     let traced = under_strace(&py, WAIT);
-    let pid = wait_until(Duration::from_secs(10), || {
-        let kids =
-            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", traced.pid())).ok()?;
-        kids.split_whitespace().next()?.parse::<i32>().ok()
-    })
-    .expect("strace's child");
+    let pid = traced_pid(&traced);
     let (code, v, err) = ctl_json(&["release", &pid.to_string(), "--json"]);
     assert_eq!(code, i32::from(TRACED.code), "{v} {err}");
     let message = v["release"][0]["error"]["message"].as_str().unwrap_or("");
@@ -289,12 +308,7 @@ fn list_shows_unshimmed_cpythons_and_whether_they_can_be_reached() {
     let child = start_for(&py, "sleep", 10.0);
     let pid = child.pid();
     let traced = under_strace(&py, 10.0);
-    let traced_pid = wait_until(Duration::from_secs(10), || {
-        let kids =
-            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", traced.pid())).ok()?;
-        kids.split_whitespace().next()?.parse::<i32>().ok()
-    })
-    .expect("strace's child");
+    let traced_pid = traced_pid(&traced);
     let sleeper = Cmd::new("sleep", ["30"]).spawn();
 
     let (code, v, err) = ctl_json(&["list", "--json"]);
