@@ -83,6 +83,16 @@ struct Attached {
     idle_return_ms: Option<i64>,
 }
 
+impl Attached {
+    /// The process loaded `library` on the thread of `d`.
+    fn loaded(&mut self, d: &memshim_reach::Done, library: String) {
+        self.tid = Some(d.tid);
+        self.syscall = Some(d.syscall);
+        self.library = Some(library);
+        self.loaded_now = true;
+    }
+}
+
 /// Runs `attach`.
 pub fn run_attach(a: AttachArgs) -> Result<Exit, Failure> {
     let pid = a.pid;
@@ -256,10 +266,7 @@ fn load(p: &Proc, earlier: bool, a: &AttachArgs, done: &mut Attached) -> Result<
         let path = ours.display().to_string();
         match memshim_reach::dlopen(pid, &path, limit) {
             Ok(d) if d.value != 0 => {
-                done.tid = Some(d.tid);
-                done.syscall = Some(d.syscall);
-                done.library = Some(path);
-                done.loaded_now = true;
+                done.loaded(&d, path);
                 return Ok(());
             }
             Ok(d) => why_copy = d.error,
@@ -271,10 +278,7 @@ fn load(p: &Proc, earlier: bool, a: &AttachArgs, done: &mut Attached) -> Result<
     drop(copy);
     match r {
         Ok(d) if d.value != 0 => {
-            done.tid = Some(d.tid);
-            done.syscall = Some(d.syscall);
-            done.library = Some(format!("a copy of {}", ours.display()));
-            done.loaded_now = true;
+            done.loaded(&d, format!("a copy of {}", ours.display()));
             Ok(())
         }
         Ok(d) => Err(Failure::new(
