@@ -60,7 +60,51 @@ pub struct ProfileReply {
     /// ([`HeapDump::set_build_ids`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub build_ids: Vec<ObjectBuildId>,
+    /// Action `dump`: the Python frames that samples' stacks name by id
+    /// ([`python_frame_id`]), every one the process has met since sampling
+    /// first started.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub python_frames: Vec<PythonFrame>,
 }
+
+/// One Python frame as a sample met it: where the thread's code was when
+/// it allocated (or called the code that did).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct PythonFrame {
+    /// The id the frame's addresses carry.
+    pub id: u32,
+    /// `co_filename` (a long one keeps its end, after `...`).
+    pub file: String,
+    /// `co_qualname` (3.11+), `co_name` before.
+    pub function: String,
+    /// The line the frame was at.
+    pub line: u32,
+}
+
+/// The top 16 bits of a return address that is a Python frame's: no code
+/// address has them (user space ends at 2^47 on x86-64 and 2^48 on
+/// AArch64, and these are not a sign extension of either).
+const PYTHON_FRAME_TAG: u64 = 0x5059;
+
+/// The address that stands for Python frame `id` in a sample's stack:
+/// the id in bits 8 to 47, and 0x80 in the low byte (so the byte before
+/// it, where a reader looks up a return address, names the same frame).
+pub fn python_frame_address(id: u32) -> u64 {
+    (PYTHON_FRAME_TAG << 48) | (u64::from(id) << 8) | 0x80
+}
+
+/// The Python frame id an address of a sample's stack stands for, if it
+/// is one ([`python_frame_address`]).
+pub fn python_frame_id(addr: u64) -> Option<u32> {
+    if addr >> 48 != PYTHON_FRAME_TAG {
+        return None;
+    }
+    u32::try_from((addr & 0xffff_ffff_ffff) >> 8).ok()
+}
+
+/// The id of the frame that stands for every Python frame a sample met
+/// when the process's table of them was full.
+pub const PYTHON_FRAME_UNKNOWN: u32 = 0xff_ffff;
 
 /// The build id of one loaded object.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -99,6 +143,10 @@ pub struct HeapDump {
     /// Bytes of the stacks left out.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub dropped_bytes: u64,
+    /// The Python frames the addresses name ([`python_frame_id`]), as the
+    /// answer carried them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub python_frames: Vec<PythonFrame>,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -277,6 +325,26 @@ fn parse_map(line: &str) -> Option<Mapping> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Python frame's address says its id, and no code address (nor the
+    /// byte before a tagged one, where readers look) is taken for one.
+    #[test]
+    fn python_frame_addresses_carry_their_id_and_nothing_else_does() {
+        for id in [0, 1, 8191, PYTHON_FRAME_UNKNOWN] {
+            let a = python_frame_address(id);
+            assert_eq!(python_frame_id(a), Some(id));
+            assert_eq!(python_frame_id(a - 1), Some(id));
+        }
+        for a in [
+            0,
+            0x40_1000,
+            0x7fff_ffff_f000,
+            0xffff_ffff_ff60_0000,
+            u64::MAX,
+        ] {
+            assert_eq!(python_frame_id(a), None, "{a:#x}");
+        }
+    }
 
     /// Each mapping takes the build id of the object whose loaded span
     /// holds its start; one in no object's span keeps none.

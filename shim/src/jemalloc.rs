@@ -639,6 +639,21 @@ pub fn prof_dump(path: &core::ffi::CStr) -> Result<(), Error> {
     write(b"prof.dump\0", path.as_ptr())
 }
 
+/// What jemalloc calls for a sampled allocation's call stack: fills
+/// `vec[..*len]`, at most `max` return addresses, innermost first.
+pub type BacktraceHook = unsafe extern "C" fn(*mut *mut c_void, *mut u32, u32);
+
+/// `experimental.hooks.prof_backtrace`: the hook in use (jemalloc's own,
+/// libgcc's unwinder, until the shim sets its own).
+pub fn prof_backtrace_hook() -> Result<BacktraceHook, Error> {
+    read::<BacktraceHook>(b"experimental.hooks.prof_backtrace\0")
+}
+
+/// Sets `experimental.hooks.prof_backtrace` (profile/python_stack.rs).
+pub fn set_prof_backtrace_hook(hook: BacktraceHook) -> Result<(), Error> {
+    write(b"experimental.hooks.prof_backtrace\0", hook)
+}
+
 /// `thread.prof.active = false` for the calling thread (the shim's own),
 /// so that a heap profile holds the application's allocations and not the
 /// shim's (those of the very request that takes it). Nothing if the

@@ -15,7 +15,7 @@ use crate::args::{parse_interval, pid_parser};
 use crate::exit::{self, Exit, Failure};
 use crate::output::print::{errln, outln};
 use crate::output::render::bytes;
-use crate::profile::heap::{Profile, signed_bytes};
+use crate::profile::heap::{NativeFrames, Profile, signed_bytes};
 use crate::reach::client::Client;
 use clap::{Args, ValueEnum};
 use memshim_proto::{
@@ -67,6 +67,11 @@ pub struct ProfileArgs {
     /// Same as `--format json`.
     #[arg(long)]
     pub json: bool,
+    /// In a stack with Python frames, `fold` leaves out the interpreter's
+    /// own C frames between them (but the one that allocated); `all` keeps
+    /// every native frame.
+    #[arg(long, value_enum, default_value_t = NativeFrames::Fold, value_name = "WHICH")]
+    pub native_frames: NativeFrames,
     /// Rows of the table.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=100000))]
     pub top: u64,
@@ -237,7 +242,7 @@ fn profile_after(
 ) -> Result<Exit, Failure> {
     let pid = c.proc.pid;
     hold(c, Duration::from_secs(wait))?;
-    let (mut prev, mut active_ms) = dump(c)?;
+    let (mut prev, mut active_ms) = dump(c, a.native_frames)?;
     let Some(every) = a.every else {
         let title = format!("pid {pid}");
         emit(a, format, &prev, &title, active_ms, false)?;
@@ -245,7 +250,7 @@ fn profile_after(
     };
     for step in 1..=a.count {
         hold(c, Duration::from_secs_f64(every))?;
-        let (cur, ms) = dump(c)?;
+        let (cur, ms) = dump(c, a.native_frames)?;
         active_ms = ms;
         let grown = Profile::diff(&prev, &cur);
         let title = format!("pid {pid}: growth {step} of {}, {every} s", a.count);
@@ -293,7 +298,7 @@ fn ask_on(
 
 /// A dump: the shim has jemalloc write it next to its socket and names the
 /// file; it is read, parsed and removed here, outside the process.
-fn dump(c: &mut Client) -> Result<(Profile, Option<u64>), Failure> {
+fn dump(c: &mut Client, native: NativeFrames) -> Result<(Profile, Option<u64>), Failure> {
     let pid = c.proc.pid;
     let t0 = std::time::Instant::now();
     let r = ask_on(c, ProfileAction::Dump, None)?;
@@ -307,6 +312,7 @@ fn dump(c: &mut Client) -> Result<(Profile, Option<u64>), Failure> {
         (None, None) => HeapDump::default(),
     };
     d.set_build_ids(&r.build_ids);
+    d.python_frames = r.python_frames.clone();
     if d.dropped_stacks > 0 {
         errln!(
             "memshim-ctl: {pid} has more sampled stacks than one answer carries: the {} smallest ({}) are left out",
@@ -315,7 +321,7 @@ fn dump(c: &mut Client) -> Result<(Profile, Option<u64>), Failure> {
         );
     }
     let own_pid = c.proc.nspid;
-    let (p, mismatched) = Profile::from_dump(pid, own_pid, r.lg_sample, &d);
+    let (p, mismatched) = Profile::from_dump(pid, own_pid, r.lg_sample, &d, native);
     for m in mismatched {
         errln!("memshim-ctl: {pid}: {m}; its frames are shown as offsets");
     }
@@ -420,6 +426,35 @@ fn table(p: &Profile, title: &str, top: usize, active_ms: Option<u64>) -> String
             .map(|(l, b)| format!("{l} {}", signed_bytes(*b)))
             .collect();
         s.push_str(&format!("\nby library: {}\n", list.join(", ")));
+    }
+    let lines = p.by_python_line();
+    if !lines.is_empty() {
+        let total = p.bytes.unsigned_abs().max(1) as f64;
+        let rows: Vec<Vec<String>> = lines
+            .iter()
+            .take(top.min(10))
+            .map(|(l, b)| {
+                vec![
+                    signed_bytes(*b),
+                    format!("{:.1}%", *b as f64 * 100.0 / total),
+                    l.clone(),
+                ]
+            })
+            .collect();
+        s.push_str("\nby Python line (the innermost Python frame of each stack):\n");
+        s.push_str(&crate::output::render::table(
+            &["LIVE", "SHARE", "PYTHON LINE"],
+            &rows,
+        ));
+        let stacks = p.by_python_stack();
+        s.push_str("\nby Python stack (its innermost frames, outermost first):\n");
+        for (st, b) in stacks.iter().take(5) {
+            // The innermost five frames: where the program was.
+            let frames: Vec<&str> = st.split(" > ").collect();
+            let shown = frames[frames.len().saturating_sub(5)..].join(" > ");
+            let more = if frames.len() > 5 { "... > " } else { "" };
+            s.push_str(&format!("{:>10}  {more}{shown}\n", signed_bytes(*b)));
+        }
     }
     let py = p.by_python();
     if !py.is_empty() {

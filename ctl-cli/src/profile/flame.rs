@@ -55,7 +55,7 @@ fn folded(p: &Profile) -> Vec<String> {
                 .frames
                 .iter()
                 .rev()
-                .map(|f| format!("{} ({})", f.function, f.library).replace([';', '\n'], "_"))
+                .map(|f| format!("{} ({})", f.function, f.place()).replace([';', '\n'], "_"))
                 .collect();
             format!("{} {}", names.join(";"), s.bytes)
         })

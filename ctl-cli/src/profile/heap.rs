@@ -9,7 +9,7 @@
 
 use crate::output::render::{bytes, table};
 use crate::profile::symbols::{Frame, Symbolizer, holding};
-use memshim_proto::{HeapDump, Mapping};
+use memshim_proto::{HeapDump, Mapping, python_frame_id};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
@@ -37,6 +37,52 @@ fn is_wrapper(function: &str) -> bool {
         || function.starts_with("_Znw")
         || function.starts_with("_Zna")
         || matches!(function, "strdup" | "__strdup" | "strndup" | "__strndup")
+}
+
+/// Which native frames a stack with Python frames keeps
+/// (`--native-frames`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum NativeFrames {
+    /// The interpreter's own C frames (those in the library that holds
+    /// `_PyEval_EvalFrameDefault`) are folded away, but the one that
+    /// allocated: Python frames, and the native code of other libraries
+    /// between them, remain.
+    #[default]
+    Fold,
+    /// Every frame as sampled.
+    All,
+}
+
+/// Whether a native frame runs Python code (each call of it runs one or
+/// more of the Python frames before it in the stack).
+fn is_eval(f: &Frame) -> bool {
+    f.function.starts_with("_PyEval_EvalFrame")
+}
+
+/// Folds the interpreter's C frames out of a stack (innermost first) that
+/// has Python frames: every frame of the library that runs them, but the
+/// innermost (the function that asked for the memory). The shim puts each
+/// group of Python frames just inside the native frame that runs them
+/// (profile/python_stack.rs in the shim).
+fn fold(frames: &mut Vec<Frame>) {
+    if !frames.iter().any(Frame::is_python) {
+        return;
+    }
+    // The library of each native frame that runs Python frames: the one
+    // just outside a group of them (named or not: Debian's builds keep no
+    // name for the eval loop's cold part), and any named as the eval loop.
+    let interp: Vec<String> = frames
+        .windows(2)
+        .filter(|w| w[0].is_python() && !w[1].is_python())
+        .map(|w| &w[1])
+        .chain(frames.iter().filter(|f| is_eval(f)))
+        .map(|f| f.library.clone())
+        .collect();
+    let mut i = 0;
+    frames.retain(|f| {
+        i += 1;
+        i == 1 || f.is_python() || !interp.contains(&f.library)
+    });
 }
 
 /// One call stack and what it holds live.
@@ -79,8 +125,18 @@ impl Profile {
         own_pid: i32,
         lg_sample: u32,
         d: &HeapDump,
+        native: NativeFrames,
     ) -> (Profile, Vec<String>) {
         let mut sym = Symbolizer::new(Some((pid, own_pid)), d.maps.clone());
+        let python: HashMap<u32, &memshim_proto::PythonFrame> =
+            d.python_frames.iter().map(|f| (f.id, f)).collect();
+        let mut lookup = |addr: u64| match python_frame_id(addr) {
+            Some(id) => vec![match python.get(&id) {
+                Some(f) => Frame::python(&f.function, &f.file, f.line),
+                None => Frame::python("[Python frame]", "?", 0),
+            }],
+            None => sym.frames(addr),
+        };
         let mut cache: HashMap<u32, Vec<Frame>> = HashMap::new();
         let mut merged: HashMap<Vec<Frame>, (i64, i64)> = HashMap::new();
         for s in &d.stacks {
@@ -90,9 +146,7 @@ impl Profile {
                 .flat_map(|&i| {
                     cache
                         .entry(i)
-                        .or_insert_with(|| {
-                            sym.frames(d.addrs.get(i as usize).copied().unwrap_or(0))
-                        })
+                        .or_insert_with(|| lookup(d.addrs.get(i as usize).copied().unwrap_or(0)))
                         .clone()
                 })
                 .collect();
@@ -101,6 +155,9 @@ impl Profile {
                 .take_while(|f| f.library == ALLOCATOR_LIBRARY || is_wrapper(&f.function))
                 .count();
             frames.drain(..own.min(frames.len().saturating_sub(1)));
+            if native == NativeFrames::Fold {
+                fold(&mut frames);
+            }
             let e = merged.entry(frames).or_default();
             e.0 += s.bytes as i64;
             e.1 += s.objects as i64;
@@ -207,17 +264,46 @@ impl Profile {
     /// names its trampolines): the bytes of the stacks it is the innermost
     /// Python function of. Empty without a perf map.
     pub fn by_python(&self) -> Vec<(String, i64)> {
-        let mut m: HashMap<&str, i64> = HashMap::new();
-        for s in &self.stacks {
-            if let Some(f) = s
-                .frames
+        self.sum_by(|s| {
+            s.frames
                 .iter()
                 .find(|f| f.library == crate::profile::symbols::PERF_MAP)
-            {
-                *m.entry(f.function.as_str()).or_default() += s.bytes;
+                .map(|f| f.function.clone())
+        })
+    }
+
+    /// Per Python line (`file:line function`, the innermost Python frame
+    /// of each stack, as samples carry them): the bytes under it. Empty
+    /// when no sample had Python frames.
+    pub fn by_python_line(&self) -> Vec<(String, i64)> {
+        self.sum_by(|s| s.frames.iter().find(|f| f.is_python()).map(python_line))
+    }
+
+    /// Per Python stack (its Python frames only, outermost first, `<`
+    /// between): the bytes under it.
+    pub fn by_python_stack(&self) -> Vec<(String, i64)> {
+        self.sum_by(|s| {
+            let lines: Vec<String> = s
+                .frames
+                .iter()
+                .rev()
+                .filter(|f| f.is_python())
+                .map(python_line)
+                .collect();
+            (!lines.is_empty()).then(|| lines.join(" > "))
+        })
+    }
+
+    /// Bytes by the key each stack gives (stacks with none left out), by
+    /// size, largest first.
+    fn sum_by(&self, key: impl Fn(&Stack) -> Option<String>) -> Vec<(String, i64)> {
+        let mut m: HashMap<String, i64> = HashMap::new();
+        for s in &self.stacks {
+            if let Some(k) = key(s) {
+                *m.entry(k).or_default() += s.bytes;
             }
         }
-        let mut v: Vec<(String, i64)> = m.into_iter().map(|(k, b)| (k.to_string(), b)).collect();
+        let mut v: Vec<(String, i64)> = m.into_iter().collect();
         v.sort_by(|a, b| b.1.abs().cmp(&a.1.abs()).then_with(|| a.0.cmp(&b.0)));
         v
     }
@@ -280,6 +366,11 @@ impl Profile {
     }
 }
 
+/// A Python frame as the views name it: `app.py:23 load_model`.
+fn python_line(f: &Frame) -> String {
+    format!("{} {}", f.place(), f.function)
+}
+
 /// `1.5 MiB`, or `-1.5 MiB` for a negative figure.
 pub fn signed_bytes(b: i64) -> String {
     if b < 0 {
@@ -329,6 +420,95 @@ mod tests {
 
     fn f(name: &str) -> Frame {
         Frame::new(name, "app")
+    }
+
+    fn native(name: &str, lib: &str) -> Frame {
+        Frame::new(name, lib)
+    }
+
+    /// A stack as the shim weaves it (each group of Python frames inside
+    /// the eval loop's frame, which may have no name), folded: the
+    /// allocating function, the Python frames, and the native frames of
+    /// other libraries between them remain.
+    #[test]
+    fn folding_keeps_the_allocator_python_frames_and_other_libraries() {
+        let mut s = vec![
+            native("PyByteArray_Resize", "libpython3.13.so"),
+            native("type_call", "libpython3.13.so"),
+            Frame::python("inner", "/app/b.py", 7),
+            native("python3.13+0x4ff32", "libpython3.13.so"),
+            native("call_back", "_ext.so"),
+            native("PyObject_Call", "libpython3.13.so"),
+            Frame::python("outer", "/app/a.py", 3),
+            Frame::python("<module>", "/app/a.py", 9),
+            native("_PyEval_EvalFrameDefault", "libpython3.13.so"),
+            native("Py_RunMain", "libpython3.13.so"),
+            native("__libc_start_main", "libc.so.6"),
+        ];
+        fold(&mut s);
+        let names: Vec<&str> = s.iter().map(|f| f.function.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "PyByteArray_Resize",
+                "inner",
+                "call_back",
+                "outer",
+                "<module>",
+                "__libc_start_main"
+            ]
+        );
+        // A stack without Python frames is left alone.
+        let mut c = vec![native("a", "libx.so"), native("main", "libx.so")];
+        fold(&mut c);
+        assert_eq!(c.len(), 2);
+    }
+
+    /// The Python views: bytes by innermost Python line, and by Python
+    /// stack, outermost first.
+    #[test]
+    fn python_views_sum_by_innermost_line_and_by_stack() {
+        let mut p = test_profile(&[]);
+        let stack = |bytes: i64, frames: Vec<Frame>| Stack {
+            bytes,
+            objects: 1,
+            frames,
+        };
+        p.stacks = vec![
+            stack(
+                300,
+                vec![
+                    native("alloc", "libc10.so"),
+                    Frame::python("load", "/s/app.py", 23),
+                ],
+            ),
+            stack(
+                200,
+                vec![
+                    native("alloc", "libc10.so"),
+                    Frame::python("Linear.__init__", "/t/linear.py", 109),
+                    Frame::python("load", "/s/app.py", 23),
+                ],
+            ),
+            stack(50, vec![native("other", "liby.so")]),
+        ];
+        assert_eq!(
+            p.by_python_line(),
+            [
+                ("app.py:23 load".to_string(), 300),
+                ("linear.py:109 Linear.__init__".to_string(), 200)
+            ]
+        );
+        assert_eq!(
+            p.by_python_stack(),
+            [
+                ("app.py:23 load".to_string(), 300),
+                (
+                    "app.py:23 load > linear.py:109 Linear.__init__".to_string(),
+                    200
+                )
+            ]
+        );
     }
 
     fn profile(stacks: &[(i64, &[&str])]) -> Profile {

@@ -25,7 +25,11 @@ pub fn encode(p: &Profile, title: &str) -> String {
             .rev()
             .map(|f| {
                 *index.entry(f).or_insert_with(|| {
-                    let mut frame = json!({"name": f.function, "file": f.library});
+                    let file = match f.file_line() {
+                        Some((file, _)) if f.is_python() => file,
+                        _ => f.library.as_str(),
+                    };
+                    let mut frame = json!({"name": f.function, "file": file});
                     // speedscope's `line`: where the library's debug
                     // information gives one.
                     if let Some((_, line)) = f.file_line() {

@@ -92,6 +92,30 @@ impl Frame {
         }
     }
 
+    /// A Python frame: `function` at `file:line`.
+    pub fn python(function: &str, file: &str, line: u32) -> Frame {
+        Frame {
+            source: format!("{file}:{line}"),
+            ..Frame::new(function, PYTHON)
+        }
+    }
+
+    /// Whether this is a Python frame a sample carried.
+    pub fn is_python(&self) -> bool {
+        self.library == PYTHON
+    }
+
+    /// Where the frame is, shortly: a Python frame's file name and line
+    /// (`app.py:23`), else its library.
+    pub fn place(&self) -> String {
+        match self.file_line() {
+            Some((file, line)) if self.is_python() => {
+                format!("{}:{line}", file.rsplit('/').next().unwrap_or(file))
+            }
+            _ => self.library.clone(),
+        }
+    }
+
     /// `source` as its file and line; `None` without one.
     pub fn file_line(&self) -> Option<(&str, u32)> {
         let (file, line) = self.source.rsplit_once(':')?;
@@ -134,6 +158,10 @@ const DELETED: &str = " (deleted)";
 
 /// The library a perf map's functions are shown in.
 pub const PERF_MAP: &str = "[perf map]";
+
+/// The library of a Python frame that a sample carried (its file and line
+/// are its `source`).
+pub const PYTHON: &str = "[python]";
 
 /// Where separate debug files are looked for, under the process's root and
 /// then this machine's (blazesym searches each one's `.build-id`, and the

@@ -467,5 +467,15 @@ pub fn prof_reset() -> Result<(), Error> {
 pub fn prof_dump(_path: &core::ffi::CStr) -> Result<(), Error> {
     Err(Error(libc::ENOTSUP))
 }
+/// Not here.
+pub fn prof_backtrace_hook() -> Result<crate::jemalloc::BacktraceHook, Error> {
+    Err(Error(libc::ENOTSUP))
+}
+/// Not here.
+pub fn set_prof_backtrace_hook(_hook: crate::jemalloc::BacktraceHook) -> Result<(), Error> {
+    Err(Error(libc::ENOTSUP))
+}
+/// The hook's type, as the preload's jemalloc.rs names it.
+pub type BacktraceHook = unsafe extern "C" fn(*mut *mut core::ffi::c_void, *mut u32, u32);
 /// Nothing.
 pub fn exclude_own_thread_from_profiles() {}

@@ -45,6 +45,7 @@ enum {
     RESUME,
     SET_GR,
     SET_IP,
+    GET_CFA,
     COUNT
 };
 
@@ -59,6 +60,7 @@ static const char *const NAMES[COUNT] = {
     [RESUME] = "_Unwind_Resume",
     [SET_GR] = "_Unwind_SetGR",
     [SET_IP] = "_Unwind_SetIP",
+    [GET_CFA] = "_Unwind_GetCFA",
 };
 
 static void *slots[COUNT];
@@ -69,7 +71,7 @@ HIDDEN int memshim_unwind_ready(void) {
 }
 
 /* Loads libgcc_s.so.1 (or finds it loaded) and fills every slot; 1 when
- * all ten were found. Takes the loader's lock and may allocate: not for the
+ * all were found (the ten std imports, and `_Unwind_GetCFA` for the profiler). Takes the loader's lock and may allocate: not for the
  * allocation path or a fork handler. `dlmopen` into the base namespace is
  * `dlopen` without the shim's exported `dlopen` in between. Racing callers
  * store the same addresses. */
@@ -159,6 +161,37 @@ static reason_t warm_up_step(struct _Unwind_Context *c, void *arg) {
  * prof_unwind_init does the same. */
 HIDDEN void memshim_unwind_warm_up(void) {
     _Unwind_Backtrace(warm_up_step, NULL);
+}
+
+/* A backtrace with the canonical frame address each frame's context gives:
+ * libgcc's is the CFA of the frame that frame called, so frame i's own
+ * stack lies between cfa[i] and cfa[i + 1]. profile/python_stack.rs finds
+ * by it the native frame that runs each group of Python frames (the
+ * interpreter keeps a marker of each call of its eval loop on the C
+ * stack). Same walk as jemalloc's own (prof_backtrace_impl, libgcc). */
+struct frames {
+    uintptr_t *ip, *cfa;
+    unsigned len, max;
+};
+
+static uintptr_t get_cfa(struct _Unwind_Context *c) {
+    return ((uintptr_t (*)(struct _Unwind_Context *))required(GET_CFA))(c);
+}
+
+static reason_t frames_step(struct _Unwind_Context *c, void *arg) {
+    struct frames *d = arg;
+    uintptr_t ip = ((uintptr_t (*)(struct _Unwind_Context *))required(GET_IP))(c);
+    if (!ip) return URC_END_OF_STACK;
+    d->ip[d->len] = ip;
+    d->cfa[d->len] = get_cfa(c);
+    d->len++;
+    return d->len >= d->max ? URC_END_OF_STACK : 0;
+}
+
+HIDDEN unsigned memshim_unwind_frames(uintptr_t *ip, uintptr_t *cfa, unsigned max) {
+    struct frames d = {ip, cfa, 0, max};
+    if (max) _Unwind_Backtrace(frames_step, &d);
+    return d.len;
 }
 
 HIDDEN uintptr_t _Unwind_GetDataRelBase(struct _Unwind_Context *c) {

@@ -26,6 +26,11 @@ unsafe extern "C" {
     fn memshim_unwind_warm_up();
     fn memshim_unwind_fork_prepare(max_spins: core::ffi::c_uint);
     fn memshim_unwind_fork_done(child: c_int);
+    fn memshim_unwind_frames(
+        ip: *mut usize,
+        cfa: *mut usize,
+        max: core::ffi::c_uint,
+    ) -> core::ffi::c_uint;
     #[cfg(test)]
     fn memshim_unwind_ready() -> c_int;
 }
@@ -50,6 +55,18 @@ pub fn warm_up() {
     // SAFETY: unwind.c's function walks this thread's stack through the
     // forwarder (an empty walk if libgcc_s is not loaded).
     unsafe { memshim_unwind_warm_up() }
+}
+
+/// This thread's return addresses, innermost first, into `ip`, and the
+/// canonical frame address of each frame's context into `cfa` (libgcc's:
+/// that of the frame it called, so frame i's own stack lies between
+/// `cfa[i]` and `cfa[i + 1]`); how many. Empty until [`load`]. For
+/// the sampled allocation's stack (no lock, no allocation: libgcc's walk,
+/// as jemalloc's own backtrace).
+pub fn frames(ip: &mut [usize], cfa: &mut [usize]) -> usize {
+    let max = ip.len().min(cfa.len()) as core::ffi::c_uint;
+    // SAFETY: both buffers hold at least `max` entries.
+    unsafe { memshim_unwind_frames(ip.as_mut_ptr(), cfa.as_mut_ptr(), max) as usize }
 }
 
 /// Fork prepare handler, while jemalloc's profiler is ready: no backtrace

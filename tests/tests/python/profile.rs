@@ -165,6 +165,8 @@ fn python_growth_shows_only_what_grew() {
     assert_eq!(child.finish(Duration::from_secs(30)).code, 0);
 }
 
+/// Under `-X perf` the perf map names the trampolines too, kept with
+/// `--native-frames all`.
 #[test]
 fn a_native_profile_names_the_python_function_under_x_perf() {
     let pythons: Vec<Cpython> = cpythons()
@@ -191,7 +193,21 @@ fn a_native_profile_names_the_python_function_under_x_perf() {
         assert_eq!(on.code, 0, "{}: {on:?}", py.label);
         child.send("grow");
         child.wait_for_line("grown", Duration::from_secs(30));
-        let o = Cmd::new(ctl(), ["profile", &pid]).run();
+        // Folded (the default), the trampolines go with the interpreter's
+        // frames, and the Python frames the samples carry name the line.
+        let o = Cmd::new(ctl(), ["profile", &pid, "--keep"]).run();
+        assert_eq!(o.code, 0, "{}: {o:?}", py.label);
+        assert!(
+            o.stdout
+                .lines()
+                .skip_while(|l| !l.starts_with("by Python line"))
+                .nth(2)
+                .is_some_and(|l| l.contains("py_profile.py:") && l.contains("grow_here")),
+            "{}: {}",
+            py.label,
+            o.stdout
+        );
+        let o = Cmd::new(ctl(), ["profile", &pid, "--native-frames", "all"]).run();
         assert_eq!(o.code, 0, "{}: {o:?}", py.label);
         let line = o
             .stdout
@@ -208,5 +224,153 @@ fn a_native_profile_names_the_python_function_under_x_perf() {
         child.send("quit");
         let done = child.finish(Duration::from_secs(30));
         assert_eq!(done.code, 0, "{}: {done:?}", py.label);
+    }
+}
+
+/// The line of `py_lines.py` that carries `mark`, as `py_lines.py:N`.
+fn lines_fixture_line(mark: &str) -> String {
+    let text = std::fs::read_to_string(fixture_py("py_lines.py")).unwrap();
+    let n = text.lines().position(|l| l.contains(mark)).unwrap() + 1;
+    format!("py_lines.py:{n}")
+}
+
+/// The bytes of the stacks of a `--format json` profile whose innermost
+/// Python frame is at `place` (`file.py:N`), and all bytes.
+fn held_at_python_line(profile: &serde_json::Value, place: &str) -> (i64, i64) {
+    let mut at = 0;
+    for s in profile["stacks"].as_array().unwrap() {
+        let inner = s["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["library"] == "[python]");
+        if inner.is_some_and(|f| {
+            f["source"]
+                .as_str()
+                .unwrap_or("")
+                .ends_with(&format!("/{place}"))
+        }) {
+            at += s["bytes"].as_i64().unwrap();
+        }
+    }
+    (at, profile["bytes"].as_i64().unwrap())
+}
+
+/// Python frames in native samples (no flag but `MEMSHIM_PROFILE=on`):
+/// on every CPython, the two lines that allocated hold at least 80 % of
+/// the sampled bytes, the one whose C code released the GIL (ctypes, on a
+/// thread of its own) as well as the one that held it; the interpreter's
+/// C frames are folded away unless `--native-frames all` asks for them.
+#[test]
+fn native_profiles_carry_python_lines_on_every_cpython() {
+    let held = lines_fixture_line("LINE-GIL-HELD");
+    let released = lines_fixture_line("LINE-GIL-RELEASED");
+    for py in cpythons() {
+        let v = &py.label;
+        let dir = socket_dir(&format!("pylines-{}", py.tag()));
+        let mut child = py
+            .shimmed(&fixture_py("py_lines.py"), &[], &dir)
+            .env("MEMSHIM_PROFILE", "on")
+            .spawn();
+        child.wait_for_line("ready", Duration::from_secs(30));
+        let pid = child.pid().to_string();
+        socket_of(&dir, child.pid());
+        let on = Cmd::new(ctl(), ["profile", &pid, "--seconds", "0", "--keep"]).run();
+        assert_eq!(on.code, 0, "{v}: {on:?}");
+        child.send("grow");
+        child.wait_for_line("grown", Duration::from_secs(30));
+
+        let o = Cmd::new(ctl(), ["profile", &pid, "--json", "--keep"]).run();
+        assert_eq!(o.code, 0, "{v}: {o:?}");
+        let p: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+        let (a, total) = held_at_python_line(&p, &held);
+        let (b, _) = held_at_python_line(&p, &released);
+        eprintln!("{v}: {held} {a}, {released} {b} of {total} bytes");
+        assert!(
+            a > total / 5 && b > total / 5,
+            "{v}: each line holds a share: {a} {b} of {total}"
+        );
+        assert!(
+            (a + b) * 10 >= total * 8,
+            "{v}: the two lines hold {a} + {b} of {total}"
+        );
+        // The held line's stack, folded (the default) and whole.
+        let stack_at = |p: &serde_json::Value| -> Vec<serde_json::Value> {
+            p["stacks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["frames"].as_array().unwrap().clone())
+                .find(|fr| {
+                    fr.iter().any(|f| {
+                        f["source"]
+                            .as_str()
+                            .unwrap_or("")
+                            .ends_with(&format!("/{held}"))
+                    })
+                })
+                .unwrap_or_else(|| panic!("{v}: no stack at {held}"))
+        };
+        let folded = stack_at(&p);
+        let all = Cmd::new(
+            ctl(),
+            [
+                "profile",
+                &pid,
+                "--json",
+                "--keep",
+                "--native-frames",
+                "all",
+            ],
+        )
+        .run();
+        assert_eq!(all.code, 0, "{v}: {all:?}");
+        let whole = stack_at(&serde_json::from_str(&all.stdout).unwrap());
+        // Woven in where the interpreter ran them: the outermost Python
+        // frame sits inside a native frame of the interpreter (the library
+        // of the frame that allocated, PyByteArray_Resize's), not at the
+        // outer end of the stack.
+        let interp = &whole[0]["library"];
+        let outer_py = whole
+            .iter()
+            .rposition(|f| f["library"] == "[python]")
+            .unwrap();
+        assert!(
+            whole
+                .get(outer_py + 1)
+                .is_some_and(|f| f["library"] == *interp),
+            "{v}: the Python frames sit inside the interpreter's frame: {whole:?}"
+        );
+        // Folded: the interpreter's frames are gone but the one that
+        // allocated.
+        assert!(
+            folded[1..]
+                .iter()
+                .all(|f| f["library"] != *interp && f["function"] != "_PyEval_EvalFrameDefault"),
+            "{v}: the interpreter's frames are folded away by default: {folded:?}"
+        );
+        assert!(folded.len() < whole.len(), "{v}: {folded:?} {whole:?}");
+
+        // The table's Python view names the two lines first.
+        let t = Cmd::new(ctl(), ["profile", &pid]).run();
+        assert_eq!(t.code, 0, "{v}: {t:?}");
+        let rows: Vec<&str> = t
+            .stdout
+            .lines()
+            .skip_while(|l| !l.starts_with("by Python line"))
+            .skip(2)
+            .take(2)
+            .collect();
+        assert!(
+            rows.iter()
+                .any(|r| r.contains(&held) && r.contains("load_weights")
+                    || r.contains(&held) && r.contains("<listcomp>"))
+                && rows.iter().any(|r| r.contains(&released)),
+            "{v}:\n{}",
+            t.stdout
+        );
+        child.send("quit");
+        let done = child.finish(Duration::from_secs(30));
+        assert_eq!((done.code, done.stderr.as_str()), (0, ""), "{v}: {done:?}");
     }
 }

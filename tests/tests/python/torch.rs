@@ -341,3 +341,96 @@ fn a_fastapi_bert_server_started_without_the_preload_gives_back_what_a_shimmed_o
         mib(s_released)
     );
 }
+
+/// Python lines in a native profile of the FastAPI BERT server (the model
+/// is built on one of anyio's worker threads, and PyTorch allocates with
+/// the GIL released): after `/load`, the stacks through the load's line
+/// hold at least 80 % of what `c10::alloc_cpu` holds, and the table's
+/// Python view names that line's function.
+#[test]
+#[ignore = "needs torch, transformers, fastapi and uvicorn: make test-torch"]
+fn a_native_profile_of_the_fastapi_bert_server_names_the_python_line_of_the_load() {
+    use memshim_tests::deploy::http;
+    let _machine = memshim_tests::serial::exclusive(module_path!());
+    let py = default_python();
+    let v = &py.label;
+    let dir = socket_dir("torch-fastapi-profile");
+    let script = fixture_py("py_bert_server.py");
+    let text = std::fs::read_to_string(&script).unwrap();
+    let n = text
+        .lines()
+        .position(|l| l.contains("state[\"model\"] = BertModel(BertConfig())"))
+        .unwrap()
+        + 1;
+    let load_line = format!("/py_bert_server.py:{n}");
+    let mut server = py
+        .shimmed(&script, &[], &dir)
+        .env("MEMSHIM_PROFILE", "on")
+        .spawn();
+    let line = server.wait_for_line("listening", Duration::from_secs(180));
+    let addr = format!("127.0.0.1:{}", line.split_whitespace().nth(1).unwrap());
+    let pid = server.pid().to_string();
+    socket_of(&dir, server.pid());
+    let ctl = |args: &[&str]| memshim_tests::Cmd::new(memshim_tests::ctl(), args).run();
+    let on = ctl(&["profile", &pid, "--seconds", "0", "--keep"]);
+    assert_eq!(on.code, 0, "{v}: {on:?}");
+    let (code, body) = http(&addr, "POST", "/load");
+    assert_eq!(code, 200, "{v}: {body}");
+    let o = ctl(&["profile", &pid, "--json", "--keep"]);
+    assert_eq!(o.code, 0, "{v}: {o:?}");
+    let p: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    let (mut alloc_cpu, mut at_load) = (0i64, 0i64);
+    for s in p["stacks"].as_array().unwrap() {
+        let fr = s["frames"].as_array().unwrap();
+        if !fr[0]["function"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("c10::alloc_cpu")
+        {
+            continue;
+        }
+        let b = s["bytes"].as_i64().unwrap();
+        alloc_cpu += b;
+        if fr
+            .iter()
+            .any(|f| f["source"].as_str().unwrap_or("").ends_with(&load_line))
+        {
+            at_load += b;
+        }
+    }
+    let table = ctl(&["profile", &pid, "--keep"]);
+    assert_eq!(table.code, 0, "{v}: {table:?}");
+    let _ = writeln!(
+        std::io::stderr(),
+        "FastAPI BERT server, {v}: c10::alloc_cpu holds {:.1} MiB, {:.1} MiB of it under {load_line}; the table:\n{}",
+        mib(alloc_cpu.max(0) as u64),
+        mib(at_load.max(0) as u64),
+        table.stdout
+    );
+    assert!(
+        alloc_cpu > 300 << 20,
+        "{v}: {alloc_cpu} bytes in c10::alloc_cpu"
+    );
+    assert!(
+        at_load * 10 >= alloc_cpu * 8,
+        "{v}: the load's line holds {at_load} of c10::alloc_cpu's {alloc_cpu} bytes"
+    );
+    // BERT's weights are made in torch.nn's layers (`Linear.__init__`).
+    let lines: Vec<&str> = table
+        .stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("by Python line"))
+        .skip(2)
+        .take(3)
+        .collect();
+    assert!(
+        lines.iter().any(|l| l.contains("Linear.__init__")),
+        "{v}: {}",
+        table.stdout
+    );
+    assert_eq!(ctl(&["profile", &pid, "--stop"]).code, 0);
+    let k = memshim_tests::Cmd::new("kill", ["-INT", &pid]).run();
+    assert_eq!(k.code, 0);
+    let out = server.finish(Duration::from_secs(60));
+    assert_eq!((out.code, out.stderr.as_str()), (0, ""), "{v}");
+}

@@ -21,6 +21,11 @@
 //! reads it, parses it outside this process and removes it. A file a
 //! client left behind is removed before the next dump.
 
+#[cfg(not(memshim_bridge))]
+mod frame_table;
+#[cfg(not(memshim_bridge))]
+mod python_stack;
+
 use crate::{jemalloc, options, os};
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use memshim_proto::{
@@ -77,6 +82,8 @@ pub fn request(
     let was = jemalloc::prof_active();
     let mut dump_file = None;
     let mut build_ids = Vec::new();
+    #[cfg_attr(memshim_bridge, allow(unused_mut))]
+    let mut python_frames = Vec::new();
     match action {
         ProfileAction::Status => {}
         ProfileAction::Start if !was => {
@@ -96,6 +103,10 @@ pub fn request(
             write_dump(dump_path)?;
             dump_file = Some(dump_name.to_owned());
             build_ids = os::dl::build_ids();
+            #[cfg(not(memshim_bridge))]
+            {
+                python_frames = frame_table::frames();
+            }
         }
     }
     let active = jemalloc::prof_active();
@@ -110,6 +121,7 @@ pub fn request(
         dump: None,
         dump_file,
         build_ids,
+        python_frames,
     })
 }
 
@@ -172,6 +184,8 @@ fn start(now_ms: u64) -> Result<(), ErrorReply> {
         ));
     }
     os::unwind::warm_up();
+    #[cfg(not(memshim_bridge))]
+    let _ = python_stack::prepare();
     jemalloc::set_prof_active(true).map_err(|e| internal("prof.active", e))?;
     STARTED_MS.store(now_ms.max(1), Relaxed);
     Ok(())
