@@ -88,6 +88,7 @@ pub fn request(
         ProfileAction::Status => {}
         ProfileAction::Start if !was => {
             start(now_ms)?;
+            python_exit_hooks();
             DEADLINE_MS.store(now_ms + seconds * 1000, Relaxed);
         }
         // Sampling a request started: the later deadline of the two.
@@ -100,6 +101,7 @@ pub fn request(
         ProfileAction::Stop => stop()?,
         ProfileAction::Reset => jemalloc::prof_reset().map_err(|e| internal("prof.reset", e))?,
         ProfileAction::Dump => {
+            python_exit_hooks();
             write_dump(dump_path)?;
             dump_file = Some(dump_name.to_owned());
             build_ids = os::dl::build_ids();
@@ -123,6 +125,23 @@ pub fn request(
         build_ids,
         python_frames,
     })
+}
+
+/// Once samples carry Python frames: has the bridge register its exit
+/// hook, which stops the walks before the interpreter frees other threads'
+/// states (profile/python_stack.rs). Once per process; a busy GIL (200 ms)
+/// leaves it for the next request.
+fn python_exit_hooks() {
+    #[cfg(not(memshim_bridge))]
+    {
+        static DONE: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+        if !DONE.load(Relaxed)
+            && (python_stack::ready() || python_stack::prepare().is_none())
+            && crate::python::ensure_hooks(std::time::Duration::from_millis(200))
+        {
+            DONE.store(true, Relaxed);
+        }
+    }
 }
 
 fn stop() -> Result<(), ErrorReply> {

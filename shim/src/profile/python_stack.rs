@@ -24,10 +24,14 @@
 //!   (`PyFrame_GetLineNumber` before 3.11, `PyCode_Addr2Line` on 3.11,
 //!   `PyUnstable_InterpreterFrame_GetLine` from 3.12), which decode the
 //!   code object's line table. None allocates, locks or raises.
-//! * no frame is read once the runtime is finalizing (other threads'
-//!   states are freed then), and a walk stops at a null, misaligned or
-//!   non-user-space pointer, at a frame whose code is not a code object,
-//!   and after 128 frames.
+//! * no frame is read once the interpreter shuts down: other threads'
+//!   states are freed then. The bridge's exit hook (python/gate.rs, which
+//!   `profile` registers) stops new walks and waits for those under way
+//!   before the runtime is marked finalizing; each walk also checks the
+//!   finalizing flag (without the hook, under `MEMSHIM_PROFILE=start`
+//!   before any request, that check alone leaves a window of one walk).
+//!   A walk stops at a null, misaligned or non-user-space pointer, at a
+//!   frame whose code is not a code object, and after 128 frames.
 //! * the struct offsets come from each version's headers, one row per
 //!   minor version ([`LAYOUTS`]); on 3.13+ they are checked against the
 //!   interpreter's own `_Py_DebugOffsets` before the first walk, and a
@@ -35,7 +39,7 @@
 
 use super::frame_table::{self, Key};
 use core::ffi::{c_char, c_int, c_void};
-use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::OnceLock;
 
 /// jemalloc's stack depth (`PROF_BT_MAX`).
@@ -192,6 +196,30 @@ static DEFAULT: AtomicUsize = AtomicUsize::new(0);
 static INTERP: OnceLock<Interp> = OnceLock::new();
 /// Whether samples get Python frames (the interpreter found and checked).
 static WALK: AtomicBool = AtomicBool::new(false);
+/// The interpreter is shutting down: no walk starts ([`shutdown`]).
+static SHUTTING_DOWN: AtomicBool = AtomicBool::new(false);
+/// Walks under way.
+static IN_FLIGHT: AtomicU32 = AtomicU32::new(0);
+
+/// Told by the bridge's exit hook (python/gate.rs) when the interpreter
+/// starts to shut down, on the main thread before the runtime is marked
+/// finalizing and other threads' states are freed: no walk starts after,
+/// and those under way (microseconds each) end before it returns.
+/// `false`: the interpreter has finalized (an embedder may start another:
+/// walks again, each checking `Py_IsInitialized` first).
+fn shutdown(closing: bool) {
+    SHUTTING_DOWN.store(closing, SeqCst);
+    if closing {
+        crate::os::time::wait_while(100, std::time::Duration::from_micros(50), || {
+            IN_FLIGHT.load(SeqCst) != 0
+        });
+    }
+}
+
+/// Whether samples get Python frames.
+pub fn ready() -> bool {
+    WALK.load(Acquire)
+}
 
 /// Before sampling starts (the shim's thread, or the constructor under
 /// `MEMSHIM_PROFILE=start`): installs the hook once, and looks for a
@@ -212,6 +240,7 @@ pub fn prepare() -> Option<&'static str> {
         match find() {
             Ok(i) => {
                 let _ = INTERP.set(i);
+                crate::python::on_shutdown(shutdown);
             }
             Err(why) => return Some(why),
         }
@@ -373,10 +402,16 @@ unsafe fn word(p: usize, off: usize) -> usize {
 unsafe extern "C" fn backtrace(vec: *mut *mut c_void, len: *mut u32, max: u32) {
     if WALK.load(Acquire)
         && let Some(i) = INTERP.get()
-        // SAFETY: jemalloc's buffer of `max` entries.
-        && unsafe { weave(i, vec.cast(), len, (max as usize).min(MAX_DEPTH)) }
     {
-        return;
+        IN_FLIGHT.fetch_add(1, SeqCst);
+        // SAFETY: jemalloc's buffer of `max` entries; no walk once the
+        // exit hook has said the interpreter shuts down.
+        let woven = !SHUTTING_DOWN.load(SeqCst)
+            && unsafe { weave(i, vec.cast(), len, (max as usize).min(MAX_DEPTH)) };
+        IN_FLIGHT.fetch_sub(1, SeqCst);
+        if woven {
+            return;
+        }
     }
     let own = DEFAULT.load(Relaxed);
     if own != 0 {

@@ -102,6 +102,23 @@ pub fn after_fork_child() {
     IN_FLIGHT.reset_to(0);
 }
 
+/// A function of another layer told of shutdown ([`on_shutdown`]); 0: none.
+static ON_SHUTDOWN: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
+
+/// Registers `f`: called with `true` by the hook when it shuts the gate,
+/// and with `false` once the interpreter has finalized.
+pub fn on_shutdown(f: fn(bool)) {
+    ON_SHUTDOWN.store(f as usize, SeqCst);
+}
+
+fn tell_shutdown(closing: bool) {
+    let f = ON_SHUTDOWN.load(SeqCst);
+    if f != 0 {
+        // SAFETY: only `on_shutdown` stores here, a `fn(bool)`.
+        unsafe { core::mem::transmute::<usize, fn(bool)>(f)(closing) };
+    }
+}
+
 /// The libpython the hooks were registered with (`ffi::library`).
 static LIBRARY: AtomicU32 = AtomicU32::new(0);
 
@@ -130,6 +147,7 @@ unsafe extern "C" fn hook(_self: *mut PyObject, _unused: *mut PyObject) -> *mut 
     // Shut before the GIL is let go below: a job thread queued for it
     // then finds the gate shut and leaves without running its job.
     CLOSED.store(true, SeqCst);
+    tell_shutdown(true);
     let Some(api) = ffi::resolved() else {
         wait_for_flights();
         return core::ptr::null_mut();
@@ -163,6 +181,7 @@ extern "C" fn finalized() {
     HOOKED.store(false, SeqCst);
     FINALIZED_HOOKED.store(false, SeqCst);
     CLOSED.store(false, SeqCst);
+    tell_shutdown(false);
 }
 
 static HOOK_DEF: PyMethodDef = PyMethodDef {

@@ -67,6 +67,8 @@ pub enum Job {
     },
     /// tracemalloc (`tracemalloc.rs`).
     PyTrace(PyTraceJob),
+    /// Nothing but what every job does first: the exit hooks registered.
+    Hooks,
 }
 
 /// What a tracemalloc job does (`tracemalloc.rs`).
@@ -114,6 +116,8 @@ pub enum Done {
     CudaIdle(super::cuda::IdleCheck),
     /// tracemalloc's state (and snapshot).
     PyTrace(Box<memshim_proto::PyTraceReply>),
+    /// The hooks are registered.
+    Hooks,
 }
 
 /// A job's outcome.
@@ -663,6 +667,7 @@ fn execute(py: &Py, job: Job) -> Outcome {
             Ok(Done::Stats(Box::new((section, torch))))
         }
         Job::Gc => super::gc::collect(py).map(Done::Gc).map_err(err),
+        Job::Hooks => Ok(Done::Hooks),
         Job::EmptyCache => super::cuda::empty_cache(py)
             .map(Done::EmptyCache)
             .map_err(err),

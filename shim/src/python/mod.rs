@@ -96,6 +96,21 @@ pub fn empty_cache(timeout: Duration) -> Result<EmptyCacheResult, PythonUnavaila
     timed(Job::EmptyCache, timeout, take, |r| &mut r.elapsed_ms)
 }
 
+/// Runs a job that does nothing but register the bridge's exit hooks
+/// (`gate.rs`) with the interpreter, waiting at most `timeout` for the
+/// GIL; whether they are registered.
+pub fn ensure_hooks(timeout: Duration) -> bool {
+    matches!(job::run(Job::Hooks, timeout), Ok(Done::Hooks))
+}
+
+/// Registers `f`, called on the main thread when the interpreter starts
+/// to shut down (`true`, before the runtime is marked finalizing, once
+/// the hooks are registered: [`ensure_hooks`]) and once it has finalized
+/// (`false`). One function; the profiler's.
+pub fn on_shutdown(f: fn(bool)) {
+    gate::on_shutdown(f);
+}
+
 /// Whether a CPython is in the process's global scope (a cheap look-up; the
 /// full API is resolved at the first request).
 pub fn present() -> bool {

@@ -100,3 +100,51 @@ fn a_numpy_program_sampled_from_outside_lives_and_its_profile_shows_the_arrays()
         assert_eq!((out.code, out.stderr.as_str()), (0, ""), "{v}: {out:?}");
     }
 }
+
+/// Python frames in samples, walked inside allocations on every CPython:
+/// deep recursion, generators and exceptions, ctypes with the GIL
+/// released, threads that come and go, and daemon threads that still
+/// allocate while the interpreter shuts down. Sampling from the start
+/// (`MEMSHIM_PROFILE=start`, no request, so no exit hook) and switched on
+/// from outside (the exit hook registered): the same output as without the
+/// shim, exit 0, an empty stderr.
+#[test]
+fn walking_python_frames_in_samples_leaves_every_cpython_as_it_was() {
+    let lib = build_under_test();
+    let script = fixture_py("py_sample_stress.py");
+    for py in cpythons() {
+        let v = format!("{} with {lib}", py.label);
+        let plain = py.cmd([&script]).stdin("go\n").run();
+        assert_eq!(plain.code, 0, "{v}, without the shim: {plain:?}");
+        for rounds in 0..3 {
+            let o = py
+                .cmd([&script])
+                .shimmed()
+                .env("MEMSHIM_PROFILE", "start")
+                .stdin("go\n")
+                .run();
+            assert_eq!(
+                (o.code, o.stderr.as_str(), o.stdout.as_str()),
+                (0, "", plain.stdout.as_str()),
+                "{v}, MEMSHIM_PROFILE=start, run {rounds}: {o:?}"
+            );
+        }
+        let dir = socket_dir(&format!("sample-stress-{}", py.tag()));
+        let mut child = py
+            .shimmed(&script, &[], &dir)
+            .env("MEMSHIM_PROFILE", "on")
+            .spawn();
+        child.wait_for_line("ready", Duration::from_secs(30));
+        let pid = child.pid().to_string();
+        socket_of(&dir, child.pid());
+        let on = Cmd::new(ctl(), ["profile", &pid, "--seconds", "0", "--keep"]).run();
+        assert_eq!(on.code, 0, "{v}: {on:?}");
+        child.send("go");
+        let out = child.finish(Duration::from_secs(60));
+        assert_eq!(
+            (out.code, out.stderr.as_str(), out.stdout.lines().last()),
+            (0, "", plain.stdout.lines().last()),
+            "{v}, sampling switched on from outside: {out:?}"
+        );
+    }
+}
