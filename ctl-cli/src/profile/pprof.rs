@@ -250,7 +250,16 @@ impl<'a> Builder<'a> {
                 let (function_id, new) = self.functions.get((&f.function, &f.library));
                 let (file, line) = f.file_line().unwrap_or((&f.library, 0));
                 if new {
-                    let name = self.s.get(&f.function);
+                    // pprof's demangler takes `<...>` for C++ template
+                    // arguments and drops them: `<module>` would lose its
+                    // whole name. A Python frame's brackets are shown as
+                    // single guillemets there.
+                    let name = if f.is_python() {
+                        self.s
+                            .get(&f.function.replace('<', "\u{2039}").replace('>', "\u{203a}"))
+                    } else {
+                        self.s.get(&f.function)
+                    };
                     self.out.function.push(proto::Function {
                         id: function_id,
                         name,

@@ -351,6 +351,40 @@ fn native_profiles_carry_python_lines_on_every_cpython() {
         );
         assert!(folded.len() < whole.len(), "{v}: {folded:?} {whole:?}");
 
+        // pprof itself reads the Python frames as frames, `<module>` too.
+        if memshim_tests::have("go") && (py.minor == "3.8" || py.minor == "3.15") {
+            let pb = std::env::temp_dir().join(format!("memshim-pylines-{}.pb.gz", py.tag()));
+            let o = Cmd::new(
+                ctl(),
+                [
+                    "profile",
+                    &pid,
+                    "--keep",
+                    "--format",
+                    "pprof",
+                    "-o",
+                    &pb.display().to_string(),
+                ],
+            )
+            .run();
+            assert_eq!(o.code, 0, "{v}: {o:?}");
+            let o = Cmd::new(
+                "go",
+                ["tool", "pprof", "-traces", &pb.display().to_string()],
+            )
+            .env("HOME", std::env::temp_dir())
+            .run();
+            let _ = std::fs::remove_file(&pb);
+            assert_eq!(o.code, 0, "{v}: {o:?}");
+            for f in ["load_weights", "scratch", "\u{2039}module\u{203a}"] {
+                assert!(
+                    o.stdout.contains(f),
+                    "{v}: go tool pprof -traces names {f}:\n{}",
+                    o.stdout
+                );
+            }
+        }
+
         // The table's Python view names the two lines first.
         let t = Cmd::new(ctl(), ["profile", &pid]).run();
         assert_eq!(t.code, 0, "{v}: {t:?}");
