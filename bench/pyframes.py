@@ -8,13 +8,14 @@ A CPython program (below) allocates N bytearrays of 512 KiB (jemalloc's sampling
 sample each) at D Python frames of depth, keeping none, on its main thread; and the same through
 ctypes' malloc (the GIL released). Each library runs it with MEMSHIM_PROFILE=on, once not sampling
 and once sampling (`memshim-ctl profile PID --seconds 0 --keep` before the work), R interleaved
-runs, medians of user+system CPU of the work. Per sample: (sampling - not sampling) / samples, the
-samples counted from the profile afterwards. BASE.so is a libmemshim.so built before Python frames
+runs, medians of the CPU time of the work (time.process_time in the program). Per sample:
+(sampling - not sampling) / samples, with N (1 - 1/e) samples expected (jemalloc samples an
+allocation of the mean interval's size with that chance). BASE.so is a libmemshim.so built before Python frames
 (`git worktree add /tmp/base fa7187f && cargo build --release -p memshim` there). Prints Markdown
 (bench/FINDINGS-profiling.md has a run). Run on a quiet machine."""
 
 import argparse
-import json
+import math
 import os
 import resource
 import statistics
@@ -75,11 +76,9 @@ def run(py, lib, sample, n, depth, kind):
     p.stdin.write("go\n")
     p.stdin.flush()
     cpu = float(p.stdout.readline())
-    samples = 0
-    if sample:
-        r = subprocess.run([CTL, "profile", str(p.pid), "--json", "--stop"], capture_output=True, text=True)
-        if r.returncode == 0 and r.stdout.strip():
-            samples = sum(s["objects"] for s in json.loads(r.stdout)["stacks"])
+    # Nothing is kept, so the profile holds no sample: jemalloc samples an
+    # allocation of 512 KiB at a mean interval of 512 KiB with chance 1 - 1/e.
+    samples = n * (1 - math.exp(-1)) if sample else 0
     p.stdin.write("quit\n")
     p.stdin.flush()
     p.communicate(timeout=60)
