@@ -88,7 +88,7 @@ pub fn request(
         ProfileAction::Status => {}
         ProfileAction::Start if !was => {
             start(now_ms)?;
-            python_exit_hooks();
+            walk_python_frames();
             DEADLINE_MS.store(now_ms + seconds * 1000, Relaxed);
         }
         // Sampling a request started: the later deadline of the two.
@@ -101,7 +101,7 @@ pub fn request(
         ProfileAction::Stop => stop()?,
         ProfileAction::Reset => jemalloc::prof_reset().map_err(|e| internal("prof.reset", e))?,
         ProfileAction::Dump => {
-            python_exit_hooks();
+            walk_python_frames();
             write_dump(dump_path)?;
             dump_file = Some(dump_name.to_owned());
             build_ids = os::dl::build_ids();
@@ -127,20 +127,18 @@ pub fn request(
     })
 }
 
-/// Once samples carry Python frames: has the bridge register its exit
-/// hook, which stops the walks before the interpreter frees other threads'
-/// states (profile/python_stack.rs). Once per process; a busy GIL (200 ms)
-/// leaves it for the next request.
-fn python_exit_hooks() {
+/// In a CPython: has the bridge register its exit hooks, which stop the
+/// walks of Python frames before the interpreter frees other threads'
+/// states and end them once it has finalized (profile/python_stack.rs),
+/// then lets samples carry Python frames. A busy GIL (200 ms) leaves it
+/// for the next request.
+fn walk_python_frames() {
     #[cfg(not(memshim_bridge))]
+    if !python_stack::ready()
+        && python_stack::prepare().is_none()
+        && crate::python::ensure_hooks(std::time::Duration::from_millis(200))
     {
-        static DONE: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
-        if !DONE.load(Relaxed)
-            && (python_stack::ready() || python_stack::prepare().is_none())
-            && crate::python::ensure_hooks(std::time::Duration::from_millis(200))
-        {
-            DONE.store(true, Relaxed);
-        }
+        python_stack::enable();
     }
 }
 
@@ -177,6 +175,12 @@ pub fn at_load() {
     if !options::profile_from_start() {
         return;
     }
+    // A CPython loaded with the program (never unloaded): its frames from
+    // the first sample on.
+    #[cfg(not(memshim_bridge))]
+    if python_stack::prepare().is_none() {
+        python_stack::enable();
+    }
     if let Err(e) = start(os::time::monotonic_ms()) {
         crate::log::warning(format_args!(
             "MEMSHIM_PROFILE=start: sampling could not start: {}",
@@ -203,8 +207,6 @@ fn start(now_ms: u64) -> Result<(), ErrorReply> {
         ));
     }
     os::unwind::warm_up();
-    #[cfg(not(memshim_bridge))]
-    let _ = python_stack::prepare();
     jemalloc::set_prof_active(true).map_err(|e| internal("prof.active", e))?;
     STARTED_MS.store(now_ms.max(1), Relaxed);
     Ok(())

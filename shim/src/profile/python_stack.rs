@@ -27,9 +27,12 @@
 //! * no frame is read once the interpreter shuts down: other threads'
 //!   states are freed then. The bridge's exit hook (python/gate.rs, which
 //!   `profile` registers) stops new walks and waits for those under way
-//!   before the runtime is marked finalizing; each walk also checks the
-//!   finalizing flag (without the hook, under `MEMSHIM_PROFILE=start`
-//!   before any request, that check alone leaves a window of one walk).
+//!   before the runtime is marked finalizing, and ends them for good once
+//!   it has finalized (an embedder may unload libpython); walks start only
+//!   once it is registered. Each walk also checks the finalizing flag
+//!   (under `MEMSHIM_PROFILE=start`, a CPython loaded with the program is
+//!   walked from the start; until a request registers the hook, that
+//!   check alone leaves a window of one walk).
 //!   A walk stops at a null, misaligned or non-user-space pointer, at a
 //!   frame whose code is not a code object, and after 128 frames.
 //! * the struct offsets come from each version's headers, one row per
@@ -201,18 +204,25 @@ static SHUTTING_DOWN: AtomicBool = AtomicBool::new(false);
 /// Walks under way.
 static IN_FLIGHT: AtomicU32 = AtomicU32::new(0);
 
+/// The interpreter found has finalized: its functions may be unloaded
+/// with its library (an embedder's `dlclose`), so no walk calls them again.
+static GONE: AtomicBool = AtomicBool::new(false);
+
 /// Told by the bridge's exit hook (python/gate.rs) when the interpreter
 /// starts to shut down, on the main thread before the runtime is marked
 /// finalizing and other threads' states are freed: no walk starts after,
 /// and those under way (microseconds each) end before it returns.
-/// `false`: the interpreter has finalized (an embedder may start another:
-/// walks again, each checking `Py_IsInitialized` first).
+/// `false`: the interpreter has finalized; walks end for good (the
+/// pointers to its functions are not looked up again).
 fn shutdown(closing: bool) {
-    SHUTTING_DOWN.store(closing, SeqCst);
     if closing {
+        SHUTTING_DOWN.store(true, SeqCst);
         crate::os::time::wait_while(100, std::time::Duration::from_micros(50), || {
             IN_FLIGHT.load(SeqCst) != 0
         });
+    } else {
+        GONE.store(true, SeqCst);
+        WALK.store(false, SeqCst);
     }
 }
 
@@ -221,10 +231,20 @@ pub fn ready() -> bool {
     WALK.load(Acquire)
 }
 
+/// Samples get Python frames from now on, once [`prepare`] found the
+/// interpreter: from the constructor (a CPython loaded with the program,
+/// which cannot be unloaded), or once the bridge's exit hooks are
+/// registered (`profile/mod.rs`), which end the walks when it finalizes.
+pub fn enable() {
+    if INTERP.get().is_some() && !GONE.load(SeqCst) {
+        WALK.store(true, Release);
+    }
+}
+
 /// Before sampling starts (the shim's thread, or the constructor under
 /// `MEMSHIM_PROFILE=start`): installs the hook once, and looks for a
 /// CPython whose frames it can walk, until one is found. Returns why
-/// samples have no Python frames, if they have none.
+/// samples cannot get Python frames, if they cannot.
 pub fn prepare() -> Option<&'static str> {
     if DEFAULT.load(Acquire) == 0 {
         let Ok(own) = crate::jemalloc::prof_backtrace_hook() else {
@@ -245,7 +265,6 @@ pub fn prepare() -> Option<&'static str> {
             Err(why) => return Some(why),
         }
     }
-    WALK.store(true, Release);
     None
 }
 

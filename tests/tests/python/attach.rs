@@ -335,3 +335,63 @@ fn two_attaches_at_once_leave_one_bridge_and_a_traced_process_is_refused() {
     let o = traced.finish(Duration::from_secs(30));
     assert_eq!(o.code, 5, "{o:?}");
 }
+
+/// A CPython whose `malloc` is a preloaded jemalloc or tcmalloc (Debian's,
+/// not memshim): attached, `stats` names that allocator, and `release`
+/// gives the unloaded heap back with its own call (jemalloc's arena purge,
+/// tcmalloc's `MallocExtension_ReleaseFreeMemory`), which neither returns
+/// by itself in the time.
+#[test]
+fn an_attached_process_with_a_preloaded_jemalloc_or_tcmalloc_is_released_with_its_own_call() {
+    let py = cpythons()
+        .into_iter()
+        .find(|p| p.origin() == "pyenv")
+        .expect("a pyenv CPython");
+    for (name, lib) in [
+        ("jemalloc", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"),
+        (
+            "tcmalloc",
+            "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+        ),
+    ] {
+        assert!(
+            std::path::Path::new(lib).exists(),
+            "{lib} is missing (make test-deps installs it)"
+        );
+        let what = format!("CPython {} with {name} preloaded", py.label);
+        let (mut child, _) = attach_fixture(py.cmd(["-c", &source()]).env("LD_PRELOAD", lib));
+        let pid = child.pid();
+        child.send("load");
+        child.wait_for_line("loaded", Duration::from_secs(30));
+        child.send("unload");
+        child.wait_for_line("unloaded", Duration::from_secs(30));
+        in_kernel_wait(pid);
+        let unloaded = rss_bytes(pid);
+        let (code, v, err) = ctl_json(&["attach", &pid.to_string(), "--json"]);
+        assert_eq!(code, 0, "{what}: {v} {err}");
+        let s = Cmd::new(ctl(), ["stats", &pid.to_string()]).run();
+        assert_eq!(s.code, 0, "{what}: {s:?}");
+        assert!(
+            s.stdout.contains(&format!("allocator ({name}, preloaded")),
+            "{what}: {}",
+            s.stdout
+        );
+        let (code, r, err) = ctl_json(&["release", &pid.to_string(), "--json"]);
+        assert_eq!(code, 0, "{what}: {r} {err}");
+        let released = rss_bytes(pid);
+        eprintln!(
+            "{what}: {:.1} MiB after unload, {:.1} MiB after release",
+            mib(unloaded),
+            mib(released)
+        );
+        assert!(
+            released + (60 << 20) < unloaded,
+            "{what}: release left {:.1} MiB of {:.1} MiB",
+            mib(released),
+            mib(unloaded)
+        );
+        child.send("quit");
+        let o = child.finish(Duration::from_secs(30));
+        assert_eq!((o.code, o.stderr.as_str()), (7, ""), "{what}: {o:?}");
+    }
+}
