@@ -7,6 +7,8 @@
 //!   symbol tables of its files.
 //! * [`inject`]: a thread held at a safe point, calls on it, every
 //!   register and the interrupted system call restored.
+//! * [`remote_exec`]: CPython 3.14+'s remote debugging (PEP 768), for a
+//!   process no thread of which reaches a safe point.
 //! * `ptrace`: the raw system calls, the crate's only `unsafe`.
 //!
 //! On other architectures `inject` is inject_other.rs: holding a thread
@@ -23,6 +25,7 @@ pub mod inject;
 #[path = "inject_other.rs"]
 pub mod inject;
 mod ptrace;
+pub mod remote_exec;
 pub mod symbols;
 
 pub use check::{Python, Refusal, Refused};

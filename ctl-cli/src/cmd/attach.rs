@@ -81,6 +81,10 @@ struct Attached {
     socket: String,
     /// The idle return's interval, ms (`null`: off).
     idle_return_ms: Option<i64>,
+    /// How the library got in when no thread was held: "remote debugging
+    /// (PEP 768)"; absent for a thread held at a safe point.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    road: Option<&'static str>,
 }
 
 impl Attached {
@@ -105,6 +109,7 @@ pub fn run_attach(a: AttachArgs) -> Result<Exit, Failure> {
         library: None,
         socket: socket::locate(&p).path().display().to_string(),
         idle_return_ms: None,
+        road: None,
     };
     let loaded = which_memshim(&p)?;
     if loaded == Loaded::Preloaded {
@@ -148,9 +153,14 @@ pub fn run_attach(a: AttachArgs) -> Result<Exit, Failure> {
         outln!("{}", serde_json::to_string(&done).unwrap_or_default())?;
         return Ok(exit::OK);
     }
-    match (done.tid, done.syscall) {
-        (Some(tid), Some(sc)) => outln!(
+    match (done.tid, done.syscall, done.road) {
+        (Some(tid), Some(sc), _) => outln!(
             "pid {pid}: attached: {} loaded on thread {tid}, which was in {sc} and goes on as before",
+            done.library.as_deref().unwrap_or(BRIDGE)
+        )?,
+        (_, _, Some(road)) => outln!(
+            "pid {pid}: attached: {} loaded by a script its interpreter ran through {road} \
+             (no thread was idle in the kernel); `ctypes` stays imported",
             done.library.as_deref().unwrap_or(BRIDGE)
         )?,
         _ => outln!("pid {pid}: attached already")?,
@@ -270,11 +280,22 @@ fn load(p: &Proc, earlier: bool, a: &AttachArgs, done: &mut Attached) -> Result<
                 return Ok(());
             }
             Ok(d) => why_copy = d.error,
+            Err(memshim_reach::Error::Failed(memshim_reach::Failure::NoSafePoint(seen)))
+                if runs_314_or_newer(pid) =>
+            {
+                let copy = Copy::place(pid, &ours)?;
+                return by_remote_debugging(p, &ours, &copy, a, done, &seen);
+            }
             Err(e) => return Err(ptrace::failure(pid, e)),
         }
     }
     let copy = Copy::place(pid, &ours)?;
     let r = memshim_reach::dlopen(pid, &copy.inside, limit);
+    if let Err(memshim_reach::Error::Failed(memshim_reach::Failure::NoSafePoint(seen))) = &r
+        && runs_314_or_newer(pid)
+    {
+        return by_remote_debugging(p, &ours, &copy, a, done, seen);
+    }
     drop(copy);
     match r {
         Ok(d) if d.value != 0 => {
@@ -294,6 +315,71 @@ fn load(p: &Proc, earlier: bool, a: &AttachArgs, done: &mut Attached) -> Result<
         )
         .hint("a /tmp mounted noexec in the process's mount namespace refuses it")),
         Err(e) => Err(ptrace::failure(pid, e)),
+    }
+}
+
+/// Whether `pid` runs a CPython that has remote debugging (3.14+).
+fn runs_314_or_newer(pid: i32) -> bool {
+    memshim_reach::examine(pid).is_ok_and(|(py, _)| py.version >= (3, 14))
+}
+
+/// The script the process runs to load the bridge: silent whatever
+/// happens (an exception in it would be printed on the process's stderr).
+fn load_script(library: &str) -> String {
+    format!(
+        "try:\n    import ctypes\n    ctypes.CDLL({library:?})\nexcept BaseException:\n    pass\n"
+    )
+}
+
+/// No thread reached a safe point (`seen`: what they were doing), and the
+/// process runs CPython 3.14+: it runs a script that loads the bridge
+/// through its remote debugging (PEP 768), the next time its running
+/// thread checks its eval breaker, which it does while it runs bytecode
+/// (`memshim_reach::remote_exec`). The files stay until the bridge's
+/// socket is there; a script not taken within `--timeout` is withdrawn.
+fn by_remote_debugging(
+    p: &Proc,
+    ours: &Path,
+    copy: &Copy,
+    a: &AttachArgs,
+    done: &mut Attached,
+    seen: &str,
+) -> Result<(), Failure> {
+    let pid = p.pid;
+    let script = copy.add(pid, "load.py", &load_script(&copy.inside))?;
+    let pending = memshim_reach::remote_exec::remote_exec(pid, &script)
+        .map_err(|e| ptrace::failure(pid, e))?;
+    let deadline = Instant::now() + Duration::from_secs(a.timeout);
+    loop {
+        let taken = pending.taken().map_err(|e| ptrace::failure(pid, e))?;
+        if taken && Client::open_proc(p.clone()).is_ok() {
+            done.tid = None;
+            done.syscall = None;
+            done.library = Some(format!("a copy of {}", ours.display()));
+            done.loaded_now = true;
+            done.road = Some("remote debugging (PEP 768)");
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            let withdrawn = !taken && pending.withdraw().unwrap_or(false);
+            return Err(Failure::new(
+                exit::NO_SAFE_POINT,
+                Some(pid),
+                if withdrawn {
+                    format!(
+                        "no thread reached a safe point ({seen}), and the process did not run the remote-debugging script within {} s (it runs one only while it runs Python code); the script was withdrawn, nothing was changed",
+                        a.timeout
+                    )
+                } else {
+                    format!(
+                        "the process took the remote-debugging script but its bridge's socket did not appear within {} s",
+                        a.timeout
+                    )
+                },
+            )
+            .hint("try again when the process idles or runs Python code"));
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
@@ -380,6 +466,28 @@ impl Copy {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
             .map_err(|e| fail("chmod", e))?;
         Ok(copy)
+    }
+}
+
+impl Copy {
+    /// Writes `text` as file `name` beside the library, readable by the
+    /// process's uid only; its path as the process names it.
+    fn add(&self, pid: i32, name: &str, text: &str) -> Result<String, Failure> {
+        let (uid, gid) =
+            ids(pid).ok_or_else(|| procfs::gone(pid, std::io::ErrorKind::NotFound.into()))?;
+        let file = self.dir.join(name);
+        let fail = |e: std::io::Error| {
+            Failure::new(
+                exit::NOT_ATTACHED,
+                Some(pid),
+                format!("cannot place the script in the process's /tmp: {e}; nothing was changed"),
+            )
+        };
+        std::fs::write(&file, text).map_err(fail)?;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o400)).map_err(fail)?;
+        std::os::unix::fs::chown(&file, Some(uid), Some(gid)).map_err(fail)?;
+        let inside = self.inside.rsplit_once('/').map_or("", |(d, _)| d);
+        Ok(format!("{inside}/{name}"))
     }
 }
 

@@ -395,3 +395,76 @@ fn an_attached_process_with_a_preloaded_jemalloc_or_tcmalloc_is_released_with_it
         assert_eq!((o.code, o.stderr.as_str()), (7, ""), "{what}: {o:?}");
     }
 }
+
+/// A CPython whose only thread runs a pure-Python loop has no thread at a
+/// safe point: on 3.14 and 3.15 `attach` loads the bridge through the
+/// interpreter's remote debugging (PEP 768), and the verbs then reach it
+/// over its socket; the loop goes on and ends as it would. On 3.13 the
+/// answer stays 21 (no safe point), and with `PYTHON_DISABLE_REMOTE_DEBUG`
+/// 17, nothing changed.
+#[test]
+fn a_busy_cpython_314_or_newer_is_attached_through_remote_debugging() {
+    let stop = memshim_tests::scratch().join(format!("busy-stop-{}", std::process::id()));
+    let busy = |py: &Cpython, env: Option<(&str, &str)>| {
+        let _ = std::fs::remove_file(&stop);
+        let mut cmd = py.cmd([
+            fixture_py("py_busy.py").display().to_string(),
+            stop.display().to_string(),
+        ]);
+        if let Some((k, v)) = env {
+            cmd = cmd.env(k, v);
+        }
+        let mut child = cmd.spawn();
+        child.wait_for_line("ready", Duration::from_secs(30));
+        child
+    };
+    let end = |child: memshim_tests::Child, imported: bool, what: &str| {
+        std::fs::write(&stop, "").unwrap();
+        let o = child.finish(Duration::from_secs(60));
+        assert_eq!(
+            (o.code, o.stderr.as_str(), o.stdout.trim()),
+            (
+                0,
+                "",
+                format!("done ctypes={}", if imported { "True" } else { "False" }).as_str()
+            ),
+            "{what}: {o:?}"
+        );
+    };
+    let newest = sid_cpythons(&["3.14", "3.15"]);
+    for py in &newest {
+        let what = format!("CPython {}", py.label);
+        let child = busy(py, None);
+        let pid = child.pid().to_string();
+        let t0 = Instant::now();
+        let (code, v, err) = ctl_json(&["attach", &pid, "--json"]);
+        assert_eq!(code, 0, "{what}: {v} {err}");
+        assert_eq!(v["road"], "remote debugging (PEP 768)", "{what}: {v}");
+        eprintln!("{what}: attached through PEP 768 in {:?}", t0.elapsed());
+        let o = Cmd::new(ctl(), ["release", &pid]).run();
+        assert_eq!(o.code, 0, "{what}: {o:?}");
+        assert!(!o.stdout.contains("reached by ptrace"), "{what}: {o:?}");
+        let (code, d, err) = ctl_json(&["detach", &pid, "--json"]);
+        assert_eq!(code, 0, "{what}: {d} {err}");
+        end(child, true, &what);
+
+        // Remote debugging switched off: refused, nothing changed.
+        let child = busy(py, Some(("PYTHON_DISABLE_REMOTE_DEBUG", "1")));
+        let o = Cmd::new(ctl(), ["attach", &child.pid().to_string()]).run();
+        assert_eq!(o.code, 17, "{what}: {o:?}");
+        end(child, false, &what);
+    }
+    // Before 3.14: no road to a process with no safe point.
+    if let Some(py) = cpythons().into_iter().find(|p| p.minor == "3.13") {
+        let what = format!("CPython {}", py.label);
+        let child = busy(&py, None);
+        let o = Cmd::new(
+            ctl(),
+            ["attach", &child.pid().to_string(), "--timeout", "1"],
+        )
+        .run();
+        assert_eq!(o.code, 21, "{what}: {o:?}");
+        end(child, false, &what);
+    }
+    let _ = std::fs::remove_file(&stop);
+}

@@ -92,7 +92,10 @@ pub fn failure(pid: i32, e: Error) -> Failure {
                 SAFE_POINT_LIMIT.as_secs()
             ),
         )
-        .hint("try again when the process idles, or start it with LD_PRELOAD"),
+        .hint(
+            "try again when the process idles; on CPython 3.14+ `memshim-ctl attach PID` reaches a \
+             busy one through its remote debugging (PEP 768); or start it with LD_PRELOAD",
+        ),
         Error::Failed(Fail::Gone) => Failure::new(
             status::NOT_FOUND,
             Some(pid),
