@@ -42,6 +42,24 @@ pub fn shimmed_python_c(python: &Path, code: &str, dir: &Path) -> Cmd {
     endpoint_on(Cmd::new(python, ["-c", code]), dir)
 }
 
+/// `python fixture` under the shim with `MEMSHIM_PROFILE=on`, once it
+/// printed "ready" (within `ready`) and its socket is there, with sampling
+/// switched on from outside (`profile PID --seconds 0 --keep`): the child
+/// and its pid, as an argument.
+pub fn sampled(py: &Cpython, fixture: &str, dir_tag: &str, ready: Duration) -> (Child, String) {
+    let dir = socket_dir(&format!("{dir_tag}-{}", py.tag()));
+    let mut child = py
+        .shimmed(&fixture_py(fixture), &[], &dir)
+        .env("MEMSHIM_PROFILE", "on")
+        .spawn();
+    child.wait_for_line("ready", ready);
+    let pid = child.pid().to_string();
+    socket_of(&dir, child.pid());
+    let on = Cmd::new(crate::ctl(), ["profile", &pid, "--seconds", "0", "--keep"]).run();
+    assert_eq!(on.code, 0, "{}: sampling did not start: {on:?}", py.label);
+    (child, pid)
+}
+
 /// The socket of `pid` in `dir`, once it exists.
 pub fn socket_of(dir: &Path, pid: i32) -> PathBuf {
     crate::wait_until(Duration::from_secs(10), || {

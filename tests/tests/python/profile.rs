@@ -267,16 +267,7 @@ fn native_profiles_carry_python_lines_on_every_cpython() {
     let released = lines_fixture_line("LINE-GIL-RELEASED");
     for py in cpythons() {
         let v = &py.label;
-        let dir = socket_dir(&format!("pylines-{}", py.tag()));
-        let mut child = py
-            .shimmed(&fixture_py("py_lines.py"), &[], &dir)
-            .env("MEMSHIM_PROFILE", "on")
-            .spawn();
-        child.wait_for_line("ready", Duration::from_secs(30));
-        let pid = child.pid().to_string();
-        socket_of(&dir, child.pid());
-        let on = Cmd::new(ctl(), ["profile", &pid, "--seconds", "0", "--keep"]).run();
-        assert_eq!(on.code, 0, "{v}: {on:?}");
+        let (mut child, pid) = sampled(&py, "py_lines.py", "pylines", Duration::from_secs(30));
         child.send("grow");
         child.wait_for_line("grown", Duration::from_secs(30));
 

@@ -71,17 +71,8 @@ fn a_numpy_program_sampled_from_outside_lives_and_its_profile_shows_the_arrays()
     let lib = build_under_test();
     for py in pythons() {
         let v = format!("{} with {lib}", py.label);
-        let dir = socket_dir(&format!("sampling-{}", py.tag()));
-        let mut child = py
-            .shimmed(&fixture_py("py_numpy.py"), &[], &dir)
-            .env("MEMSHIM_PROFILE", "on")
-            .spawn();
-        child.wait_for_line("ready", Duration::from_secs(60));
-        let pid = child.pid().to_string();
-        socket_of(&dir, child.pid());
+        let (mut child, pid) = sampled(&py, "py_numpy.py", "sampling", Duration::from_secs(60));
         let run = |args: &[&str]| Cmd::new(ctl(), args).run();
-        let on = run(&["profile", &pid, "--seconds", "0", "--keep"]);
-        assert_eq!(on.code, 0, "{v}: {on:?}");
         ask(&mut child, "alloc");
         let o = run(&["profile", &pid, "--json"]);
         assert_eq!(o.code, 0, "{v}: {o:?}");
@@ -129,16 +120,12 @@ fn walking_python_frames_in_samples_leaves_every_cpython_as_it_was() {
                 "{v}, MEMSHIM_PROFILE=start, run {rounds}: {o:?}"
             );
         }
-        let dir = socket_dir(&format!("sample-stress-{}", py.tag()));
-        let mut child = py
-            .shimmed(&script, &[], &dir)
-            .env("MEMSHIM_PROFILE", "on")
-            .spawn();
-        child.wait_for_line("ready", Duration::from_secs(30));
-        let pid = child.pid().to_string();
-        socket_of(&dir, child.pid());
-        let on = Cmd::new(ctl(), ["profile", &pid, "--seconds", "0", "--keep"]).run();
-        assert_eq!(on.code, 0, "{v}: {on:?}");
+        let (mut child, _) = sampled(
+            &py,
+            "py_sample_stress.py",
+            "sample-stress",
+            Duration::from_secs(30),
+        );
         child.send("go");
         let out = child.finish(Duration::from_secs(60));
         assert_eq!(
