@@ -3,8 +3,10 @@
 //!
 //! A sample cannot keep a reference to a code object (that needs the GIL),
 //! and a code object may be freed and its address reused long before the
-//! sample is dumped. So the first sample that meets a frame copies its file
-//! name, function name and line here, and its stack holds the slot's id.
+//! sample is dumped. So the first sample that meets a frame (a code object
+//! at an instruction) copies its file name, function name and line here,
+//! and its stack holds the slot's id; a later one finds it by code and
+//! instruction, without decoding the line again.
 //!
 //! Fixed size, in `.bss` (untouched, and so free, in a process that never
 //! samples), filled without a lock or an allocation: a slot is claimed with
@@ -18,8 +20,8 @@ use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicU8, AtomicU32, AtomicUsize, Ordering::*};
 use memshim_proto::{PYTHON_FRAME_UNKNOWN, PythonFrame};
 
-/// Slots in the table: distinct (code, line) pairs a process's samples
-/// meet. 8192 slots are 2 MiB of address space, touched as they fill.
+/// Slots in the table: distinct (code, instruction) pairs a process's
+/// samples meet. 8192 slots are 2 MiB of address space, touched as they fill.
 pub const SLOTS: usize = 8192;
 /// Bytes kept of a file name (its end), and of a function name.
 pub const FILE_BYTES: usize = 176;
@@ -31,15 +33,16 @@ const EMPTY: u8 = 0;
 const FILLING: u8 = 1;
 const READY: u8 = 2;
 
-/// What tells two frames apart: the code object and the line, and the
-/// objects of its names (a code object freed and another made at its
+/// What tells two frames apart: the code object and the instruction in
+/// it, and the objects of its names (a code object freed and another made at its
 /// address rarely has the same name objects too).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Key {
     pub code: usize,
     pub file: usize,
     pub name: usize,
-    pub line: u32,
+    /// The instruction's offset in the code (the version's own unit).
+    pub at: u32,
 }
 
 struct Slot {
@@ -47,6 +50,7 @@ struct Slot {
     code: AtomicUsize,
     file_obj: AtomicUsize,
     name_obj: AtomicUsize,
+    at: AtomicU32,
     line: AtomicU32,
     file_len: AtomicU32,
     function_len: AtomicU32,
@@ -67,6 +71,7 @@ const SLOT: Slot = Slot {
     code: AtomicUsize::new(0),
     file_obj: AtomicUsize::new(0),
     name_obj: AtomicUsize::new(0),
+    at: AtomicU32::new(0),
     line: AtomicU32::new(0),
     file_len: AtomicU32::new(0),
     function_len: AtomicU32::new(0),
@@ -77,15 +82,16 @@ const SLOT: Slot = Slot {
 static TABLE: [Slot; SLOTS] = [SLOT; SLOTS];
 
 fn start(k: &Key) -> usize {
-    let h = (k.code as u64 ^ (u64::from(k.line) << 32) ^ (k.name as u64).rotate_left(17))
+    let h = (k.code as u64 ^ (u64::from(k.at) << 32) ^ (k.name as u64).rotate_left(17))
         .wrapping_mul(0x9e37_79b9_7f4a_7c15);
     (h >> 40) as usize % SLOTS
 }
 
 /// The id of the frame `k`, filling a new slot with `fill(file, function)`
-/// (which writes each name into its buffer and returns the lengths) if the
-/// frame is new. Async-signal-safe: no lock, no allocation.
-pub fn intern(k: Key, fill: impl FnOnce(&mut [u8], &mut [u8]) -> (usize, usize)) -> u32 {
+/// (which writes each name into its buffer and returns their lengths and
+/// the line) if the frame is new. Async-signal-safe: no lock, no
+/// allocation.
+pub fn intern(k: Key, fill: impl FnOnce(&mut [u8], &mut [u8]) -> (usize, usize, u32)) -> u32 {
     let first = start(&k);
     for i in 0..PROBES {
         let n = (first + i) % SLOTS;
@@ -93,7 +99,7 @@ pub fn intern(k: Key, fill: impl FnOnce(&mut [u8], &mut [u8]) -> (usize, usize))
         match s.state.load(Acquire) {
             READY
                 if s.code.load(Relaxed) == k.code
-                    && s.line.load(Relaxed) == k.line
+                    && s.at.load(Relaxed) == k.at
                     && s.file_obj.load(Relaxed) == k.file
                     && s.name_obj.load(Relaxed) == k.name =>
             {
@@ -108,11 +114,12 @@ pub fn intern(k: Key, fill: impl FnOnce(&mut [u8], &mut [u8]) -> (usize, usize))
                 }
                 // SAFETY: this thread claimed the slot; nobody reads its
                 // buffers until READY.
-                let (f, g) = unsafe { fill(&mut *s.file.get(), &mut *s.function.get()) };
+                let (f, g, line) = unsafe { fill(&mut *s.file.get(), &mut *s.function.get()) };
                 s.code.store(k.code, Relaxed);
                 s.file_obj.store(k.file, Relaxed);
                 s.name_obj.store(k.name, Relaxed);
-                s.line.store(k.line, Relaxed);
+                s.at.store(k.at, Relaxed);
+                s.line.store(line, Relaxed);
                 s.file_len.store(f.min(FILE_BYTES) as u32, Relaxed);
                 s.function_len.store(g.min(FUNCTION_BYTES) as u32, Relaxed);
                 s.state.store(READY, Release);
@@ -151,17 +158,17 @@ pub fn frames() -> Vec<PythonFrame> {
 mod tests {
     use super::*;
 
-    fn put(code: usize, line: u32, name: &str) -> u32 {
+    fn put(code: usize, at: u32, name: &str) -> u32 {
         let k = Key {
             code,
             file: 1,
             name: 2,
-            line,
+            at,
         };
         intern(k, |f, g| {
             f[..4].copy_from_slice(b"a.py");
             g[..name.len()].copy_from_slice(name.as_bytes());
-            (4, name.len())
+            (4, name.len(), at + 100)
         })
     }
 
@@ -175,7 +182,7 @@ mod tests {
         let fa = all.iter().find(|f| f.id == a).unwrap();
         assert_eq!(
             (fa.file.as_str(), fa.function.as_str(), fa.line),
-            ("a.py", "load", 7)
+            ("a.py", "load", 107)
         );
     }
 }

@@ -59,6 +59,7 @@ enum Chain {
         frame: usize,
         back: usize,
         code: usize,
+        lasti: usize,
     },
     /// 3.11: `tstate->cframe->current_frame`; one eval call runs frames
     /// up to the one marked `is_entry`.
@@ -82,6 +83,10 @@ enum Chain {
         owner: usize,
         /// 3.14+: `f_executable` is a `_PyStackRef`, tagged in its low bits.
         tagged: bool,
+        /// `prev_instr` (3.12) or `instr_ptr` (3.13+), and
+        /// `co_code_adaptive`, where the instructions start.
+        instr: usize,
+        code_adaptive: usize,
     },
 }
 
@@ -112,6 +117,7 @@ const fn objects(minor: u32) -> Layout {
             frame: 24,
             back: 24,
             code: 32,
+            lasti: if minor >= 10 { 96 } else { 104 },
         },
         co_filename: 104,
         co_name: 112,
@@ -121,7 +127,13 @@ const fn objects(minor: u32) -> Layout {
     }
 }
 
-const fn owned(minor: u32, cframe: Option<usize>, current: usize, owner: usize) -> Layout {
+const fn owned(
+    minor: u32,
+    cframe: Option<usize>,
+    current: usize,
+    owner: usize,
+    code_adaptive: usize,
+) -> Layout {
     Layout {
         minor,
         chain: Chain::Owned {
@@ -131,6 +143,8 @@ const fn owned(minor: u32, cframe: Option<usize>, current: usize, owner: usize) 
             previous: 8,
             owner,
             tagged: minor >= 14,
+            instr: 56,
+            code_adaptive,
         },
         co_filename: 112,
         co_name: 128,
@@ -165,10 +179,10 @@ const LAYOUTS: [Layout; 8] = [
         compact_size: 72,
         compact_utf8: 56,
     },
-    owned(12, Some(56), 0, 70),
-    owned(13, None, 72, 70),
-    owned(14, None, 72, 74),
-    owned(15, None, 72, 74),
+    owned(12, Some(56), 0, 70, 192),
+    owned(13, None, 72, 70, 200),
+    owned(14, None, 72, 74, 208),
+    owned(15, None, 72, 74, 208),
 ];
 
 type Hook = unsafe extern "C" fn(*mut *mut c_void, *mut u32, u32);
@@ -365,15 +379,15 @@ fn symbol_size(addr: usize) -> usize {
 }
 
 /// 3.13+: whether the interpreter's `_Py_DebugOffsets` (the start of
-/// `_PyRuntime`) have the thread state's `prev, next, interp,
-/// current_frame` and the frame's `previous, executable, .., .., owner`
-/// and the code's `filename, name, qualname` where this layout has them.
+/// `_PyRuntime`) have every offset this layout reads where it has them.
 fn debug_offsets_agree(l: &Layout) -> bool {
     let Chain::Owned {
         current,
         executable,
         previous,
         owner,
+        instr,
+        code_adaptive,
         ..
     } = l.chain
     else {
@@ -392,12 +406,19 @@ fn debug_offsets_agree(l: &Layout) -> bool {
         )
     };
     let u = |v: usize| v as u64;
+    // thread state: prev, next, interp, current_frame; frame: previous,
+    // executable, instr_ptr, localsplus, owner; code: filename, name,
+    // qualname, linetable, firstlineno, argcount, localsplusnames,
+    // localspluskinds, co_code_adaptive.
     cookie == b"xdebugpy"
         && a.windows(4).any(|w| w == [0, 8, 16, u(current)])
-        && a.windows(5)
-            .any(|w| w[0] == u(previous) && w[1] == u(executable) && w[4] == u(owner))
-        && a.windows(3)
-            .any(|w| w == [u(l.co_filename), u(l.co_filename) + 8, u(l.co_name)])
+        && a.windows(5).any(|w| {
+            w[0] == u(previous) && w[1] == u(executable) && w[2] == u(instr) && w[4] == u(owner)
+        })
+        && a.windows(9).any(|w| {
+            w[..3] == [u(l.co_filename), u(l.co_filename) + 8, u(l.co_name)]
+                && w[8] == u(code_adaptive)
+        })
 }
 
 /// Whether `p` can be a pointer to an object of the process.
@@ -583,13 +604,19 @@ unsafe fn python_groups(i: &Interp, ts: usize, py: &mut Out, groups: &mut [Group
     // hold, each pointer checked with `plausible` before it is read.
     unsafe {
         match l.chain {
-            Chain::Objects { frame, back, code } => {
+            Chain::Objects {
+                frame,
+                back,
+                code,
+                lasti,
+            } => {
                 let mut f = word(ts, frame);
                 while plausible(f) && open(groups, py, &mut ng, 0) {
                     let co = word(f, code);
                     if is_code(i, co) {
-                        let line = i.line_of.map_or(0, |g| g(f as *mut c_void));
-                        emit(l, co, line, py);
+                        let at = *((f + lasti) as *const i32) as isize;
+                        let line = || i.line_of.map_or(0, |g| g(f as *mut c_void));
+                        emit(l, co, at, line, py);
                     }
                     groups[ng - 1].to = py.n as u8;
                     f = word(f, back);
@@ -616,10 +643,11 @@ unsafe fn python_groups(i: &Interp, ts: usize, py: &mut Out, groups: &mut [Group
                         let co = word(f, code);
                         if is_code(i, co) {
                             let at = word(f, prev_instr) as isize - (co + code_adaptive) as isize;
-                            let line = i
-                                .addr2line
-                                .map_or(0, |g| g(co as *mut c_void, at.max(-1) as c_int));
-                            emit(l, co, line, py);
+                            let line = || {
+                                i.addr2line
+                                    .map_or(0, |g| g(co as *mut c_void, at.max(-1) as c_int))
+                            };
+                            emit(l, co, at, line, py);
                         }
                         if *((f + is_entry) as *const u8) != 0 {
                             break;
@@ -638,6 +666,8 @@ unsafe fn python_groups(i: &Interp, ts: usize, py: &mut Out, groups: &mut [Group
                 previous,
                 owner,
                 tagged,
+                instr,
+                code_adaptive,
             } => {
                 let mut f = match cframe {
                     Some(cf) => {
@@ -669,8 +699,9 @@ unsafe fn python_groups(i: &Interp, ts: usize, py: &mut Out, groups: &mut [Group
                             co &= !7;
                         }
                         if is_code(i, co) {
-                            let line = i.line_of.map_or(0, |g| g(f as *mut c_void));
-                            emit(l, co, line, py);
+                            let at = word(f, instr) as isize - (co + code_adaptive) as isize;
+                            let line = || i.line_of.map_or(0, |g| g(f as *mut c_void));
+                            emit(l, co, at, line, py);
                         }
                         groups[ng - 1].to = py.n as u8;
                     }
@@ -694,23 +725,25 @@ unsafe fn is_code(i: &Interp, co: usize) -> bool {
     plausible(co) && unsafe { word(co, 8) } == i.code_type
 }
 
-/// Pushes the address of code `co` at `line`, its names copied into the
-/// table the first time.
+/// Pushes the address of code `co` at instruction offset `at`: the first
+/// time, its names are copied into the table and its line decoded
+/// (`line`), which a frame already there skips.
 ///
 /// # Safety
 /// `co` is a live code object.
-unsafe fn emit(l: &Layout, co: usize, line: c_int, out: &mut Out) {
+unsafe fn emit(l: &Layout, co: usize, at: isize, line: impl FnOnce() -> c_int, out: &mut Out) {
     // SAFETY: fields of a live code object.
     let (file, name) = unsafe { (word(co, l.co_filename), word(co, l.co_name)) };
     let key = Key {
         code: co,
         file,
         name,
-        line: line.max(0) as u32,
+        at: at as u32,
     };
     let id = frame_table::intern(key, |fb, nb| {
         // SAFETY: the code object's name strings, alive with it.
-        unsafe { (text(l, file, fb, true), text(l, name, nb, false)) }
+        let (f, n) = unsafe { (text(l, file, fb, true), text(l, name, nb, false)) };
+        (f, n, line().max(0) as u32)
     });
     out.push(memshim_proto::python_frame_address(id) as usize);
 }
