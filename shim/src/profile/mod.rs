@@ -228,6 +228,8 @@ fn write_dump(path: &CString) -> Result<(), ErrorReply> {
 /// child handler (its locks are new, and this thread is the only one).
 pub fn after_fork_child() {
     use crate::os::ResetTo;
+    #[cfg(not(memshim_bridge))]
+    python_stack::after_fork_child();
     if DEADLINE_MS.load(Relaxed) != 0 {
         let _ = jemalloc::set_prof_active(false);
         STARTED_MS.reset_to(0);

@@ -240,6 +240,14 @@ fn shutdown(closing: bool) {
     }
 }
 
+/// Fork child: the walks other threads had under way stay in the parent
+/// (an exit hook in the child would otherwise wait for them).
+/// Async-signal-safe.
+pub fn after_fork_child() {
+    use crate::os::ResetTo;
+    IN_FLIGHT.reset_to(0);
+}
+
 /// Whether samples get Python frames.
 pub fn ready() -> bool {
     WALK.load(Acquire)
