@@ -70,23 +70,34 @@ pub fn in_global_scope(name: &CStr) -> *mut c_void {
 /// definition the loader bound it to: not an answer to whose `malloc` is
 /// in use.
 pub fn global_definition(name: &CStr) -> Option<*mut c_void> {
-    /// `dladdr1`'s request for the matching symbol table entry.
-    const RTLD_DL_SYMENT: libc::c_int = 1;
     let p = global(name);
     if p.is_null() {
         return None;
     }
-    // SAFETY: dladdr1 fills the Dl_info we pass and points `sym` at the
-    // matching entry of a loaded object's symbol table (or leaves it null);
-    // Dl_info is plain data, valid when zeroed.
-    let undefined = unsafe {
+    let undefined = symbol_of(p as usize).is_some_and(|(_, s)| s.st_shndx == 0); // SHN_UNDEF
+    (!undefined).then_some(p)
+}
+
+/// The dynamic symbol table entry that covers `addr` in a loaded object,
+/// with the address that symbol starts at (`dladdr1`'s `RTLD_DL_SYMENT`);
+/// `None` where no symbol does.
+pub fn symbol_of(addr: usize) -> Option<(usize, libc::Elf64_Sym)> {
+    /// `dladdr1`'s request for the matching symbol table entry.
+    const RTLD_DL_SYMENT: libc::c_int = 1;
+    // SAFETY: dladdr1 only looks `addr` up (it is never dereferenced),
+    // fills the Dl_info we pass and points `sym` at the matching entry of a
+    // loaded object's symbol table (or leaves it null); Dl_info is plain
+    // data, valid when zeroed. The entry is copied.
+    unsafe {
         let mut info: libc::Dl_info = core::mem::zeroed();
         let mut sym: *mut c_void = core::ptr::null_mut();
-        libc::dladdr1(p, &mut info, &mut sym, RTLD_DL_SYMENT) != 0
-            && !sym.is_null()
-            && (*(sym as *const libc::Elf64_Sym)).st_shndx == 0 // SHN_UNDEF
-    };
-    (!undefined).then_some(p)
+        if libc::dladdr1(addr as *const c_void, &mut info, &mut sym, RTLD_DL_SYMENT) == 0
+            || sym.is_null()
+        {
+            return None;
+        }
+        Some((info.dli_saddr as usize, *(sym as *const libc::Elf64_Sym)))
+    }
 }
 
 /// Whether a loaded object's file name (its last path component) starts

@@ -41,7 +41,7 @@
 //!   mismatch leaves samples native-only.
 
 use super::frame_table::{self, Key};
-use core::ffi::{c_char, c_int, c_void};
+use core::ffi::{c_int, c_void};
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::OnceLock;
 
@@ -297,25 +297,11 @@ fn sym(name: &core::ffi::CStr) -> usize {
 /// The CPython in the process's global scope, and what its frames look
 /// like; why not, if it cannot be walked.
 fn find() -> Result<Interp, &'static str> {
-    let version = sym(c"Py_GetVersion");
-    if version == 0 {
-        return Err("no CPython in the process's global scope");
-    }
-    // SAFETY: Py_GetVersion returns a static NUL-terminated string.
-    let text = unsafe {
-        let f: unsafe extern "C" fn() -> *const c_char = core::mem::transmute(version);
-        core::ffi::CStr::from_ptr(f())
-    };
-    let text = text.to_str().unwrap_or("");
-    if text.contains("free-threading") {
-        return Err("a free-threaded CPython");
-    }
-    let minor = text
-        .strip_prefix("3.")
-        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|m| m.parse::<u32>().ok());
-    let layout = *minor
-        .and_then(|m| LAYOUTS.iter().find(|l| l.minor == m))
+    let minor = crate::python::served_minor()
+        .ok_or("no CPython the bridge serves in the process's global scope")?;
+    let layout = *LAYOUTS
+        .iter()
+        .find(|l| l.minor == minor)
         .ok_or("a CPython version whose frames memshim does not know")?;
     if layout.minor >= 13 && !debug_offsets_agree(&layout) {
         return Err("this CPython's _Py_DebugOffsets differ from the offsets memshim knows");
@@ -369,23 +355,12 @@ fn find() -> Result<Interp, &'static str> {
 /// The size of the function at `addr` (its symbol's `st_size`), 0 if
 /// unknown.
 fn symbol_size(addr: usize) -> usize {
-    const RTLD_DL_SYMENT: c_int = 1;
     if addr == 0 {
         return 0;
     }
-    // SAFETY: dladdr1 fills the zeroed Dl_info and points `sym` at the
-    // symbol table entry of a loaded object, or leaves it null.
-    unsafe {
-        let mut info: libc::Dl_info = core::mem::zeroed();
-        let mut sym: *mut c_void = core::ptr::null_mut();
-        if libc::dladdr1(addr as *const c_void, &mut info, &mut sym, RTLD_DL_SYMENT) == 0
-            || sym.is_null()
-            || info.dli_saddr as usize != addr
-        {
-            return 0;
-        }
-        (*(sym as *const libc::Elf64_Sym)).st_size as usize
-    }
+    crate::os::dl::symbol_of(addr)
+        .filter(|&(start, _)| start == addr)
+        .map_or(0, |(_, s)| s.st_size as usize)
 }
 
 /// 3.13+: whether the interpreter's `_Py_DebugOffsets` (the start of

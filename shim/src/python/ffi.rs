@@ -278,15 +278,9 @@ pub fn api() -> Option<&'static Api> {
 /// (`api()` is `None` while [`present`]): an older one (2.7, 3.6) lacks
 /// functions the bridge needs. "unknown" if even `Py_GetVersion` is missing.
 pub fn unresolved_version() -> String {
-    let f = sym("Py_GetVersion\0");
-    if f.is_null() {
-        return "unknown".to_owned();
-    }
-    // SAFETY: `Py_GetVersion` is `const char *(void)` in every CPython
-    // since 2.0.
-    version_of(unsafe {
-        core::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> *const c_char>(f)
-    })
+    version_text()
+        .and_then(|t| t.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "unknown".to_owned())
 }
 
 /// What `get` (`Py_GetVersion`) returns, up to the first space.
@@ -322,8 +316,28 @@ pub fn resolved() -> Option<&'static Api> {
 pub fn free_threaded(api: &Api) -> bool {
     // SAFETY: `Py_GetVersion` returns a static NUL-terminated string.
     let full = unsafe { core::ffi::CStr::from_ptr((api.get_version)()) };
-    super::version::text_says_free_threaded(&full.to_string_lossy())
-        || !sym("_Py_MergeZeroLocalRefcount\0").is_null()
+    free_threaded_text(&full.to_string_lossy())
+}
+
+/// [`free_threaded`], from `Py_GetVersion()`'s whole text `full`.
+pub fn free_threaded_text(full: &str) -> bool {
+    super::version::text_says_free_threaded(full) || !sym("_Py_MergeZeroLocalRefcount\0").is_null()
+}
+
+/// `Py_GetVersion()`'s whole text, if a CPython is in the global scope.
+pub fn version_text() -> Option<String> {
+    let f = sym("Py_GetVersion\0");
+    if f.is_null() {
+        return None;
+    }
+    // SAFETY: `Py_GetVersion` is `const char *(void)` in every CPython
+    // since 2.0, and returns a static NUL-terminated string (see
+    // `version_of` on its rewrites).
+    let full = unsafe {
+        let get = core::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> *const c_char>(f);
+        core::ffi::CStr::from_ptr(get())
+    };
+    Some(full.to_string_lossy().into_owned())
 }
 
 impl Api {

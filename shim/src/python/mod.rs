@@ -111,6 +111,17 @@ pub fn on_shutdown(f: fn(bool)) {
     gate::on_shutdown(f);
 }
 
+/// The minor version of the CPython in the process's global scope, if the
+/// bridge serves it (`version.rs`: 3.8 to 3.15, no free-threaded build),
+/// read calling nothing of CPython's but `Py_GetVersion`: for the heap
+/// profiler's walk of Python frames (profile/python_stack.rs).
+pub fn served_minor() -> Option<u32> {
+    let full = ffi::version_text()?;
+    let v = full.split_whitespace().next()?;
+    version::profile(v, ffi::free_threaded_text(&full)).ok()?;
+    version::parse(v).map(|(_, minor, _)| minor)
+}
+
 /// Whether a CPython is in the process's global scope (a cheap look-up; the
 /// full API is resolved at the first request).
 pub fn present() -> bool {

@@ -20,6 +20,16 @@ pub(crate) fn table_rows(out: &str) -> Vec<&str> {
         .collect()
 }
 
+/// The rows of the table's "by Python line" part (after its header, up
+/// to the blank line), largest first.
+pub(crate) fn python_line_rows(out: &str) -> Vec<&str> {
+    out.lines()
+        .skip_while(|l| !l.starts_with("by Python line"))
+        .skip(2)
+        .take_while(|l| !l.trim().is_empty())
+        .collect()
+}
+
 /// The fixture's line that keeps the memory, and its number.
 pub(crate) fn grow_line() -> (String, u32) {
     let script = fixture_py("py_profile.py");
@@ -198,10 +208,8 @@ fn a_native_profile_names_the_python_function_under_x_perf() {
         let o = Cmd::new(ctl(), ["profile", &pid, "--keep"]).run();
         assert_eq!(o.code, 0, "{}: {o:?}", py.label);
         assert!(
-            o.stdout
-                .lines()
-                .skip_while(|l| !l.starts_with("by Python line"))
-                .nth(2)
+            python_line_rows(&o.stdout)
+                .first()
                 .is_some_and(|l| l.contains("py_profile.py:") && l.contains("grow_here")),
             "{}: {}",
             py.label,
@@ -379,13 +387,7 @@ fn native_profiles_carry_python_lines_on_every_cpython() {
         // The table's Python view names the two lines first.
         let t = Cmd::new(ctl(), ["profile", &pid]).run();
         assert_eq!(t.code, 0, "{v}: {t:?}");
-        let rows: Vec<&str> = t
-            .stdout
-            .lines()
-            .skip_while(|l| !l.starts_with("by Python line"))
-            .skip(2)
-            .take(2)
-            .collect();
+        let rows: Vec<&str> = python_line_rows(&t.stdout).into_iter().take(2).collect();
         assert!(
             rows.iter()
                 .any(|r| r.contains(&held) && r.contains("load_weights")

@@ -416,11 +416,8 @@ fn a_native_profile_of_the_fastapi_bert_server_names_the_python_line_of_the_load
         "{v}: the load's line holds {at_load} of c10::alloc_cpu's {alloc_cpu} bytes"
     );
     // BERT's weights are made in torch.nn's layers (`Linear.__init__`).
-    let lines: Vec<&str> = table
-        .stdout
-        .lines()
-        .skip_while(|l| !l.starts_with("by Python line"))
-        .skip(2)
+    let lines: Vec<&str> = super::profile::python_line_rows(&table.stdout)
+        .into_iter()
         .take(3)
         .collect();
     assert!(
