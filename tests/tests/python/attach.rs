@@ -21,8 +21,12 @@ use memshim_tests::py::*;
 use memshim_tests::{Cmd, ctl, mib, rss_bytes, wait_until};
 use std::time::{Duration, Instant};
 
-/// How long py_unshimmed.py waits in its state.
-const WAIT: f64 = 3.0;
+/// How long py_unshimmed.py waits in its state: long enough for every
+/// step a test takes while it waits (attach, the verbs, detach, attach
+/// again: about 2.5 s on a quiet 2-CPU machine), with room for a machine
+/// running other tests. At 3 s, a loaded machine let the fixture finish
+/// its wait and exit before the test had listed it.
+const WAIT: f64 = 8.0;
 
 fn threads(pid: i32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
