@@ -75,7 +75,7 @@ SHIPPED_ENV  := MEMSHIM_TEST_LIB=$(CURDIR)/$(SHIPPED_DIR)/libmemshim.so MEMSHIM_
 test-shipped: wheel-$(HOST_ARCH) ## The build-dependent families against the wheel's library (make test runs them)
 	@echo "== test-shipped: the wheel's build, $(SHIPPED_DIR)/libmemshim.so and memshim-ctl"
 	$(SHIPPED_ENV) $(CARGO) test --release -p memshim-tests --test core --no-fail-fast -- --test-threads=2 \
-	    interpose:: compat::free_keeps_errno
+	    interpose:: compat::free_keeps_errno forks::a_fork_costs
 	$(SHIPPED_ENV) $(CARGO) test --release -p memshim-tests --test control --no-fail-fast -- --test-threads=2 profile:: profile_files::
 	$(SHIPPED_ENV) $(CARGO) test --release -p memshim-tests --test python --no-fail-fast -- --test-threads=2 \
 	    profile:: sampling:: reach:: attach:: torch::a_heap_profile

@@ -10,6 +10,11 @@ For `/bin/true` and `python3 -c pass` under each library (no LD_PRELOAD = glibc)
   syscalls      syscalls of the exec (strace -c), where strace is installed
   cpu µs        user + system time (wait4), median of N interleaved runs; the one figure here that
                 other load on the machine can move, shown for orientation only
+Then a shell's fork and exec: `bash -c 'for i in $(seq 200); do /bin/true; done'`, minor faults per
+iteration (wait4 counts the shell and every child), with every process preloaded ("all") and with
+only `/bin/true` preloaded ("exec only"); "all" minus "exec only" ("shell") is what preloading the
+shell costs per iteration: its fork (both sides' fork handlers) and its own allocations between
+forks, whose pages each fork has made copy-on-write again.
 Scenario 6 of the harness measures wall time per exec side by side; this tool explains it.
 Stdlib only; valgrind and strace are optional (their columns read "–" without them)."""
 
@@ -68,6 +73,22 @@ def faults_and_cpu(argv, libs, runs):
     return {lib: (statistics.median(f), statistics.median(c)) for lib, (f, c) in res.items()}
 
 
+def shell_loop_faults(libs, runs, n=200):
+    """Minor faults per iteration of a bash loop of /bin/true: (all preloaded, exec only)."""
+    res = {lib: ([], []) for lib in libs}
+    for _ in range(runs):
+        for lib in libs:
+            for k, (preload_shell, prefix) in enumerate([(True, ""), (False, f"LD_PRELOAD={lib} " if lib else "")]):
+                env = env_for(lib if preload_shell else None)
+                argv = ["/bin/bash", "-c", f"for i in $(seq {n}); do {prefix}/bin/true; done"]
+                pid = os.posix_spawn(argv[0], argv, env)
+                _, status, ru = os.wait4(pid, 0)
+                if status != 0:
+                    raise SystemExit(f"execcost: the shell loop under {lib or 'glibc'} exited with status {status}")
+                res[lib][k].append(ru.ru_minflt / n)
+    return {lib: (statistics.median(a), statistics.median(b)) for lib, (a, b) in res.items()}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=200, help="interleaved runs for faults and cpu (default 200)")
@@ -91,6 +112,12 @@ def main():
             d = "–" if ins is None or base is None or lib == libs[0] else f"{ins - base:+,}"
             print(f"{label:16s} {name[-34:]:34s} {ins or 0:>13,} {d:>10s} {fc[lib][0]:>7.0f} "
                   f"{'–' if sc is None else sc:>8} {fc[lib][1]:>8.0f}")
+    print(f"\n{'bash loop of /bin/true':34s} {'faults/iteration: all':>22s} {'exec only':>10s} {'shell':>6s}")
+    loop = shell_loop_faults(libs, max(3, a.runs // 40))
+    for lib in libs:
+        name = os.path.relpath(lib, ROOT) if lib.startswith(ROOT) else (lib or "glibc (no preload)")
+        every, child = loop[lib]
+        print(f"{name[-34:]:34s} {every:>22.1f} {child:>10.1f} {every - child:>6.1f}")
     return 0
 
 

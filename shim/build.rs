@@ -12,9 +12,11 @@
 //! * `link.ld` (`-T`, added to the default script by `INSERT`; one file,
 //!   as zig passes only the last `-T`): drops jemalloc's constructor, so
 //!   jemalloc initialises on the first allocation instead of in every exec
-//!   (`src/jemalloc.rs`, "Lazy initialisation and fork"); and puts the code
-//!   every exec runs (`.text.startup`) together, a page fault where it took
-//!   seven (`src/exports.rs`, "Start-up pages").
+//!   (`src/jemalloc.rs`, "Lazy initialisation and fork"); puts the code
+//!   every exec and every fork child runs (`.text.startup`) together, a
+//!   page fault where it took seven (`src/exports.rs`, "Start-up pages");
+//!   and the statics that code touches on one page (`touched_at_start!`,
+//!   `src/lib.rs`).
 //! * `--wrap=pthread_atfork`: jemalloc's fork functions, which it registers
 //!   during that initialisation, run inside the shim's handlers instead, in
 //!   the order they had when jemalloc registered first (same section).

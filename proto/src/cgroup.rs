@@ -181,16 +181,59 @@ pub fn quota_cpus(quota: u64, period: u64) -> Option<u32> {
 /// (`0::/path`) with `controller` `None`, or the v1 line whose controllers
 /// include `controller`. Allocation-free (the shim reads it in every exec).
 #[inline] // into the shim's start-up code (its `.text.startup`), where LTO allows
+//
+// Plain loops over indices: an iterator adapter's `try_fold` is generic
+// code of its own, which would lie outside that section (a page fault of
+// its own in every exec).
 pub fn proc_cgroup_path<'a>(text: &'a [u8], controller: Option<&[u8]>) -> Option<&'a [u8]> {
-    text.split(|&b| b == b'\n').find_map(|line| {
-        let mut parts = line.splitn(3, |&b| b == b':');
-        let (id, ctrls, path) = (parts.next()?, parts.next()?, parts.next()?);
+    let mut rest = text;
+    while !rest.is_empty() {
+        let end = memchr(rest, b'\n').unwrap_or(rest.len());
+        let line = &rest[..end];
+        rest = rest.get(end + 1..).unwrap_or(&[]);
+        let Some(a) = memchr(line, b':') else {
+            continue;
+        };
+        let Some(b) = memchr(&line[a + 1..], b':').map(|b| a + 1 + b) else {
+            continue;
+        };
+        let (id, ctrls, path) = (&line[..a], &line[a + 1..b], &line[b + 1..]);
         let hit = match controller {
             None => id == b"0" && ctrls.is_empty(),
-            Some(c) => ctrls.split(|&b| b == b',').any(|x| x == c),
+            Some(c) => {
+                let (mut list, mut found) = (ctrls, false);
+                loop {
+                    let cut = memchr(list, b',').unwrap_or(list.len());
+                    if &list[..cut] == c {
+                        found = true;
+                        break;
+                    }
+                    if cut == list.len() {
+                        break;
+                    }
+                    list = &list[cut + 1..];
+                }
+                found
+            }
         };
-        hit.then_some(path)
-    })
+        if hit {
+            return Some(path);
+        }
+    }
+    None
+}
+
+/// The first `byte` in `s`, by a plain loop (see [`proc_cgroup_path`]).
+#[inline]
+fn memchr(s: &[u8], byte: u8) -> Option<usize> {
+    let mut i = 0;
+    while i < s.len() {
+        if s[i] == byte {
+            return Some(i);
+        }
+        i += 1;
+    }
+    None
 }
 
 /// The `total=` of the `some` line of a PSI file (`memory.pressure`):

@@ -15,14 +15,18 @@ use tikv_jemalloc_sys as je;
 /// (its smallest size class is 8 bytes).
 const JE_MIN_ALIGN: usize = 8;
 
-/// Page size, cached on first use (`sysconf` reads the aux vector and does
-/// not allocate).
-static PAGE: AtomicUsize = AtomicUsize::new(0);
+touched_at_start! {
+    /// Page size, cached on first use (`sysconf` reads the aux vector and does
+    /// not allocate).
+    static PAGE: AtomicUsize = AtomicUsize::new(0);
+}
 
-/// glibc 2.38 made `aligned_alloc` reject alignments that are not powers of
-/// two (C17); older glibc treats them like `memalign`. Set at start-up from
-/// glibc's version, so the shim answers as the host's glibc would.
-static ALIGNED_ALLOC_STRICT: AtomicBool = AtomicBool::new(false);
+touched_at_start! {
+    /// glibc 2.38 made `aligned_alloc` reject alignments that are not powers of
+    /// two (C17); older glibc treats them like `memalign`. Set at start-up from
+    /// glibc's version, so the shim answers as the host's glibc would.
+    static ALIGNED_ALLOC_STRICT: AtomicBool = AtomicBool::new(false);
+}
 
 type ReallocFn = unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void;
 

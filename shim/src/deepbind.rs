@@ -23,8 +23,10 @@ pub(crate) static CLEAR: AtomicU8 = AtomicU8::new(1);
 /// Number of `dlopen` calls whose `RTLD_DEEPBIND` was cleared (incremented
 /// by the assembly).
 pub(crate) static CLEARED: AtomicU64 = AtomicU64::new(0);
-/// glibc's `dlopen`, once resolved (read by the assembly).
-pub(crate) static REAL: AtomicUsize = AtomicUsize::new(0);
+touched_at_start! {
+    /// glibc's `dlopen`, once resolved (read by the assembly).
+    pub(crate) static REAL: AtomicUsize = AtomicUsize::new(0);
+}
 
 /// Resolves glibc's `dlopen` (from the constructor, or from the assembly if
 /// a library constructor calls `dlopen` before ours runs).

@@ -477,27 +477,14 @@ wrap_target!("__wrap_secure_getenv", wrap_secure_getenv);
 
 // --- jemalloc's fork functions run inside the shim's handlers -------------------
 
-/// An atfork handler, as `pthread_atfork` takes it.
-type AtforkFn = Option<unsafe extern "C" fn()>;
-
-#[cfg(not(test))]
-unsafe extern "C" {
-    /// glibc's `pthread_atfork`, as renamed by `--wrap` (see `build.rs`).
-    fn __real_pthread_atfork(prepare: AtforkFn, parent: AtforkFn, child: AtforkFn) -> c_int;
-}
-
-/// Unit tests link without `--wrap`.
-#[cfg(test)]
-unsafe fn __real_pthread_atfork(prepare: AtforkFn, parent: AtforkFn, child: AtforkFn) -> c_int {
-    // SAFETY: forwarding the caller's handlers.
-    unsafe { libc::pthread_atfork(prepare, parent, child) }
-}
+use os::thread::AtforkFn;
 
 /// Target of `--wrap=pthread_atfork`: jemalloc's registration, made during
 /// its (lazy) initialisation after the shim's fork handlers exist, is kept
 /// from glibc, and those handlers call jemalloc's functions in its place
 /// (jemalloc.rs, "Lazy initialisation and fork"). Every other registration
-/// (the shim's own; jemalloc's before the shim's) goes to glibc.
+/// (the shim's own; jemalloc's before the shim's) goes to glibc
+/// (`os::thread::register_atfork`).
 ///
 /// # Safety
 /// The C contract of `pthread_atfork`.
@@ -510,8 +497,7 @@ pub unsafe extern "C" fn wrap_pthread_atfork(
     if crate::jemalloc::claim_atfork(prepare.map_or(0, |f| f as usize)) {
         return 0;
     }
-    // SAFETY: forwarding the caller's arguments unchanged.
-    unsafe { __real_pthread_atfork(prepare, parent, child) }
+    os::thread::register_atfork(prepare, parent, child)
 }
 
 wrap_target!("__wrap_pthread_atfork", wrap_pthread_atfork);
@@ -610,8 +596,11 @@ keeps_errno!(mprotect, __real_mprotect, wrap_mprotect, "__wrap_mprotect",
 // `.text` (its default script; gcc does the same for `main` and
 // constructors), and the path avoids `core::fmt` (`StackBuf::push_i64`).
 // A function added to the path without the attribute still works; it costs
-// a fault (bench/execcost.py shows it). Issue 48, item 1;
-// BENCHMARKS.md, "Start-up".
+// a fault (bench/execcost.py shows it). The fork child handler's path is
+// there too: a fork child faults in each 64 KiB of code it runs. The
+// statics the path reads and writes lie on one page (`touched_at_start!`,
+// lib.rs). Issue 48, item 1; BENCHMARKS.md, "Start-up";
+// bench/FINDINGS-startup.md.
 
 #[unsafe(link_section = ".text.startup")]
 extern "C" fn constructor() {

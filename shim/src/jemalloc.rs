@@ -171,24 +171,24 @@ unsafe extern "C" {
     static JE_BACKGROUND_THREADS_ON: AtomicBool;
 }
 
-/// The shim's fork handlers are registered with glibc. Written by the
-/// constructor: in `.data`, whose pages the loader has already written
-/// (relocations), not on a `.bss` page of its own (exports.rs, "Start-up
-/// pages").
-#[unsafe(link_section = ".data")]
-static SHIM_HANDLERS: AtomicBool = AtomicBool::new(false);
-/// jemalloc registered its fork functions after the shim's handlers: they
-/// run from inside the shim's.
-static FORK_READY: AtomicBool = AtomicBool::new(false);
-/// jemalloc's prepare ran for the fork under way: the parent and child
-/// handlers must run its others. Only [`prefork`] sets it, after seeing
-/// `FORK_READY`, so it implies that flag. Written by a forking thread, and
-/// only when it changes, so a process that forks again and again writes its
-/// page once. Two threads forking at once both count two threads and both
-/// write `true`; only a thread that is truly alone writes `false`.
-static LOCKED_FOR_FORK: AtomicBool = AtomicBool::new(false);
+touched_at_start! {
+    /// The shim's fork handlers are registered with glibc. Written by the
+    /// constructor.
+    static SHIM_HANDLERS: AtomicBool = AtomicBool::new(false);
+    /// jemalloc registered its fork functions after the shim's handlers: they
+    /// run from inside the shim's.
+    static FORK_READY: AtomicBool = AtomicBool::new(false);
+    /// jemalloc's prepare ran for the fork under way: the parent and child
+    /// handlers must run its others. Only [`prefork`] sets it, after seeing
+    /// `FORK_READY`, so it implies that flag. Written by a forking thread, and
+    /// only when it changes, so a process that forks again and again writes its
+    /// page once. Two threads forking at once both count two threads and both
+    /// write `true`; only a thread that is truly alone writes `false`.
+    static LOCKED_FOR_FORK: AtomicBool = AtomicBool::new(false);
+}
 
 /// The shim's fork handlers are registered (`thread::on_load`, once).
+#[unsafe(link_section = ".text.startup")]
 pub fn shim_fork_handlers_registered() {
     SHIM_HANDLERS.store(true, Release);
 }

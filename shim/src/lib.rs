@@ -31,6 +31,23 @@
 // replace the test binary's own malloc), so what only they reach is unused there.
 #![cfg_attr(test, allow(dead_code))]
 
+/// Statics that every exec's constructor or every fork's handlers read or
+/// write: all in one output section at the start of `.data` (shim/link.ld),
+/// on a page the loader's relocations write anyway. Anywhere else each
+/// would be a page fault of its own in every exec (a `.bss` page read,
+/// then written) and in every fork child (a copy-on-write page, or a
+/// `.bss` page the parent never touched). Issue 48, item 1;
+/// bench/FINDINGS-startup.md. A static that the constructor or a fork
+/// handler comes to touch goes in here; one left out still works, and
+/// costs a fault (`bench/startfaults.py` shows where).
+macro_rules! touched_at_start {
+    ($($(#[$m:meta])* $v:vis static $name:ident: $t:ty = $e:expr;)*) => {$(
+        $(#[$m])*
+        #[unsafe(link_section = ".data.memshim_touched")]
+        $v static $name: $t = $e;
+    )*};
+}
+
 #[cfg(not(memshim_bridge))]
 pub mod alloc;
 #[cfg(memshim_bridge)]

@@ -3,7 +3,7 @@
 //! What a setting is (its name, default, documentation, what a valid value
 //! is, its parser) is `memshim_proto::settings`, shared with memshim-ctl,
 //! and its list `settings::ALL` is the only one: the values live here in
-//! slots in the same order ([`INTS`], [`TEXTS`]), fixed in size at compile
+//! slots in the same order ([`INTS`], [`TEXT_BYTES`]), fixed in size at compile
 //! time. [`load`] walks that list; adding a setting is adding a spec in
 //! proto (and to `ALL`) and, if the library reads it, an accessor here
 //! (docs/configuration.md gets a section, a unit test checks it does).
@@ -77,34 +77,40 @@ impl Int {
 
 /// A text setting: bytes written once, during [`load`] (single-threaded:
 /// jemalloc holds its init lock, or the constructor runs), and only read
-/// afterwards.
-pub struct Text(UnsafeCell<[u8; TEXT_MAX + 1]>, AtomicU32);
+/// afterwards. Its slot in [`TEXT_LENS`] and [`TEXT_BYTES`]: the lengths
+/// lie with what the constructor touches, so that reading an unset one
+/// (every exec) faults in no page of the bytes.
+#[derive(Clone, Copy)]
+pub struct Text(usize);
 
 /// Longest text value kept.
 const TEXT_MAX: usize = spec::MAX_RAW_CONF;
 
+/// The bytes of one text setting, NUL-terminated.
+struct TextBytes(UnsafeCell<[u8; TEXT_MAX + 1]>);
+
 // SAFETY: written only before LOADED is published with Release, read after
 // an Acquire load of LOADED (the accessors check it).
-unsafe impl Sync for Text {}
+unsafe impl Sync for TextBytes {}
 
 impl Text {
-    const fn new() -> Text {
-        Text(UnsafeCell::new([0; TEXT_MAX + 1]), AtomicU32::new(0))
-    }
     /// # Safety
     /// Only during `load`, before `LOADED` is set.
-    unsafe fn set(&self, bytes: &[u8]) {
+    unsafe fn set(self, bytes: &[u8]) {
         let n = bytes.len().min(TEXT_MAX);
         // SAFETY: the caller guarantees exclusive access.
-        let buf = unsafe { &mut *self.0.get() };
+        let buf = unsafe { &mut *TEXT_BYTES[self.0].0.get() };
         buf[..n].copy_from_slice(&bytes[..n]);
         buf[n] = 0;
-        self.1.store(n as u32, Release);
+        TEXT_LENS[self.0].store(n as u32, Release);
     }
-    fn get(&self) -> &[u8] {
-        let n = self.1.load(Acquire) as usize;
+    fn get(self) -> &'static [u8] {
+        let n = TEXT_LENS[self.0].load(Acquire) as usize;
+        if n == 0 {
+            return &[];
+        }
         // SAFETY: the first `n` bytes were written before `n` was published.
-        unsafe { &(&*self.0.get())[..n] }
+        unsafe { &(&*TEXT_BYTES[self.0].0.get())[..n] }
     }
 }
 
@@ -112,23 +118,33 @@ impl Text {
 /// `memshim_proto::settings::ALL`, the one list of them.
 const N: usize = spec::ALL.len();
 
-/// The numeric settings' values: slot `i` holds `spec::ALL[i]`'s (and stays
-/// unused for a setting of another kind), starting at its default.
-static INTS: [Int; N] = {
-    let mut ints = [const { Int::unused() }; N];
-    let mut i = 0;
-    while i < N {
-        ints[i] = Int::new(spec::ALL[i]);
-        i += 1;
-    }
-    ints
-};
+touched_at_start! {
+    /// The numeric settings' values: slot `i` holds `spec::ALL[i]`'s (and stays
+    /// unused for a setting of another kind), starting at its default.
+    static INTS: [Int; N] = {
+        let mut ints = [const { Int::unused() }; N];
+        let mut i = 0;
+        while i < N {
+            ints[i] = Int::new(spec::ALL[i]);
+            i += 1;
+        }
+        ints
+    };
+}
+
+/// How many text settings there are.
+const TEXTS: usize = texts_before(N);
 
 /// The text settings' bytes, in the order they come in `spec::ALL`.
-static TEXTS: [Text; texts_before(N)] = [const { Text::new() }; texts_before(N)];
+static TEXT_BYTES: [TextBytes; TEXTS] =
+    [const { TextBytes(UnsafeCell::new([0; TEXT_MAX + 1])) }; TEXTS];
+touched_at_start! {
+    /// Their lengths, 0 while unset.
+    static TEXT_LENS: [AtomicU32; TEXTS] = [const { AtomicU32::new(0) }; TEXTS];
+}
 
 /// How many text settings come before `spec::ALL[i]`: the slot in
-/// [`TEXTS`] of a text setting.
+/// [`TEXT_BYTES`] of a text setting.
 const fn texts_before(i: usize) -> usize {
     let (mut n, mut j) = (0, 0);
     while j < i {
@@ -177,7 +193,7 @@ macro_rules! int {
 /// The bytes of text setting `spec::$name`.
 macro_rules! text {
     ($name:ident) => {
-        &TEXTS[const { texts_before(at(&spec::$name)) }]
+        Text(const { texts_before(at(&spec::$name)) })
     };
 }
 
@@ -211,10 +227,10 @@ struct Loaded {
 // SAFETY: `conf` is written only in `load` (single-threaded, before `done`
 // is published with Release); its length is published after the bytes.
 unsafe impl Sync for Loaded {}
-// In `.data`, beside what the loader has already written, as
-// `jemalloc::SHIM_HANDLERS` is: in `.bss` its first page took two faults
-// in every exec (read, then written).
-#[unsafe(link_section = ".data")]
+// Last of the statics the constructor touches (`touched_at_start!`, in
+// lib.rs), so that its head shares their page: in `.bss` its first page
+// took two faults in every exec (read, then written).
+#[unsafe(link_section = ".data.memshim_touched.tail")]
 static LOADED: Loaded = Loaded {
     done: AtomicBool::new(false),
     conf_len: AtomicU32::new(0),
@@ -229,9 +245,11 @@ impl Loaded {
         unsafe { &(*self.conf.get()).as_bytes()[..n] }
     }
 }
-/// The composed string holds options written by the user (`MALLOC_CONF`,
-/// `_RJEM_MALLOC_CONF`, `MEMSHIM_MALLOC_CONF`), which only jemalloc checks.
-static RAW_CONF: AtomicBool = AtomicBool::new(false);
+touched_at_start! {
+    /// The composed string holds options written by the user (`MALLOC_CONF`,
+    /// `_RJEM_MALLOC_CONF`, `MEMSHIM_MALLOC_CONF`), which only jemalloc checks.
+    static RAW_CONF: AtomicBool = AtomicBool::new(false);
+}
 
 fn show(v: &[u8]) -> &str {
     core::str::from_utf8(v).unwrap_or("(not UTF-8)")
@@ -279,7 +297,7 @@ pub fn load() {
             Kind::Text { valid } => {
                 if valid(v) {
                     // SAFETY: single-threaded, before LOADED is published.
-                    unsafe { TEXTS[texts_before(i)].set(v) };
+                    unsafe { Text(texts_before(i)).set(v) };
                 } else {
                     bad(s.name, v, s.expect, s.default);
                 }
@@ -452,13 +470,18 @@ fn cgroup_quota_cpus() -> Option<u32> {
     }
     // The first of v1's two usual mount names that exists is the cpu
     // controller (the other is a link to it, or absent).
-    let mount = [&b"/sys/fs/cgroup/cpu"[..], b"/sys/fs/cgroup/cpu,cpuacct"]
-        .into_iter()
-        .find(|m| {
-            let mut b = StackBuf::<64>::new();
-            b.push(m);
-            b.as_cstr().is_some_and(os::raw::exists)
-        })?;
+    // A loop, not `Iterator::find`: its generic code would lie outside
+    // `.text.startup`, a page fault of its own in every exec.
+    let mut mount = None;
+    for m in [&b"/sys/fs/cgroup/cpu"[..], b"/sys/fs/cgroup/cpu,cpuacct"] {
+        let mut b = StackBuf::<64>::new();
+        b.push(m);
+        if b.as_cstr().is_some_and(os::raw::exists) {
+            mount = Some(m);
+            break;
+        }
+    }
+    let mount = mount?;
     let path = cgroup::proc_cgroup_path(text, Some(b"cpu")).unwrap_or(b"/");
     tightest_quota(mount, path, |dir, buf| {
         let n = read_in(dir, b"/cpu.cfs_quota_us", buf)?;
@@ -550,6 +573,7 @@ pub fn jemalloc_conf_ptr() -> *const c_char {
 /// Whether jemalloc's configuration includes options the user wrote in
 /// jemalloc's own syntax (which only jemalloc validates, when it
 /// initialises).
+#[unsafe(link_section = ".text.startup")]
 pub fn raw_jemalloc_conf() -> bool {
     load();
     RAW_CONF.load(Relaxed)
@@ -557,20 +581,24 @@ pub fn raw_jemalloc_conf() -> bool {
 
 /// `MEMSHIM_DIRTY_DECAY_MS` (jemalloc's `opt.dirty_decay_ms` is the final
 /// word; see `jemalloc::opts`).
+#[inline]
 pub fn dirty_decay_ms() -> i64 {
     int!(DIRTY_DECAY_MS).get()
 }
 /// `MEMSHIM_CUDA_IDLE_MS` (0: off).
+#[inline]
 pub fn cuda_idle_ms() -> u64 {
     int!(CUDA_IDLE_MS).get().max(0) as u64
 }
 
 /// `MEMSHIM_CUDA_IDLE_MIN_MB`, in bytes.
+#[inline]
 pub fn cuda_idle_min_bytes() -> u64 {
     (int!(CUDA_IDLE_MIN_MB).get().max(1) as u64) << 20
 }
 
 /// `MEMSHIM_CONTROL`.
+#[inline]
 pub fn control() -> Control {
     // The attached bridge exists to serve: `attach` asked for its thread.
     if cfg!(memshim_bridge) {
@@ -579,39 +607,48 @@ pub fn control() -> Control {
     Control::from_value(int!(CONTROL).get())
 }
 /// `MEMSHIM_PRESSURE`.
+#[inline]
 pub fn pressure() -> Pressure {
     Pressure::from_value(int!(PRESSURE).get())
 }
 /// `MEMSHIM_PRESSURE_THRESHOLD`, in percent.
+#[inline]
 pub fn pressure_threshold_pct() -> u64 {
     int!(PRESSURE_THRESHOLD).get().clamp(10, 99) as u64
 }
 /// `MEMSHIM_CLEAR_DEEPBIND`.
+#[inline]
 pub fn clear_deepbind() -> bool {
     int!(CLEAR_DEEPBIND).get() != 0
 }
 /// `MEMSHIM_PROFILE`: whether jemalloc's heap profiler is ready.
+#[inline]
 pub fn profile() -> bool {
     int!(PROFILE).get() != 0
 }
 /// `MEMSHIM_PROFILE=start`: sampling from the start.
+#[inline]
 pub fn profile_from_start() -> bool {
     int!(PROFILE).get() == 2
 }
 /// `MEMSHIM_VERBOSE`.
+#[inline]
 pub fn verbose() -> bool {
     int!(VERBOSE).get() != 0
 }
 /// `MEMSHIM_FD_TABLE`.
+#[inline]
 pub fn fd_table() -> FdTable {
     FdTable::from_value(int!(FD_TABLE).get())
 }
 /// `MEMSHIM_SOCKET_DIR` if set and valid.
+#[inline]
 pub fn socket_dir() -> Option<&'static [u8]> {
     let v = text!(SOCKET_DIR).get();
     (!v.is_empty()).then_some(v)
 }
 /// The configuration string handed to jemalloc.
+#[inline]
 pub fn jemalloc_conf() -> &'static [u8] {
     LOADED.conf()
 }
@@ -695,8 +732,8 @@ mod tests {
                 assert_eq!(INTS[i].get(), default, "{}", s.name);
             }
         }
-        assert_eq!(TEXTS.len(), 2); // MEMSHIM_SOCKET_DIR, MEMSHIM_MALLOC_CONF
-        assert!(core::ptr::eq(text!(MALLOC_CONF), &TEXTS[1]));
+        assert_eq!(TEXTS, 2); // MEMSHIM_SOCKET_DIR, MEMSHIM_MALLOC_CONF
+        assert_eq!(text!(MALLOC_CONF).0, 1);
     }
 
     #[test]

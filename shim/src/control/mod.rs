@@ -64,8 +64,10 @@ const RETRY_MAX_MS: u64 = 5000;
 const PAUSE_MIN_MS: u64 = 50;
 const PAUSE_MAX_MS: u64 = 1000;
 
-/// The library destructor ran: never create the socket again.
-static EXITING: AtomicBool = AtomicBool::new(false);
+touched_at_start! {
+    /// The library destructor ran: never create the socket again.
+    static EXITING: AtomicBool = AtomicBool::new(false);
+}
 /// Whether the last failure was already reported (MEMSHIM_VERBOSE only).
 static REPORTED: AtomicBool = AtomicBool::new(false);
 
@@ -437,6 +439,7 @@ impl Endpoint {
 /// (os/fd.rs closed what it inherited, in the application's table); its
 /// socket file is the parent's and is never removed here. The child creates
 /// its own socket when its thread starts. Async-signal-safe.
+#[unsafe(link_section = ".text.startup")]
 pub fn after_fork_child() {
     socket::after_fork_child();
     requests::purge::reset_purge_counters();
@@ -445,6 +448,7 @@ pub fn after_fork_child() {
 /// Library destructor: remove this process's socket file, and make sure the
 /// thread (which may still run while `exit` proceeds) does not re-create it.
 /// Allocation-free.
+#[unsafe(link_section = ".text.startup")]
 pub fn at_exit() {
     EXITING.store(true, Release);
     socket::unlink_at_exit();

@@ -125,12 +125,16 @@ pub fn remove_stale(dir: &CString, dirfd: i32, pidns: u64) {
 /// read that races a write is a wrong copy, thrown away, never a data race.
 const BOUND_CAP: usize = 192;
 static BOUND_PATH: [AtomicU8; BOUND_CAP] = [const { AtomicU8::new(0) }; BOUND_CAP];
-static BOUND_LEN: AtomicUsize = AtomicUsize::new(0);
-static BOUND_SEQ: AtomicU32 = AtomicU32::new(0);
+touched_at_start! {
+    static BOUND_LEN: AtomicUsize = AtomicUsize::new(0);
+    static BOUND_SEQ: AtomicU32 = AtomicU32::new(0);
+}
 /// getpid() of the process whose path `BOUND_PATH` holds.
 static BOUND_PID: AtomicI32 = AtomicI32::new(0);
-/// The file exists now (bound and not yet removed).
-static BOUND_NOW: AtomicBool = AtomicBool::new(false);
+touched_at_start! {
+    /// The file exists now (bound and not yet removed).
+    static BOUND_NOW: AtomicBool = AtomicBool::new(false);
+}
 
 /// Records that `path` is bound now (shim's thread).
 pub fn record_bound(path: &CString) {
@@ -199,6 +203,7 @@ pub fn unlink_at_exit() {
 }
 
 /// Fork child: no socket file of its own yet. Async-signal-safe.
+#[unsafe(link_section = ".text.startup")]
 pub fn after_fork_child() {
     BOUND_NOW.reset_to(false);
     // A fork that caught the writer mid-write leaves an odd sequence and a

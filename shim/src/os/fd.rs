@@ -31,8 +31,10 @@ use super::ResetTo;
 use super::{KeepErrno, errno};
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering::*};
 
-/// The shim's thread uses a descriptor table of its own.
-static PRIVATE: AtomicBool = AtomicBool::new(false);
+touched_at_start! {
+    /// The shim's thread uses a descriptor table of its own.
+    static PRIVATE: AtomicBool = AtomicBool::new(false);
+}
 
 /// Whether the shim's descriptors live in a table of their own.
 pub fn private() -> bool {
@@ -132,13 +134,15 @@ struct Slot {
     ino: AtomicU64,
 }
 
-static TABLE: [Slot; SLOTS] = [const {
-    Slot {
-        fd: AtomicI32::new(-1),
-        dev: AtomicU64::new(0),
-        ino: AtomicU64::new(0),
-    }
-}; SLOTS];
+touched_at_start! {
+    static TABLE: [Slot; SLOTS] = [const {
+        Slot {
+            fd: AtomicI32::new(-1),
+            dev: AtomicU64::new(0),
+            ino: AtomicU64::new(0),
+        }
+    }; SLOTS];
+}
 
 /// (device, inode, file type) of `fd`, if it is open. Async-signal-safe.
 fn identity(fd: i32) -> Option<(u64, u64, u32)> {
@@ -496,6 +500,7 @@ pub fn after_fork_parent() {
 /// that are still ours. A private table was not copied: there is nothing
 /// to close, and the recorded numbers mean the application's descriptors
 /// here. Async-signal-safe (fstat, close).
+#[unsafe(link_section = ".text.startup")]
 pub fn after_fork_child() {
     super::fence::after_fork_child();
     let was_private = PRIVATE.load(Acquire);

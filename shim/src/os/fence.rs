@@ -18,8 +18,10 @@ use super::ResetTo;
 use core::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::time::Duration;
 
-static FORKING: AtomicU32 = AtomicU32::new(0);
-static CREATING: AtomicU32 = AtomicU32::new(0);
+touched_at_start! {
+    static FORKING: AtomicU32 = AtomicU32::new(0);
+    static CREATING: AtomicU32 = AtomicU32::new(0);
+}
 
 /// Longest a fork waits for a section in progress (a few syscalls). If one
 /// does not finish in time the fork goes ahead: a stuck fork is worse.
@@ -62,6 +64,7 @@ pub fn after_fork_parent() {
 }
 
 /// Fork child handler: the only thread here is the one that forked.
+#[unsafe(link_section = ".text.startup")]
 pub fn after_fork_child() {
     FORKING.reset_to(0);
     CREATING.reset_to(0);

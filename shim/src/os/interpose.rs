@@ -6,8 +6,10 @@
 /// interposes.
 static HERE: u8 = 0;
 
-/// The constructor's answer ([`detect`]).
-static OURS: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+touched_at_start! {
+    /// The constructor's answer ([`detect`]).
+    static OURS: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+}
 
 /// Whether the constructor found our `malloc` to be the process's.
 pub fn ours() -> bool {

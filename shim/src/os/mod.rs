@@ -100,14 +100,41 @@ pub fn set_errno(value: c_int) {
 }
 
 /// Keeps `errno` across a scope: code of ours that runs on the
-/// application's threads must not change it.
-pub struct KeepErrno(c_int);
+/// application's threads must not change it. Writes it back only if it
+/// changed: `errno` lies in the thread's TLS block, and after a `fork` that
+/// page is shared copy-on-write, so a write of the same value would cost
+/// the fork handlers a page fault in the parent and in the child.
+pub struct KeepErrno {
+    at: *mut c_int,
+    saved: c_int,
+}
 
 impl KeepErrno {
     /// Remembers the current `errno`.
     pub fn new() -> KeepErrno {
-        KeepErrno(errno())
+        // SAFETY: `__errno_location` gives the calling thread's errno.
+        unsafe { Self::at(errno_location()) }
     }
+
+    /// Remembers the `errno` at `at` (a fork child's only thread has its
+    /// parent's TLS addresses: its handler need not call into libc's code,
+    /// a page fault of the child's own).
+    ///
+    /// # Safety
+    /// `at` is what [`errno_location`] gave on the calling thread (or, in a
+    /// fork child, on the thread that forked).
+    pub unsafe fn at(at: *mut c_int) -> KeepErrno {
+        // SAFETY: the caller's: the calling thread's errno, valid while the
+        // thread lives.
+        let saved = unsafe { *at };
+        KeepErrno { at, saved }
+    }
+}
+
+/// Where the calling thread's `errno` lies.
+pub fn errno_location() -> *mut c_int {
+    // SAFETY: as in `errno`.
+    unsafe { libc::__errno_location() }
 }
 
 impl Default for KeepErrno {
@@ -118,7 +145,13 @@ impl Default for KeepErrno {
 
 impl Drop for KeepErrno {
     fn drop(&mut self) {
-        set_errno(self.0);
+        // SAFETY: the thread that made it drops it (it is neither Send nor
+        // Sync: it holds a raw pointer), so `at` is still its errno.
+        unsafe {
+            if *self.at != self.saved {
+                *self.at = self.saved;
+            }
+        }
     }
 }
 

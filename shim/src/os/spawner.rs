@@ -30,22 +30,24 @@ const STARTING: u32 = 1;
 const ON: u32 = 2;
 const STOPPING: u32 = 3;
 
-/// The spawner's life.
-static LIFE: AtomicU32 = AtomicU32::new(OFF);
-/// The shim's thread runs with a private table and allows a spawner.
-static ALLOWED: AtomicBool = AtomicBool::new(false);
-/// A job thread was wanted and there was no spawner.
-static WANTED: AtomicBool = AtomicBool::new(false);
-/// What the spawner's thread runs first (a `fn()`; 0 for nothing): set
-/// once by the thread layer, which moves the shim's threads to an arena of
-/// their own.
-static ON_START: AtomicUsize = AtomicUsize::new(0);
-/// pthread_t of the spawner (joinable).
-static HANDLE: AtomicUsize = AtomicUsize::new(0);
-/// 1 while a spawner is allowed and none runs: the exported `dlopen` then
-/// tells the thread layer about each library the application loads, so a
-/// CPython loaded later gets a spawner at once (read by its assembly).
-pub(crate) static WATCH: AtomicU8 = AtomicU8::new(0);
+touched_at_start! {
+    /// The spawner's life.
+    static LIFE: AtomicU32 = AtomicU32::new(OFF);
+    /// The shim's thread runs with a private table and allows a spawner.
+    static ALLOWED: AtomicBool = AtomicBool::new(false);
+    /// A job thread was wanted and there was no spawner.
+    static WANTED: AtomicBool = AtomicBool::new(false);
+    /// What the spawner's thread runs first (a `fn()`; 0 for nothing): set
+    /// once by the thread layer, which moves the shim's threads to an arena of
+    /// their own.
+    static ON_START: AtomicUsize = AtomicUsize::new(0);
+    /// pthread_t of the spawner (joinable).
+    static HANDLE: AtomicUsize = AtomicUsize::new(0);
+    /// 1 while a spawner is allowed and none runs: the exported `dlopen` then
+    /// tells the thread layer about each library the application loads, so a
+    /// CPython loaded later gets a spawner at once (read by its assembly).
+    pub(crate) static WATCH: AtomicU8 = AtomicU8::new(0);
+}
 
 fn update_watch() {
     let w = ALLOWED.load(Acquire) && LIFE.load(Acquire) == OFF;
@@ -55,10 +57,12 @@ fn update_watch() {
 const IDLE: u32 = 0;
 const REQUEST: u32 = 1;
 const EXIT: u32 = 2;
-/// The request word the spawner waits on (a futex).
-static ORDER: AtomicU32 = AtomicU32::new(IDLE);
-/// The answer: 0 none yet, 1 started, 2 failed (a futex).
-static ANSWER: AtomicU32 = AtomicU32::new(0);
+touched_at_start! {
+    /// The request word the spawner waits on (a futex).
+    static ORDER: AtomicU32 = AtomicU32::new(IDLE);
+    /// The answer: 0 none yet, 1 started, 2 failed (a futex).
+    static ANSWER: AtomicU32 = AtomicU32::new(0);
+}
 static ENTRY: AtomicUsize = AtomicUsize::new(0);
 static ARG: AtomicUsize = AtomicUsize::new(0);
 /// The started thread's handle (valid once ANSWER is 1).
@@ -188,6 +192,7 @@ pub fn spawn_joinable(
 }
 
 /// Fork child: no spawner here. Async-signal-safe.
+#[unsafe(link_section = ".text.startup")]
 pub fn after_fork_child() {
     LIFE.reset_to(OFF);
     HANDLE.reset_to(0);

@@ -21,7 +21,9 @@ pub type PthreadCreate = unsafe extern "C" fn(
     *mut c_void,
 ) -> c_int;
 
-static REAL_PTHREAD_CREATE: AtomicUsize = AtomicUsize::new(0);
+touched_at_start! {
+    static REAL_PTHREAD_CREATE: AtomicUsize = AtomicUsize::new(0);
+}
 
 /// glibc's `pthread_create`. Resolved by the constructor, or on first use if
 /// a library constructor creates a thread before ours runs.
@@ -185,11 +187,42 @@ pub fn gettid() -> i32 {
     super::raw::gettid()
 }
 
-/// Registers fork handlers (`pthread_atfork`); false if glibc refused.
+/// A fork handler, as `pthread_atfork` takes it.
+pub type AtforkFn = Option<unsafe extern "C" fn()>;
+
+unsafe extern "C" {
+    /// What `pthread_atfork` calls: glibc's `pthread_atfork` is a stub in
+    /// libc_nonshared.a (before 2.28, libpthread's) that adds the caller's
+    /// `__dso_handle`. Called directly, the stub's code and its PLT entry,
+    /// on pages of their own at the end of the library's code, are not
+    /// faulted in by every exec (bench/FINDINGS-startup.md).
+    fn __register_atfork(
+        prepare: AtforkFn,
+        parent: AtforkFn,
+        child: AtforkFn,
+        dso_handle: *mut c_void,
+    ) -> c_int;
+}
+
+/// `pthread_atfork`: registers fork handlers; glibc's error number if it
+/// refused. No DSO handle: it only lets `dlclose` unregister them, and
+/// neither library memshim builds is ever unloaded (`-z nodelete`,
+/// build.rs), so they stay registered for the life of the process, as they
+/// do with one.
 #[unsafe(link_section = ".text.startup")]
-pub fn atfork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern "C" fn()) -> bool {
-    // SAFETY: registering plain extern "C" functions.
-    unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) == 0 }
+pub fn register_atfork(prepare: AtforkFn, parent: AtforkFn, child: AtforkFn) -> c_int {
+    // SAFETY: the handlers are the caller's functions (or none).
+    unsafe { __register_atfork(prepare, parent, child, core::ptr::null_mut()) }
+}
+
+/// Registers the shim's fork handlers; false if glibc refused.
+#[unsafe(link_section = ".text.startup")]
+pub fn atfork(
+    prepare: unsafe extern "C" fn(),
+    parent: unsafe extern "C" fn(),
+    child: unsafe extern "C" fn(),
+) -> bool {
+    register_atfork(Some(prepare), Some(parent), Some(child)) == 0
 }
 
 /// A thread-specific-data key whose destructor runs when a thread that set

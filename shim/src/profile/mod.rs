@@ -34,11 +34,13 @@ use memshim_proto::{
 };
 use std::ffi::CString;
 
-/// Monotonic ms when sampling last started; 0: never, or stopped since.
-static STARTED_MS: AtomicU64 = AtomicU64::new(0);
-/// Monotonic ms at which the shim switches off the sampling a `profile`
-/// request started; 0: none (off, or `MEMSHIM_PROFILE=start`).
-static DEADLINE_MS: AtomicU64 = AtomicU64::new(0);
+touched_at_start! {
+    /// Monotonic ms when sampling last started; 0: never, or stopped since.
+    static STARTED_MS: AtomicU64 = AtomicU64::new(0);
+    /// Monotonic ms at which the shim switches off the sampling a `profile`
+    /// request started; 0: none (off, or `MEMSHIM_PROFILE=start`).
+    static DEADLINE_MS: AtomicU64 = AtomicU64::new(0);
+}
 
 fn off() -> ErrorReply {
     if cfg!(memshim_bridge) {
@@ -226,6 +228,7 @@ fn write_dump(path: &CString) -> Result<(), ErrorReply> {
 /// run a shim thread that would see the deadline). `MEMSHIM_PROFILE=start`
 /// sampling goes on, as the environment asks. Runs after jemalloc's own
 /// child handler (its locks are new, and this thread is the only one).
+#[unsafe(link_section = ".text.startup")]
 pub fn after_fork_child() {
     use crate::os::ResetTo;
     #[cfg(not(memshim_bridge))]

@@ -215,8 +215,10 @@ static INTERP: OnceLock<Interp> = OnceLock::new();
 static WALK: AtomicBool = AtomicBool::new(false);
 /// The interpreter is shutting down: no walk starts ([`shutdown`]).
 static SHUTTING_DOWN: AtomicBool = AtomicBool::new(false);
-/// Walks under way.
-static IN_FLIGHT: AtomicU32 = AtomicU32::new(0);
+touched_at_start! {
+    /// Walks under way.
+    static IN_FLIGHT: AtomicU32 = AtomicU32::new(0);
+}
 
 /// The interpreter found has finalized: its functions may be unloaded
 /// with its library (an embedder's `dlclose`), so no walk calls them again.
@@ -243,6 +245,7 @@ fn shutdown(closing: bool) {
 /// Fork child: the walks other threads had under way stay in the parent
 /// (an exit hook in the child would otherwise wait for them).
 /// Async-signal-safe.
+#[unsafe(link_section = ".text.startup")]
 pub fn after_fork_child() {
     use crate::os::ResetTo;
     IN_FLIGHT.reset_to(0);

@@ -9,8 +9,10 @@ use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 
 /// The hooks are registered with the interpreter.
 static HOOKED: AtomicBool = AtomicBool::new(false);
-/// CPython's `before` hook ran: the fork under way is `os.fork()`'s.
-static IN_OS_FORK: AtomicBool = AtomicBool::new(false);
+touched_at_start! {
+    /// CPython's `before` hook ran: the fork under way is `os.fork()`'s.
+    static IN_OS_FORK: AtomicBool = AtomicBool::new(false);
+}
 /// What `after_in_parent` calls (a `fn()`; 0 for nothing): set once by the
 /// thread layer.
 static PARENT_WORK: AtomicUsize = AtomicUsize::new(0);
@@ -26,6 +28,7 @@ pub fn in_os_fork() -> bool {
 }
 
 /// Fork child: no fork is under way there. Async-signal-safe.
+#[unsafe(link_section = ".text.startup")]
 pub fn after_fork_child() {
     IN_OS_FORK.store(false, SeqCst);
 }

@@ -52,7 +52,9 @@ use crate::os::ResetTo;
 use core::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
 
 static CLOSED: AtomicBool = AtomicBool::new(false);
-static IN_FLIGHT: AtomicU32 = AtomicU32::new(0);
+touched_at_start! {
+    static IN_FLIGHT: AtomicU32 = AtomicU32::new(0);
+}
 /// The `atexit` hook is registered with the current interpreter.
 static HOOKED: AtomicBool = AtomicBool::new(false);
 /// [`finalized`] is registered with the current runtime.
@@ -98,6 +100,7 @@ pub fn closed() -> bool {
 /// Fork child: the job thread is not in it, so nothing is in flight.
 /// (The gate and the hooks are the parent's and stay: the registrations
 /// are inherited by the child's interpreter.) Async-signal-safe.
+#[unsafe(link_section = ".text.startup")]
 pub fn after_fork_child() {
     IN_FLIGHT.reset_to(0);
 }

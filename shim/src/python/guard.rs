@@ -17,10 +17,12 @@ use core::sync::atomic::Ordering::SeqCst;
 /// request fire on 3.15.2, parked in `_PyParkingLot_Park` at its exit).
 pub struct Guard(bool);
 
-/// The guard the job thread holds, null when none: closed by whoever takes
-/// it out first, the job thread when its job is done or [`before_fork`].
-static GUARD: core::sync::atomic::AtomicPtr<c_void> =
-    core::sync::atomic::AtomicPtr::new(core::ptr::null_mut());
+touched_at_start! {
+    /// The guard the job thread holds, null when none: closed by whoever takes
+    /// it out first, the job thread when its job is done or [`before_fork`].
+    static GUARD: core::sync::atomic::AtomicPtr<c_void> =
+        core::sync::atomic::AtomicPtr::new(core::ptr::null_mut());
+}
 
 impl Guard {
     /// The guard (`Some(Guard(false))` where the version has none: `late`,

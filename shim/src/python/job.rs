@@ -132,19 +132,21 @@ const DONE: u32 = 3;
 /// waiting for its result (it still completes on the job thread).
 const RUN_LIMIT: Duration = Duration::from_secs(10);
 
-static PHASE: AtomicU32 = AtomicU32::new(IDLE);
-/// Monotonic ns at which a job was posted that its requester then withdrew
-/// while the job thread still waited for the GIL; 0 once the job thread
-/// holds the GIL or has left. While it is set, something else has held the
-/// GIL since then, and a new request answers "busy" at once instead of
-/// waiting its whole time again: the shim's thread serves one request at
-/// a time, so each such wait would hold up every other client too (a
-/// client that pipelines ten `gc` requests to a process whose C extension
-/// keeps the GIL would otherwise stall the endpoint for 50 s).
-static STARVED_SINCE_NS: AtomicU64 = AtomicU64::new(0);
-/// pid of the process whose job thread is alive, 0 if none. (A fork child
-/// inherits the word but not the thread: `after_fork_child` clears it.)
-static WORKER: AtomicI32 = AtomicI32::new(0);
+touched_at_start! {
+    static PHASE: AtomicU32 = AtomicU32::new(IDLE);
+    /// Monotonic ns at which a job was posted that its requester then withdrew
+    /// while the job thread still waited for the GIL; 0 once the job thread
+    /// holds the GIL or has left. While it is set, something else has held the
+    /// GIL since then, and a new request answers "busy" at once instead of
+    /// waiting its whole time again: the shim's thread serves one request at
+    /// a time, so each such wait would hold up every other client too (a
+    /// client that pipelines ten `gc` requests to a process whose C extension
+    /// keeps the GIL would otherwise stall the endpoint for 50 s).
+    static STARVED_SINCE_NS: AtomicU64 = AtomicU64::new(0);
+    /// pid of the process whose job thread is alive, 0 if none. (A fork child
+    /// inherits the word but not the thread: `after_fork_child` clears it.)
+    static WORKER: AtomicI32 = AtomicI32::new(0);
+}
 
 struct Slot {
     job: UnsafeCell<Option<Job>>,
@@ -168,6 +170,7 @@ fn futex_wake() {
 
 /// Fork child handler: no job thread, no request. Async-signal-safe
 /// (atomics only; the slot's contents are dropped by the next request).
+#[unsafe(link_section = ".text.startup")]
 pub fn after_fork_child() {
     WORKER.reset_to(0);
     HANDLE.reset_to(0);
@@ -272,9 +275,11 @@ pub fn run(job: Job, timeout: Duration) -> Outcome {
     r
 }
 
-/// The job thread (joinable), 0 if none is left to join. Touched by the
-/// shim's thread only (and reset in a fork child).
-static HANDLE: AtomicUsize = AtomicUsize::new(0);
+touched_at_start! {
+    /// The job thread (joinable), 0 if none is left to join. Touched by the
+    /// shim's thread only (and reset in a fork child).
+    static HANDLE: AtomicUsize = AtomicUsize::new(0);
+}
 
 /// Joins the job thread if it has left its loop (it then exits within
 /// microseconds); one still waiting for the GIL is left to a later call.

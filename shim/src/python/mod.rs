@@ -201,6 +201,7 @@ pub fn before_fork() {
 
 /// Fork child handler: the job thread and any request in flight stay in
 /// the parent. Async-signal-safe.
+#[unsafe(link_section = ".text.startup")]
 pub fn after_fork_child() {
     job::after_fork_child();
 }

@@ -47,10 +47,12 @@ const NO_CUDA_RETRY_MS: u64 = 30_000;
 /// After a look that could not run (the GIL was busy), wait this long.
 const BUSY_RETRY_MS: u64 = 1_000;
 
-static CHECKS: AtomicU64 = AtomicU64::new(0);
-static RETURNS: AtomicU64 = AtomicU64::new(0);
-static VRAM_RETURNED: AtomicU64 = AtomicU64::new(0);
-static PINNED_RETURNED: AtomicU64 = AtomicU64::new(0);
+touched_at_start! {
+    static CHECKS: AtomicU64 = AtomicU64::new(0);
+    static RETURNS: AtomicU64 = AtomicU64::new(0);
+    static VRAM_RETURNED: AtomicU64 = AtomicU64::new(0);
+    static PINNED_RETURNED: AtomicU64 = AtomicU64::new(0);
+}
 
 /// The counters for `stats`; `None` while the idle return is off.
 pub fn counters() -> Option<CudaIdleCounters> {
@@ -66,6 +68,7 @@ pub fn counters() -> Option<CudaIdleCounters> {
 }
 
 /// Fork child: its counters start at zero. Async-signal-safe.
+#[unsafe(link_section = ".text.startup")]
 pub fn after_fork_child() {
     for c in [&CHECKS, &RETURNS, &VRAM_RETURNED, &PINNED_RETURNED] {
         c.reset_to(0);

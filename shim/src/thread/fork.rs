@@ -45,6 +45,7 @@ use super::{run, wake};
 use crate::options::{self, Control};
 use crate::os::thread::NoCancel;
 use crate::os::{self, KeepErrno};
+use core::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
 /// Longest wait for a starting thread to reach its loop.
@@ -66,9 +67,19 @@ const JOINED_SLACK: u64 = 2;
 /// threads of its own costs in addition.
 const JOINED_WAIT_MS: u64 = 5;
 
+touched_at_start! {
+    /// The forking thread's `errno`, for the child handler ([`KeepErrno::at`]).
+    /// glibc holds its fork-handler lock from the prepare handlers to the
+    /// parent's and the child's, so it is this fork's.
+    static FORKING_ERRNO: AtomicUsize = AtomicUsize::new(0);
+}
+
 /// Fork prepare handler.
 pub(super) extern "C" fn prepare() {
-    let _e = KeepErrno::new();
+    let at = os::errno_location();
+    FORKING_ERRNO.store(at as usize, Relaxed);
+    // SAFETY: this thread's errno.
+    let _e = unsafe { KeepErrno::at(at) };
     let _nc = NoCancel::new();
     // First, while nothing of jemalloc's is locked (it frees a little).
     crate::python::before_fork();
@@ -103,8 +114,13 @@ pub(super) extern "C" fn parent() {
 
 /// Fork child handler: the shim's threads do not exist here.
 /// Async-signal-safe (module docs).
+#[unsafe(link_section = ".text.startup")]
 pub(super) extern "C" fn child() {
-    let _e = KeepErrno::new();
+    let _e = match FORKING_ERRNO.load(Relaxed) {
+        0 => KeepErrno::new(),
+        // SAFETY: the forking thread's errno, which is this thread's here.
+        at => unsafe { KeepErrno::at(at as *mut libc::c_int) },
+    };
     // The forking thread is the child's main thread.
     super::state::LEADER_GONE.store(false, core::sync::atomic::Ordering::Relaxed);
     crate::jemalloc::postfork_child();
@@ -113,7 +129,7 @@ pub(super) extern "C" fn child() {
     }
     os::fd::after_fork_child();
     os::spawner::after_fork_child();
-    STATE.after_fork_child(os::getpid(), os::time::monotonic_ms());
+    STATE.after_fork_child(os::getpid());
     super::run::forget_pending_start();
     crate::control::after_fork_child();
     super::pressure::after_fork_child();

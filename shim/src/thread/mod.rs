@@ -88,7 +88,7 @@ pub fn on_load(interposed: bool) {
     // the handlers below are registered, they run its fork functions.
     options::load();
     options::warn_unknown();
-    STATE.on_load(os::getpid(), os::time::monotonic_ms(), interposed);
+    STATE.on_load(os::getpid(), interposed);
     let _ = os::thread::real_pthread_create();
     // The spawner lives as long as the shim's thread: out of the automatic
     // arenas too (jemalloc::use_own_arena).
@@ -129,7 +129,7 @@ pub fn on_load(interposed: bool) {
 #[cfg(memshim_bridge)]
 pub fn on_attach() {
     options::load();
-    STATE.on_load(os::getpid(), os::time::monotonic_ms(), false);
+    STATE.on_load(os::getpid(), false);
     let _ = os::thread::real_pthread_create();
     let _ = os::thread::atfork(fork::prepare, fork::parent, fork::child);
     crate::python::at_fork::on_after_in_parent(attached::after_os_fork_in_parent);

@@ -85,16 +85,18 @@ const PSI_STALL_US: u64 = 100_000;
 const PSI_WINDOW_US: u64 = 1_000_000;
 
 // What `stats` reports. Statics, so the fork child handler can reset them.
-static ACTIVE: AtomicBool = AtomicBool::new(false);
-static EVENTS: AtomicU64 = AtomicU64::new(0);
-static PURGES: AtomicU64 = AtomicU64::new(0);
-static BYTES: AtomicU64 = AtomicU64::new(0);
-static GC_RUNS: AtomicU64 = AtomicU64::new(0);
-/// Notifications after which the working set was below the threshold.
-static IGNORED: AtomicU64 = AtomicU64::new(0);
-/// Microseconds from the last onset's signal to the end of its purge;
-/// `u64::MAX` for none yet.
-static LAST_PURGE_US: AtomicU64 = AtomicU64::new(u64::MAX);
+touched_at_start! {
+    static ACTIVE: AtomicBool = AtomicBool::new(false);
+    static EVENTS: AtomicU64 = AtomicU64::new(0);
+    static PURGES: AtomicU64 = AtomicU64::new(0);
+    static BYTES: AtomicU64 = AtomicU64::new(0);
+    static GC_RUNS: AtomicU64 = AtomicU64::new(0);
+    /// Notifications after which the working set was below the threshold.
+    static IGNORED: AtomicU64 = AtomicU64::new(0);
+    /// Microseconds from the last onset's signal to the end of its purge;
+    /// `u64::MAX` for none yet.
+    static LAST_PURGE_US: AtomicU64 = AtomicU64::new(u64::MAX);
+}
 /// 0: none, 1 or 2: the cgroup version watched.
 static SOURCE: AtomicU8 = AtomicU8::new(0);
 /// Bits of [`Watch`]: what is in use.
@@ -557,6 +559,7 @@ fn restore_decay() {
 /// Fork child handler: the parent's counters are not the child's (the
 /// shortened decay, if any, is put back by the child's own watcher).
 /// Async-signal-safe.
+#[unsafe(link_section = ".text.startup")]
 pub fn after_fork_child() {
     ACTIVE.reset_to(false);
     for c in [&EVENTS, &PURGES, &BYTES, &GC_RUNS, &IGNORED] {

@@ -52,9 +52,11 @@ const MIN_TICK_MS: i64 = 50;
 /// only matters on a machine so loaded that the thread is not scheduled.
 const SETTLE_WAIT: Duration = Duration::from_millis(100);
 
-/// Where the last shim thread started stands (a futex): no thread pending,
-/// or started but still in the automatic arenas, or out of them.
-static ARENA_MOVE: AtomicU32 = AtomicU32::new(MOVE_NONE);
+touched_at_start! {
+    /// Where the last shim thread started stands (a futex): no thread pending,
+    /// or started but still in the automatic arenas, or out of them.
+    static ARENA_MOVE: AtomicU32 = AtomicU32::new(MOVE_NONE);
+}
 const MOVE_NONE: u32 = 0;
 const MOVE_PENDING: u32 = 1;
 const MOVE_DONE: u32 = 2;
@@ -90,6 +92,7 @@ pub(super) fn wait_until_settled() {
 }
 
 /// Fork child: no shim thread is starting there.
+#[unsafe(link_section = ".text.startup")]
 pub(super) fn forget_pending_start() {
     ARENA_MOVE.reset_to(MOVE_NONE);
 }
@@ -325,7 +328,7 @@ fn facts() -> crate::control::Facts {
     crate::control::Facts {
         interposed: STATE.interposed(),
         fork_child: STATE.fork_child(),
-        uptime_ms: os::time::monotonic_ms().saturating_sub(STATE.start_ms()),
+        uptime_ms: STATE.uptime_ms(),
         thread_starts: STATE.starts(),
         private_fds: os::fd::private(),
         cuda_idle: super::cuda_idle::counters(),

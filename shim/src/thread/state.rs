@@ -6,6 +6,7 @@
 //! atomics). Nothing outside `thread/` reads or writes it; the control
 //! endpoint gets a [`Facts`](crate::control::Facts) snapshot instead.
 
+use crate::os;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU64, AtomicUsize, Ordering::*};
 
 /// Where the shim's thread is in its life.
@@ -56,7 +57,10 @@ pub struct State {
     interposed: AtomicBool,
     /// This process is a fork child of a shimmed process.
     fork_child: AtomicBool,
-    /// Monotonic ms at constructor (or fork) time, for the uptime figure.
+    /// Monotonic ms when a library loaded late (not the process's
+    /// allocator: `dlopen`ed, or the attached bridge) started; 0 in a
+    /// process that loaded it at exec, and in a fork child, whose uptime is
+    /// the process's own age ([`State::uptime_ms`]).
     start_ms: AtomicU64,
     /// How many times the thread was started in this process.
     starts: AtomicU64,
@@ -66,21 +70,23 @@ pub struct State {
     wake: AtomicU64,
 }
 
-/// The shim thread's state.
-pub static STATE: State = State {
-    phase: AtomicU8::new(Phase::Idle as u8),
-    wanted: AtomicBool::new(false),
-    stop: AtomicU8::new(Stop::No as u8),
-    handle: AtomicUsize::new(0),
-    pid: AtomicI32::new(0),
-    ctor_done: AtomicBool::new(false),
-    pending: AtomicBool::new(false),
-    interposed: AtomicBool::new(false),
-    fork_child: AtomicBool::new(false),
-    start_ms: AtomicU64::new(0),
-    starts: AtomicU64::new(0),
-    wake: AtomicU64::new(0),
-};
+touched_at_start! {
+    /// The shim thread's state.
+    pub static STATE: State = State {
+        phase: AtomicU8::new(Phase::Idle as u8),
+        wanted: AtomicBool::new(false),
+        stop: AtomicU8::new(Stop::No as u8),
+        handle: AtomicUsize::new(0),
+        pid: AtomicI32::new(0),
+        ctor_done: AtomicBool::new(false),
+        pending: AtomicBool::new(false),
+        interposed: AtomicBool::new(false),
+        fork_child: AtomicBool::new(false),
+        start_ms: AtomicU64::new(0),
+        starts: AtomicU64::new(0),
+        wake: AtomicU64::new(0),
+    };
+}
 
 impl State {
     /// The thread's phase.
@@ -145,11 +151,17 @@ impl State {
         self.handle.swap(0, AcqRel) as libc::pthread_t
     }
 
-    /// Start-up: this process's pid and clock, whether we interpose.
+    /// Start-up: this process's pid, whether we interpose. A library that
+    /// does not interpose may have been loaded long after the exec: it
+    /// reads the clock. One that does started with the process, and reads
+    /// none: a clock read faults in the vDSO's data page, in every exec.
     #[unsafe(link_section = ".text.startup")]
-    pub fn on_load(&self, pid: i32, now_ms: u64, interposed: bool) {
+    pub fn on_load(&self, pid: i32, interposed: bool) {
         self.pid.store(pid, Relaxed);
-        self.start_ms.store(now_ms, Relaxed);
+        if !interposed {
+            self.start_ms
+                .store(os::time::monotonic_ms().max(1), Relaxed);
+        }
         self.interposed.store(interposed, Relaxed);
     }
 
@@ -186,9 +198,14 @@ impl State {
         self.fork_child.load(Relaxed)
     }
 
-    /// When the constructor (or the fork) ran.
-    pub fn start_ms(&self) -> u64 {
-        self.start_ms.load(Relaxed)
+    /// Milliseconds since the shim started in this process: since the exec
+    /// (or the fork, in a fork child), the process's age, to the kernel's
+    /// 10 ms; since a late load, by the clock. Shim's thread.
+    pub fn uptime_ms(&self) -> u64 {
+        match self.start_ms.load(Relaxed) {
+            0 => os::proc::age_ms(),
+            t => os::time::monotonic_ms().saturating_sub(t),
+        }
     }
 
     /// How many times the thread was started.
@@ -213,12 +230,14 @@ impl State {
 
     /// Fork child: the thread is not here; this is a new process.
     /// Async-signal-safe (atomics only).
-    pub fn after_fork_child(&self, pid: i32, now_ms: u64) {
-        // Plain stores (not `os::ResetTo`): the pid and the start time
-        // change in every child, so this struct's page is copied anyway.
+    #[unsafe(link_section = ".text.startup")]
+    pub fn after_fork_child(&self, pid: i32) {
+        // Plain stores (not `os::ResetTo`): the pid changes in every child,
+        // so this struct's page is copied anyway. No clock read: the vDSO's
+        // pages would be faults of the child's own ([`State::uptime_ms`]).
         self.pid.store(pid, Relaxed);
         self.fork_child.store(true, Relaxed);
-        self.start_ms.store(now_ms, Relaxed);
+        self.start_ms.store(0, Relaxed);
         self.starts.store(0, Relaxed);
         self.handle.store(0, Relaxed);
         self.stop.store(Stop::No as u8, Relaxed);
@@ -229,11 +248,13 @@ impl State {
     }
 }
 
-/// The main thread has ended with `pthread_exit` (our wrapper saw it): the
-/// shim's threads have stopped and do not start again in this process.
-/// glibc runs `exit(0)`, with the `atexit` handlers, static destructors and
-/// stdio's flush, on the process's last thread; were that the shim's
-/// thread, it would run them in the shim's own descriptor table, after the
-/// application's table went with its last thread: buffered output and
-/// every write of those handlers would be lost.
-pub static LEADER_GONE: AtomicBool = AtomicBool::new(false);
+touched_at_start! {
+    /// The main thread has ended with `pthread_exit` (our wrapper saw it): the
+    /// shim's threads have stopped and do not start again in this process.
+    /// glibc runs `exit(0)`, with the `atexit` handlers, static destructors and
+    /// stdio's flush, on the process's last thread; were that the shim's
+    /// thread, it would run them in the shim's own descriptor table, after the
+    /// application's table went with its last thread: buffered output and
+    /// every write of those handlers would be lost.
+    pub static LEADER_GONE: AtomicBool = AtomicBool::new(false);
+}

@@ -8,12 +8,15 @@ use memshim_proto::*;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
-/// `purge` requests served in this process, and the RSS they released
-/// (reported as `purges` in `stats`; reset in a fork child).
-static PURGES: AtomicU64 = AtomicU64::new(0);
-static PURGED_BYTES: AtomicU64 = AtomicU64::new(0);
+touched_at_start! {
+    /// `purge` requests served in this process, and the RSS they released
+    /// (reported as `purges` in `stats`; reset in a fork child).
+    static PURGES: AtomicU64 = AtomicU64::new(0);
+    static PURGED_BYTES: AtomicU64 = AtomicU64::new(0);
+}
 
 /// Fork child: the parent's purges are not the child's. Async-signal-safe.
+#[unsafe(link_section = ".text.startup")]
 pub fn reset_purge_counters() {
     PURGES.reset_to(0);
     PURGED_BYTES.reset_to(0);
