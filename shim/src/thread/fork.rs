@@ -69,8 +69,13 @@ const JOINED_WAIT_MS: u64 = 5;
 
 touched_at_start! {
     /// The forking thread's `errno`, for the child handler ([`KeepErrno::at`]).
-    /// glibc holds its fork-handler lock from the prepare handlers to the
-    /// parent's and the child's, so it is this fork's.
+    /// glibc (2.28 and later) holds its fork-handler lock from the prepare
+    /// handlers to the parent's and the child's, so it is this fork's.
+    /// Before 2.28 (the wheel supports 2.17), two threads forking at once
+    /// may leave the other's here: the child then keeps that address's
+    /// value, still memory of its own, and its own `errno` is kept only if
+    /// the handler leaves it alone, which it does unless it closes a
+    /// descriptor of ours in a shared table (`os::fd`).
     static FORKING_ERRNO: AtomicUsize = AtomicUsize::new(0);
 }
 
