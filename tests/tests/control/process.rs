@@ -21,9 +21,11 @@ fn parent_and_fork_child_each_answer_on_their_own_endpoint() {
 }
 
 fn fork_child_round(table: &str) {
+    let started = std::time::Instant::now();
     let mut parent = start_heap(&[("MEMSHIM_FD_TABLE", table)]);
     let ppid = parent.pid();
     wait_endpoint(ppid);
+    let forked = std::time::Instant::now();
     parent.send("fork");
     let line = parent.wait_for_line("child ", Duration::from_secs(10));
     let cpid: i32 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
@@ -50,6 +52,17 @@ fn fork_child_round(table: &str) {
             cs["config"]["fork_child"].as_bool()
         ),
         (Some(false), Some(true))
+    );
+    // Each one's uptime is its own age: since the exec, since the fork
+    // (the kernel's start time, to its 10 ms tick: at most that more).
+    let uptime = |s: &serde_json::Value| s["config"]["uptime_ms"].as_u64().unwrap();
+    let (pu, cu) = (uptime(&ps), uptime(&cs));
+    let ms = |since: std::time::Instant| since.elapsed().as_millis() as u64;
+    assert!(
+        cu <= ms(forked) + 20 && pu <= ms(started) + 20 && pu >= cu,
+        "uptime: parent {pu} ms, child {cu} ms; {} ms since the parent started, {} ms since the fork",
+        ms(started),
+        ms(forked)
     );
     // The child holds no descriptor of the parent's endpoint (it closed
     // what it inherited; a table of the shim's own is not inherited).
