@@ -18,8 +18,11 @@
 
 use core::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering::*};
 
-/// 1 while clearing is enabled (read by the assembly).
-pub(crate) static CLEAR: AtomicU8 = AtomicU8::new(1);
+touched_at_start! {
+    /// 1 while clearing is enabled (read by the assembly; written by the
+    /// constructor).
+    pub(crate) static CLEAR: AtomicU8 = AtomicU8::new(1);
+}
 /// Number of `dlopen` calls whose `RTLD_DEEPBIND` was cleared (incremented
 /// by the assembly).
 pub(crate) static CLEARED: AtomicU64 = AtomicU64::new(0);

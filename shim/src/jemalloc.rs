@@ -231,6 +231,7 @@ pub fn postfork_parent() {
 
 /// jemalloc's fork child handler; pairs with [`prefork`]. Async-signal-safe
 /// as jemalloc's is: it reinitialises the mutexes `prefork` locked.
+#[unsafe(link_section = ".text.startup")]
 pub fn postfork_child() {
     if LOCKED_FOR_FORK.load(Relaxed) {
         // SAFETY: as `prefork`: the child handler after jemalloc's prepare.

@@ -111,24 +111,82 @@ pub struct KeepErrno {
 
 impl KeepErrno {
     /// Remembers the current `errno`.
+    #[inline]
     pub fn new() -> KeepErrno {
         // SAFETY: `__errno_location` gives the calling thread's errno.
         unsafe { Self::at(errno_location()) }
     }
 
-    /// Remembers the `errno` at `at` (a fork child's only thread has its
-    /// parent's TLS addresses: its handler need not call into libc's code,
-    /// a page fault of the child's own).
-    ///
+    /// As [`KeepErrno::new`], for a fork child's handler: finds `errno`
+    /// from the thread pointer, not through libc's `__errno_location`,
+    /// whose code page would be a fault of the child's own.
+    #[unsafe(link_section = ".text.startup")]
+    pub fn in_fork_child() -> KeepErrno {
+        let off = ERRNO_FROM_TP.load(core::sync::atomic::Ordering::Relaxed);
+        match thread_pointer() {
+            // SAFETY: the calling thread's errno ([`ERRNO_FROM_TP`]).
+            Some(tp) if off != isize::MIN => unsafe {
+                Self::at(tp.wrapping_add_signed(off) as *mut c_int)
+            },
+            _ => Self::new(),
+        }
+    }
+
     /// # Safety
-    /// `at` is what [`errno_location`] gave on the calling thread (or, in a
-    /// fork child, on the thread that forked).
-    pub unsafe fn at(at: *mut c_int) -> KeepErrno {
+    /// `at` is the calling thread's `errno`.
+    unsafe fn at(at: *mut c_int) -> KeepErrno {
         // SAFETY: the caller's: the calling thread's errno, valid while the
         // thread lives.
         let saved = unsafe { *at };
         KeepErrno { at, saved }
     }
+}
+
+touched_at_start! {
+    /// Where `errno` lies from the thread pointer, `isize::MIN` until
+    /// [`find_errno`] ran: glibc's `errno` is static TLS, at the same offset
+    /// from every thread's pointer.
+    static ERRNO_FROM_TP: core::sync::atomic::AtomicIsize =
+        core::sync::atomic::AtomicIsize::new(isize::MIN);
+}
+
+/// Constructor: finds where `errno` lies from the thread pointer, for
+/// [`KeepErrno::in_fork_child`].
+#[unsafe(link_section = ".text.startup")]
+pub fn find_errno() {
+    if let Some(tp) = thread_pointer() {
+        let off = (errno_location() as isize).wrapping_sub(tp as isize);
+        ERRNO_FROM_TP.store(off, core::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The calling thread's thread pointer, as glibc sets it: on x86_64 the
+/// `%fs` base, whose first word (`tcbhead_t.tcb`) holds it; on aarch64
+/// `tpidr_el0`. `None` elsewhere.
+#[inline(always)]
+fn thread_pointer() -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let tp: usize;
+        // SAFETY: reads the first word of the calling thread's TCB.
+        unsafe {
+            core::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) tp,
+                options(nostack, readonly, preserves_flags));
+        }
+        Some(tp)
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        let tp: usize;
+        // SAFETY: reads a register.
+        unsafe {
+            core::arch::asm!("mrs {}, tpidr_el0", out(reg) tp,
+                options(nostack, nomem, preserves_flags));
+        }
+        Some(tp)
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    None
 }
 
 /// Where the calling thread's `errno` lies.

@@ -64,19 +64,6 @@ pub fn starttime() -> u64 {
         .unwrap_or(0)
 }
 
-/// How long ago this process started (exec'd or forked), in milliseconds,
-/// to the kernel's clock tick: its start time (`starttime`) against
-/// `CLOCK_BOOTTIME`, which it counts from. 0 if unreadable.
-pub fn age_ms() -> u64 {
-    let start = starttime();
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if start == 0 || hz <= 0 {
-        return 0;
-    }
-    super::time::boottime_ms().saturating_sub(start.saturating_mul(1000) / hz as u64)
-}
-
 /// The inode number of this process's pid namespace (`/proc/self/ns/pid`),
 /// 0 if unknown. Opens no descriptor.
 pub fn pid_namespace() -> u64 {

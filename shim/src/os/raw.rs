@@ -61,6 +61,7 @@ fn result(r: isize) -> Result<usize, i32> {
 }
 
 /// `openat(AT_FDCWD, path, flags | O_CLOEXEC)`.
+#[unsafe(link_section = ".text.startup")]
 pub fn open(path: &CStr, flags: i32) -> Result<i32, i32> {
     // SAFETY: `path` is NUL-terminated and outlives the call.
     let r = unsafe {
@@ -76,6 +77,7 @@ pub fn open(path: &CStr, flags: i32) -> Result<i32, i32> {
 }
 
 /// Whether `path` exists (`faccessat(AT_FDCWD, path, F_OK)`).
+#[unsafe(link_section = ".text.startup")]
 pub fn exists(path: &CStr) -> bool {
     // SAFETY: `path` is NUL-terminated and outlives the call.
     let r = unsafe {
@@ -91,6 +93,7 @@ pub fn exists(path: &CStr) -> bool {
 }
 
 /// `read(fd, buf)`.
+#[unsafe(link_section = ".text.startup")]
 pub fn read(fd: i32, buf: &mut [u8]) -> Result<usize, i32> {
     // SAFETY: the pointer and length describe `buf`, which the kernel writes.
     result(unsafe {
@@ -192,6 +195,7 @@ pub fn take_pending_sigpipe() {
 }
 
 /// `close(fd)`.
+#[unsafe(link_section = ".text.startup")]
 pub fn close(fd: i32) {
     // SAFETY: closing a descriptor number has no memory-safety preconditions.
     let _ = unsafe { syscall4(libc::SYS_close as usize, fd as usize, 0, 0, 0) };
@@ -203,6 +207,33 @@ pub fn getpid() -> i32 {
     unsafe { syscall4(libc::SYS_getpid as usize, 0, 0, 0, 0) as i32 }
 }
 
+/// `CLOCK_MONOTONIC` in milliseconds, by the system call: libc's
+/// `clock_gettime` reads the vDSO's data page, a page fault of its own in
+/// a process (or fork child) that reads no clock otherwise.
+#[inline]
+pub fn monotonic_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer for the call.
+    let r = unsafe {
+        syscall4(
+            libc::SYS_clock_gettime as usize,
+            libc::CLOCK_MONOTONIC as usize,
+            &mut ts as *mut libc::timespec as usize,
+            0,
+            0,
+        )
+    };
+    if r != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64)
+        .wrapping_mul(1000)
+        .wrapping_add(ts.tv_nsec as u64 / 1_000_000)
+}
+
 /// `gettid()`.
 pub fn gettid() -> i32 {
     // SAFETY: no arguments; cannot fail.
@@ -211,6 +242,7 @@ pub fn gettid() -> i32 {
 
 /// Whether `resource` (`RLIMIT_AS`, `RLIMIT_DATA`) has a soft limit
 /// (`prlimit64` on this process; false if it cannot be read).
+#[unsafe(link_section = ".text.startup")]
 pub fn limited(resource: u32) -> bool {
     let mut old = libc::rlimit64 {
         rlim_cur: 0,
@@ -231,6 +263,7 @@ pub fn limited(resource: u32) -> bool {
 
 /// The number of CPUs in this thread's affinity mask (`sched_getaffinity`),
 /// at least 1.
+#[unsafe(link_section = ".text.startup")]
 pub fn affinity_cpus() -> u32 {
     let mut mask = [0u64; 64]; // 4096 CPUs
     // SAFETY: the kernel writes at most `size_of_val(&mask)` bytes into it.
@@ -280,6 +313,7 @@ pub fn sysinfo() -> Option<libc::sysinfo> {
 /// read, and the kernel hands over as much as fits in a single call, so a
 /// short read is their end. A second call only to see 0 would cost a system
 /// call per file on every exec (`options::cgroup_quota_cpus`).
+#[unsafe(link_section = ".text.startup")]
 pub fn read_file(path: &CStr, buf: &mut [u8]) -> Option<usize> {
     match read_file_errno(path, buf) {
         Err(ReadError::Open(_)) => None,

@@ -205,10 +205,12 @@ unsafe extern "C" {
 }
 
 /// `pthread_atfork`: registers fork handlers; glibc's error number if it
-/// refused. No DSO handle: it only lets `dlclose` unregister them, and
-/// neither library memshim builds is ever unloaded (`-z nodelete`,
-/// build.rs), so they stay registered for the life of the process, as they
-/// do with one.
+/// refused. No DSO handle: with one, `__cxa_finalize` unregisters them when
+/// the library is unloaded, and at exit after its destructors. Neither
+/// library memshim builds is ever unloaded (`-z nodelete`, build.rs), and
+/// a fork late in exit (an `atexit` handler's, another thread's) still
+/// runs the shim's handlers, and through them jemalloc's fork functions,
+/// so that its child finds jemalloc unlocked.
 #[unsafe(link_section = ".text.startup")]
 pub fn register_atfork(prepare: AtforkFn, parent: AtforkFn, child: AtforkFn) -> c_int {
     // SAFETY: the handlers are the caller's functions (or none).

@@ -21,12 +21,6 @@ pub fn monotonic_ms() -> u64 {
     monotonic_ns() / 1_000_000
 }
 
-/// Milliseconds since boot, suspend included (`CLOCK_BOOTTIME`, the clock
-/// of a process's start time in `/proc`). Allocation-free.
-pub fn boottime_ms() -> u64 {
-    clock_ns(libc::CLOCK_BOOTTIME) / 1_000_000
-}
-
 /// Monotonic clock in nanoseconds. Allocation-free, async-signal-safe.
 pub fn monotonic_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC)

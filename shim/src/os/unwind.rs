@@ -79,6 +79,7 @@ pub fn fork_prepare() {
 }
 
 /// Fork parent and child handlers: backtraces again. Async-signal-safe.
+#[unsafe(link_section = ".text.startup")]
 pub fn fork_done(child: bool) {
     // SAFETY: atomic stores in unwind.c.
     unsafe { memshim_unwind_fork_done(c_int::from(child)) }

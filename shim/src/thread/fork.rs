@@ -45,7 +45,6 @@ use super::{run, wake};
 use crate::options::{self, Control};
 use crate::os::thread::NoCancel;
 use crate::os::{self, KeepErrno};
-use core::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
 /// Longest wait for a starting thread to reach its loop.
@@ -67,24 +66,9 @@ const JOINED_SLACK: u64 = 2;
 /// threads of its own costs in addition.
 const JOINED_WAIT_MS: u64 = 5;
 
-touched_at_start! {
-    /// The forking thread's `errno`, for the child handler ([`KeepErrno::at`]).
-    /// glibc (2.28 and later) holds its fork-handler lock from the prepare
-    /// handlers to the parent's and the child's, so it is this fork's.
-    /// Before 2.28 (the wheel supports 2.17), two threads forking at once
-    /// may leave the other's here: the child then keeps that address's
-    /// value, still memory of its own, and its own `errno` is kept only if
-    /// the handler leaves it alone, which it does unless it closes a
-    /// descriptor of ours in a shared table (`os::fd`).
-    static FORKING_ERRNO: AtomicUsize = AtomicUsize::new(0);
-}
-
 /// Fork prepare handler.
 pub(super) extern "C" fn prepare() {
-    let at = os::errno_location();
-    FORKING_ERRNO.store(at as usize, Relaxed);
-    // SAFETY: this thread's errno.
-    let _e = unsafe { KeepErrno::at(at) };
+    let _e = KeepErrno::new();
     let _nc = NoCancel::new();
     // First, while nothing of jemalloc's is locked (it frees a little).
     crate::python::before_fork();
@@ -121,11 +105,7 @@ pub(super) extern "C" fn parent() {
 /// Async-signal-safe (module docs).
 #[unsafe(link_section = ".text.startup")]
 pub(super) extern "C" fn child() {
-    let _e = match FORKING_ERRNO.load(Relaxed) {
-        0 => KeepErrno::new(),
-        // SAFETY: the forking thread's errno, which is this thread's here.
-        at => unsafe { KeepErrno::at(at as *mut libc::c_int) },
-    };
+    let _e = KeepErrno::in_fork_child();
     // The forking thread is the child's main thread.
     super::state::LEADER_GONE.store(false, core::sync::atomic::Ordering::Relaxed);
     crate::jemalloc::postfork_child();

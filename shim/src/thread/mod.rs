@@ -88,6 +88,7 @@ pub fn on_load(interposed: bool) {
     // the handlers below are registered, they run its fork functions.
     options::load();
     options::warn_unknown();
+    os::find_errno();
     STATE.on_load(os::getpid(), interposed);
     let _ = os::thread::real_pthread_create();
     // The spawner lives as long as the shim's thread: out of the automatic
@@ -129,6 +130,7 @@ pub fn on_load(interposed: bool) {
 #[cfg(memshim_bridge)]
 pub fn on_attach() {
     options::load();
+    os::find_errno();
     STATE.on_load(os::getpid(), false);
     let _ = os::thread::real_pthread_create();
     let _ = os::thread::atfork(fork::prepare, fork::parent, fork::child);

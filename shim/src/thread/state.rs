@@ -57,10 +57,7 @@ pub struct State {
     interposed: AtomicBool,
     /// This process is a fork child of a shimmed process.
     fork_child: AtomicBool,
-    /// Monotonic ms when a library loaded late (not the process's
-    /// allocator: `dlopen`ed, or the attached bridge) started; 0 in a
-    /// process that loaded it at exec, and in a fork child, whose uptime is
-    /// the process's own age ([`State::uptime_ms`]).
+    /// Monotonic ms at constructor (or fork) time, for the uptime figure.
     start_ms: AtomicU64,
     /// How many times the thread was started in this process.
     starts: AtomicU64,
@@ -151,17 +148,13 @@ impl State {
         self.handle.swap(0, AcqRel) as libc::pthread_t
     }
 
-    /// Start-up: this process's pid, whether we interpose. A library that
-    /// does not interpose may have been loaded long after the exec: it
-    /// reads the clock. One that does started with the process, and reads
-    /// none: a clock read faults in the vDSO's data page, in every exec.
+    /// Start-up: this process's pid and clock, whether we interpose. The
+    /// clock by the system call ([`os::raw::monotonic_ms`]): libc's reads
+    /// the vDSO's data page, a page fault in every exec.
     #[unsafe(link_section = ".text.startup")]
     pub fn on_load(&self, pid: i32, interposed: bool) {
         self.pid.store(pid, Relaxed);
-        if !interposed {
-            self.start_ms
-                .store(os::time::monotonic_ms().max(1), Relaxed);
-        }
+        self.start_ms.store(os::raw::monotonic_ms(), Relaxed);
         self.interposed.store(interposed, Relaxed);
     }
 
@@ -198,14 +191,9 @@ impl State {
         self.fork_child.load(Relaxed)
     }
 
-    /// Milliseconds since the shim started in this process: since the exec
-    /// (or the fork, in a fork child), the process's age, to the kernel's
-    /// 10 ms; since a late load, by the clock. Shim's thread.
+    /// Milliseconds since the constructor (or the fork) ran.
     pub fn uptime_ms(&self) -> u64 {
-        match self.start_ms.load(Relaxed) {
-            0 => os::proc::age_ms(),
-            t => os::time::monotonic_ms().saturating_sub(t),
-        }
+        os::time::monotonic_ms().saturating_sub(self.start_ms.load(Relaxed))
     }
 
     /// How many times the thread was started.
@@ -232,12 +220,13 @@ impl State {
     /// Async-signal-safe (atomics only).
     #[unsafe(link_section = ".text.startup")]
     pub fn after_fork_child(&self, pid: i32) {
-        // Plain stores (not `os::ResetTo`): the pid changes in every child,
-        // so this struct's page is copied anyway. No clock read: the vDSO's
-        // pages would be faults of the child's own ([`State::uptime_ms`]).
+        // Plain stores (not `os::ResetTo`): the pid and the start time
+        // change in every child, so this struct's page is copied anyway.
+        // The clock by the system call, as in `on_load`: the vDSO's pages
+        // would be faults of the child's own.
         self.pid.store(pid, Relaxed);
         self.fork_child.store(true, Relaxed);
-        self.start_ms.store(0, Relaxed);
+        self.start_ms.store(os::raw::monotonic_ms(), Relaxed);
         self.starts.store(0, Relaxed);
         self.handle.store(0, Relaxed);
         self.stop.store(Stop::No as u8, Relaxed);
