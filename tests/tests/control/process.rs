@@ -53,8 +53,8 @@ fn fork_child_round(table: &str) {
         ),
         (Some(false), Some(true))
     );
-    // Each one's uptime is its own age: since the exec, since the fork
-    // (the kernel's start time, to its 10 ms tick: at most that more).
+    // Each one's uptime is its own: since its constructor ran, since the
+    // fork (20 ms of slack for the two clocks' rounding).
     let uptime = |s: &serde_json::Value| s["config"]["uptime_ms"].as_u64().unwrap();
     let (pu, cu) = (uptime(&ps), uptime(&cs));
     let ms = |since: std::time::Instant| since.elapsed().as_millis() as u64;
