@@ -84,19 +84,26 @@ reset_to!(
     core::sync::atomic::AtomicUsize => usize,
 );
 
+/// Where the calling thread's `errno` lies.
+#[inline(always)]
+pub fn errno_location() -> *mut c_int {
+    // SAFETY: `__errno_location` has no preconditions and returns the
+    // calling thread's errno (glibc, initial-exec TLS inside libc).
+    unsafe { libc::__errno_location() }
+}
+
 /// Reads the calling thread's `errno`.
 #[inline(always)]
 pub fn errno() -> c_int {
-    // SAFETY: `__errno_location` always returns a valid pointer to the
-    // calling thread's errno (glibc, initial-exec TLS inside libc).
-    unsafe { *libc::__errno_location() }
+    // SAFETY: a valid pointer to the calling thread's errno.
+    unsafe { *errno_location() }
 }
 
 /// Sets the calling thread's `errno`.
 #[inline(always)]
 pub fn set_errno(value: c_int) {
     // SAFETY: as in `errno`.
-    unsafe { *libc::__errno_location() = value }
+    unsafe { *errno_location() = value }
 }
 
 /// Keeps `errno` across a scope: code of ours that runs on the
@@ -187,12 +194,6 @@ fn thread_pointer() -> Option<usize> {
     }
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     None
-}
-
-/// Where the calling thread's `errno` lies.
-pub fn errno_location() -> *mut c_int {
-    // SAFETY: as in `errno`.
-    unsafe { libc::__errno_location() }
 }
 
 impl Default for KeepErrno {

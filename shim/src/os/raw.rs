@@ -207,11 +207,9 @@ pub fn getpid() -> i32 {
     unsafe { syscall4(libc::SYS_getpid as usize, 0, 0, 0, 0) as i32 }
 }
 
-/// `CLOCK_MONOTONIC` in milliseconds, by the system call: libc's
-/// `clock_gettime` reads the vDSO's data page, a page fault of its own in
-/// a process (or fork child) that reads no clock otherwise.
+/// `clock_gettime(clock)` by the system call, `None` if it failed.
 #[inline]
-pub fn monotonic_ms() -> u64 {
+pub fn clock_gettime(clock: libc::clockid_t) -> Option<libc::timespec> {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -220,18 +218,13 @@ pub fn monotonic_ms() -> u64 {
     let r = unsafe {
         syscall4(
             libc::SYS_clock_gettime as usize,
-            libc::CLOCK_MONOTONIC as usize,
+            clock as usize,
             &mut ts as *mut libc::timespec as usize,
             0,
             0,
         )
     };
-    if r != 0 {
-        return 0;
-    }
-    (ts.tv_sec as u64)
-        .wrapping_mul(1000)
-        .wrapping_add(ts.tv_nsec as u64 / 1_000_000)
+    result(r).ok().map(|_| ts)
 }
 
 /// `gettid()`.

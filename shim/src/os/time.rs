@@ -11,6 +11,11 @@ fn clock_ns(clock: libc::clockid_t) -> u64 {
     };
     // SAFETY: `ts` is a valid out-pointer.
     unsafe { libc::clock_gettime(clock, &mut ts) };
+    ns(&ts)
+}
+
+#[inline]
+fn ns(ts: &libc::timespec) -> u64 {
     (ts.tv_sec as u64)
         .wrapping_mul(1_000_000_000)
         .wrapping_add(ts.tv_nsec as u64)
@@ -19,6 +24,15 @@ fn clock_ns(clock: libc::clockid_t) -> u64 {
 /// Monotonic clock in milliseconds. Allocation-free, async-signal-safe.
 pub fn monotonic_ms() -> u64 {
     monotonic_ns() / 1_000_000
+}
+
+/// As [`monotonic_ms`], by the system call (0 if it failed): libc's
+/// `clock_gettime` reads the vDSO's data page, a page fault of its own in
+/// a process (or fork child) that reads no clock otherwise. For the
+/// constructor and the fork child handler.
+#[inline]
+pub fn monotonic_ms_by_syscall() -> u64 {
+    super::raw::clock_gettime(libc::CLOCK_MONOTONIC).map_or(0, |ts| ns(&ts) / 1_000_000)
 }
 
 /// Monotonic clock in nanoseconds. Allocation-free, async-signal-safe.

@@ -149,12 +149,13 @@ impl State {
     }
 
     /// Start-up: this process's pid and clock, whether we interpose. The
-    /// clock by the system call ([`os::raw::monotonic_ms`]): libc's reads
+    /// clock by the system call ([`os::time::monotonic_ms_by_syscall`]): libc's reads
     /// the vDSO's data page, a page fault in every exec.
     #[unsafe(link_section = ".text.startup")]
     pub fn on_load(&self, pid: i32, interposed: bool) {
         self.pid.store(pid, Relaxed);
-        self.start_ms.store(os::raw::monotonic_ms(), Relaxed);
+        self.start_ms
+            .store(os::time::monotonic_ms_by_syscall(), Relaxed);
         self.interposed.store(interposed, Relaxed);
     }
 
@@ -226,7 +227,8 @@ impl State {
         // would be faults of the child's own.
         self.pid.store(pid, Relaxed);
         self.fork_child.store(true, Relaxed);
-        self.start_ms.store(os::raw::monotonic_ms(), Relaxed);
+        self.start_ms
+            .store(os::time::monotonic_ms_by_syscall(), Relaxed);
         self.starts.store(0, Relaxed);
         self.handle.store(0, Relaxed);
         self.stop.store(Stop::No as u8, Relaxed);
