@@ -3,7 +3,7 @@
 #   make                 build target/release/libmemshim.so, libmemshim_bridge.so and memshim-ctl
 #   make test            install what the tests need (scripts/test-deps.sh), then
 #                        every test CI runs (unit, integration, wheel, bench smoke)
-#   make wheel           target/wheels/memshim-<version>-py3-none-manylinux_2_17_<arch>.whl
+#   make wheel           target/wheels/memshim-<version>-py3-none-manylinux_2_{17,34}_<arch>.whl
 #   make install PREFIX=/usr/local [DESTDIR=...]
 #   make help            all targets
 
@@ -20,11 +20,20 @@ CTL := target/release/memshim-ctl
 # glibc 2.17's symbol versions, whatever glibc this machine has. The tools
 # live in their own venv under .tools/ (pip's cache keeps re-creating it fast;
 # `make clean` keeps it). docs/deploy.md, "pip", says why zig.
+# Two wheels per architecture: manylinux_2_17 (every glibc from 2.17), and
+# manylinux_2_34, whose libraries are linked against glibc 2.34 (they name no
+# libpthread.so.0 or libdl.so.2, which every exec would otherwise open: docs/
+# design.md, "Portability"); pip takes the 2_34 one wherever glibc is 2.34 or
+# newer. Its memshim-ctl is the 2.17 build's. The 2.34 libraries are built in
+# a target directory of their own, since cargo's directory for a target does
+# not tell glibc floors apart.
 TOOLS        := .tools/venv
 TOOL_PINS    := ziglang==0.17.1 cargo-zigbuild==0.24.0 auditwheel==6.8.2
 empty        :=
 ZIGBUILD     := $(TOOLS)/.installed-$(subst ==,-,$(subst $(empty) $(empty),_,$(TOOL_PINS)))
 GLIBC_FLOOR  := 2.17
+GLIBC_STUBLESS := 2.34
+STUBLESS_DIR := target/glibc$(GLIBC_STUBLESS)
 WHEEL_DIR    ?= target/wheels
 HOST_ARCH    := $(shell uname -m)
 WHEEL_ENV     = PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" CARGO_PROFILE_RELEASE_DEBUG=false \
@@ -66,20 +75,24 @@ test-integration: build ## Real processes under LD_PRELOAD (tests/), family by f
 	$(CARGO) test --release -p memshim-tests $(TEST_FAMILIES:%=--test %) --no-fail-fast -- --test-threads=2
 
 # The families whose outcome depends on how the library was built, again
-# with the wheel's library and CLI (what pip users preload: zig, glibc 2.17;
-# docs/design.md, "Portability"): profiling, sampling under CPython, numpy
+# with the wheels' libraries and CLI (what pip users preload: zig, glibc 2.17
+# and 2.34; docs/design.md, "Portability"): profiling, sampling under CPython, numpy
 # and torch, the interposed symbols and errno, the Python bridge's reach,
 # and the exec-cost smoke. Each test binary names the build it runs.
+# Both wheels' libraries (2.17 and 2.34) run them, each with the 2.17 CLI.
 SHIPPED_DIR  := target/$(HOST_ARCH)-unknown-linux-gnu/release
-SHIPPED_ENV  := MEMSHIM_TEST_LIB=$(CURDIR)/$(SHIPPED_DIR)/libmemshim.so MEMSHIM_TEST_CTL=$(CURDIR)/$(SHIPPED_DIR)/memshim-ctl
-test-shipped: wheel-$(HOST_ARCH) ## The build-dependent families against the wheel's library (make test runs them)
-	@echo "== test-shipped: the wheel's build, $(SHIPPED_DIR)/libmemshim.so and memshim-ctl"
-	$(SHIPPED_ENV) $(CARGO) test --release -p memshim-tests --test core --no-fail-fast -- --test-threads=2 \
-	    interpose:: compat::free_keeps_errno forks::a_fork_costs
-	$(SHIPPED_ENV) $(CARGO) test --release -p memshim-tests --test control --no-fail-fast -- --test-threads=2 profile:: profile_files::
-	$(SHIPPED_ENV) $(CARGO) test --release -p memshim-tests --test python --no-fail-fast -- --test-threads=2 \
-	    profile:: sampling:: reach:: attach:: torch::a_heap_profile
-	$(PYTHON) bench/harness.py --smoke --only s6 --configs glibc,memshim,memshim-wheel,mimalloc \
+SHIPPED_LIBS := $(SHIPPED_DIR) $(STUBLESS_DIR)/$(HOST_ARCH)-unknown-linux-gnu/release
+test-shipped: wheel-$(HOST_ARCH) ## The build-dependent families against the wheels' libraries (make test runs them)
+	@set -e; for d in $(SHIPPED_LIBS); do \
+	    echo "== test-shipped: a wheel's build, $$d/libmemshim.so, and $(SHIPPED_DIR)/memshim-ctl"; \
+	    export MEMSHIM_TEST_LIB=$(CURDIR)/$$d/libmemshim.so MEMSHIM_TEST_CTL=$(CURDIR)/$(SHIPPED_DIR)/memshim-ctl; \
+	    $(CARGO) test --release -p memshim-tests --test core --no-fail-fast -- --test-threads=2 \
+	        interpose:: compat::free_keeps_errno forks::a_fork_costs; \
+	    $(CARGO) test --release -p memshim-tests --test control --no-fail-fast -- --test-threads=2 profile:: profile_files::; \
+	    $(CARGO) test --release -p memshim-tests --test python --no-fail-fast -- --test-threads=2 \
+	        profile:: sampling:: reach:: attach:: torch::a_heap_profile; \
+	done
+	$(PYTHON) bench/harness.py --smoke --only s6 --configs glibc,memshim,memshim-wheel,memshim-wheel217,mimalloc \
 	    --out target/test-scratch/bench-shipped
 
 test-vm: build ## The cgroup tests on live cgroup v2, in QEMU VMs (make test runs them too; tests/vm/README.md)
@@ -132,11 +145,11 @@ $(ZIGBUILD):
 	$(TOOLS)/bin/pip install --quiet --disable-pip-version-check $(TOOL_PINS)
 	touch $@
 
-wheel: wheel-$(HOST_ARCH) ## The wheel for this machine's architecture (target/wheels/)
+wheel: wheel-$(HOST_ARCH) ## The two wheels for this machine's architecture (target/wheels/)
 
 # One cargo run for both targets: they share the host-side build (proc
 # macros, build scripts) and keep both cores busy while one target links.
-wheels: $(ZIGBUILD) ## The x86_64 and aarch64 wheels, built together
+wheels: $(ZIGBUILD) ## The x86_64 and aarch64 wheels (two each), built together
 	$(call zigbuild,x86_64 aarch64)
 	$(call pack,x86_64)
 	$(call pack,aarch64)
@@ -145,19 +158,26 @@ wheel-x86_64 wheel-aarch64: wheel-%: $(ZIGBUILD)
 	$(call zigbuild,$*)
 	$(call pack,$*)
 
-# $(call zigbuild,ARCHS): the release library and CLI for each ARCH against
-# glibc $(GLIBC_FLOOR), without debug info (the wheel is what users download).
+# $(call zigbuild,ARCHS): for each ARCH, the release libraries and CLI against
+# glibc $(GLIBC_FLOOR), and the libraries again against glibc $(GLIBC_STUBLESS)
+# in $(STUBLESS_DIR), without debug info (the wheels are what users download).
 zigbuild = @for a in $(1); do rustup target list --installed 2>/dev/null | grep -qx "$$a-unknown-linux-gnu" \
 	        || rustup target add "$$a-unknown-linux-gnu" || exit 1; done; \
 	$(WHEEL_ENV) $(CARGO) zigbuild --release -p memshim -p memshim-bridge -p memshim-ctl \
-	    $(foreach a,$(1),--target $(a)-unknown-linux-gnu.$(GLIBC_FLOOR))
+	    $(foreach a,$(1),--target $(a)-unknown-linux-gnu.$(GLIBC_FLOOR)) && \
+	$(WHEEL_ENV) $(CARGO) zigbuild --release -p memshim -p memshim-bridge --target-dir $(STUBLESS_DIR) \
+	    $(foreach a,$(1),--target $(a)-unknown-linux-gnu.$(GLIBC_STUBLESS))
 
-# $(call pack,ARCH): the wheel, checked by auditwheel for its platform tag.
-# WHEEL_DIR=dir puts it elsewhere than target/wheels/.
-pack = $(TOOLS)/bin/python python/build_wheel.py --arch $(1) --bin-dir target/$(1)-unknown-linux-gnu/release --out $(WHEEL_DIR) && \
-	$(TOOLS)/bin/auditwheel show $(WHEEL_DIR)/memshim-*-manylinux_2_17_$(1).whl | tr '\n' ' ' \
-	    | grep -q 'consistent with the following platform tag: "manylinux_2_17_$(1)"' \
-	    || { $(TOOLS)/bin/auditwheel show $(WHEEL_DIR)/memshim-*-manylinux_2_17_$(1).whl; exit 1; }
+# $(call pack,ARCH): both wheels, each checked by auditwheel for its platform
+# tag. WHEEL_DIR=dir puts them elsewhere than target/wheels/.
+pack = $(call pack1,$(1),$(GLIBC_FLOOR),target/$(1)-unknown-linux-gnu/release) && \
+	$(call pack1,$(1),$(GLIBC_STUBLESS),$(STUBLESS_DIR)/$(1)-unknown-linux-gnu/release)
+# $(call pack1,ARCH,GLIBC,LIBDIR): one wheel, its libraries from LIBDIR.
+pack1 = $(TOOLS)/bin/python python/build_wheel.py --arch $(1) --glibc $(2) --lib-dir $(3) \
+	    --bin-dir target/$(1)-unknown-linux-gnu/release --out $(WHEEL_DIR) && \
+	$(TOOLS)/bin/auditwheel show $(WHEEL_DIR)/memshim-*-manylinux_$(subst .,_,$(2))_$(1).whl | tr '\n' ' ' \
+	    | grep -q 'consistent with the following platform tag: "manylinux_$(subst .,_,$(2))_$(1)"' \
+	    || { $(TOOLS)/bin/auditwheel show $(WHEEL_DIR)/memshim-*-manylinux_$(subst .,_,$(2))_$(1).whl; exit 1; }
 
 test-aarch64: $(ZIGBUILD) ## The aarch64 smoke test under qemu-user alone (make test runs it too)
 	$(CARGO) test --release -p memshim-tests --test deploy -- aarch64:: --test-threads=1

@@ -98,6 +98,7 @@ def main():
 
     programs = build_all()
     ctx = Context(mode, params, configs, vars_, params["reps"], out_dir, plot_dir, programs, python)
+    ctx.named_configs = want
     machine = facts(python)
     only = set(filter(None, a.only.split(",")))
     results, errors, durations = {}, [], {}

@@ -2,7 +2,7 @@
 """Where the page faults of one exec land: by object and ELF section, side by side per preload.
 
   python3 bench/startfaults.py [--runs N] [--cmd /bin/true] [LIB ...]
-      (default: no preload, this checkout's cargo and wheel builds of libmemshim.so)
+      (default: no preload, this checkout's cargo and two wheel builds of libmemshim.so)
 
 Each exec runs under `perf record -e page-faults -c 1 -d` (every fault, with its data address);
 the address is placed in the mapping it fell in (perf's mmap events) and, for a file, in the
@@ -86,6 +86,7 @@ def main():
     a = ap.parse_args()
     libs = [("" if x in ("", "glibc") else os.path.abspath(x)) for x in a.libs] or [
         "", os.path.join(ROOT, "target", "release", "libmemshim.so"),
+        os.path.join(ROOT, "target", "glibc2.34", "x86_64-unknown-linux-gnu", "release", "libmemshim.so"),
         os.path.join(ROOT, "target", "x86_64-unknown-linux-gnu", "release", "libmemshim.so")]
     cmd = a.cmd.split()
     comm = os.path.basename(os.path.realpath(cmd[0]))[:15]

@@ -1,17 +1,21 @@
 #!/usr/bin/env python3
 """Packs libmemshim.so, memshim-ctl and the `memshim` Python package into a
-manylinux wheel. Standard library only; `make wheel` runs it after the
-glibc-2.17 build (see docs/deploy.md, "pip").
+manylinux wheel. Standard library only; `make wheel` runs it twice, after
+the glibc-2.17 and glibc-2.34 builds (see docs/deploy.md, "pip").
 
-    python/build_wheel.py --arch x86_64 --bin-dir target/x86_64-unknown-linux-gnu/release
+    python/build_wheel.py --arch x86_64 --glibc 2.17 --bin-dir target/x86_64-unknown-linux-gnu/release
+    python/build_wheel.py --arch x86_64 --glibc 2.34 --bin-dir target/x86_64-unknown-linux-gnu/release \
+        --lib-dir target/glibc2.34/x86_64-unknown-linux-gnu/release
 
 * The version is the workspace version of Cargo.toml (the one that
   `memshim-ctl --version` and the library's `shim_version` report),
   written as PEP 440.
-* The tag is py3-none-manylinux_2_17_<arch>: the package has no Python
+* The tag is py3-none-manylinux_<glibc>_<arch>: the package has no Python
   extension (the API uses ctypes), so one wheel serves every CPython 3;
-  the binaries need glibc 2.17 at most, which this script checks with
-  `objdump -T` before it writes anything.
+  the binaries need that glibc at most, which this script checks with
+  `objdump -T` before it writes anything. The 2.34 wheel's libraries
+  (--lib-dir) must also name neither libpthread.so.0 nor libdl.so.2, the
+  reason it exists; its memshim-ctl is the 2.17 build's (--bin-dir).
 * Layout: memshim/lib/libmemshim.so and memshim/bin/memshim-ctl, so that
   memshim-ctl's own rule (../lib/libmemshim.so beside its real path) finds
   the library; the `memshim-ctl` command pip puts on PATH is a console
@@ -33,7 +37,8 @@ import zipfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = os.path.join(ROOT, "python", "memshim")
 ELF_MACHINE = {"x86_64": 62, "aarch64": 183}
-GLIBC_MAX = (2, 17)
+# The glibc floors a wheel may have, and the libraries its libraries must not name.
+FLOORS = {"2.17": (), "2.34": ("libpthread.so.0", "libdl.so.2")}
 SUMMARY = "Malloc that gives memory back: an LD_PRELOAD jemalloc shim and its CLI for Python/PyTorch servers"
 
 
@@ -79,6 +84,15 @@ def glibc_versions(path):
     return sorted(found)
 
 
+def needed(path):
+    """The DT_NEEDED names of `path`, from `objdump -p`."""
+    out = subprocess.run(["objdump", "-p", path], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         universal_newlines=True)
+    if out.returncode != 0:
+        sys.exit("build_wheel: objdump -p %s failed: %s" % (path, out.stderr.strip()))
+    return re.findall(r"^\s*NEEDED\s+(\S+)", out.stdout, re.M)
+
+
 def record_line(name, data):
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
     return "%s,sha256=%s,%d" % (name, digest, len(data))
@@ -87,14 +101,19 @@ def record_line(name, data):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", required=True, choices=sorted(ELF_MACHINE))
+    ap.add_argument("--glibc", default="2.17", choices=sorted(FLOORS),
+                    help="the glibc the binaries were linked against: the wheel's manylinux floor")
     ap.add_argument("--bin-dir", required=True,
-                    help="directory with libmemshim.so, libmemshim_bridge.so and memshim-ctl")
+                    help="directory with memshim-ctl (and the libraries, without --lib-dir)")
+    ap.add_argument("--lib-dir", help="directory with libmemshim.so and libmemshim_bridge.so")
     ap.add_argument("--out", default=os.path.join(ROOT, "target", "wheels"))
     a = ap.parse_args()
 
     version = pep440(workspace_version())
-    lib = os.path.join(a.bin_dir, "libmemshim.so")
-    bridge = os.path.join(a.bin_dir, "libmemshim_bridge.so")
+    floor = tuple(int(n) for n in a.glibc.split("."))
+    lib_dir = a.lib_dir or a.bin_dir
+    lib = os.path.join(lib_dir, "libmemshim.so")
+    bridge = os.path.join(lib_dir, "libmemshim_bridge.so")
     ctl = os.path.join(a.bin_dir, "memshim-ctl")
     for p in (lib, bridge, ctl):
         if not os.path.isfile(p):
@@ -102,11 +121,16 @@ def main():
         if elf_machine(p) != ELF_MACHINE[a.arch]:
             sys.exit("build_wheel: %s is not an %s binary" % (p, a.arch))
         newest = glibc_versions(p)[-1:]
-        if newest and newest[0] > GLIBC_MAX:
-            sys.exit("build_wheel: %s needs GLIBC_%d.%d, newer than the manylinux_2_17 floor"
-                     % (p, newest[0][0], newest[0][1]))
+        if newest and newest[0] > floor:
+            sys.exit("build_wheel: %s needs GLIBC_%d.%d, newer than the manylinux_%d_%d floor"
+                     % (p, newest[0][0], newest[0][1], floor[0], floor[1]))
+    for p in (lib, bridge):
+        banned = sorted(set(needed(p)) & set(FLOORS[a.glibc]))
+        if banned:
+            sys.exit("build_wheel: %s names %s, which the glibc %s wheel must not (build it against glibc %s)"
+                     % (p, ", ".join(banned), a.glibc, a.glibc))
 
-    tag = "py3-none-manylinux_2_17_%s" % a.arch
+    tag = "py3-none-manylinux_%d_%d_%s" % (floor[0], floor[1], a.arch)
     dist = "memshim-%s" % version
     info = dist + ".dist-info"
     with open(os.path.join(ROOT, "python", "README.md")) as f:

@@ -9,9 +9,13 @@ LIBDIR = "/usr/lib/x86_64-linux-gnu"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # BENCH_SHIM=/path/libmemshim.so measures another build (default: this checkout's release build).
 SHIM = os.environ.get("BENCH_SHIM") or os.path.join(ROOT, "target", "release", "libmemshim.so")
-# The wheel's build of the same checkout (`make wheel`: zig, glibc 2.17's symbols), what pip users preload;
-# "memshim-wheel", only where --configs names it (make test-shipped's smoke, BENCHMARKS.md's start-up runs).
-WHEEL_SHIM = os.path.join(ROOT, "target", f"{os.uname().machine}-unknown-linux-gnu", "release", "libmemshim.so")
+# The wheels' builds of the same checkout (`make wheel`: zig), what pip users preload: "memshim-wheel" is the
+# manylinux_2_34 wheel's library (glibc 2.34's symbols; what pip installs on this machine and wherever glibc is
+# 2.34 or newer), "memshim-wheel217" the manylinux_2_17 one's (glibc 2.17's symbols, for older glibc). Only
+# where --configs names them (make test-shipped's smoke, BENCHMARKS.md's start-up runs).
+WHEEL_SHIM = os.path.join(ROOT, "target", "glibc2.34", f"{os.uname().machine}-unknown-linux-gnu", "release",
+                          "libmemshim.so")
+WHEEL217_SHIM = os.path.join(ROOT, "target", f"{os.uname().machine}-unknown-linux-gnu", "release", "libmemshim.so")
 # BENCH_BASE_SHIM=/path/libmemshim.so adds "memshim-base", an earlier build measured in the same run,
 # for before/after tables of a change (BENCH_BASE_LABEL names it).
 BASE_SHIM = os.environ.get("BENCH_BASE_SHIM", "")
@@ -63,8 +67,10 @@ def competitors():
         Config("memshim", "memshim, defaults", preload=SHIM),
     ] + ([Config("memshim-base", "memshim, defaults, " + os.environ.get("BENCH_BASE_LABEL", "earlier build")
                  + f" ({BASE_SHIM})", preload=BASE_SHIM)] if BASE_SHIM else []) + [
-        Config("memshim-wheel", "memshim, defaults, the wheel's build (make wheel: zig, glibc 2.17)",
+        Config("memshim-wheel", "memshim, defaults, the manylinux_2_34 wheel's build (make wheel: zig, glibc 2.34)",
                preload=WHEEL_SHIM, study=True),
+        Config("memshim-wheel217", "memshim, defaults, the manylinux_2_17 wheel's build (make wheel: zig, glibc 2.17)",
+               preload=WHEEL217_SHIM, study=True),
         # The heap profiler's cost (bench/FINDINGS-profiling.md): only where --configs names them.
         Config("ms-profile", "memshim, MEMSHIM_PROFILE=on (heap profiler ready, not sampling)", SHIM,
                {"MEMSHIM_PROFILE": "on"}, study=True),

@@ -6,9 +6,11 @@ ALL_VARIANTS = ["ms-decay0", "ms-decay5s", "ms-decay10s", "ms-nodecay", "ms-over
                 "ms-oblivious", "ms-narenas1x"]
 # The registry anchors (mimalloc3, jemalloc531) join the Python and start-up scenarios; mimalloc2 only
 # scenarios 1-4, to keep the full run's time in check.
-# memshim-wheel (the wheel's build) runs where --configs names it (make test-shipped; BENCHMARKS.md's s6).
-PY_CONFIGS = ["glibc", "jemalloc", "tcmalloc", "mimalloc", "mimalloc3", "jemalloc531", "memshim",
-              "memshim-wheel"] + (["memshim-base"] if BASE_SHIM else [])
+# memshim-wheel and memshim-wheel217 (the wheels' builds) run where --configs names them (make test-shipped),
+# and in scenario 6 of a run that names none, where they are built ("builds").
+WHEEL_BUILDS = ["memshim-wheel", "memshim-wheel217"]
+PY_CONFIGS = ["glibc", "jemalloc", "tcmalloc", "mimalloc", "mimalloc3", "jemalloc531", "memshim"] + WHEEL_BUILDS + (
+    ["memshim-base"] if BASE_SHIM else [])
 
 # s8 on live cgroup v2, in the tests' VM (TCG: code runs 5-50x slower): the pressure tests' sizes
 # (tests/tests/cgroup/pressure.rs: A fits under the threshold even under THP `always`), B in 4 MiB steps
@@ -31,7 +33,7 @@ FULL = {
            "seconds_large": 1.0, "variants": ALL_VARIANTS, "variant_kernels": ["medium", "large"]},
     "s5": {"pyperf": True, "processes": 2, "values": 3, "micro_scale": 1.0, "micro_repeat": 3,
            "configs": PY_CONFIGS},
-    "s6": {"n_true": 300, "n_python": 40, "n_loop": 3, "loop": 1000, "configs": PY_CONFIGS},
+    "s6": {"n_true": 300, "n_python": 40, "n_loop": 3, "loop": 1000, "configs": PY_CONFIGS, "builds": WHEEL_BUILDS},
     "s7": {"n_stats": 200, "n_purge": 20, "n_py": 20, "bert": True, "exit_rounds": 50},
     # s8: issue 13's cgroup, at 3/4 of its heap so that B fits beside A's live half once A purges.
     "s8": {"limit_mib": 700, "a_mib": 512, "b_mib": 352, "reps": 3, "idle_seconds": 60, "v2": S8_V2},

@@ -9,6 +9,7 @@ loop it is the loop's total / the loop's length, bash's own faults included)."""
 import os
 import time
 
+from .configs import competitors
 from .context import table
 from .stats import fmt, median, percentile
 
@@ -27,6 +28,10 @@ def spawn_wait(argv, env):
 def run(ctx):
     p = ctx.p["s6"]
     configs = [c for c in ctx.configs if c.name in p["configs"]]
+    # The wheels' builds (study configurations) join a run that names no configurations, where they are
+    # built: the start-up table shows every build users preload.
+    if not ctx.named_configs:
+        configs += [c for c in competitors() if c.name in p.get("builds", ()) and not c.missing()]
     cases = [("/bin/true", ["/bin/true"], p["n_true"], 1),
              ("python3 -c pass", [ctx.python, "-c", "pass"], p["n_python"], 1),
              (f"bash loop of {p['loop']} /bin/true", ["/bin/bash", "-c", f"for i in $(seq {p['loop']}); do /bin/true; done"],
@@ -60,16 +65,17 @@ def run(ctx):
                  f"from wait4.\n\n" +
                  table(["command", "config", "median ms/exec", "p90 ms/exec", "vs glibc", "page faults",
                         "faults vs glibc"], rows))
-    if any(c.name == "memshim-wheel" for c in configs):
+    if any(c.name.startswith("memshim-wheel") for c in configs):
         res["md"] += (
-            "\n\n`memshim-wheel` is the wheel's build of the same checkout (`make wheel`: zig, glibc 2.17's "
-            "symbols), what pip users preload. Its extra cost over `memshim` is the two libraries that glibc "
-            "before 2.34 needs for the symbols it imports, `libpthread.so.0` and `libdl.so.2`: empty stubs from "
-            "2.34 on, but the loader still opens and maps them in every exec (about 19 system calls, 9 page "
-            "faults and 20 k instructions; `python3 bench/execcost.py glibc target/release/libmemshim.so "
-            "target/x86_64-unknown-linux-gnu/release/libmemshim.so` counts them, and the cargo build with those "
-            "two names added by `patchelf --add-needed` costs what the wheel's does). docs/design.md, "
-            "\"Portability\", says why it stays.")
+            "\n\n`memshim-wheel` and `memshim-wheel217` are the wheels' builds of the same checkout (`make "
+            "wheel`: zig), what pip users preload: the manylinux_2_34 wheel's library, which pip installs "
+            "wherever glibc is 2.34 or newer, and the manylinux_2_17 one's, for older glibc. The 2.17 build's "
+            "extra cost is the two libraries that glibc before 2.34 needs for the symbols it imports, "
+            "`libpthread.so.0` and `libdl.so.2`: empty stubs from 2.34 on, but the loader still opens and maps "
+            "them in every exec (about 19 system calls and 9 page faults; `python3 bench/execcost.py glibc "
+            "target/release/libmemshim.so target/glibc2.34/x86_64-unknown-linux-gnu/release/libmemshim.so "
+            "target/x86_64-unknown-linux-gnu/release/libmemshim.so` counts them). docs/design.md, "
+            "\"Portability\", says why there are two wheels.")
     res["md"] += (
         "\n\nWhere the page faults of a `/bin/true` under memshim come from, section by section of the "
         "library, and what issue 48 (item 1) changed and left: "

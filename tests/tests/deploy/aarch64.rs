@@ -11,16 +11,25 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use memshim_tests::deploy::fresh_dir;
-use memshim_tests::wheel::{assert_glibc_floor, build_wheel, tools_python, workspace_version};
+use memshim_tests::wheel::{
+    assert_glibc_floor, assert_stubless, build_wheels, tools_python, workspace_version,
+};
 use memshim_tests::{Cmd, root, run_ok, scratch, up_to_date, wait_until};
 
 const QEMU: &str = "qemu-aarch64-static";
 const SYSROOT: &str = "/usr/aarch64-linux-gnu";
 
-/// The aarch64 wheel installed by pip (for aarch64) into scratch, or None (with a SKIP line) where rustup has
-/// no aarch64 standard library to build it with.
-fn unpacked() -> Option<&'static PathBuf> {
-    static W: OnceLock<Option<PathBuf>> = OnceLock::new();
+/// The packaged `memshim` directories of the two aarch64 wheels, each
+/// installed by pip (for aarch64) into scratch.
+struct Unpacked {
+    glibc_2_17: PathBuf,
+    glibc_2_34: PathBuf,
+}
+
+/// The aarch64 wheels installed, or None (with a SKIP line) where rustup has
+/// no aarch64 standard library to build them with.
+fn unpacked() -> Option<&'static Unpacked> {
+    static W: OnceLock<Option<Unpacked>> = OnceLock::new();
     W.get_or_init(|| {
         let o = Command::new("rustup")
             .args(["target", "list", "--installed"])
@@ -44,10 +53,17 @@ fn unpacked() -> Option<&'static PathBuf> {
                 need.display()
             );
         }
-        let wheel = build_wheel("aarch64");
-        let dir = fresh_dir("aarch64-wheel");
-        memshim_tests::wheel::pip_install_for("aarch64", &wheel, &dir);
-        Some(dir.join("memshim"))
+        let wheels = build_wheels("aarch64");
+        let [glibc_2_17, glibc_2_34] =
+            [(&wheels.glibc_2_17, "2.17"), (&wheels.glibc_2_34, "2.34")].map(|(w, floor)| {
+                let dir = fresh_dir(&format!("aarch64-wheel-{floor}"));
+                memshim_tests::wheel::pip_install_for(w, &dir);
+                dir.join("memshim")
+            });
+        Some(Unpacked {
+            glibc_2_17,
+            glibc_2_34,
+        })
     })
     .as_ref()
 }
@@ -80,20 +96,36 @@ fn qemu<S: AsRef<std::ffi::OsStr>>(prog: &Path, args: impl IntoIterator<Item = S
 }
 
 #[test]
-fn aarch64_binaries_need_no_glibc_newer_than_2_17() {
-    let Some(pkg) = unpacked() else { return };
-    for bin in ["lib/libmemshim.so", "bin/memshim-ctl"] {
-        let p = pkg.join(bin);
-        let o = Cmd::new("file", ["-b"]).arg_path(&p).run();
-        assert!(o.stdout.contains("ARM aarch64"), "{bin}: {o:?}");
-        assert_glibc_floor(&p);
+fn aarch64_binaries_need_no_glibc_newer_than_their_wheels_tag() {
+    let Some(u) = unpacked() else { return };
+    for pkg in [&u.glibc_2_17, &u.glibc_2_34] {
+        for bin in [
+            "lib/libmemshim.so",
+            "lib/libmemshim_bridge.so",
+            "bin/memshim-ctl",
+        ] {
+            let p = pkg.join(bin);
+            let o = Cmd::new("file", ["-b"]).arg_path(&p).run();
+            assert!(o.stdout.contains("ARM aarch64"), "{bin}: {o:?}");
+            if pkg == &u.glibc_2_34 && bin.starts_with("lib/") {
+                assert_stubless(&p);
+            } else {
+                assert_glibc_floor(&p, (2, 17));
+            }
+        }
     }
 }
 
 #[test]
 fn aarch64_library_routes_malloc_to_jemalloc_with_64k_pages() {
-    let Some(pkg) = unpacked() else { return };
-    let lib = pkg.join("lib/libmemshim.so");
+    let Some(u) = unpacked() else { return };
+    for pkg in [&u.glibc_2_17, &u.glibc_2_34] {
+        routes_malloc_with_64k_pages(&pkg.join("lib/libmemshim.so"));
+    }
+}
+
+/// What `aarch64_library_routes_malloc_to_jemalloc_with_64k_pages` checks, for one wheel's library.
+fn routes_malloc_with_64k_pages(lib: &Path) {
     let f = fixture_aarch64("alloc_matrix");
     let plain = qemu(&f, ["usable"]).run();
     assert_eq!(
@@ -101,20 +133,20 @@ fn aarch64_library_routes_malloc_to_jemalloc_with_64k_pages() {
         (0, "24"),
         "glibc's usable size on aarch64: {plain:?}"
     );
-    let o = qemu(&f, ["usable"]).env("LD_PRELOAD", &lib).run();
+    let o = qemu(&f, ["usable"]).env("LD_PRELOAD", lib).run();
     assert_eq!(
         (o.code, o.stdout.trim(), o.stderr.as_str()),
         (0, "8", ""),
         "{o:?}"
     );
     // Every allocator with every compatible free, through the shim.
-    let o = qemu(&f, ["--all"]).env("LD_PRELOAD", &lib).run();
+    let o = qemu(&f, ["--all"]).env("LD_PRELOAD", lib).run();
     assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
     assert_eq!(o.stdout.trim(), "matrix ok 560", "{o:?}");
     // jemalloc's compiled page size is 64 KiB (the kernel here has 4 KiB
     // pages: a 64 KiB build runs on both, a 4 KiB build only on 4 KiB).
     let o = qemu(&f, ["usable"])
-        .env("LD_PRELOAD", &lib)
+        .env("LD_PRELOAD", lib)
         .env(
             "MEMSHIM_MALLOC_CONF",
             "stats_print:true,stats_print_opts:mdablxe",
@@ -130,7 +162,8 @@ fn aarch64_library_routes_malloc_to_jemalloc_with_64k_pages() {
 
 #[test]
 fn aarch64_memshim_ctl_reads_stats_of_an_aarch64_shimmed_process() {
-    let Some(pkg) = unpacked() else { return };
+    let Some(u) = unpacked() else { return };
+    let pkg = &u.glibc_2_34;
     let lib = pkg.join("lib/libmemshim.so");
     let ctl = pkg.join("bin/memshim-ctl");
     let ver = workspace_version();

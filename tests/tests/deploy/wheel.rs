@@ -1,7 +1,9 @@
-//! The x86_64 wheel as a user gets it: `make wheel`, then `pip install`
-//! offline into a fresh venv, then only what the venv has: `memshim-ctl`
-//! on PATH, `python -m memshim lib|run`, the in-process API. Also the
-//! glibc floor of both binaries, one version everywhere, and the steps of
+//! The x86_64 wheels as a user gets them: `make wheel`, then `pip install
+//! memshim` offline from the directory that holds both into a fresh venv
+//! (pip takes the glibc 2.34 wheel here), then only what the venv has:
+//! `memshim-ctl` on PATH, `python -m memshim lib|run`, the in-process API.
+//! Also the glibc floor of each wheel's binaries, the 2.17 wheel installed
+//! on its own, one version everywhere, and the steps of
 //! examples/docker/Dockerfile.wheel run by hand.
 
 use std::path::{Path, PathBuf};
@@ -9,13 +11,15 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use memshim_tests::deploy::{fresh_dir, http, json_num, json_tok};
-use memshim_tests::wheel::{assert_glibc_floor, build_wheel, workspace_version};
+use memshim_tests::wheel::{
+    Wheels, assert_glibc_floor, assert_stubless, build_wheels, workspace_version,
+};
 use memshim_tests::{Cmd, fixture, python, root, rss_bytes, wait_until};
 
 /// A venv with the wheel installed by pip, offline.
 struct Venv {
     dir: PathBuf,
-    wheel: PathBuf,
+    wheels: Wheels,
 }
 
 impl Venv {
@@ -50,14 +54,27 @@ fn pip_install(venv: &Path, args: &[&str]) {
     assert_eq!((o.code, o.stderr.as_str()), (0, ""), "pip install: {o:?}");
 }
 
+/// `pip install memshim` with both wheels in `--find-links`, as from PyPI:
+/// pip chooses the wheel for this machine's glibc.
 fn venv() -> &'static Venv {
     static V: OnceLock<Venv> = OnceLock::new();
     V.get_or_init(|| {
-        let wheel = build_wheel("x86_64");
+        let wheels = build_wheels("x86_64");
         let dir = make_venv("wheel-venv");
-        pip_install(&dir, &[wheel.to_str().unwrap()]);
-        Venv { dir, wheel }
+        pip_install(
+            &dir,
+            &["--find-links", wheels.dir.to_str().unwrap(), "memshim"],
+        );
+        Venv { dir, wheels }
     })
+}
+
+/// The packaged `memshim` directory of the venv at `venv`.
+fn package(python: &Path) -> PathBuf {
+    let o = Cmd::new(python, ["-m", "memshim", "lib"]).run();
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    let lib = PathBuf::from(o.stdout.trim_end());
+    lib.parent().unwrap().parent().unwrap().to_path_buf()
 }
 
 trait CmdExt {
@@ -250,22 +267,74 @@ for f in (memshim.stats, memshim.purge):
     }
 }
 
+/// On glibc 2.34 and later pip installs the 2.34 wheel, and a preloaded
+/// process maps no stub library: what that wheel is for.
 #[test]
-fn both_packaged_binaries_need_no_glibc_newer_than_2_17() {
+fn pip_installs_the_glibc_2_34_wheel_here_and_preloaded_processes_map_no_stub_library() {
     let v = venv();
-    let pkg = PathBuf::from(
-        Cmd::new(v.python(), ["-m", "memshim", "lib"])
-            .run()
-            .stdout
-            .trim_end(),
+    let pkg = package(&v.python());
+    let lib = pkg.join("lib/libmemshim.so");
+    assert_eq!(
+        std::fs::read(&lib).unwrap(),
+        unzip(&v.wheels.glibc_2_34, "memshim/lib/libmemshim.so"),
+        "pip did not install the manylinux_2_34 wheel's library"
+    );
+    assert_stubless(&lib);
+    assert_stubless(&pkg.join("lib/libmemshim_bridge.so"));
+    assert_glibc_floor(&pkg.join("bin/memshim-ctl"), (2, 17));
+    let o = Cmd::new(
+        v.bin("memshim-ctl"),
+        ["run", "--", "cat", "/proc/self/maps"],
     )
-    .parent()
-    .unwrap()
-    .parent()
-    .unwrap()
-    .to_path_buf();
-    assert_glibc_floor(&pkg.join("lib/libmemshim.so"));
-    assert_glibc_floor(&pkg.join("bin/memshim-ctl"));
+    .run();
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    let real = lib.canonicalize().unwrap();
+    assert!(o.stdout.contains(real.to_str().unwrap()), "{}", o.stdout);
+    for stub in ["/libpthread.so.0", "/libdl.so.2", "/libpthread-", "/libdl-"] {
+        assert!(!o.stdout.contains(stub), "{stub} is mapped:\n{}", o.stdout);
+    }
+}
+
+/// The 2.17 wheel on its own, as pip installs it where glibc is older than
+/// 2.34: both binaries need no newer glibc, and the library routes malloc.
+#[test]
+fn the_glibc_2_17_wheel_needs_no_newer_glibc_and_routes_malloc() {
+    let v = venv();
+    let dir = make_venv("wheel-venv-2.17");
+    pip_install(&dir, &[v.wheels.glibc_2_17.to_str().unwrap()]);
+    let pkg = package(&dir.join("bin/python"));
+    for bin in [
+        "lib/libmemshim.so",
+        "lib/libmemshim_bridge.so",
+        "bin/memshim-ctl",
+    ] {
+        assert_glibc_floor(&pkg.join(bin), (2, 17));
+    }
+    let f = fixture("alloc_matrix", &[]);
+    let o = Cmd::new(dir.join("bin/memshim-ctl"), ["run", "--"])
+        .arg(&f)
+        .arg("usable")
+        .run();
+    assert_eq!(
+        (o.code, o.stdout.trim(), o.stderr.as_str()),
+        (0, "8", ""),
+        "{o:?}"
+    );
+}
+
+/// The bytes of `member` in the zip file `wheel`, by Python's zipfile.
+fn unzip(wheel: &Path, member: &str) -> Vec<u8> {
+    let o = std::process::Command::new(python())
+        .args([
+            "-c",
+            "import sys, zipfile; sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read(sys.argv[2]))",
+        ])
+        .arg(wheel)
+        .arg(member)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "unzip {member}: {o:?}");
+    o.stdout
 }
 
 /// A Python process started by the venv's `memshim-ctl run --control on`,
@@ -287,11 +356,15 @@ fn python_host(v: &Venv, name: &str) -> (memshim_tests::Child, PathBuf) {
 fn one_version_everywhere_and_the_python_figures_come_through() {
     let v = venv();
     let ver = workspace_version();
-    let name = v.wheel.file_name().unwrap().to_str().unwrap().to_owned();
-    assert_eq!(
-        name,
-        format!("memshim-{ver}-py3-none-manylinux_2_17_x86_64.whl")
-    );
+    for (w, floor) in [
+        (&v.wheels.glibc_2_17, "2_17"),
+        (&v.wheels.glibc_2_34, "2_34"),
+    ] {
+        assert_eq!(
+            w.file_name().unwrap().to_str().unwrap(),
+            format!("memshim-{ver}-py3-none-manylinux_{floor}_x86_64.whl")
+        );
+    }
     let o = Cmd::new(v.python(), ["-m", "memshim", "--version"]).run();
     assert_eq!(o.stdout.trim(), format!("memshim {ver}"));
     let o = Cmd::new(
@@ -315,7 +388,8 @@ fn one_version_everywhere_and_the_python_figures_come_through() {
     // The library's own version (hello and stats report CARGO_PKG_VERSION).
     assert_eq!(stats["config"]["shim_version"], ver.as_str(), "{stats}");
     // pymalloc's arenas are read through fmemopen, which the 2.17 build
-    // binds at its pre-2.22 symbol version: the figure must still be there.
+    // binds at its pre-2.22 symbol version (`make test-shipped` runs the
+    // python family against that build): the figure must be there.
     let arenas = stats["python"]["pymalloc_arena_bytes"].as_u64().unwrap();
     assert!(
         arenas >= 256 << 10,
