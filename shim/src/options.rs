@@ -19,13 +19,16 @@
 //! one composed configuration string:
 //!
 //! ```text
-//! memshim defaults , MALLOC_CONF , _RJEM_MALLOC_CONF , MEMSHIM_* knobs , MEMSHIM_MALLOC_CONF
+//! memshim defaults , MALLOC_CONF , _RJEM_MALLOC_CONF , MEMSHIM_* knobs , MEMSHIM_MALLOC_CONF [, narenas:<4 × CPU quota>]
 //! ```
 //!
-//! jemalloc applies pairs left to right, so later sources win. The settings
-//! are thus in force before `main`, and the allocation path never looks at
-//! them. The constructor calls [`load`] again (a no-op if jemalloc already
-//! did) for processes where jemalloc was never initialised.
+//! jemalloc applies pairs left to right, so later sources win; the arena
+//! count for a CPU quota comes last, and only where no source sets one, so
+//! it acts as a default ([`add_auto_narenas`]). The settings are thus in
+//! force before `main`, and the allocation path never looks at them. The
+//! constructor calls [`load`] again (a no-op if jemalloc already did) for
+//! processes where jemalloc was never initialised; the CPU quota is read
+//! only when jemalloc asks for the string.
 //!
 //! jemalloc holds its init lock meanwhile: everything here reads the
 //! environment and the cgroup files with raw system calls (`os::env`,
@@ -221,6 +224,8 @@ const CONF_MAX: usize = 8192;
 #[repr(C)]
 struct Loaded {
     done: AtomicBool,
+    /// [`add_auto_narenas`] ran.
+    narenas_added: AtomicBool,
     conf_len: AtomicU32,
     conf: UnsafeCell<StackBuf<{ CONF_MAX + 1 }>>,
 }
@@ -233,6 +238,7 @@ unsafe impl Sync for Loaded {}
 #[unsafe(link_section = ".data.memshim_touched.tail")]
 static LOADED: Loaded = Loaded {
     done: AtomicBool::new(false),
+    narenas_added: AtomicBool::new(false),
     conf_len: AtomicU32::new(0),
     conf: UnsafeCell::new(StackBuf::new()),
 };
@@ -346,10 +352,8 @@ fn compose_conf() {
     s.push(b",muzzy_decay_ms:");
     s.push_i64(spec::MUZZY_DECAY_MS.default_value());
     s.push(b",oversize_threshold:0,tcache_gc_incr_bytes:1048576,cache_oblivious:false");
-    if let Some(n) = auto_narenas() {
-        s.push(b",narenas:");
-        s.push_i64(n.into());
-    }
+    //    The arena count under a CPU quota is not composed here but added
+    //    when jemalloc asks for the string (`add_auto_narenas`).
     //    The heap profiler, ready but not sampling: `memshim-ctl profile`
     //    sets `prof.active` (jemalloc.rs, "Heap profiles"). Without
     //    `prof:true` here it can never be switched on in this process.
@@ -404,9 +408,9 @@ fn compose_conf() {
             show(pair),
         ));
     }
-    // Room for the NUL; no setting holds one (they come from the
-    // environment).
-    s.truncate(CONF_MAX);
+    // Room for the arena count `add_auto_narenas` may append, and for the
+    // NUL; no setting holds one (they come from the environment).
+    s.truncate(CONF_MAX - NARENAS_ROOM);
     let n = s.as_cstr().map_or(0, |c| c.to_bytes().len());
     LOADED.conf_len.store(n as u32, Release);
 }
@@ -454,8 +458,9 @@ pub fn effective_cpus() -> (u32, Option<u32>) {
 /// namespace it is `/` (the mount root), outside one the path below the
 /// mount (a pod's `cpu.max` sits there: reading the root's alone found no
 /// quota and sized the arenas for every host CPU). Raw system calls and
-/// fixed buffers (see the module docs): this runs in every exec whose
-/// affinity mask has more than one CPU.
+/// fixed buffers (see the module docs): this runs when jemalloc initialises
+/// in every process whose affinity mask has more than one CPU and which
+/// sets no arena count ([`add_auto_narenas`]).
 #[unsafe(link_section = ".text.startup")]
 fn cgroup_quota_cpus() -> Option<u32> {
     let mut text = [0u8; 2048];
@@ -561,11 +566,57 @@ fn auto_narenas() -> Option<u32> {
 }
 
 /// The configuration string for jemalloc, NUL-terminated (loading the
-/// settings first if needed). For `exports::wrap_secure_getenv`.
+/// settings first if needed). For `exports::wrap_secure_getenv`: jemalloc
+/// asks for it once, when it initialises, holding its init lock.
 pub fn jemalloc_conf_ptr() -> *const c_char {
     load();
-    // SAFETY: `load` composed it (NUL-terminated) and nothing writes it again.
+    add_auto_narenas();
+    // SAFETY: `load` composed it (NUL-terminated), `add_auto_narenas` added
+    // to it at most once, and nothing writes it again.
     unsafe { (*LOADED.conf.get()).as_ptr().cast() }
+}
+
+/// Room for the pair [`add_auto_narenas`] appends (`,narenas:4094` at most).
+const NARENAS_ROOM: usize = 16;
+
+/// Appends `,narenas:<4 × quota>` to the composed string when a CPU quota
+/// is tighter than the affinity mask ([`auto_narenas`]) and no entry of the
+/// string sets a count of its own; jemalloc then reads it as it would have
+/// read it among memshim's defaults. Not composed with them: the cgroup
+/// files are read only when jemalloc initialises, so a process that never
+/// allocates reads none (issue 48, item 1: 10 system calls in every such
+/// exec), and a count set by the user spares the reading.
+#[unsafe(link_section = ".text.startup")]
+fn add_auto_narenas() {
+    if LOADED.narenas_added.swap(true, AcqRel) {
+        return;
+    }
+    // SAFETY: jemalloc's init lock is held (or the process is still
+    // single-threaded), and readers of the string come after it.
+    let s = unsafe { &mut *LOADED.conf.get() };
+    if sets_narenas(s.as_bytes()) {
+        return;
+    }
+    let Some(n) = auto_narenas() else {
+        return;
+    };
+    s.push(b",narenas:");
+    s.push_i64(n.into());
+    let len = s.as_cstr().map_or(0, |c| c.to_bytes().len());
+    LOADED.conf_len.store(len as u32, Release);
+}
+
+/// Whether a pair of `conf` sets a valid arena count (one jemalloc accepts).
+#[unsafe(link_section = ".text.startup")]
+fn sets_narenas(conf: &[u8]) -> bool {
+    for pair in conf.split(|&b| b == b',') {
+        if let Some(v) = pair.strip_prefix(b"narenas:")
+            && os::parse_u64(v).is_some_and(|n| (1..=MAX_NARENAS as u64).contains(&n))
+        {
+            return true;
+        }
+    }
+    false
 }
 
 // --- accessors ----------------------------------------------------------------
@@ -657,7 +708,8 @@ pub fn jemalloc_conf() -> &'static [u8] {
 /// Called from the constructor.
 #[unsafe(link_section = ".text.startup")]
 pub fn warn_unknown() {
-    for entry in os::env::entries() {
+    let first = spec::PREFIX.as_bytes()[0];
+    for entry in os::env::entries_starting(|b| b == first) {
         let Some(rest) = entry.strip_prefix(spec::PREFIX.as_bytes()) else {
             continue;
         };

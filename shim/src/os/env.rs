@@ -19,19 +19,34 @@ fn secure() -> bool {
 
 /// Every `NAME=value` entry, as bytes. Allocation-free.
 pub fn entries() -> impl Iterator<Item = &'static [u8]> {
+    entries_starting(|_| true)
+}
+
+/// The entries whose first byte `first` accepts, as bytes. The others are
+/// skipped without measuring their length: this runs in every exec, and of
+/// an environment's few dozen entries only those starting with `M` can be
+/// a setting (issue 48, item 1: it took 450 `memcmp` and 80 `strlen` calls,
+/// 12 k instructions, in every `/bin/true`). Allocation-free.
+#[unsafe(link_section = ".text.startup")]
+pub fn entries_starting(first: impl Fn(u8) -> bool) -> impl Iterator<Item = &'static [u8]> {
     // SAFETY: `environ` is NULL or a NULL-terminated array of C strings that
     // live as long as the process unless the program edits its environment
     // (then we read the array it put there).
     let mut p = unsafe { environ };
     core::iter::from_fn(move || {
-        // SAFETY: as above; `p` stays inside the array up to its NULL.
+        // SAFETY: as above; `p` stays inside the array up to its NULL, and
+        // each entry has at least its NUL to read.
         unsafe {
-            if p.is_null() || (*p).is_null() {
-                return None;
+            loop {
+                if p.is_null() || (*p).is_null() {
+                    return None;
+                }
+                let e = *p;
+                p = p.add(1);
+                if first(*e as u8) {
+                    return Some(CStr::from_ptr(e).to_bytes());
+                }
             }
-            let e = CStr::from_ptr(*p).to_bytes();
-            p = p.add(1);
-            Some(e)
         }
     })
 }
@@ -45,7 +60,8 @@ pub fn vars<const N: usize>(names: &[&[u8]; N]) -> [Option<&'static [u8]>; N] {
     if secure() {
         return found;
     }
-    for e in entries() {
+    let starts = |b: u8| names.iter().any(|n| n.first() == Some(&b));
+    for e in entries_starting(starts) {
         for (slot, name) in found.iter_mut().zip(names) {
             if slot.is_none()
                 && let Some(v) = e.strip_prefix(*name).and_then(|r| r.strip_prefix(b"="))

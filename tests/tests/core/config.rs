@@ -497,3 +497,62 @@ fn auto_caps_arenas_at_four_per_cpu_of_a_tighter_quota() {
     let o = under_quota(&(100000 * cpus).to_string());
     assert_eq!(last_narenas(&o), 4 * cpus, "{o:?}");
 }
+
+/// The CPU quota is read when jemalloc initialises, on the first
+/// allocation, not in the constructor (issue 48, item 1): under the shim,
+/// `/bin/true`, which never allocates, neither asks for its affinity mask
+/// nor opens a cgroup file; `/bin/echo`, which allocates (setlocale), does
+/// both. Only where the mask has two CPUs or more: with one, no quota could
+/// be tighter and nothing is read.
+#[test]
+fn only_a_process_that_allocates_reads_its_cpu_quota() {
+    let nproc = Cmd::new("nproc", Vec::<&str>::new()).run();
+    let cpus: u32 = nproc.stdout.trim().parse().expect("nproc");
+    if cpus < 2 {
+        eprintln!("SKIP: {cpus} CPU(s): the quota is never read");
+        return;
+    }
+    let trace = |prog: &str, args: &[&str]| -> String {
+        let out = memshim_tests::scratch().join(format!(
+            "quota-strace-{}-{}",
+            prog.rsplit('/').next().unwrap(),
+            std::process::id()
+        ));
+        let preload = format!("LD_PRELOAD={}", memshim_tests::shim().display());
+        let o = Cmd::new(
+            "strace",
+            [
+                "-f",
+                "-qq",
+                "-e",
+                "trace=openat,open,sched_getaffinity",
+                "-E",
+                &preload,
+                "-o",
+                out.to_str().unwrap(),
+                prog,
+            ]
+            .iter()
+            .chain(args),
+        )
+        .run();
+        assert_eq!((o.code, o.stderr.as_str()), (0, ""), "strace {prog}: {o:?}");
+        let t = std::fs::read_to_string(&out).unwrap();
+        let _ = std::fs::remove_file(&out);
+        t
+    };
+    let t = trace("/bin/true", &[]);
+    assert!(
+        t.contains("libmemshim.so"),
+        "the shim was not loaded into /bin/true:\n{t}"
+    );
+    assert!(
+        !t.contains("/proc/self/cgroup") && !t.contains("sched_getaffinity"),
+        "/bin/true, which never allocates, read its CPU quota:\n{t}"
+    );
+    let t = trace("/bin/echo", &["still here"]);
+    assert!(
+        t.contains("/proc/self/cgroup") && t.contains("sched_getaffinity"),
+        "/bin/echo allocates, but its CPU quota was not read:\n{t}"
+    );
+}
