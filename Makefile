@@ -79,13 +79,16 @@ test-integration: build ## Real processes under LD_PRELOAD (tests/), family by f
 # and 2.34; docs/design.md, "Portability"): profiling, sampling under CPython, numpy
 # and torch, the interposed symbols and errno, the Python bridge's reach,
 # and the exec-cost smoke. Each test binary names the build it runs.
-# Both wheels' libraries (2.17 and 2.34) run them, each with the 2.17 CLI.
+# Both wheels' libraries (2.17 and 2.34) run them, each with the 2.17 CLI,
+# which is copied beside the 2.34 libraries as the 2_34 wheel packs it:
+# memshim-ctl loads the bridge (attach) from beside its own real path.
 SHIPPED_DIR  := target/$(HOST_ARCH)-unknown-linux-gnu/release
 SHIPPED_LIBS := $(SHIPPED_DIR) $(STUBLESS_DIR)/$(HOST_ARCH)-unknown-linux-gnu/release
 test-shipped: wheel-$(HOST_ARCH) ## The build-dependent families against the wheels' libraries (make test runs them)
 	@set -e; for d in $(SHIPPED_LIBS); do \
-	    echo "== test-shipped: a wheel's build, $$d/libmemshim.so, and $(SHIPPED_DIR)/memshim-ctl"; \
-	    export MEMSHIM_TEST_LIB=$(CURDIR)/$$d/libmemshim.so MEMSHIM_TEST_CTL=$(CURDIR)/$(SHIPPED_DIR)/memshim-ctl; \
+	    [ "$$d" = "$(SHIPPED_DIR)" ] || install -m 0755 $(SHIPPED_DIR)/memshim-ctl $$d/memshim-ctl; \
+	    echo "== test-shipped: a wheel's build, $$d: libmemshim.so, libmemshim_bridge.so and the 2.17 memshim-ctl"; \
+	    export MEMSHIM_TEST_LIB=$(CURDIR)/$$d/libmemshim.so MEMSHIM_TEST_CTL=$(CURDIR)/$$d/memshim-ctl; \
 	    $(CARGO) test --release -p memshim-tests --test core --no-fail-fast -- --test-threads=2 \
 	        interpose:: compat::free_keeps_errno forks::a_fork_costs; \
 	    $(CARGO) test --release -p memshim-tests --test control --no-fail-fast -- --test-threads=2 profile:: profile_files::; \

@@ -97,8 +97,7 @@ def main():
         params["s1"]["kind"] = "numpy" if s1_model.pick_kind(python, "auto") in ("torch", "numpy") else "bytes"
 
     programs = build_all()
-    ctx = Context(mode, params, configs, vars_, params["reps"], out_dir, plot_dir, programs, python)
-    ctx.named_configs = want
+    ctx = Context(mode, params, configs, vars_, params["reps"], out_dir, plot_dir, programs, python, want)
     machine = facts(python)
     only = set(filter(None, a.only.split(",")))
     results, errors, durations = {}, [], {}

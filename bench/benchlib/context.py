@@ -8,8 +8,11 @@ from .configs import ROOT
 
 
 class Context:
-    def __init__(self, mode, params, configs, variants, reps, out_dir, plot_dir, programs, python):
+    def __init__(self, mode, params, configs, variants, reps, out_dir, plot_dir, programs, python,
+                 named_configs=frozenset()):
         self.mode, self.p, self.configs, self.variants = mode, params, configs, variants
+        # The configurations --configs named (empty: the run's defaults).
+        self.named_configs = named_configs
         self.reps, self.out_dir, self.plot_dir = reps, out_dir, plot_dir
         self.programs, self.python = programs, python
         self.t_start = time.monotonic()

@@ -72,7 +72,7 @@ def run(ctx):
             "wherever glibc is 2.34 or newer, and the manylinux_2_17 one's, for older glibc. The 2.17 build's "
             "extra cost is the two libraries that glibc before 2.34 needs for the symbols it imports, "
             "`libpthread.so.0` and `libdl.so.2`: empty stubs from 2.34 on, but the loader still opens and maps "
-            "them in every exec (about 19 system calls and 9 page faults; `python3 bench/execcost.py glibc "
+            "them in every exec (about 19 system calls and 10 page faults; `python3 bench/execcost.py glibc "
             "target/release/libmemshim.so target/glibc2.34/x86_64-unknown-linux-gnu/release/libmemshim.so "
             "target/x86_64-unknown-linux-gnu/release/libmemshim.so` counts them). docs/design.md, "
             "\"Portability\", says why there are two wheels.")

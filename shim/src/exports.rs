@@ -459,6 +459,7 @@ unsafe fn __real_secure_getenv(name: *const c_char) -> *mut c_char {
 ///
 /// # Safety
 /// `name` must be NUL-terminated (what glibc's `secure_getenv` takes).
+#[unsafe(link_section = ".text.startup")]
 pub unsafe extern "C" fn wrap_secure_getenv(name: *const c_char) -> *mut c_char {
     // SAFETY: the caller passes a C string.
     let key = unsafe { core::ffi::CStr::from_ptr(name) };

@@ -19,16 +19,16 @@
 //! one composed configuration string:
 //!
 //! ```text
-//! memshim defaults , MALLOC_CONF , _RJEM_MALLOC_CONF , MEMSHIM_* knobs , MEMSHIM_MALLOC_CONF [, narenas:<4 × CPU quota>]
+//! memshim defaults , MALLOC_CONF , _RJEM_MALLOC_CONF , MEMSHIM_* knobs , MEMSHIM_MALLOC_CONF
 //! ```
 //!
-//! jemalloc applies pairs left to right, so later sources win; the arena
-//! count for a CPU quota comes last, and only where no source sets one, so
-//! it acts as a default ([`add_auto_narenas`]). The settings are thus in
-//! force before `main`, and the allocation path never looks at them. The
-//! constructor calls [`load`] again (a no-op if jemalloc already did) for
-//! processes where jemalloc was never initialised; the CPU quota is read
-//! only when jemalloc asks for the string.
+//! jemalloc applies pairs left to right, so later sources win. The settings
+//! are thus in force before `main`, and the allocation path never looks at
+//! them. The constructor calls [`load`] again (a no-op if jemalloc already
+//! did) for processes where jemalloc was never initialised. One default is
+//! left out until jemalloc asks for the string: the arena count under a CPU
+//! quota ([`add_auto_narenas`]), which reads the cgroup files, so that a
+//! process that never allocates reads none.
 //!
 //! jemalloc holds its init lock meanwhile: everything here reads the
 //! environment and the cgroup files with raw system calls (`os::env`,
@@ -213,8 +213,9 @@ const CONF_MAX: usize = 8192;
 
 /// What [`load`] writes in every exec, in one place: the flag, then
 /// jemalloc's configuration, NUL-terminated, with its length in front of its
-/// bytes. Composed by [`compose_conf`] in place, once, and only read
-/// afterwards. A static, not the stack: composing runs at the first `malloc`,
+/// bytes. Composed by [`compose_conf`] in place, once; [`add_auto_narenas`]
+/// may put the arena count in front when jemalloc asks for it, and it is
+/// only read afterwards. A static, not the stack: composing runs at the first `malloc`,
 /// on whatever stack the program has (a small `ulimit -s` overflowed with
 /// the buffer there). `repr(C)`, in this order, so that a process with a
 /// configuration of ordinary length writes one page of it: the flag and the
@@ -229,8 +230,10 @@ struct Loaded {
     conf_len: AtomicU32,
     conf: UnsafeCell<StackBuf<{ CONF_MAX + 1 }>>,
 }
-// SAFETY: `conf` is written only in `load` (single-threaded, before `done`
-// is published with Release); its length is published after the bytes.
+// SAFETY: `conf` is written in `load` (single-threaded, before `done` is
+// published with Release) and at most once more by `add_auto_narenas`,
+// under jemalloc's init lock, before anything reads it; its length is
+// published after the bytes.
 unsafe impl Sync for Loaded {}
 // Last of the statics the constructor touches (`touched_at_start!`, in
 // lib.rs), so that its head shares their page: in `.bss` its first page
@@ -352,8 +355,8 @@ fn compose_conf() {
     s.push(b",muzzy_decay_ms:");
     s.push_i64(spec::MUZZY_DECAY_MS.default_value());
     s.push(b",oversize_threshold:0,tcache_gc_incr_bytes:1048576,cache_oblivious:false");
-    //    The arena count under a CPU quota is not composed here but added
-    //    when jemalloc asks for the string (`add_auto_narenas`).
+    //    The arena count under a CPU quota is not composed here but put in
+    //    front when jemalloc asks for the string (`add_auto_narenas`).
     //    The heap profiler, ready but not sampling: `memshim-ctl profile`
     //    sets `prof.active` (jemalloc.rs, "Heap profiles"). Without
     //    `prof:true` here it can never be switched on in this process.
@@ -408,8 +411,8 @@ fn compose_conf() {
             show(pair),
         ));
     }
-    // Room for the arena count `add_auto_narenas` may append, and for the
-    // NUL; no setting holds one (they come from the environment).
+    // Room for the arena count `add_auto_narenas` may put in front, and for
+    // the NUL; no setting holds one (they come from the environment).
     s.truncate(CONF_MAX - NARENAS_ROOM);
     let n = s.as_cstr().map_or(0, |c| c.to_bytes().len());
     LOADED.conf_len.store(n as u32, Release);
@@ -567,7 +570,10 @@ fn auto_narenas() -> Option<u32> {
 
 /// The configuration string for jemalloc, NUL-terminated (loading the
 /// settings first if needed). For `exports::wrap_secure_getenv`: jemalloc
-/// asks for it once, when it initialises, holding its init lock.
+/// asks for it once, when it initialises, holding its init lock. In
+/// `.text.startup`, with what it inlines: it runs in every process that
+/// allocates.
+#[unsafe(link_section = ".text.startup")]
 pub fn jemalloc_conf_ptr() -> *const c_char {
     load();
     add_auto_narenas();
@@ -576,23 +582,26 @@ pub fn jemalloc_conf_ptr() -> *const c_char {
     unsafe { (*LOADED.conf.get()).as_ptr().cast() }
 }
 
-/// Room for the pair [`add_auto_narenas`] appends (`,narenas:4094` at most).
+/// Room for the pair [`add_auto_narenas`] puts in front (`narenas:4094,`
+/// at most).
 const NARENAS_ROOM: usize = 16;
 
-/// Appends `,narenas:<4 × quota>` to the composed string when a CPU quota
-/// is tighter than the affinity mask ([`auto_narenas`]) and no entry of the
-/// string sets a count of its own; jemalloc then reads it as it would have
-/// read it among memshim's defaults. Not composed with them: the cgroup
-/// files are read only when jemalloc initialises, so a process that never
-/// allocates reads none (issue 48, item 1: 10 system calls in every such
-/// exec), and a count set by the user spares the reading.
+/// Puts `narenas:<4 × quota>,` in front of the composed string when a CPU
+/// quota is tighter than the affinity mask ([`auto_narenas`]): first, among
+/// memshim's defaults, so that every source after it still wins. Not
+/// composed with them: the cgroup files are read only when jemalloc
+/// initialises and asks for the string, so a process that never allocates
+/// reads none (issue 48, item 1: nine system calls in every such exec).
+/// Where a later pair sets a count in decimal, which wins anyway, nothing is
+/// read either.
 #[unsafe(link_section = ".text.startup")]
 fn add_auto_narenas() {
     if LOADED.narenas_added.swap(true, AcqRel) {
         return;
     }
-    // SAFETY: jemalloc's init lock is held (or the process is still
-    // single-threaded), and readers of the string come after it.
+    // SAFETY: jemalloc holds its init lock while it asks for the string
+    // (once, on one thread), and the one reader after `load`,
+    // `report::print_verbose`, reads it after jemalloc has initialised.
     let s = unsafe { &mut *LOADED.conf.get() };
     if sets_narenas(s.as_bytes()) {
         return;
@@ -600,21 +609,44 @@ fn add_auto_narenas() {
     let Some(n) = auto_narenas() else {
         return;
     };
-    s.push(b",narenas:");
-    s.push_i64(n.into());
+    let mut pair = StackBuf::<NARENAS_ROOM>::new();
+    pair.push(b"narenas:");
+    pair.push_i64(n.into());
+    pair.push(b",");
+    s.prepend(pair.as_bytes());
     let len = s.as_cstr().map_or(0, |c| c.to_bytes().len());
     LOADED.conf_len.store(len as u32, Release);
 }
 
-/// Whether a pair of `conf` sets a valid arena count (one jemalloc accepts).
+/// Whether a pair of `conf` sets an arena count in decimal that jemalloc
+/// accepts as it is (1 to [`MAX_NARENAS`]). Other forms it also reads
+/// (`default`, hexadecimal, larger counts it lowers) are not looked into:
+/// they still come after the pair [`add_auto_narenas`] puts in front.
+/// Plain loops: it runs when jemalloc initialises, in every process that
+/// allocates, and `split` and `parse_u64` lie outside `.text.startup`, two
+/// pages of code of their own.
 #[unsafe(link_section = ".text.startup")]
 fn sets_narenas(conf: &[u8]) -> bool {
-    for pair in conf.split(|&b| b == b',') {
-        if let Some(v) = pair.strip_prefix(b"narenas:")
-            && os::parse_u64(v).is_some_and(|n| (1..=MAX_NARENAS as u64).contains(&n))
-        {
-            return true;
+    const KEY: &[u8] = b"narenas:";
+    let mut at = 0;
+    while at < conf.len() {
+        let mut end = at;
+        while end < conf.len() && conf[end] != b',' {
+            end += 1;
         }
+        let pair = &conf[at..end];
+        if pair.len() > KEY.len() && &pair[..KEY.len()] == KEY {
+            let mut n: u64 = 0;
+            let mut digits = true;
+            for &b in &pair[KEY.len()..] {
+                digits &= b.is_ascii_digit() && n <= MAX_NARENAS as u64;
+                n = n * 10 + u64::from(b.wrapping_sub(b'0'));
+            }
+            if digits && (1..=MAX_NARENAS as u64).contains(&n) {
+                return true;
+            }
+        }
+        at = end + 1;
     }
     false
 }
@@ -727,6 +759,23 @@ pub fn warn_unknown() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_decimal_count_jemalloc_takes_as_it_is_spares_the_quota() {
+        assert!(sets_narenas(b"dirty_decay_ms:1000,narenas:3"));
+        assert!(sets_narenas(b"narenas:4094,x:1"));
+        for conf in [
+            &b"dirty_decay_ms:1000"[..],
+            b"narenas:default",
+            b"narenas:0x10",
+            b"narenas:0",
+            b"narenas:5000",
+            b"narenas:abc",
+            b"xnarenas:3",
+        ] {
+            assert!(!sets_narenas(conf), "{}", show(conf));
+        }
+    }
 
     #[test]
     fn tcache_max_above_the_limit_is_named() {

@@ -17,16 +17,12 @@ fn secure() -> bool {
     unsafe { libc::getauxval(libc::AT_SECURE) != 0 }
 }
 
-/// Every `NAME=value` entry, as bytes. Allocation-free.
-pub fn entries() -> impl Iterator<Item = &'static [u8]> {
-    entries_starting(|_| true)
-}
-
-/// The entries whose first byte `first` accepts, as bytes. The others are
-/// skipped without measuring their length: this runs in every exec, and of
-/// an environment's few dozen entries only those starting with `M` can be
-/// a setting (issue 48, item 1: it took 450 `memcmp` and 80 `strlen` calls,
-/// 12 k instructions, in every `/bin/true`). Allocation-free.
+/// The `NAME=value` entries whose first byte `first` accepts, as bytes.
+/// The others are skipped without measuring their length: this runs in
+/// every exec, and of an environment's few dozen entries only those
+/// starting with `M` can be a setting (issue 48, item 1: matching every
+/// entry against every name took 450 `memcmp` and 80 `strlen` calls, 12 k
+/// instructions, in every `/bin/true`). Allocation-free.
 #[unsafe(link_section = ".text.startup")]
 pub fn entries_starting(first: impl Fn(u8) -> bool) -> impl Iterator<Item = &'static [u8]> {
     // SAFETY: `environ` is NULL or a NULL-terminated array of C strings that

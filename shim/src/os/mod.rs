@@ -341,6 +341,19 @@ impl<const N: usize> StackBuf<N> {
         self.push(&digits[at..]);
     }
 
+    /// Puts raw bytes before what was written; what no longer fits is cut
+    /// off at the end.
+    #[unsafe(link_section = ".text.startup")]
+    pub fn prepend(&mut self, bytes: &[u8]) {
+        let n = bytes.len().min(N);
+        let kept = self.len.min(N - n);
+        self.buf.copy_within(..kept, n);
+        for (dst, &b) in self.buf[..n].iter_mut().zip(bytes) {
+            dst.write(b);
+        }
+        self.len = kept + n;
+    }
+
     /// Forgets what was written.
     pub fn clear(&mut self) {
         self.len = 0;
@@ -406,6 +419,19 @@ mod tests {
         assert_eq!(parse_i64(b"+5"), Some(5));
         assert_eq!(parse_i64(b"-9223372036854775808"), Some(i64::MIN));
         assert_eq!(parse_i64(b"-"), None);
+    }
+
+    #[test]
+    fn stackbuf_prepends_and_cuts_off_at_the_end() {
+        let mut b = StackBuf::<12>::new();
+        b.push(b"tail");
+        b.prepend(b"head,");
+        assert_eq!(b.as_bytes(), b"head,tail");
+        b.prepend(b"more,");
+        assert_eq!(b.as_bytes(), b"more,head,ta");
+        let mut e = StackBuf::<4>::new();
+        e.prepend(b"toolong");
+        assert_eq!(e.as_bytes(), b"tool");
     }
 
     #[test]

@@ -478,13 +478,17 @@ fn auto_caps_arenas_at_four_per_cpu_of_a_tighter_quota() {
         "mount --bind '{}' /sys/fs/cgroup/cpu && exec /bin/echo still here",
         dir.0.display()
     );
-    let under_quota = |quota: &str| {
+    let under_quota_with = |quota: &str, env: &[(&str, &str)]| {
         std::fs::write(dir.0.join("cpu.cfs_quota_us"), quota).unwrap();
-        Cmd::new("unshare", ["-m", "sh", "-c", &script])
+        let mut c = Cmd::new("unshare", ["-m", "sh", "-c", &script])
             .shimmed()
-            .env("MEMSHIM_VERBOSE", "1")
-            .run()
+            .env("MEMSHIM_VERBOSE", "1");
+        for (k, v) in env {
+            c = c.env(k, v);
+        }
+        c.run()
     };
+    let under_quota = |quota: &str| under_quota_with(quota, &[]);
     // Half a CPU rounds up to one: 4 arenas.
     let o = under_quota("50000");
     if o.stderr.contains("unshare:") || o.stderr.contains("mount:") {
@@ -496,6 +500,20 @@ fn auto_caps_arenas_at_four_per_cpu_of_a_tighter_quota() {
     // A quota as wide as the mask changes nothing.
     let o = under_quota(&(100000 * cpus).to_string());
     assert_eq!(last_narenas(&o), 4 * cpus, "{o:?}");
+    // A count of the user's wins over the quota's, in every form jemalloc
+    // reads: the quota's count is a default, though the shim adds it when
+    // jemalloc initialises (`narenas:default` is jemalloc's own, 4 per CPU
+    // of the mask).
+    for (var, value, want) in [
+        ("MEMSHIM_NARENAS", "6", 6),
+        ("MALLOC_CONF", "narenas:3", 3),
+        ("MEMSHIM_MALLOC_CONF", "narenas:0x6", 6),
+        ("MEMSHIM_MALLOC_CONF", "narenas:default", 4 * cpus),
+    ] {
+        let o = under_quota_with("50000", &[(var, value)]);
+        assert_eq!((o.code, o.stdout.as_str()), (0, "still here\n"), "{o:?}");
+        assert_eq!(last_narenas(&o), want, "{var}={value}: {o:?}");
+    }
 }
 
 /// The CPU quota is read when jemalloc initialises, on the first
