@@ -414,6 +414,13 @@ fn compose_conf() {
     // Room for the arena count `add_auto_narenas` may put in front, and for
     // the NUL; no setting holds one (they come from the environment).
     s.truncate(CONF_MAX - NARENAS_ROOM);
+    publish(s);
+}
+
+/// NUL-terminates the composed string and publishes its length, after its
+/// bytes (Release), for [`Loaded::conf`].
+#[unsafe(link_section = ".text.startup")]
+fn publish(s: &mut StackBuf<{ CONF_MAX + 1 }>) {
     let n = s.as_cstr().map_or(0, |c| c.to_bytes().len());
     LOADED.conf_len.store(n as u32, Release);
 }
@@ -614,41 +621,19 @@ fn add_auto_narenas() {
     pair.push_i64(n.into());
     pair.push(b",");
     s.prepend(pair.as_bytes());
-    let len = s.as_cstr().map_or(0, |c| c.to_bytes().len());
-    LOADED.conf_len.store(len as u32, Release);
+    publish(s);
 }
 
 /// Whether a pair of `conf` sets an arena count in decimal that jemalloc
 /// accepts as it is (1 to [`MAX_NARENAS`]). Other forms it also reads
 /// (`default`, hexadecimal, larger counts it lowers) are not looked into:
-/// they still come after the pair [`add_auto_narenas`] puts in front.
-/// Plain loops: it runs when jemalloc initialises, in every process that
-/// allocates, and `split` and `parse_u64` lie outside `.text.startup`, two
-/// pages of code of their own.
+/// they still come after the pair [`add_auto_narenas`] puts in front. The
+/// pairs are read as [`tcache_clipped`] reads them.
 #[unsafe(link_section = ".text.startup")]
 fn sets_narenas(conf: &[u8]) -> bool {
-    const KEY: &[u8] = b"narenas:";
-    let mut at = 0;
-    while at < conf.len() {
-        let mut end = at;
-        while end < conf.len() && conf[end] != b',' {
-            end += 1;
-        }
-        let pair = &conf[at..end];
-        if pair.len() > KEY.len() && &pair[..KEY.len()] == KEY {
-            let mut n: u64 = 0;
-            let mut digits = true;
-            for &b in &pair[KEY.len()..] {
-                digits &= b.is_ascii_digit() && n <= MAX_NARENAS as u64;
-                n = n * 10 + u64::from(b.wrapping_sub(b'0'));
-            }
-            if digits && (1..=MAX_NARENAS as u64).contains(&n) {
-                return true;
-            }
-        }
-        at = end + 1;
-    }
-    false
+    conf.split(|&b| b == b',')
+        .filter_map(|pair| pair.strip_prefix(b"narenas:"))
+        .any(|v| os::parse_u64(v).is_some_and(|n| (1..=MAX_NARENAS as u64).contains(&n)))
 }
 
 // --- accessors ----------------------------------------------------------------

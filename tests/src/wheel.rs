@@ -104,16 +104,25 @@ pub fn pip_install_for(wheel: &Path, dir: &Path) {
     );
 }
 
-/// Every `GLIBC_x.y` version `bin` references (`objdump -T`), sorted; panics
-/// on `GLIBC_PRIVATE`, which no distribution promises to keep.
-pub fn glibc_versions(bin: &Path) -> Vec<(u32, u32)> {
+/// What `objdump FLAG bin` prints (it must succeed).
+fn objdump(flag: &str, bin: &Path) -> String {
     let o = Command::new("objdump")
-        .arg("-T")
+        .arg(flag)
         .arg(bin)
         .output()
         .expect("objdump (binutils) on PATH");
-    assert!(o.status.success(), "objdump -T {}: {o:?}", bin.display());
-    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "objdump {flag} {}: {o:?}",
+        bin.display()
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Every `GLIBC_x.y` version `bin` references (`objdump -T`), sorted; panics
+/// on `GLIBC_PRIVATE`, which no distribution promises to keep.
+pub fn glibc_versions(bin: &Path) -> Vec<(u32, u32)> {
+    let text = objdump("-T", bin);
     assert!(
         !text.contains("GLIBC_PRIVATE"),
         "{} needs GLIBC_PRIVATE",
@@ -169,13 +178,7 @@ pub fn assert_glibc_floor(bin: &Path, floor: (u32, u32)) {
 
 /// The `DT_NEEDED` names of `bin` (`objdump -p`), in order.
 pub fn needed(bin: &Path) -> Vec<String> {
-    let o = Command::new("objdump")
-        .arg("-p")
-        .arg(bin)
-        .output()
-        .expect("objdump (binutils) on PATH");
-    assert!(o.status.success(), "objdump -p {}: {o:?}", bin.display());
-    String::from_utf8_lossy(&o.stdout)
+    objdump("-p", bin)
         .lines()
         .filter_map(|l| l.trim().strip_prefix("NEEDED"))
         .map(|n| n.trim().to_owned())
