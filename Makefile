@@ -175,12 +175,15 @@ zigbuild = @for a in $(1); do rustup target list --installed 2>/dev/null | grep 
 # tag. WHEEL_DIR=dir puts them elsewhere than target/wheels/.
 pack = $(call pack1,$(1),$(GLIBC_FLOOR),target/$(1)-unknown-linux-gnu/release) && \
 	$(call pack1,$(1),$(GLIBC_STUBLESS),$(STUBLESS_DIR)/$(1)-unknown-linux-gnu/release)
-# $(call pack1,ARCH,GLIBC,LIBDIR): one wheel, its libraries from LIBDIR.
-pack1 = $(TOOLS)/bin/python python/build_wheel.py --arch $(1) --glibc $(2) --lib-dir $(3) \
-	    --bin-dir target/$(1)-unknown-linux-gnu/release --out $(WHEEL_DIR) && \
-	$(TOOLS)/bin/auditwheel show $(WHEEL_DIR)/memshim-*-manylinux_$(subst .,_,$(2))_$(1).whl | tr '\n' ' ' \
+# $(call pack1,ARCH,GLIBC,LIBDIR): one wheel, its libraries from LIBDIR. The
+# wheel auditwheel reads is the one build_wheel.py names on its output
+# ("PATH (N MiB)"), so wheels of other versions in WHEEL_DIR do not matter.
+pack1 = w=$$($(TOOLS)/bin/python python/build_wheel.py --arch $(1) --glibc $(2) --lib-dir $(3) \
+	    --bin-dir target/$(1)-unknown-linux-gnu/release --out $(WHEEL_DIR)) && echo "$$w" && \
+	w=$${w%% (*} && \
+	$(TOOLS)/bin/auditwheel show "$$w" | tr '\n' ' ' \
 	    | grep -q 'consistent with the following platform tag: "manylinux_$(subst .,_,$(2))_$(1)"' \
-	    || { $(TOOLS)/bin/auditwheel show $(WHEEL_DIR)/memshim-*-manylinux_$(subst .,_,$(2))_$(1).whl; exit 1; }
+	    || { $(TOOLS)/bin/auditwheel show "$$w"; exit 1; }
 
 test-aarch64: $(ZIGBUILD) ## The aarch64 smoke test under qemu-user alone (make test runs it too)
 	$(CARGO) test --release -p memshim-tests --test deploy -- aarch64:: --test-threads=1

@@ -102,6 +102,50 @@ fn no_jemalloc_internals_are_exported_or_imported() {
     );
 }
 
+/// The loader looks up each of the library's imports once per exec. The
+/// library is linked `-z now`, so every symbol relocation is bound at load;
+/// an import named by both a GOT slot (Rust's calls, full RELRO) and a PLT
+/// slot (C compiled without `-fno-plt`) is looked up twice, about 700
+/// instructions each time (`.cargo/config.toml`; bench/FINDINGS-startup.md).
+/// Where jemalloc's C code was built with the PLT, 23 of its imports were.
+/// One pair is the C runtime's, not the library's: gcc's `crtbeginS.o`
+/// tests the weak `__cxa_finalize` through the GOT before calling it
+/// through the PLT.
+#[test]
+fn each_import_is_bound_once() {
+    let lib = shim();
+    let o = run_ok(
+        Command::new("readelf").args(["-rW"]).arg(&lib),
+        format_args!("readelf -rW {lib:?}"),
+    );
+    let relocs = String::from_utf8_lossy(&o.stdout).into_owned();
+    let mut bound = std::collections::BTreeMap::<&str, Vec<&str>>::new();
+    for line in relocs.lines() {
+        // Offset Info Type Symbol's-value Symbol's-name + Addend
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let symbol_reloc =
+            w.len() >= 5 && (w[2].ends_with("_GLOB_DAT") || w[2].ends_with("_JUMP_SLOT"));
+        if symbol_reloc && !w[4].starts_with("__cxa_finalize@") {
+            bound.entry(w[4]).or_default().push(w[2]);
+        }
+    }
+    assert!(
+        bound.len() > 50,
+        "readelf -rW {lib:?} lists {} symbol relocations; a parse error?\n{relocs}",
+        bound.len()
+    );
+    let twice: Vec<String> = bound
+        .iter()
+        .filter(|(_, kinds)| kinds.len() > 1)
+        .map(|(sym, kinds)| format!("{sym} ({})", kinds.join(", ")))
+        .collect();
+    assert!(
+        twice.is_empty(),
+        "{} imports of {lib:?} are bound more than once in every exec: {twice:?}",
+        twice.len()
+    );
+}
+
 /// The code every exec runs lies together in `.text.startup`
 /// (shim/src/exports.rs, "Start-up pages"; shim/link.ld), in the cargo
 /// build (GNU ld or rust-lld) and the wheel's (zig's lld): an exec then
