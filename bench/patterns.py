@@ -6,12 +6,16 @@
 Kernels (bench/workloads/patterns.c and bigblocks.c, fixed work, so that time and memory compare):
   simple   one thread, 1000 blocks of one small size allocated then freed, six sizes (glibc-simple)
   stress   threads that come and go, blocks of mixed lifetimes and sizes that migrate (mstress)
-  xmalloc  threads that only allocate, threads that only free what they are handed (xmalloc-test)
+  xmalloc  threads that only allocate, threads that only free what they are handed (xmalloc-test):
+           T/2 producer/consumer pairs (at least one), 8M blocks in all. With more threads than
+           CPUs, threads that wait on each other's ring with sched_yield make the time bimodal
+           (0.15 or 0.35 s for one library, by how the scheduler pairs them), so T is the thread
+           count, not the pair count.
   big      one thread freeing and allocating 5-25 MiB blocks, every page written (malloc-large)
 larson (blocks freed by a successor thread) is scenario 4's `larson` kernel (BENCHMARKS.md section 4).
 
 Configurations by name from bench/benchlib/configs.py (default: glibc, jemalloc, tcmalloc, mimalloc,
-jemalloc531, mimalloc3, memshim, memshim-wheel; those whose library is missing are left out, with a
+jemalloc531, mimalloc3, memshim, memshim-wheel, memshim-wheel217; those whose library is missing are left out, with a
 line saying so). R interleaved rounds; medians of the wall time and of the peak RSS (VmHWM at the end).
 Ratios: time against glibc and against the best peer (the fastest configuration that is not memshim),
 peak RSS against glibc and jemalloc. The summary gives memshim's geometric means against the targets
@@ -29,15 +33,19 @@ from benchlib import interleaved  # noqa: E402
 from benchlib.build import build_all  # noqa: E402
 from benchlib.configs import by_name  # noqa: E402
 
-DEFAULT_CONFIGS = "glibc,jemalloc,tcmalloc,mimalloc,jemalloc531,mimalloc3,memshim,memshim-wheel"
+DEFAULT_CONFIGS = ("glibc,jemalloc,tcmalloc,mimalloc,jemalloc531,mimalloc3,"
+                   "memshim,memshim-wheel,memshim-wheel217")
+# Blocks of the xmalloc kernel, in millions, shared among its pairs.
+XMALLOC_MBLOCKS = 8
 
 
 def kernels(exe, threads):
     """(name, argv) of each kernel, each about a second under glibc on the 2-CPU development VM."""
+    pairs = max(1, threads // 2)
     return [
         ("simple", [exe["patterns"], "simple", "1", "4000"]),
         ("stress", [exe["patterns"], "stress", str(threads), "40"]),
-        ("xmalloc", [exe["patterns"], "xmalloc", str(threads), "4"]),
+        ("xmalloc", [exe["patterns"], "xmalloc", str(pairs), str(max(1, XMALLOC_MBLOCKS // pairs))]),
         ("big", [exe["bigblocks"], "300", "4", "0"]),
     ]
 
@@ -54,7 +62,7 @@ def gmean(xs):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2, help="threads of stress, and producer/consumer pairs of xmalloc")
+    ap.add_argument("--threads", type=int, default=2, help="threads of stress and of xmalloc (half of them producers)")
     ap.add_argument("--configs", default=DEFAULT_CONFIGS)
     a = ap.parse_args()
     known = by_name()
@@ -70,7 +78,7 @@ def main():
     exe = build_all()
     names = [c[0] for c in configs]
     peers = [n for n in names if not n.startswith(("memshim", "ms-"))]
-    print(f"medians of {a.runs} interleaved runs, {a.threads} threads (stress) / pairs (xmalloc); "
+    print(f"medians of {a.runs} interleaved runs, {a.threads} threads (stress, xmalloc); "
           f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
     summary = {}
     for kname, argv in kernels(exe, a.threads):
