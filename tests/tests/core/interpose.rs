@@ -71,6 +71,15 @@ fn nm(args: &[&str], file: &std::path::Path) -> Vec<String> {
     v
 }
 
+/// What `readelf FLAG FILE` prints.
+fn readelf(flag: &str, file: &std::path::Path) -> String {
+    let o = run_ok(
+        Command::new("readelf").arg(flag).arg(file),
+        format_args!("readelf {flag} {file:?}"),
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
 fn dynamic_symbols(defined_only: bool) -> Vec<String> {
     let args: &[&str] = if defined_only {
         &["-D", "--defined-only"]
@@ -116,11 +125,7 @@ fn no_jemalloc_internals_are_exported_or_imported() {
 #[cfg(target_arch = "x86_64")]
 fn each_import_is_bound_once() {
     let lib = shim();
-    let o = run_ok(
-        Command::new("readelf").args(["-rW"]).arg(&lib),
-        format_args!("readelf -rW {lib:?}"),
-    );
-    let relocs = String::from_utf8_lossy(&o.stdout).into_owned();
+    let relocs = readelf("-rW", &lib);
     let mut bound = std::collections::BTreeMap::<&str, Vec<&str>>::new();
     for line in relocs.lines() {
         // Offset Info Type Symbol's-value Symbol's-name + Addend
@@ -157,11 +162,7 @@ fn each_import_is_bound_once() {
 #[test]
 fn the_start_up_code_lies_in_one_section() {
     let lib = shim();
-    let o = run_ok(
-        Command::new("readelf").args(["-SW"]).arg(&lib),
-        format_args!("readelf -SW {lib:?}"),
-    );
-    let sections = String::from_utf8_lossy(&o.stdout).into_owned();
+    let sections = readelf("-SW", &lib);
     let line = sections
         .lines()
         .find(|l| l.split_whitespace().any(|w| w == ".text.startup"))
