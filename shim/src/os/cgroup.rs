@@ -174,23 +174,13 @@ pub fn open_in(dir: &str, name: &str, flags: i32) -> Option<Owned> {
 /// number of bytes read.
 pub fn read_at_start(f: &Owned, buf: &mut [u8]) -> Option<usize> {
     let fd = f.fd()?;
-    let _e = super::KeepErrno::new();
     let mut len = 0;
     while len < buf.len() {
-        // SAFETY: the pointer and length describe the unread rest of `buf`.
-        let n = unsafe {
-            libc::pread(
-                fd,
-                buf[len..].as_mut_ptr().cast(),
-                buf.len() - len,
-                len as libc::off_t,
-            )
-        };
-        match n {
-            0 => break,
-            n if n > 0 => len += n as usize,
-            _ if super::errno() == libc::EINTR => continue,
-            _ => return None,
+        match super::raw::pread(fd, &mut buf[len..], len) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(libc::EINTR) => continue,
+            Err(_) => return None,
         }
     }
     Some(len)

@@ -25,10 +25,10 @@
 //! numbers >= 512, away from the low numbers programs pick by hand.
 //!
 //! The records are statics (atomics only) so the fork child handler can
-//! reach them.
+//! reach them. Every system call here is made without libc (`raw.rs`), so
+//! none touches `errno`.
 
-use super::ResetTo;
-use super::{KeepErrno, errno};
+use super::{KeepErrno, ResetTo, raw};
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering::*};
 
 touched_at_start! {
@@ -41,21 +41,19 @@ pub fn private() -> bool {
     PRIVATE.load(Acquire)
 }
 
-const CLOSE_RANGE_UNSHARE: libc::c_uint = 1 << 1;
+const CLOSE_RANGE_UNSHARE: u32 = 1 << 1;
 
-fn close_range(first: u32, last: u32, flags: libc::c_uint) -> bool {
-    // SAFETY: close_range only closes descriptors of the calling thread's
-    // table (after unsharing it, with the flag).
-    unsafe { libc::syscall(libc::SYS_close_range, first, last, flags) == 0 }
+/// `close_range`: closes only descriptors of the calling thread's table
+/// (after unsharing it, with the flag).
+fn close_range(first: u32, last: u32, flags: u32) -> bool {
+    raw::close_range(first, last, flags).is_ok()
 }
 
 /// Whether [`make_private`] can work here: `close_range` or `unshare`
 /// exists and is allowed (seccomp). Changes nothing.
 pub fn can_be_private() -> bool {
-    let _e = KeepErrno::new();
     // close_range(~0, ~0): a number no table holds. unshare(0): no flags.
-    // SAFETY: neither call changes anything.
-    close_range(u32::MAX, u32::MAX, 0) || unsafe { libc::unshare(0) } == 0
+    close_range(u32::MAX, u32::MAX, 0) || raw::unshare(0).is_ok()
 }
 
 /// Moves the calling thread (the shim's, at its start, before it has opened
@@ -72,8 +70,7 @@ pub fn make_private(keep_stderr: bool) -> bool {
         // Before Linux 5.9: a copy of the whole table, whose copies are
         // closed at once (closing a copy never affects the application:
         // its record locks belong to its own table).
-        // SAFETY: unsharing the calling thread's table.
-        (unsafe { libc::unshare(libc::CLONE_FILES) } == 0) && {
+        raw::unshare(libc::CLONE_FILES).is_ok() && {
             close_copies(first);
             true
         }
@@ -102,21 +99,12 @@ fn close_copies(first: u32) {
         Some(fds) => fds
             .into_iter()
             .filter(|&fd| fd >= first as i32)
-            // SAFETY: closing copies in our private table.
-            .for_each(|fd| unsafe {
-                libc::close(fd);
-            }),
+            // Copies in our private table.
+            .for_each(raw::close),
         None => {
-            let mut r = libc::rlimit {
-                rlim_cur: 0,
-                rlim_max: 0,
-            };
-            // SAFETY: getrlimit writes `r`.
-            unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) };
-            let top = r.rlim_cur.min(1 << 20) as i32;
-            for fd in first as i32..top {
-                // SAFETY: closing copies in our private table.
-                unsafe { libc::close(fd) };
+            let top = raw::soft_limit(libc::RLIMIT_NOFILE).unwrap_or(0);
+            for fd in first as i32..top.min(1 << 20) as i32 {
+                raw::close(fd); // a copy in our private table
             }
         }
     }
@@ -149,16 +137,8 @@ fn identity(fd: i32) -> Option<(u64, u64, u32)> {
     if fd < 0 {
         return None;
     }
-    let _e = KeepErrno::new();
-    // SAFETY: `st` is a valid out-pointer; fstat on any int is harmless.
-    unsafe {
-        let mut st: libc::stat = core::mem::zeroed();
-        (libc::fstat(fd, &mut st) == 0).then_some((
-            st.st_dev as u64,
-            st.st_ino as u64,
-            st.st_mode & libc::S_IFMT,
-        ))
-    }
+    let st = raw::fstat(fd).ok()?;
+    Some((st.st_dev, st.st_ino, st.st_mode & libc::S_IFMT))
 }
 
 /// A descriptor the shim created and owns. Its number is used only through
@@ -200,13 +180,12 @@ impl Owned {
         };
         for (n, slot) in out.iter_mut().enumerate() {
             let n = n as i32;
-            // SAFETY: F_GETFD only reads the flags of a number of our table.
-            if unsafe { libc::fcntl(n, libc::F_GETFD) } >= 0 {
+            // F_GETFD only reads the flags of a number of our table.
+            if raw::fd_flags(n).is_ok() {
                 continue;
             }
-            // SAFETY: duplicating our own descriptor onto a free number of
-            // our own table.
-            if unsafe { libc::dup3(fd, n, libc::O_CLOEXEC) } == n {
+            // Our own descriptor, onto a free number of our own table.
+            if raw::dup3(fd, n, libc::O_CLOEXEC) == Ok(n) {
                 *slot = record(n, None);
             }
         }
@@ -234,9 +213,7 @@ impl Drop for Owned {
         let ours = self.fd();
         TABLE[self.0 as usize].fd.store(-1, Release);
         if let Some(fd) = ours {
-            let _e = KeepErrno::new();
-            // SAFETY: the descriptor is still the one we created.
-            unsafe { libc::close(fd) };
+            raw::close(fd); // still the one we created
         }
     }
 }
@@ -257,8 +234,7 @@ fn record(fd: i32, id: Option<(u64, u64)>) -> Option<Owned> {
             return Some(Owned(i as u8));
         }
     }
-    // SAFETY: our own new descriptor, never recorded.
-    unsafe { libc::close(fd) };
+    raw::close(fd); // our own new descriptor, never recorded
     None
 }
 
@@ -298,30 +274,21 @@ fn adopt(fd: i32, expect: Expect, pipe_ino: Option<u64>) -> Option<Owned> {
 
 /// Whether `fd` is a Unix socket with no address yet.
 fn unbound(fd: i32) -> bool {
-    // SAFETY: sockaddr_un is plain data; getsockname writes at most `len`.
-    unsafe {
-        let mut a: libc::sockaddr_un = core::mem::zeroed();
-        let mut len = core::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
-        libc::getsockname(fd, (&raw mut a).cast(), &mut len) == 0
-            && a.sun_family == libc::AF_UNIX as libc::sa_family_t
-            && a.sun_path[0] == 0
-    }
+    raw::getsockname(fd)
+        .is_ok_and(|a| a.sun_family == libc::AF_UNIX as libc::sa_family_t && a.sun_path[0] == 0)
 }
 
 /// Moves our new descriptor `fd` (identity `id`) to a number >= 512 with
 /// close-on-exec. The copy is kept only if it is our file; the original
 /// number is closed only if it still is. Returns the number to use.
 fn move_high(fd: i32, id: (u64, u64)) -> Option<i32> {
-    // SAFETY: F_DUPFD_CLOEXEC on a descriptor number; no memory involved.
-    let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 512) };
-    if high < 0 {
+    let Ok(high) = raw::dup_from(fd, 512) else {
         return Some(fd); // a low RLIMIT_NOFILE: keep the number we have
-    }
+    };
     match identity(high) {
         Some((d, i, _)) if (d, i) == id => {
             if identity(fd).is_some_and(|(d, i, _)| (d, i) == id) {
-                // SAFETY: the original number still holds our new file.
-                unsafe { libc::close(fd) };
+                raw::close(fd); // the original number still holds our new file
             }
             Some(high)
         }
@@ -332,8 +299,7 @@ fn move_high(fd: i32, id: (u64, u64)) -> Option<i32> {
             // file would release the application's record locks on it, so
             // such a copy is kept open instead.
             if kind != libc::S_IFREG {
-                // SAFETY: `high` is the number F_DUPFD just gave us.
-                unsafe { libc::close(high) };
+                raw::close(high); // the number F_DUPFD just gave us
             }
             None
         }
@@ -344,11 +310,7 @@ fn move_high(fd: i32, id: (u64, u64)) -> Option<i32> {
 /// A new pipe (nonblocking, close-on-exec): (read end, write end).
 pub fn pipe() -> Option<(Owned, Owned)> {
     let _fence = creation_section()?;
-    let mut fds = [-1i32; 2];
-    // SAFETY: `fds` is a valid array of two ints.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
-        return None;
-    }
+    let fds = raw::pipe2(libc::O_CLOEXEC | libc::O_NONBLOCK).ok()?;
     if private() {
         return Some((record(fds[0], None)?, record(fds[1], None)?));
     }
@@ -364,17 +326,12 @@ pub fn pipe() -> Option<(Owned, Owned)> {
 /// A new nonblocking, close-on-exec Unix stream socket, not bound yet.
 pub fn unix_socket() -> Option<Owned> {
     let _fence = creation_section()?;
-    // SAFETY: plain socket creation.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_UNIX,
-            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-            0,
-        )
-    };
-    if fd < 0 {
-        return None;
-    }
+    let fd = raw::socket(
+        libc::AF_UNIX,
+        libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+        0,
+    )
+    .ok()?;
     adopt(fd, Expect::FreshSocket, None)
 }
 
@@ -386,19 +343,7 @@ pub fn accept(listener: &Owned) -> Result<Owned, i32> {
         return Err(libc::EAGAIN);
     };
     let lfd = listener.fd().ok_or(libc::EBADF)?;
-    let _e = KeepErrno::new();
-    // SAFETY: accept4 with null address pointers is allowed.
-    let fd = unsafe {
-        libc::accept4(
-            lfd,
-            core::ptr::null_mut(),
-            core::ptr::null_mut(),
-            libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-        )
-    };
-    if fd < 0 {
-        return Err(errno());
-    }
+    let fd = raw::accept4(lfd, libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK)?;
     adopt(fd, Expect::Socket, None).ok_or(libc::EBADF)
 }
 
@@ -406,17 +351,7 @@ pub fn accept(listener: &Owned) -> Result<Owned, i32> {
 /// last component. `Err(errno)`: `ELOOP` for a link, `ENOTDIR`, ...
 pub fn open_dir(path: &core::ffi::CStr) -> Result<Owned, i32> {
     let _fence = creation_section().ok_or(libc::EAGAIN)?;
-    let _e = KeepErrno::new();
-    // SAFETY: `path` is NUL-terminated; flags are constants.
-    let fd = unsafe {
-        libc::open(
-            path.as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(errno());
-    }
+    let fd = raw::open(path, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW)?;
     open_dir_adopt(fd).ok_or(libc::EBADF)
 }
 
@@ -441,12 +376,7 @@ pub fn eventfd() -> Option<Owned> {
     if !private() {
         return None;
     }
-    let _e = KeepErrno::new();
-    // SAFETY: plain eventfd creation.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    if fd < 0 {
-        return None;
-    }
+    let fd = raw::eventfd(libc::EFD_CLOEXEC | libc::EFD_NONBLOCK).ok()?;
     record(fd, None)
 }
 
@@ -458,23 +388,14 @@ pub fn eventfd() -> Option<Owned> {
 /// file took the number at once.
 pub fn open_file(path: &core::ffi::CStr, flags: i32) -> Result<Owned, i32> {
     let _fence = creation_section().ok_or(libc::EAGAIN)?;
-    let _e = KeepErrno::new();
-    let flags = flags | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NOFOLLOW;
-    // SAFETY: `path` is NUL-terminated; the mode is unused without O_CREAT.
-    let fd = unsafe { libc::open(path.as_ptr(), flags & !libc::O_CREAT) };
-    if fd < 0 {
-        return Err(errno());
-    }
+    let flags = flags | libc::O_NOCTTY | libc::O_NOFOLLOW;
+    // No mode is passed: no O_CREAT.
+    let fd = raw::open(path, flags & !libc::O_CREAT)?;
     if private() {
         return record(fd, None).ok_or(libc::EMFILE);
     }
     let (dev, ino, kind) = identity(fd).ok_or(libc::EBADF)?;
-    // SAFETY: `st` is a valid out-pointer.
-    let same = unsafe {
-        let mut st: libc::stat = core::mem::zeroed();
-        libc::stat(path.as_ptr(), &mut st) == 0
-            && (st.st_dev as u64, st.st_ino as u64) == (dev, ino)
-    };
+    let same = raw::stat(path, true).is_ok_and(|st| (st.st_dev, st.st_ino) == (dev, ino));
     if kind != libc::S_IFREG || !same {
         return Err(libc::EBADF); // not ours: never closed
     }
@@ -517,8 +438,7 @@ pub fn after_fork_child() {
         if identity(fd)
             .is_some_and(|(d, i, _)| d == s.dev.load(Acquire) && i == s.ino.load(Acquire))
         {
-            // SAFETY: the inherited copy of our own descriptor.
-            unsafe { libc::close(fd) };
+            raw::close(fd); // the inherited copy of our own descriptor
         }
     }
 }

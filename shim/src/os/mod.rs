@@ -223,8 +223,7 @@ pub fn getpid() -> i32 {
 
 /// The effective uid.
 pub fn euid() -> u32 {
-    // SAFETY: geteuid cannot fail.
-    unsafe { libc::geteuid() }
+    raw::geteuid()
 }
 
 /// Writes all of `bytes` to fd 2 with raw system calls (a preloaded
@@ -268,19 +267,9 @@ pub fn page_size() -> usize {
 }
 
 /// Waits (at most `timeout_ms`) until one of `fds` is ready; returns how
-/// many are (0 on a timeout or a signal).
+/// many are (0 on a timeout or a signal). Negative descriptors are ignored.
 pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i64) -> usize {
-    let _e = KeepErrno::new();
-    // SAFETY: the pointer and length describe `fds`; negative descriptors
-    // are ignored by the kernel.
-    let n = unsafe {
-        libc::poll(
-            fds.as_mut_ptr(),
-            fds.len() as libc::nfds_t,
-            timeout_ms as i32,
-        )
-    };
-    n.max(0) as usize
+    raw::poll(fds, timeout_ms).unwrap_or(0)
 }
 
 /// Decimal numbers without allocating (memshim-proto's, shared with

@@ -13,13 +13,8 @@ use memshim_proto::procfs::{stat_starttime, stat_state};
 /// threads; a main thread that called `pthread_exit` still counts). Opens
 /// no descriptor.
 pub fn thread_count() -> Option<u64> {
-    let _e = super::KeepErrno::new();
-    // SAFETY: `st` is a valid out-pointer; the path is a static C string.
-    let mut st: libc::stat = unsafe { core::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::stat(c"/proc/self/task".as_ptr(), &mut st) } != 0 {
-        return None;
-    }
+    let st = super::raw::stat(c"/proc/self/task", true).ok()?;
+    #[allow(clippy::unnecessary_cast)] // u32 on aarch64
     (st.st_nlink as u64).checked_sub(2).filter(|&n| n > 0)
 }
 
@@ -67,14 +62,7 @@ pub fn starttime() -> u64 {
 /// The inode number of this process's pid namespace (`/proc/self/ns/pid`),
 /// 0 if unknown. Opens no descriptor.
 pub fn pid_namespace() -> u64 {
-    let _e = super::KeepErrno::new();
-    // SAFETY: `st` is a valid out-pointer; the path is a static C string.
-    let mut st: libc::stat = unsafe { core::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::stat(c"/proc/self/ns/pid".as_ptr(), &mut st) } != 0 {
-        return 0;
-    }
-    st.st_ino as u64
+    super::raw::stat(c"/proc/self/ns/pid", true).map_or(0, |st| st.st_ino)
 }
 
 /// The main thread (the thread-group leader) has ended with `pthread_exit`

@@ -8,12 +8,23 @@
 //! allocates, the allocation re-enters jemalloc, which deadlocks on its own
 //! init lock. These calls cannot be interposed, touch no `errno` (errors
 //! come back as `Err(errno)`), allocate nothing and are async-signal-safe.
+//!
+//! The control endpoint's calls (sockets, its directory, its descriptors)
+//! are made here too, for start-up's sake: the library is bound eagerly
+//! (`-z now`), so every libc function it names is one more symbol the
+//! loader looks up in every exec of every preloaded process, about 700
+//! instructions each (bench/FINDINGS-startup.md). A function that jemalloc
+//! or Rust's standard library imports anyway gains nothing from being
+//! here, but costs nothing either.
+//!
+//! The kernel's `struct stat` is glibc's on x86_64 and aarch64, so
+//! [`libc::stat`] is filled directly.
 
 use core::ffi::CStr;
 
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn syscall4(n: usize, a: usize, b: usize, c: usize, d: usize) -> isize {
+unsafe fn syscall6(n: usize, a: [usize; 6]) -> isize {
     let ret: isize;
     // SAFETY: the caller passes a valid system call number and arguments
     // that are valid for it; the kernel clobbers only rcx and r11.
@@ -21,10 +32,12 @@ unsafe fn syscall4(n: usize, a: usize, b: usize, c: usize, d: usize) -> isize {
         core::arch::asm!(
             "syscall",
             inlateout("rax") n as isize => ret,
-            in("rdi") a,
-            in("rsi") b,
-            in("rdx") c,
-            in("r10") d,
+            in("rdi") a[0],
+            in("rsi") a[1],
+            in("rdx") a[2],
+            in("r10") a[3],
+            in("r8") a[4],
+            in("r9") a[5],
             lateout("rcx") _,
             lateout("r11") _,
             options(nostack),
@@ -35,21 +48,45 @@ unsafe fn syscall4(n: usize, a: usize, b: usize, c: usize, d: usize) -> isize {
 
 #[cfg(target_arch = "aarch64")]
 #[inline(always)]
-unsafe fn syscall4(n: usize, a: usize, b: usize, c: usize, d: usize) -> isize {
+unsafe fn syscall6(n: usize, a: [usize; 6]) -> isize {
     let ret: isize;
     // SAFETY: as for x86_64; on aarch64 the kernel clobbers nothing else.
     unsafe {
         core::arch::asm!(
             "svc 0",
             in("x8") n,
-            inlateout("x0") a as isize => ret,
-            in("x1") b,
-            in("x2") c,
-            in("x3") d,
+            inlateout("x0") a[0] as isize => ret,
+            in("x1") a[1],
+            in("x2") a[2],
+            in("x3") a[3],
+            in("x4") a[4],
+            in("x5") a[5],
             options(nostack),
         );
     }
     ret
+}
+
+#[inline(always)]
+unsafe fn syscall4(n: usize, a: usize, b: usize, c: usize, d: usize) -> isize {
+    // SAFETY: the caller's contract, passed on.
+    unsafe { syscall6(n, [a, b, c, d, 0, 0]) }
+}
+
+/// A system call whose result is a number or `Err(errno)`.
+#[inline(always)]
+unsafe fn call(n: libc::c_long, a: [usize; 6]) -> Result<usize, i32> {
+    // SAFETY: the caller's contract, passed on.
+    result(unsafe { syscall6(n as usize, a) })
+}
+
+/// A system call whose arguments are all numbers (or null pointers):
+/// nothing the kernel reads or writes through a pointer of ours.
+#[inline(always)]
+fn numbers(n: libc::c_long, a: [usize; 6]) -> Result<usize, i32> {
+    // SAFETY: no argument points at memory (the callers pass numbers,
+    // descriptors and null).
+    unsafe { call(n, a) }
 }
 
 fn result(r: isize) -> Result<usize, i32> {
@@ -234,9 +271,15 @@ pub fn gettid() -> i32 {
 }
 
 /// Whether `resource` (`RLIMIT_AS`, `RLIMIT_DATA`) has a soft limit
-/// (`prlimit64` on this process; false if it cannot be read).
+/// (false if it cannot be read).
 #[unsafe(link_section = ".text.startup")]
 pub fn limited(resource: u32) -> bool {
+    soft_limit(resource).is_some_and(|cur| cur != libc::RLIM64_INFINITY)
+}
+
+/// The soft limit of `resource` (`prlimit64` on this process).
+#[inline]
+pub fn soft_limit(resource: u32) -> Option<u64> {
     let mut old = libc::rlimit64 {
         rlim_cur: 0,
         rlim_max: 0,
@@ -251,7 +294,7 @@ pub fn limited(resource: u32) -> bool {
             &mut old as *mut libc::rlimit64 as usize,
         )
     };
-    result(r).is_ok() && old.rlim_cur != libc::RLIM64_INFINITY
+    result(r).ok().map(|_| old.rlim_cur)
 }
 
 /// The number of CPUs in this thread's affinity mask (`sched_getaffinity`),
@@ -337,6 +380,361 @@ pub fn read_file_errno(path: &CStr, buf: &mut [u8]) -> Result<usize, ReadError> 
     len
 }
 
+// --- files and directories ---------------------------------------------------
+
+/// `fstat(fd)`. Async-signal-safe.
+#[inline]
+pub fn fstat(fd: i32) -> Result<libc::stat, i32> {
+    // SAFETY: all-zero bytes are a valid `struct stat` (plain data).
+    let mut st: libc::stat = unsafe { core::mem::zeroed() };
+    // SAFETY: `st` is a writable `struct stat`; any number may be passed.
+    unsafe {
+        call(
+            libc::SYS_fstat,
+            [fd as usize, (&raw mut st) as usize, 0, 0, 0, 0],
+        )
+    }?;
+    Ok(st)
+}
+
+/// `stat(path)`, or `lstat(path)` where `follow` is false
+/// (`newfstatat(AT_FDCWD, ...)`).
+#[inline]
+pub fn stat(path: &CStr, follow: bool) -> Result<libc::stat, i32> {
+    // SAFETY: all-zero bytes are a valid `struct stat` (plain data).
+    let mut st: libc::stat = unsafe { core::mem::zeroed() };
+    let flags = if follow { 0 } else { libc::AT_SYMLINK_NOFOLLOW };
+    // SAFETY: `path` is NUL-terminated; `st` is a writable `struct stat`.
+    unsafe {
+        call(
+            libc::SYS_newfstatat,
+            [
+                libc::AT_FDCWD as usize,
+                path.as_ptr() as usize,
+                (&raw mut st) as usize,
+                flags as usize,
+                0,
+                0,
+            ],
+        )
+    }?;
+    Ok(st)
+}
+
+/// `mkdir(path, mode)` (`mkdirat`).
+pub fn mkdir(path: &CStr, mode: u32) -> Result<(), i32> {
+    // SAFETY: `path` is NUL-terminated.
+    let r = unsafe {
+        call(
+            libc::SYS_mkdirat,
+            [
+                libc::AT_FDCWD as usize,
+                path.as_ptr() as usize,
+                mode as usize,
+                0,
+                0,
+                0,
+            ],
+        )
+    };
+    r.map(drop)
+}
+
+/// `chmod(path, mode)` (`fchmodat`).
+pub fn chmod(path: &CStr, mode: u32) -> Result<(), i32> {
+    // SAFETY: `path` is NUL-terminated.
+    let r = unsafe {
+        call(
+            libc::SYS_fchmodat,
+            [
+                libc::AT_FDCWD as usize,
+                path.as_ptr() as usize,
+                mode as usize,
+                0,
+                0,
+                0,
+            ],
+        )
+    };
+    r.map(drop)
+}
+
+/// `fchmod(fd, mode)`.
+pub fn fchmod(fd: i32, mode: u32) -> Result<(), i32> {
+    numbers(libc::SYS_fchmod, [fd as usize, mode as usize, 0, 0, 0, 0]).map(drop)
+}
+
+/// `unlink(path)` (`unlinkat`).
+pub fn unlink(path: &CStr) -> Result<(), i32> {
+    // SAFETY: `path` is NUL-terminated.
+    let r = unsafe {
+        call(
+            libc::SYS_unlinkat,
+            [libc::AT_FDCWD as usize, path.as_ptr() as usize, 0, 0, 0, 0],
+        )
+    };
+    r.map(drop)
+}
+
+/// `pread(fd, buf, offset)`.
+pub fn pread(fd: i32, buf: &mut [u8], offset: usize) -> Result<usize, i32> {
+    // SAFETY: the pointer and length describe `buf`, which the kernel writes.
+    unsafe {
+        call(
+            libc::SYS_pread64,
+            [
+                fd as usize,
+                buf.as_mut_ptr() as usize,
+                buf.len(),
+                offset,
+                0,
+                0,
+            ],
+        )
+    }
+}
+
+// --- descriptors ---------------------------------------------------------------
+
+/// The descriptor flags of `fd` (`fcntl(fd, F_GETFD)`): `Err(EBADF)` for a
+/// number that is not open.
+pub fn fd_flags(fd: i32) -> Result<i32, i32> {
+    numbers(
+        libc::SYS_fcntl,
+        [fd as usize, libc::F_GETFD as usize, 0, 0, 0, 0],
+    )
+    .map(|n| n as i32)
+}
+
+/// A close-on-exec copy of `fd` on the lowest free number from `min` on
+/// (`fcntl(fd, F_DUPFD_CLOEXEC, min)`).
+pub fn dup_from(fd: i32, min: i32) -> Result<i32, i32> {
+    let cmd = libc::F_DUPFD_CLOEXEC as usize;
+    numbers(libc::SYS_fcntl, [fd as usize, cmd, min as usize, 0, 0, 0]).map(|n| n as i32)
+}
+
+/// `dup3(old, new, flags)`.
+pub fn dup3(old: i32, new: i32, flags: i32) -> Result<i32, i32> {
+    let a = [old as usize, new as usize, flags as usize, 0, 0, 0];
+    numbers(libc::SYS_dup3, a).map(|n| n as i32)
+}
+
+/// `pipe2(flags)`: (read end, write end).
+pub fn pipe2(flags: i32) -> Result<[i32; 2], i32> {
+    let mut fds = [-1i32; 2];
+    // SAFETY: `fds` is two writable ints.
+    unsafe {
+        call(
+            libc::SYS_pipe2,
+            [fds.as_mut_ptr() as usize, flags as usize, 0, 0, 0, 0],
+        )
+    }?;
+    Ok(fds)
+}
+
+/// `eventfd(0, flags)` (`eventfd2`).
+pub fn eventfd(flags: i32) -> Result<i32, i32> {
+    numbers(libc::SYS_eventfd2, [0, flags as usize, 0, 0, 0, 0]).map(|n| n as i32)
+}
+
+/// `close_range(first, last, flags)`.
+pub fn close_range(first: u32, last: u32, flags: u32) -> Result<(), i32> {
+    let a = [first as usize, last as usize, flags as usize, 0, 0, 0];
+    numbers(libc::SYS_close_range, a).map(drop)
+}
+
+/// `unshare(flags)`.
+pub fn unshare(flags: i32) -> Result<(), i32> {
+    numbers(libc::SYS_unshare, [flags as usize, 0, 0, 0, 0, 0]).map(drop)
+}
+
+/// Waits (at most `timeout_ms`, forever if negative) until one of `fds` is
+/// ready (`ppoll`, which every architecture has); returns how many are.
+pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i64) -> Result<usize, i32> {
+    // The kernel writes the time left back into it.
+    let mut ts = libc::timespec {
+        tv_sec: (timeout_ms.max(0) / 1000) as libc::time_t,
+        tv_nsec: ((timeout_ms.max(0) % 1000) * 1_000_000) as libc::c_long,
+    };
+    let tsp = if timeout_ms < 0 {
+        0
+    } else {
+        (&raw mut ts) as usize
+    };
+    // SAFETY: the pointer and length describe `fds`; `tsp` is null or
+    // points at the writable `ts`; no signal mask is passed.
+    unsafe {
+        call(
+            libc::SYS_ppoll,
+            [
+                fds.as_mut_ptr() as usize,
+                fds.len(),
+                tsp,
+                0,
+                SIGSET_BYTES,
+                0,
+            ],
+        )
+    }
+}
+
+// --- sockets -------------------------------------------------------------------
+
+/// `socket(domain, ty, protocol)`.
+pub fn socket(domain: i32, ty: i32, protocol: i32) -> Result<i32, i32> {
+    let a = [domain as usize, ty as usize, protocol as usize, 0, 0, 0];
+    numbers(libc::SYS_socket, a).map(|n| n as i32)
+}
+
+/// `bind(fd, addr, len)` for a Unix address (`len` at most its size).
+pub fn bind(fd: i32, addr: &libc::sockaddr_un, len: libc::socklen_t) -> Result<(), i32> {
+    addr_call(libc::SYS_bind, fd, addr, len)
+}
+
+/// `bind` or `connect`.
+fn addr_call(
+    n: libc::c_long,
+    fd: i32,
+    addr: &libc::sockaddr_un,
+    len: libc::socklen_t,
+) -> Result<(), i32> {
+    let len = (len as usize).min(core::mem::size_of::<libc::sockaddr_un>());
+    // SAFETY: `addr` is readable for `len` bytes, at most its size.
+    unsafe { call(n, [fd as usize, addr as *const _ as usize, len, 0, 0, 0]) }.map(drop)
+}
+
+/// `connect(fd, addr, len)` for a Unix address (`len` at most its size).
+pub fn connect(fd: i32, addr: &libc::sockaddr_un, len: libc::socklen_t) -> Result<(), i32> {
+    addr_call(libc::SYS_connect, fd, addr, len)
+}
+
+/// `listen(fd, backlog)`.
+pub fn listen(fd: i32, backlog: i32) -> Result<(), i32> {
+    numbers(
+        libc::SYS_listen,
+        [fd as usize, backlog as usize, 0, 0, 0, 0],
+    )
+    .map(drop)
+}
+
+/// `accept4(fd, NULL, NULL, flags)`.
+pub fn accept4(fd: i32, flags: i32) -> Result<i32, i32> {
+    numbers(libc::SYS_accept4, [fd as usize, 0, 0, flags as usize, 0, 0]).map(|n| n as i32)
+}
+
+/// `getsockname(fd)` of a socket whose address fits a `sockaddr_un`.
+pub fn getsockname(fd: i32) -> Result<libc::sockaddr_un, i32> {
+    // SAFETY: all-zero bytes are a valid `sockaddr_un` (plain data).
+    let mut a: libc::sockaddr_un = unsafe { core::mem::zeroed() };
+    let mut len = core::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    // SAFETY: `a`/`len` describe a writable sockaddr_un; the kernel writes
+    // at most `len` bytes.
+    unsafe {
+        call(
+            libc::SYS_getsockname,
+            [
+                fd as usize,
+                (&raw mut a) as usize,
+                (&raw mut len) as usize,
+                0,
+                0,
+                0,
+            ],
+        )
+    }?;
+    Ok(a)
+}
+
+/// The peer's credentials at connect time (`SO_PEERCRED`).
+pub fn peer_cred(fd: i32) -> Result<libc::ucred, i32> {
+    // SAFETY: all-zero bytes are a valid `ucred` (plain data).
+    let mut cred: libc::ucred = unsafe { core::mem::zeroed() };
+    let mut len = core::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred`/`len` describe a buffer of the size SO_PEERCRED fills.
+    unsafe {
+        call(
+            libc::SYS_getsockopt,
+            [
+                fd as usize,
+                libc::SOL_SOCKET as usize,
+                libc::SO_PEERCRED as usize,
+                (&raw mut cred) as usize,
+                (&raw mut len) as usize,
+                0,
+            ],
+        )
+    }?;
+    Ok(cred)
+}
+
+/// `recv(fd, buf, flags)` (`recvfrom` with no address).
+pub fn recv(fd: i32, buf: &mut [u8], flags: i32) -> Result<usize, i32> {
+    // SAFETY: the pointer and length describe `buf`; no address is asked for.
+    unsafe {
+        call(
+            libc::SYS_recvfrom,
+            [
+                fd as usize,
+                buf.as_mut_ptr() as usize,
+                buf.len(),
+                flags as usize,
+                0,
+                0,
+            ],
+        )
+    }
+}
+
+/// `send(fd, buf, flags)` (`sendto` with no address).
+pub fn send(fd: i32, buf: &[u8], flags: i32) -> Result<usize, i32> {
+    // SAFETY: the pointer and length describe `buf`; no address is given.
+    unsafe {
+        call(
+            libc::SYS_sendto,
+            [
+                fd as usize,
+                buf.as_ptr() as usize,
+                buf.len(),
+                flags as usize,
+                0,
+                0,
+            ],
+        )
+    }
+}
+
+// --- the process -----------------------------------------------------------------
+
+/// The effective uid (`geteuid`).
+pub fn geteuid() -> u32 {
+    // SAFETY: no arguments; cannot fail.
+    unsafe { syscall4(libc::SYS_geteuid as usize, 0, 0, 0, 0) as u32 }
+}
+
+/// Whether transparent huge pages are disabled for this process
+/// (`prctl(PR_GET_THP_DISABLE)`).
+pub fn thp_disabled() -> bool {
+    numbers(
+        libc::SYS_prctl,
+        [libc::PR_GET_THP_DISABLE as usize, 0, 0, 0, 0, 0],
+    ) == Ok(1)
+}
+
+/// Sleeps for `ts` (or less, if a signal interrupts). Not a cancellation
+/// point, unlike libc's `nanosleep`.
+pub fn nanosleep(ts: &libc::timespec) {
+    // SAFETY: `ts` is a valid timespec; no remainder is asked for.
+    let _ = unsafe {
+        syscall4(
+            libc::SYS_nanosleep as usize,
+            ts as *const _ as usize,
+            0,
+            0,
+            0,
+        )
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -355,5 +753,129 @@ mod tests {
         assert!(affinity_cpus() >= 1);
         assert_eq!(result(-2), Err(2));
         assert_eq!(result(5), Ok(5));
+    }
+
+    /// The calls that stand in for libc's give what libc's give: the
+    /// kernel's `struct stat` read as `libc::stat`, a Unix socket's whole
+    /// life, descriptors, and errors as `Err(errno)`.
+    #[test]
+    fn endpoint_calls_agree_with_libc() {
+        let dir = std::env::temp_dir().join(format!("memshim-raw-{}", getpid()));
+        let dir_c = std::ffi::CString::new(dir.to_str().unwrap()).unwrap();
+        assert_eq!(mkdir(&dir_c, 0o700), Ok(()));
+        assert_eq!(mkdir(&dir_c, 0o700), Err(libc::EEXIST));
+        let link = std::ffi::CString::new(format!("{}/link", dir.display())).unwrap();
+        std::os::unix::fs::symlink(&dir, link.to_str().unwrap()).unwrap();
+        // SAFETY: all-zero is a valid `struct stat`.
+        let mut want: libc::stat = unsafe { core::mem::zeroed() };
+        // SAFETY: a C string path and a writable `struct stat`.
+        assert_eq!(unsafe { libc::lstat(link.as_ptr(), &mut want) }, 0);
+        let got = stat(&link, false).unwrap();
+        assert_eq!(
+            (
+                got.st_dev,
+                got.st_ino,
+                got.st_mode,
+                got.st_uid,
+                got.st_nlink
+            ),
+            (
+                want.st_dev,
+                want.st_ino,
+                want.st_mode,
+                want.st_uid,
+                want.st_nlink
+            )
+        );
+        assert_eq!(got.st_mode & libc::S_IFMT, libc::S_IFLNK);
+        let followed = stat(&link, true).unwrap();
+        assert_eq!(followed.st_mode & libc::S_IFMT, libc::S_IFDIR);
+        let no_follow = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+        // SAFETY: a C string path; the call fails (a symbolic link).
+        assert_eq!(unsafe { libc::open(link.as_ptr(), no_follow) }, -1);
+        let libc_errno = std::io::Error::last_os_error().raw_os_error().unwrap();
+        assert_eq!(open(&link, no_follow), Err(libc_errno));
+        let d = open(&dir_c, libc::O_RDONLY | libc::O_DIRECTORY).unwrap();
+        assert_eq!(fstat(d).map(|s| s.st_ino), Ok(followed.st_ino));
+        assert_eq!(fchmod(d, 0o750), Ok(()));
+        assert_eq!(stat(&dir_c, true).unwrap().st_mode & 0o7777, 0o750);
+        assert_eq!(chmod(&dir_c, 0o700), Ok(()));
+        assert_eq!(stat(&dir_c, true).unwrap().st_mode & 0o7777, 0o700);
+        // SAFETY: a plain getter.
+        assert_eq!(geteuid(), unsafe { libc::geteuid() });
+        assert_eq!(fstat(-1).map(drop), Err(libc::EBADF));
+
+        // A listener, a client, and one message each way.
+        let path = format!("{}/sock", dir.display());
+        let path_c = std::ffi::CString::new(path.clone()).unwrap();
+        // SAFETY: all-zero is a valid `sockaddr_un`.
+        let mut a: libc::sockaddr_un = unsafe { core::mem::zeroed() };
+        a.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        for (d, s) in a.sun_path.iter_mut().zip(path.bytes()) {
+            *d = s as libc::c_char;
+        }
+        let len = (2 + path.len() + 1) as libc::socklen_t;
+        let ty = libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK;
+        let l = socket(libc::AF_UNIX, ty, 0).unwrap();
+        assert_eq!(fd_flags(l), Ok(libc::FD_CLOEXEC));
+        let client = socket(libc::AF_UNIX, libc::SOCK_STREAM, 0).unwrap();
+        assert_eq!(connect(client, &a, len), Err(libc::ENOENT));
+        assert_eq!(bind(l, &a, len), Ok(()));
+        assert_eq!(connect(client, &a, len), Err(libc::ECONNREFUSED));
+        let client = socket(libc::AF_UNIX, libc::SOCK_STREAM, 0).unwrap();
+        assert_eq!(listen(l, 4), Ok(()));
+        assert_eq!(accept4(l, libc::SOCK_CLOEXEC), Err(libc::EAGAIN));
+        assert_eq!(connect(client, &a, len), Ok(()));
+        let mut fds = [libc::pollfd {
+            fd: l,
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        assert_eq!(poll(&mut fds, 1000), Ok(1));
+        let c = accept4(l, libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK).unwrap();
+        let name = getsockname(c).unwrap();
+        assert_eq!(name.sun_family, libc::AF_UNIX as libc::sa_family_t);
+        assert_eq!(name.sun_path[..path.len()], a.sun_path[..path.len()]);
+        assert_eq!(peer_cred(c).map(|p| p.uid), Ok(geteuid()));
+        assert_eq!(peer_cred(c).map(|p| p.pid), Ok(getpid()));
+        let mut buf = [0u8; 8];
+        assert_eq!(recv(c, &mut buf, libc::MSG_DONTWAIT), Err(libc::EAGAIN));
+        assert_eq!(send(client, b"ping", 0), Ok(4));
+        assert_eq!(recv(c, &mut buf, libc::MSG_DONTWAIT), Ok(4));
+        assert_eq!(&buf[..4], b"ping");
+        close(client);
+        assert_eq!(send(c, b"x", libc::MSG_NOSIGNAL), Err(libc::EPIPE));
+        let mut idle = [libc::pollfd {
+            fd: l,
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        assert_eq!(poll(&mut idle, 10), Ok(0));
+
+        // Pipes, duplicates, eventfd, limits.
+        let [r, w] = pipe2(libc::O_CLOEXEC | libc::O_NONBLOCK).unwrap();
+        assert_eq!(write(w, b"z"), Ok(1));
+        assert_eq!(pread(r, &mut buf, 0), Err(libc::ESPIPE));
+        let high = dup_from(r, 600).unwrap();
+        assert!(high >= 600);
+        assert_eq!(dup3(r, high, libc::O_CLOEXEC), Ok(high));
+        assert_eq!(read(high, &mut buf), Ok(1));
+        let e = eventfd(libc::EFD_CLOEXEC | libc::EFD_NONBLOCK).unwrap();
+        let mut r0 = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes `r0`.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r0) }, 0);
+        assert_eq!(soft_limit(libc::RLIMIT_NOFILE), Some(r0.rlim_cur));
+        // SAFETY: a getter without pointers.
+        let thp = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) };
+        assert_eq!(thp_disabled(), thp == 1);
+        for fd in [l, c, r, w, high, e, d] {
+            close(fd);
+        }
+        assert_eq!(unlink(&path_c), Ok(()));
+        assert_eq!(unlink(&path_c), Err(libc::ENOENT));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -110,8 +110,7 @@ fn in_effect(
 /// them from jemalloc, so that `os/` stays below it. Shim's thread (it
 /// opens files).
 pub fn refresh(je_thp: &[u8], page: usize) {
-    // SAFETY: a getter without pointers.
-    let disabled = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) } == 1;
+    let disabled = super::raw::thp_disabled();
     let size = in_effect(je_thp, disabled, page, |path, buf| {
         let c = std::ffi::CString::new(path).ok()?;
         super::proc::read_file(&c, buf)

@@ -58,13 +58,9 @@ fn timespec(d: Duration) -> libc::timespec {
     }
 }
 
-/// Sleeps for `d` (or less, if a signal interrupts). `nanosleep` is a
-/// cancellation point: callers on the application's threads hold a
-/// [`super::thread::NoCancel`]. Async-signal-safe.
+/// Sleeps for `d` (or less, if a signal interrupts). Async-signal-safe.
 pub fn sleep(d: Duration) {
-    let ts = timespec(d);
-    // SAFETY: sleeping on a local timespec.
-    unsafe { libc::nanosleep(&ts, core::ptr::null_mut()) };
+    super::raw::nanosleep(&timespec(d));
 }
 
 /// Polls `busy` every `step` until it is false or `limit_ms` have passed;

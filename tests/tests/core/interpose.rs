@@ -153,6 +153,50 @@ fn each_import_is_bound_once() {
     );
 }
 
+/// The control endpoint's system calls (its sockets, its directory, its
+/// descriptors, its sleeps) are made without libc (shim/src/os/raw.rs): an
+/// import costs every exec of every preloaded process a symbol lookup,
+/// and these 24 were the library's own (bench/FINDINGS-startup.md, "The
+/// endpoint's imports"). Fails if one comes back as a libc call.
+#[test]
+fn the_control_endpoint_imports_no_system_call_wrappers() {
+    const RAW: [&str; 24] = [
+        "accept4",
+        "bind",
+        "chmod",
+        "dup3",
+        "eventfd",
+        "fchmod",
+        "fcntl",
+        "fstat",
+        "geteuid",
+        "getrlimit",
+        "getsockname",
+        "getsockopt",
+        "listen",
+        "lstat",
+        "mkdir",
+        "nanosleep",
+        "pipe2",
+        "prctl",
+        "pread",
+        "recv",
+        "send",
+        "socket",
+        "stat",
+        "unshare",
+    ];
+    let imported: Vec<String> = nm(&["-D", "--undefined-only"], &shim())
+        .into_iter()
+        .filter(|s| RAW.contains(&s.split('@').next().unwrap_or("")))
+        .collect();
+    assert!(
+        imported.is_empty(),
+        "{:?} imports {imported:?}: each is a symbol lookup in every exec",
+        shim()
+    );
+}
+
 /// The code every exec runs lies together in `.text.startup`
 /// (shim/src/exports.rs, "Start-up pages"; shim/link.ld), in the cargo
 /// build (GNU ld or rust-lld) and the wheel's (zig's lld): an exec then
