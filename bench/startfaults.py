@@ -9,7 +9,14 @@ the address is placed in the mapping it fell in (perf's mmap events) and, for a 
 section of that file that holds it (readelf); the preloaded library is "PRELOAD". Faults on anonymous memory (.bss past the file,
 the heap, TLS blocks, the loader's own allocations) are "//anon". The count per row is the median
 over N runs. Needs `perf` and `readelf`; root, or perf_event_paranoid <= 1.
-bench/FINDINGS-startup.md reads this table."""
+bench/FINDINGS-startup.md reads this table.
+
+  python3 bench/startfaults.py --fork N [--runs R] [LIB ...]
+
+A shell's fork and exec instead: `bash -c 'for i in $(seq N); do /bin/true; done'` with every
+process preloaded, its faults per iteration by process (the shell; each fork child before it execs,
+which runs the fork child handlers and whatever the shell does there; the exec'd `/bin/true`), then
+the fork child's by object and section, per iteration. Medians of R runs."""
 
 import argparse
 import collections
@@ -38,71 +45,115 @@ def sections(path):
     return _sections[path]
 
 
-def one_exec(cmd, lib, comm):
-    """Counter of (object, section) for the faults of one run of `cmd`."""
+def record(cmd, lib):
+    """`perf script` lines (comm, pid, addr, and the mmap events) of one run of `cmd` under `lib`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LD_PRELOAD", "MEMSHIM_"))}
     with tempfile.TemporaryDirectory() as d:
         data = os.path.join(d, "perf.data")
         pre = ["env", f"LD_PRELOAD={lib}"] if lib else ["env"]
         subprocess.run(["perf", "record", "-q", "-e", "page-faults", "-c", "1", "-d", "-o", data] + pre + cmd,
                        env=env, capture_output=True, check=True)
-        out = subprocess.run(["perf", "script", "-i", data, "-F", "comm,addr", "--show-mmap-events"],
+        out = subprocess.run(["perf", "script", "-i", data, "-F", "comm,pid,addr", "--show-mmap-events"],
                              capture_output=True, text=True).stdout
+    return [line.split() for line in out.splitlines() if line.split()]
+
+
+def place(addr, maps, first, lib):
+    """'object section' (or the mapping's name) of a faulting address."""
+    for start, size, path in reversed(maps):
+        if start <= addr < start + size:
+            if path.startswith("/") and os.path.isfile(path):
+                off = addr - first[path]
+                sec = next((n for n, a, s in sections(path) if a <= off < a + max(s, 1)), "?")
+                name = "PRELOAD" if lib and os.path.realpath(path) == os.path.realpath(lib) else \
+                    os.path.basename(path)
+                return f"{name} {sec}"
+            return path
+    return "?"
+
+
+def add_map(line, maps, first):
+    m = MMAP.search(" ".join(line))
+    if m:
+        start, size, path = int(m.group(1), 16), int(m.group(2), 16), m.group(4).strip()
+        maps.append((start, size, path))
+        first.setdefault(path, start)
+    return bool(m)
+
+
+def one_exec(cmd, lib, comm):
+    """Counter of (object, section) for the faults of one run of `cmd`."""
     maps, first, got = [], {}, collections.Counter()
-    for line in out.splitlines():
-        words = line.split()
-        if not words or words[0] != comm:
+    for words in record(cmd, lib):
+        if words[0] != comm or add_map(words, maps, first) or len(words) < 3:
             continue
-        m = MMAP.search(line)
-        if m:
-            start, size, path = int(m.group(1), 16), int(m.group(2), 16), m.group(4).strip()
-            maps.append((start, size, path))
-            first.setdefault(path, start)
-            continue
-        if len(words) < 2:
-            continue
-        addr = int(words[1], 16)
-        where = "?"
-        for start, size, path in reversed(maps):
-            if start <= addr < start + size:
-                if path.startswith("/") and os.path.isfile(path):
-                    off = addr - first[path]
-                    sec = next((n for n, a, s in sections(path) if a <= off < a + max(s, 1)), "?")
-                    name = "PRELOAD" if lib and os.path.realpath(path) == os.path.realpath(lib) else \
-                        os.path.basename(path)
-                    where = f"{name} {sec}"
-                else:
-                    where = path
-                break
-        got[where] += 1
+        got[place(int(words[2], 16), maps, first, lib)] += 1
     return got
+
+
+def fork_loop(n, lib):
+    """Faults of a shell loop of `n` execs: (Counter by process role, Counter of the fork children's
+    faults by object and section). A fork child uses the shell's mappings until it execs."""
+    cmd = ["bash", "-c", f"for i in $(seq {n}); do /bin/true; done"]
+    shell, maps, first = None, [], {}
+    roles, child = collections.Counter(), collections.Counter()
+    for words in record(cmd, lib):
+        if len(words) < 3 or words[0] not in ("env", "bash", "true"):
+            continue
+        comm, pid = words[0], words[1]
+        if shell is None and comm in ("env", "bash"):
+            shell = pid
+        if "PERF_RECORD_MMAP2" in words[2]:
+            if pid == shell:
+                add_map(words, maps, first)
+            continue
+        if pid == shell:
+            roles["shell"] += 1
+        elif comm == "bash":
+            roles["fork child"] += 1
+            child[place(int(words[2], 16), maps, first, lib)] += 1
+        else:
+            roles["exec"] += 1
+    return roles, child
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--cmd", default="/bin/true")
+    ap.add_argument("--fork", type=int, metavar="N", help="a shell loop of N execs instead (module docs)")
     ap.add_argument("libs", nargs="*", help="libraries to preload ('' or 'glibc' = none)")
     a = ap.parse_args()
     libs = [("" if x in ("", "glibc") else os.path.abspath(x)) for x in a.libs] or [
         "", os.path.join(ROOT, "target", "release", "libmemshim.so"),
         os.path.join(ROOT, "target", "glibc2.34", "x86_64-unknown-linux-gnu", "release", "libmemshim.so"),
         os.path.join(ROOT, "target", "x86_64-unknown-linux-gnu", "release", "libmemshim.so")]
-    cmd = a.cmd.split()
-    comm = os.path.basename(os.path.realpath(cmd[0]))[:15]
-    runs = {lib: [one_exec(cmd, lib, comm) for _ in range(a.runs)] for lib in libs}
-    rows = sorted({k for r in runs.values() for c in r for k in c})
-    med = {lib: {k: statistics.median(c[k] for c in r) for k in rows} for lib, r in runs.items()}
     names = [os.path.relpath(lib, ROOT)[-28:] if lib.startswith(ROOT) else (os.path.basename(lib) or "no preload")
              for lib in libs]
-    print(f"{'object section':44s}" + "".join(f"{n[-28:]:>30s}" for n in names))
+    if a.fork:
+        runs = {lib: [fork_loop(a.fork, lib) for _ in range(a.runs)] for lib in libs}
+        print(f"{'faults per iteration, by process':44s}" + "".join(f"{n[-28:]:>30s}" for n in names))
+        for role in ("shell", "fork child", "exec"):
+            print(f"{role:44s}" + "".join(
+                f"{statistics.median(r[role] for r, _ in runs[lib]) / a.fork:>30.2f}" for lib in libs))
+        runs = {lib: [c for _, c in r] for lib, r in runs.items()}
+        print(f"\n{'the fork child, per iteration: object section':44s}" + "".join(f"{n[-28:]:>30s}" for n in names))
+        scale = a.fork
+    else:
+        cmd = a.cmd.split()
+        comm = os.path.basename(os.path.realpath(cmd[0]))[:15]
+        runs = {lib: [one_exec(cmd, lib, comm) for _ in range(a.runs)] for lib in libs}
+        print(f"{'object section':44s}" + "".join(f"{n[-28:]:>30s}" for n in names))
+        scale = 1
+    rows = sorted({k for r in runs.values() for c in r for k in c})
+    med = {lib: {k: statistics.median(c[k] for c in r) / scale for k in rows} for lib, r in runs.items()}
     rows.sort(key=lambda k: -max(med[lib][k] for lib in libs))
     for k in rows:
         vals = [med[lib][k] for lib in libs]
-        if any(vals):
-            print(f"{k[:44]:44s}" + "".join(f"{v:>30g}" for v in vals))
+        if any(v >= 0.05 for v in vals):
+            print(f"{k[:44]:44s}" + "".join(f"{v:>30.3g}" for v in vals))
     print(f"{'total (median of sums)':44s}" + "".join(
-        f"{statistics.median(sum(c.values()) for c in runs[lib]):>30g}" for lib in libs))
+        f"{statistics.median(sum(c.values()) for c in runs[lib]) / scale:>30.3g}" for lib in libs))
     return 0
 
 

@@ -38,24 +38,28 @@ macro_rules! export {
 // --- What glibc's manual says a replacement malloc must provide ------------
 export!(
     /// `malloc`
+    #[unsafe(link_section = ".text.startup")]
     fn malloc(size: usize) -> *mut c_void {
         alloc::malloc(size)
     }
 );
 export!(
     /// `free`; errno is kept by the wrappers of jemalloc's system calls.
+    #[unsafe(link_section = ".text.startup")]
     fn free(p: *mut c_void) {
         alloc::free(p)
     }
 );
 export!(
     /// `calloc`; jemalloc checks `n * size` for overflow and sets ENOMEM.
+    #[unsafe(link_section = ".text.startup")]
     fn calloc(n: usize, size: usize) -> *mut c_void {
         alloc::calloc(n, size)
     }
 );
 export!(
     /// `realloc`; `realloc(p, 0)` frees like glibc.
+    #[unsafe(link_section = ".text.startup")]
     fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
         alloc::realloc(p, size)
     }
@@ -598,7 +602,9 @@ keeps_errno!(mprotect, __real_mprotect, wrap_mprotect, "__wrap_mprotect",
 // constructors), and the path avoids `core::fmt` (`StackBuf::push_i64`).
 // A function added to the path without the attribute still works; it costs
 // a fault (bench/execcost.py shows it). The fork child handler's path is
-// there too: a fork child faults in each 64 KiB of code it runs. The
+// there too, with the `malloc`, `free`, `calloc` and `realloc` above and
+// jemalloc's entry points (link.ld): a fork child faults in each 64 KiB of
+// code it runs, and a shell allocates between its fork and its exec. The
 // statics the path reads and writes lie on one page (`touched_at_start!`,
 // lib.rs). Issue 48, item 1; BENCHMARKS.md, "Start-up";
 // bench/FINDINGS-startup.md.

@@ -301,6 +301,7 @@ impl<const N: usize> StackBuf<N> {
     }
 
     /// Appends raw bytes (cut off at capacity).
+    #[unsafe(link_section = ".text.startup")]
     pub fn push(&mut self, bytes: &[u8]) {
         let n = bytes.len().min(N - self.len);
         for (dst, &b) in self.buf[self.len..self.len + n].iter_mut().zip(bytes) {
@@ -366,6 +367,7 @@ impl<const N: usize> StackBuf<N> {
 
     /// The bytes with a NUL appended, as a C string (`None` if they hold a
     /// NUL or there is no room for one).
+    #[unsafe(link_section = ".text.startup")]
     pub fn as_cstr(&mut self) -> Option<&core::ffi::CStr> {
         if self.len >= N || self.as_bytes().contains(&0) {
             return None;
