@@ -24,7 +24,9 @@ S8_V2 = {"kernel": "newest", "vcpus": 2, "mem_mib": 1536, "thp": "madvise", "lim
 FULL = {
     # s3: 3 repetitions (side by side, 80 s each): its peak RSS hinges on a few big-buffer reuses and
     # moved by +-15 % between single runs on the 2-core VM (bench/FINDINGS-issue15.md).
-    "reps": {"s1": 1, "s2": 2, "s3": 3, "s4": 3, "s5": 1},
+    # s2: 3, so that its median resists one run in the slow mode that 8 threads on 2 CPUs fall into
+    # now and then (throughput 2 against 15 M ops/s for the same library); the idle periods overlap.
+    "reps": {"s1": 1, "s2": 3, "s3": 3, "s4": 3, "s5": 1},
     "s1": {"kind": "auto", "modes": ["thread", "main"], "cycles": 5, "idle": 2.0, "final_idle": 3.0, "scale": 1.0,
            "variants": [], "main_configs": ["glibc", "glibc-trim128k", "glibc-malloc_trim", "jemalloc", "memshim"]},
     "s2": {"threads": 8, "ops": 300000, "slots": 2000, "idle_checkpoints": [1, 6, 30], "variants": ALL_VARIANTS},
