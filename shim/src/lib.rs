@@ -32,7 +32,7 @@
 #![cfg_attr(test, allow(dead_code))]
 
 /// Statics that every exec's constructor or every fork's handlers read or
-/// write: all in one output section at the start of `.data` (shim/link.ld),
+/// write: all in one output section right after `.data` (shim/link.ld),
 /// on a page the loader's relocations write anyway. Anywhere else each
 /// would be a page fault of its own in every exec (a `.bss` page read,
 /// then written) and in every fork child (a copy-on-write page, or a

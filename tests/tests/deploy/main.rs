@@ -5,6 +5,7 @@
 
 mod aarch64;
 mod install;
+mod linker;
 mod metrics;
 mod run_doctor;
 mod wheel;
