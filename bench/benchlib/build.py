@@ -8,7 +8,7 @@ from .configs import ROOT
 SRC = os.path.join(ROOT, "bench", "workloads")
 OUT = os.path.join(ROOT, "bench", "out")
 # churnops, idlecache, forkloop: measurement tools of bench/FINDINGS-issue15.md, not harness scenarios;
-# bigblocks: bench/bigblocks.py (issue 48, item 4); patterns: bench/patterns.py (item 5).
+# bigblocks: bench/bigblocks.py (issue 48, item 4) and scenario 9; patterns: scenario 9 (item 5).
 PROGRAMS = ("serve", "churn", "tput", "dirty", "churnops", "idlecache", "forkloop", "bigblocks", "patterns")
 
 

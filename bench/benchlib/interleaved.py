@@ -1,4 +1,4 @@
-"""Whole-program runs under several allocators, interleaved (bench/bigblocks.py, bench/patterns.py).
+"""Whole-program runs under several allocators, interleaved (bench/bigblocks.py, scenario 9 and bench/patterns.py).
 
 A configuration is (name, preload or None, extra environment). Every round runs each configuration
 once, in an order rotated by one per round, so that drift in the machine's load spreads over all of

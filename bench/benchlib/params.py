@@ -11,6 +11,8 @@ ALL_VARIANTS = ["ms-decay0", "ms-decay5s", "ms-decay10s", "ms-nodecay", "ms-over
 WHEEL_BUILDS = ["memshim-wheel", "memshim-wheel217"]
 PY_CONFIGS = ["glibc", "jemalloc", "tcmalloc", "mimalloc", "mimalloc3", "jemalloc531", "memshim"] + WHEEL_BUILDS + (
     ["memshim-base"] if BASE_SHIM else [])
+# s9: mimalloc-bench's patterns, beside every peer the suite compares (mimalloc2 left out, as in s5/s6).
+PATTERN_CONFIGS = ["glibc", "jemalloc", "tcmalloc", "mimalloc", "jemalloc531", "mimalloc3", "memshim"]
 
 # s8 on live cgroup v2, in the tests' VM (TCG: code runs 5-50x slower): the pressure tests' sizes
 # (tests/tests/cgroup/pressure.rs: A fits under the threshold even under THP `always`), B in 4 MiB steps
@@ -39,6 +41,8 @@ FULL = {
     "s7": {"n_stats": 200, "n_purge": 20, "n_py": 20, "bert": True, "exit_rounds": 50},
     # s8: issue 13's cgroup, at 3/4 of its heap so that B fits beside A's live half once A purges.
     "s8": {"limit_mib": 700, "a_mib": 512, "b_mib": 352, "reps": 3, "idle_seconds": 60, "v2": S8_V2},
+    # s9: each kernel about a second under glibc; 5 rounds, 9 configurations: about 2.5 minutes.
+    "s9": {"runs": 5, "threads": 2, "scale": 1.0, "configs": PATTERN_CONFIGS, "builds": WHEEL_BUILDS},
 }
 
 SMOKE = {
@@ -58,4 +62,5 @@ SMOKE = {
            # About 40 s (boot 6-11 s): one run under each limit; a VM that hangs fails in 5 minutes, not 20.
            "v2": dict(S8_V2, max={"configs": ["memshim"], "reps": 1}, high={"configs": ["memshim"], "reps": 1},
                       timeout_s=300)},
+    "s9": {"runs": 1, "threads": 2, "scale": 0.02, "configs": ["glibc", "jemalloc", "memshim"]},
 }

@@ -102,6 +102,16 @@ def evaluate(r):
     if "s7" in r:
         rows.append(_row("control plane latency reported", "s7", r["s7"].get("skipped", "measured"),
                          None if r["s7"].get("skipped") else True))
+    if "s9" in r and M in r["s9"].get("summary", {}):
+        from .s9_patterns import TARGET_BEST, TARGET_GLIBC, TARGET_PEAK_JEMALLOC
+        best, glibc, peak = r["s9"]["summary"][M]
+        for target, fig, limit in ((f"suite's patterns: geomean time ≤ {TARGET_BEST}× the best peer's", best, TARGET_BEST),
+                                   (f"suite's patterns: no kernel slower than {TARGET_GLIBC}× glibc's", glibc,
+                                    TARGET_GLIBC),
+                                   ("suite's patterns: geomean peak RSS ≤ Debian jemalloc's", peak,
+                                    TARGET_PEAK_JEMALLOC)):
+            if fig is not None:
+                rows.append(_row(target, "s9", fmt_ratio(fig), fig <= limit))
     return table(["target", "where", "figure", "verdict"], rows), rows
 
 
