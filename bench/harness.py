@@ -261,24 +261,29 @@ BIGBLOCKS_NOTE = (
 
 
 PATTERNS_NOTE = (
-    "Scenario 9's time target (the best peer's x 1.05) fails on one kernel, `simple`, where memshim "
-    "takes about jemalloc's own time (both jemalloc builds alike), 3 to 4x mimalloc's. jemalloc's thread "
-    "cache holds at most 200 blocks of a small size class (fewer for the larger classes: twice a slab's "
-    "blocks, at least 20), so 1000 blocks overflow to the arena on every round. Raising it "
+    "Scenario 9's time target (geomean at most the best peer's x 1.05) is missed on two kernels, both "
+    "jemalloc's own behaviour: memshim takes about jemalloc 5.3.1's time on each (the `jemalloc531` "
+    "row, jemalloc with its own defaults and no shim). **simple**: jemalloc's thread cache holds at most "
+    "200 blocks of a small size class (fewer for the larger classes: twice a slab's blocks, at least 20), "
+    "so 1000 blocks overflow to the arena on every round. Raising it "
     "(`MEMSHIM_MALLOC_CONF=tcache_nslots_small_max:2048,lg_tcache_nslots_mul:4`, the study configuration "
     "`ms-slots`: `harness.py --full --only s2,s4,s9 --configs glibc,memshim,ms-slots --set "
     "s2.variants=ms-slots --set s4.variants=ms-slots --set s9.configs=glibc,memshim,ms-slots`) brought "
-    "`simple` from 0.40 to 0.25 s, still 2x mimalloc's, and raised scenario 2's idle figure from 46.1 to "
-    "57.6 MB (what parked threads' caches keep, which the idle return cannot reach), with no gain in "
-    "scenario 2's throughput or scenario 4's medium sizes. The rest is jemalloc's free path (the block's "
-    "size class looked up in its radix tree), not the shim's forwarding: jemalloc without the shim is as "
-    "slow. The defaults stay. `stress` runs at jemalloc 5.3.1's own time, near tcmalloc's and mimalloc's, "
-    "at about half their peak RSS. `xmalloc`'s peak is largely what the producer runs ahead of the consumer "
-    "(the ring holds up to 8192 blocks), so it moves with scheduling, for jemalloc 5.3.1 and memshim "
-    "alike (single runs of either peaked between 4.3 and 8.7 MB). `big` is the pattern of \"Big blocks in "
-    "one thread\". The wheels' builds compile jemalloc with zig's clang rather than gcc, which shows on "
-    "`simple`. The suite itself (mimalloc-bench) is not rerun here: these are the project's own versions "
-    "of its patterns.")
+    "`simple` from 0.40 to 0.25 s when measured apart, still 2x mimalloc's, and raised scenario 2's idle "
+    "figure from 46.1 to 57.6 MB (what parked threads' caches keep, which the idle return cannot reach), "
+    "with no gain in scenario 2's throughput or scenario 4's medium sizes. The rest is jemalloc's free path "
+    "(the block's size class looked up in its radix tree), not the shim's forwarding. **stress**: mimalloc "
+    "and tcmalloc run faster at 1.9 to 2.5 times memshim's peak RSS; how much faster moves between runs (1.1x "
+    "to 1.9x, with the spread in the table), as threads that come and go on two CPUs are scheduled. The "
+    "defaults stay. The peak target (geomean at most Debian jemalloc's) sits at the line because of "
+    "**big**: memshim peaks at 1.3x jemalloc's there, the price of issue 48's item 4 (arena 0 keeps freed "
+    "blocks below 32 MiB, so the next big block reuses their pages instead of faulting in fresh ones, at "
+    "a fifth of glibc's time where jemalloc takes five times glibc's); on the other kernels it peaks at "
+    "or below jemalloc. **xmalloc**'s peak is largely what the producer runs ahead of the consumer (the "
+    "ring holds up to 8192 blocks), so it moves with scheduling, for jemalloc 5.3.1 and memshim alike "
+    "(single runs of either peaked between 4.3 and 8.7 MB). The wheels' builds compile jemalloc with "
+    "zig's clang rather than gcc, which shows on `simple`. The suite itself (mimalloc-bench) is not rerun "
+    "here: these are the project's own versions of its patterns.")
 
 
 # Sections measured by their own scripts, not by the harness: a full run keeps them from the existing
