@@ -231,8 +231,11 @@ MEDIUM_NOTE = (
     "side by side (bench/FINDINGS-medium.md), it runs at 1.02x glibc's speed at T=1 with 2 cached blocks "
     "per large size class, up to 2.2x with jemalloc's 20, but scenario 2's idle figure rises from 46.0 MB "
     "to 56.4-78.1 MB (slabs twice as large, and what parked threads' caches keep, which the idle return "
-    "cannot reach). The defaults keep 4 KiB pages: scenario 2's idle figure does not move. "
-    "`BENCH_PAGE8K_SHIM` and `--configs ms-page8k,...` rerun the study.")
+    "cannot reach). Slabs of one 8 KiB page for the small size classes (jemalloc's `slab_sizes`) bring "
+    "the idle figure back to the default build's (45.9 MB) at the same speed, but raise scenario 2's peak "
+    "from 1.10x to 1.16x glibc's and scenario 3's by 2 to 5 MB. The defaults keep 4 KiB pages: scenario "
+    "2's idle figure and peak do not move. `BENCH_PAGE8K_SHIM` and `--configs ms-page8k,...` rerun the "
+    "study.")
 
 PEAK_NOTE = (
     "Scenario 3's peak is 1.2-1.4x glibc's with memshim's defaults, against the issue's 1.1x. The rows of "

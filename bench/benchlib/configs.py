@@ -20,8 +20,14 @@ WHEEL217_SHIM = os.path.join(ROOT, "target", f"{os.uname().machine}-unknown-linu
 # for before/after tables of a change (BENCH_BASE_LABEL names it).
 BASE_SHIM = os.environ.get("BENCH_BASE_SHIM", "")
 # BENCH_PAGE8K_SHIM=/path/libmemshim.so (built with JEMALLOC_SYS_WITH_LG_PAGE=13) adds "ms-page8k" and
-# "ms-page8k-t32k", named with --configs only (bench/FINDINGS-medium.md).
+# "ms-page8k-t32k", "ms-page8k-n2"/"-n4"/"-n8" and "ms-page8k-n2-slab8k"/"-slab28k", named with --configs
+# only (bench/FINDINGS-medium.md).
 PAGE8K_SHIM = os.environ.get("BENCH_PAGE8K_SHIM", "")
+# Slab sizes in 8 KiB pages, per small size class (inclusive byte ranges): for each class the fewest pages
+# whose slab wastes at most an eighth of itself on the tail (jemalloc's default is the least common multiple
+# of page and class size, so most slabs double with the page).
+SLABFIT_8K = ("8-2560:1|3072-3072:2|3584-4096:1|5120-5120:2|6144-6144:3|7168-8192:1|10240-10240:4|"
+              "12288-12288:3|14336-16384:2|20480-20480:5|24576-24576:3|28672-28672:4")
 
 # Variables a configuration may set; all of them are cleared from the harness's
 # own environment first so that nothing leaks from the caller into a run.
@@ -88,6 +94,17 @@ def competitors():
                f"{n} cached blocks per large size class (tcache_nslots_large; 20 by default)",
                PAGE8K_SHIM, {"MEMSHIM_MALLOC_CONF": f"tcache_max:65536,tcache_nslots_large:{n}"}, study=True)
         for n in (2, 4, 8)
+    ] + [
+        # Slabs of one 8 KiB page for the small classes up to `top` (jemalloc's default is the
+        # least common multiple of the page and the class size, so most slabs double with the page).
+        Config(f"ms-page8k-n2-slab{top // 1024}k", f"ms-page8k-n2, and slabs of one page for the small "
+               f"size classes up to {top // 1024} KiB (slab_sizes)", PAGE8K_SHIM,
+               {"MEMSHIM_MALLOC_CONF": f"tcache_max:65536,tcache_nslots_large:2,slab_sizes:1-{top}:1"}, study=True)
+        for top in (8192, 28672)
+    ] + [
+        Config("ms-page8k-n2-slabfit", "ms-page8k-n2, and for each small size class the smallest slab that "
+               "wastes at most an eighth of itself (slab_sizes)", PAGE8K_SHIM,
+               {"MEMSHIM_MALLOC_CONF": "tcache_max:65536,tcache_nslots_large:2,slab_sizes:" + SLABFIT_8K}, study=True),
     ] if PAGE8K_SHIM else [])
 
 
