@@ -56,7 +56,10 @@ def main():
     configs = [interleaved.parse_config(c) for c in a.configs] or default_configs()
     exe = build_all()["bigblocks"]
     args = [str(a.ops), str(a.slots), str(a.wait)]
-    res = interleaved.rounds(configs, a.runs, lambda _n, lib, env: run_once(exe, args, lib, env))
+    try:
+        res = interleaved.rounds(configs, a.runs, lambda _n, lib, env: run_once(exe, args, lib, env))
+    except RuntimeError as e:
+        sys.exit(f"bigblocks.py: {e}")
     med = interleaved.medians(res, ("faults", "cpu", "wall", "peak", "idle"))
     spread = interleaved.spreads(res, ("cpu", "wall"))
     base = med.get("glibc") or next(iter(med.values()))

@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 from benchlib import s9_patterns  # noqa: E402
 from benchlib.build import build_all  # noqa: E402
 from benchlib.configs import by_name  # noqa: E402
-from benchlib.params import FULL, WHEEL_BUILDS  # noqa: E402
+from benchlib.params import FULL  # noqa: E402
 
 
 def main():
@@ -26,7 +26,7 @@ def main():
     ap.add_argument("--runs", type=int, default=p["runs"])
     ap.add_argument("--threads", type=int, default=p["threads"],
                     help="threads of stress and of xmalloc (half of them producers)")
-    ap.add_argument("--configs", default=",".join(p["configs"] + WHEEL_BUILDS))
+    ap.add_argument("--configs", default=",".join(p["configs"]))
     a = ap.parse_args()
     if a.runs < 1 or a.threads < 1:
         ap.error("--runs and --threads must be at least 1")
@@ -42,8 +42,11 @@ def main():
         configs.append((n, c.preload or None, c.env))
     print(f"medians of {a.runs} interleaved runs, {a.threads} threads (stress, xmalloc); "
           f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}\n")
-    measured = s9_patterns.measure(configs, build_all(), a.runs, a.threads, 1.0,
-                                   lambda m: print(m, file=sys.stderr, flush=True))
+    try:
+        measured = s9_patterns.measure(configs, build_all(), a.runs, a.threads, p["scale"],
+                                       lambda m: print(m, file=sys.stderr, flush=True))
+    except RuntimeError as e:
+        sys.exit(f"patterns.py: {e}")
     print(s9_patterns.render(measured)[0])
 
 

@@ -20,7 +20,7 @@ WHEEL217_SHIM = os.path.join(ROOT, "target", f"{os.uname().machine}-unknown-linu
 # for before/after tables of a change (BENCH_BASE_LABEL names it).
 BASE_SHIM = os.environ.get("BENCH_BASE_SHIM", "")
 # BENCH_PAGE8K_SHIM=/path/libmemshim.so (built with JEMALLOC_SYS_WITH_LG_PAGE=13) adds "ms-page8k" and
-# "ms-page8k-t32k", "ms-page8k-n2"/"-n4"/"-n8" and "ms-page8k-n2-slab8k"/"-slab28k", named with --configs
+# "ms-page8k-t32k", "ms-page8k-n2"/"-n4"/"-n8" and "ms-page8k-n2-slab8k"/"-slab28k"/"-slabfit", named with --configs
 # only (bench/FINDINGS-medium.md).
 PAGE8K_SHIM = os.environ.get("BENCH_PAGE8K_SHIM", "")
 # Slab sizes in 8 KiB pages, per small size class (inclusive byte ranges): for each class the fewest pages

@@ -8,7 +8,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import time
 
 from .configs import CONTROLLED_PREFIXES
@@ -24,7 +23,8 @@ def parse_config(text):
 
 def run_once(argv, lib, env):
     """One run: its JSON event lines by event name (common.h's emit), and minor faults, CPU seconds
-    (user + system) and wall seconds from wait4. Exits the script if the program fails."""
+    (user + system) and wall seconds from wait4. Raises RuntimeError if the program fails (the harness
+    reports it as the scenario's error and goes on; bench/bigblocks.py and bench/patterns.py exit)."""
     e = {k: v for k, v in os.environ.items() if not k.startswith(CONTROLLED_PREFIXES)}
     e.update(env)
     if lib:
@@ -35,7 +35,7 @@ def run_once(argv, lib, env):
     _, status, ru = os.wait4(p.pid, 0)
     wall = time.monotonic() - t
     if status != 0:
-        sys.exit(f"{' '.join(argv)} failed ({status}) under {lib} {env}")
+        raise RuntimeError(f"{' '.join(argv)} failed ({status}) under {lib} {env}")
     events = {j["event"]: j for j in map(json.loads, out.split("\n")[:-1])}
     # Not wait4's ru_maxrss: it counts the forked copy of this Python process before the exec.
     return {"events": events, "faults": ru.ru_minflt, "cpu": ru.ru_utime + ru.ru_stime, "wall": wall}

@@ -7,12 +7,12 @@ ALL_VARIANTS = ["ms-decay0", "ms-decay5s", "ms-decay10s", "ms-nodecay", "ms-over
 # The registry anchors (mimalloc3, jemalloc531) join the Python and start-up scenarios; mimalloc2 only
 # scenarios 1-4, to keep the full run's time in check.
 # memshim-wheel and memshim-wheel217 (the wheels' builds) run where --configs names them (make test-shipped),
-# and in scenario 6 of a run that names none, where they are built ("builds").
+# and in scenarios 6 and 9 of a run that names none, where they are built ("builds").
 WHEEL_BUILDS = ["memshim-wheel", "memshim-wheel217"]
 PY_CONFIGS = ["glibc", "jemalloc", "tcmalloc", "mimalloc", "mimalloc3", "jemalloc531", "memshim"] + WHEEL_BUILDS + (
     ["memshim-base"] if BASE_SHIM else [])
 # s9: mimalloc-bench's patterns, beside every peer the suite compares (mimalloc2 left out, as in s5/s6).
-PATTERN_CONFIGS = ["glibc", "jemalloc", "tcmalloc", "mimalloc", "jemalloc531", "mimalloc3", "memshim"]
+PATTERN_CONFIGS = ["glibc", "jemalloc", "tcmalloc", "mimalloc", "jemalloc531", "mimalloc3", "memshim"] + WHEEL_BUILDS
 
 # s8 on live cgroup v2, in the tests' VM (TCG: code runs 5-50x slower): the pressure tests' sizes
 # (tests/tests/cgroup/pressure.rs: A fits under the threshold even under THP `always`), B in 4 MiB steps
@@ -41,7 +41,8 @@ FULL = {
     "s7": {"n_stats": 200, "n_purge": 20, "n_py": 20, "bert": True, "exit_rounds": 50},
     # s8: issue 13's cgroup, at 3/4 of its heap so that B fits beside A's live half once A purges.
     "s8": {"limit_mib": 700, "a_mib": 512, "b_mib": 352, "reps": 3, "idle_seconds": 60, "v2": S8_V2},
-    # s9: each kernel about a second under glibc; 5 rounds, 9 configurations: about 2.5 minutes.
+    # s9: each kernel a fixed amount of work (0.1 to 8 s per run under glibc on the 2-CPU VM, xmalloc the
+    # longest); 5 rounds, 9 configurations: about 2.5 minutes.
     "s9": {"runs": 5, "threads": 2, "scale": 1.0, "configs": PATTERN_CONFIGS, "builds": WHEEL_BUILDS},
 }
 
