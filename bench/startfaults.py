@@ -16,7 +16,9 @@ bench/FINDINGS-startup.md reads this table.
 A shell's fork and exec instead: `bash -c 'for i in $(seq N); do /bin/true; done'` with every
 process preloaded, its faults per iteration by process (the shell; each fork child before it execs,
 which runs the fork child handlers and whatever the shell does there; the exec'd `/bin/true`), then
-the fork child's by object and section, per iteration. Medians of R runs."""
+the shell's and the fork child's by object and section, per iteration. The shell's are mostly
+copy-on-write faults: each fork write-protects its pages, so every page it writes between two forks
+faults again. Medians of R runs."""
 
 import argparse
 import collections
@@ -92,11 +94,12 @@ def one_exec(cmd, lib, comm):
 
 
 def fork_loop(n, lib):
-    """Faults of a shell loop of `n` execs: (Counter by process role, Counter of the fork children's
-    faults by object and section). A fork child uses the shell's mappings until it execs."""
+    """Faults of a shell loop of `n` execs: (Counter by process role, Counters of the shell's and of
+    the fork children's faults by object and section). A fork child uses the shell's mappings until
+    it execs."""
     cmd = ["bash", "-c", f"for i in $(seq {n}); do /bin/true; done"]
     shell, maps, first = None, [], {}
-    roles, child = collections.Counter(), collections.Counter()
+    roles, parent, child = collections.Counter(), collections.Counter(), collections.Counter()
     for words in record(cmd, lib):
         if len(words) < 3 or words[0] not in ("env", "bash", "true"):
             continue
@@ -109,12 +112,13 @@ def fork_loop(n, lib):
             continue
         if pid == shell:
             roles["shell"] += 1
+            parent[place(int(words[2], 16), maps, first, lib)] += 1
         elif comm == "bash":
             roles["fork child"] += 1
             child[place(int(words[2], 16), maps, first, lib)] += 1
         else:
             roles["exec"] += 1
-    return roles, child
+    return roles, parent, child
 
 
 def main():
@@ -135,16 +139,21 @@ def main():
         print(f"{'faults per iteration, by process':44s}" + "".join(f"{n[-28:]:>30s}" for n in names))
         for role in ("shell", "fork child", "exec"):
             print(f"{role:44s}" + "".join(
-                f"{statistics.median(r[role] for r, _ in runs[lib]) / a.fork:>30.2f}" for lib in libs))
-        runs = {lib: [c for _, c in r] for lib, r in runs.items()}
-        print(f"\n{'the fork child, per iteration: object section':44s}" + "".join(f"{n[-28:]:>30s}" for n in names))
-        scale = a.fork
+                f"{statistics.median(r[0][role] for r in runs[lib]) / a.fork:>30.2f}" for lib in libs))
+        for i, who in ((1, "the shell"), (2, "the fork child")):
+            print(f"\n{who + ', per iteration: object section':44s}" + "".join(f"{n[-28:]:>30s}" for n in names))
+            table({lib: [r[i] for r in rs] for lib, rs in runs.items()}, libs, a.fork)
     else:
         cmd = a.cmd.split()
         comm = os.path.basename(os.path.realpath(cmd[0]))[:15]
         runs = {lib: [one_exec(cmd, lib, comm) for _ in range(a.runs)] for lib in libs}
         print(f"{'object section':44s}" + "".join(f"{n[-28:]:>30s}" for n in names))
-        scale = 1
+        table(runs, libs, 1)
+    return 0
+
+
+def table(runs, libs, scale):
+    """Rows of faults by object and section, medians over runs / scale, biggest first, and the total."""
     rows = sorted({k for r in runs.values() for c in r for k in c})
     med = {lib: {k: statistics.median(c[k] for c in r) / scale for k in rows} for lib, r in runs.items()}
     rows.sort(key=lambda k: -max(med[lib][k] for lib in libs))
@@ -154,7 +163,6 @@ def main():
             print(f"{k[:44]:44s}" + "".join(f"{v:>30.3g}" for v in vals))
     print(f"{'total (median of sums)':44s}" + "".join(
         f"{statistics.median(sum(c.values()) for c in runs[lib]) / scale:>30.3g}" for lib in libs))
-    return 0
 
 
 if __name__ == "__main__":
