@@ -207,12 +207,15 @@ pub fn claim_atfork(prepare: usize) -> bool {
 /// jemalloc's fork prepare: locks every allocator mutex. Runs last of the
 /// shim's prepare handler; nothing if jemalloc has not initialised, or
 /// registered its functions with glibc itself, or the forking thread is
-/// the process's only one.
-pub fn prefork() {
+/// the process's only one (`alone`, the kernel's count taken by the
+/// prepare handler) and jemalloc's purging threads are off.
+pub fn prefork(alone: bool) {
     if !FORK_READY.load(Acquire) {
         return;
     }
-    let lock = !forking_thread_is_alone();
+    // SAFETY: jemalloc's flag, a plain atomic bool it reads relaxed too.
+    let background = unsafe { JE_BACKGROUND_THREADS_ON.load(Relaxed) };
+    let lock = !alone || background;
     LOCKED_FOR_FORK.reset_to(lock);
     if lock {
         // SAFETY: jemalloc's own atfork prepare function, called where
@@ -237,15 +240,6 @@ pub fn postfork_child() {
         // SAFETY: as `prefork`: the child handler after jemalloc's prepare.
         unsafe { je_postfork_child() }
     }
-}
-
-/// The kernel counts one thread in the process (the caller) and jemalloc's
-/// purging threads are off. False when `/proc` cannot tell: the fork then
-/// takes jemalloc's locks as always. One `stat`; async-signal-safe.
-fn forking_thread_is_alone() -> bool {
-    // SAFETY: jemalloc's flag, a plain atomic bool it reads relaxed too.
-    let background = unsafe { JE_BACKGROUND_THREADS_ON.load(Relaxed) };
-    !background && crate::os::proc::thread_count() == Some(1)
 }
 
 /// Initialises jemalloc if nothing has allocated yet, without touching its

@@ -418,7 +418,7 @@ pub fn claim_atfork(_prepare: usize) -> bool {
     false
 }
 /// Nothing: the process's allocator has its own fork handling.
-pub fn prefork() {}
+pub fn prefork(_alone: bool) {}
 /// Nothing.
 pub fn postfork_parent() {}
 /// Nothing.

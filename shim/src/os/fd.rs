@@ -405,10 +405,11 @@ pub fn open_file(path: &core::ffi::CStr, flags: i32) -> Result<Owned, i32> {
 
 // --- fork -------------------------------------------------------------------
 
-/// Fork prepare handler (after the shim's thread was asked to stop).
+/// Fork prepare handler (after the shim's thread was asked to stop);
+/// `alone`: the forking thread is the process's only one (fence.rs).
 /// Async-signal-safe.
-pub fn before_fork() {
-    super::fence::before_fork();
+pub fn before_fork(alone: bool) {
+    super::fence::before_fork(alone);
 }
 
 /// Fork parent handler. Async-signal-safe.

@@ -13,14 +13,26 @@
 //! in `FORKING` and waits (bounded) until no section is in progress.
 //! Sequentially consistent atomics: at least one side sees the other.
 //! Atomics only; the handlers are async-signal-safe.
+//!
+//! Only the shim's own threads enter sections. A fork by the process's only
+//! thread (the kernel's count, taken by the prepare handler after it has
+//! stopped the shim's thread) skips the handshake: no section is in
+//! progress, and none can start before `fork()` copies the process. It then
+//! writes nothing here, where the announcement and its withdrawal would
+//! cost the parent a copy-on-write fault on this page in every fork
+//! (bench/FINDINGS-startup.md, "The shell's share, by section").
 
 use super::ResetTo;
-use core::sync::atomic::{AtomicU32, Ordering::SeqCst};
+use core::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed, Ordering::SeqCst};
 use std::time::Duration;
 
 touched_at_start! {
     static FORKING: AtomicU32 = AtomicU32::new(0);
     static CREATING: AtomicU32 = AtomicU32::new(0);
+    /// The fork under way was announced in `FORKING`, and the parent handler
+    /// takes it back. Written only when it changes (as `LOCKED_FOR_FORK` in
+    /// jemalloc.rs): only a thread that is truly alone writes `false`.
+    static ANNOUNCED: AtomicBool = AtomicBool::new(false);
 }
 
 /// Longest a fork waits for a section in progress (a few syscalls). If one
@@ -47,8 +59,13 @@ pub fn enter() -> Option<Section> {
     Some(Section(()))
 }
 
-/// Fork prepare handler: announce the fork, wait for sections to end.
-pub fn before_fork() {
+/// Fork prepare handler: announce the fork, wait for sections to end;
+/// nothing if the forking thread is the process's only one (`alone`).
+pub fn before_fork(alone: bool) {
+    ANNOUNCED.reset_to(!alone);
+    if alone {
+        return;
+    }
     FORKING.fetch_add(1, SeqCst);
     let step = Duration::from_micros(50);
     let mut waited = Duration::ZERO;
@@ -60,7 +77,9 @@ pub fn before_fork() {
 
 /// Fork parent handler.
 pub fn after_fork_parent() {
-    FORKING.fetch_sub(1, SeqCst);
+    if ANNOUNCED.load(Relaxed) {
+        FORKING.fetch_sub(1, SeqCst);
+    }
 }
 
 /// Fork child handler: the only thread here is the one that forked.
@@ -68,4 +87,5 @@ pub fn after_fork_parent() {
 pub fn after_fork_child() {
     FORKING.reset_to(0);
     CREATING.reset_to(0);
+    ANNOUNCED.reset_to(false);
 }

@@ -64,8 +64,15 @@ impl Guard {
     }
 }
 
-/// Closes the guard in [`GUARD`], if one is there.
+/// Closes the guard in [`GUARD`], if one is there. Reads before it swaps:
+/// a swap writes even when it finds null, and every fork comes here, so a
+/// process that never held a guard would otherwise write this page of
+/// statics in every fork, a copy-on-write fault each (os/fence.rs). A guard
+/// stored after the read is one stored after the swap would have been.
 fn close_guard() {
+    if GUARD.load(SeqCst).is_null() {
+        return;
+    }
     let g = GUARD.swap(core::ptr::null_mut(), SeqCst);
     if g.is_null() {
         return;

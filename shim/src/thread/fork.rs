@@ -15,7 +15,8 @@
 //! functions run inside these handlers (jemalloc.rs, "Lazy initialisation
 //! and fork"): its prepare after ours, so jemalloc is unlocked while we
 //! wait, and its parent and child handlers before ours; a fork by the
-//! process's only thread (counted after the stop) runs none of them.
+//! process's only thread (counted after the stop) runs none of them, and
+//! skips the fork fence (os/fence.rs).
 //!
 //! `unshare(CLONE_NEWUSER)` and `setns` into a user or mount namespace need
 //! a single-threaded caller; our exported `unshare`/`setns` stop the thread
@@ -75,15 +76,18 @@ pub(super) extern "C" fn prepare() {
     let _stopped = stop_if_alone_but_for_us();
     #[cfg(memshim_bridge)]
     super::attached::prepared(_stopped);
+    // The kernel's count, after the stop above: the only thread needs no
+    // fence and none of jemalloc's locks. Unknown counts as not alone.
+    let alone = os::proc::thread_count() == Some(1);
     // After the stop above: a thread that is stopping must still be able to
     // close its descriptors.
-    os::fd::before_fork();
+    os::fd::before_fork(alone);
     // No sampled backtrace may be under way at the fork (os/unwind.c).
     if crate::options::profile() {
         os::unwind::fork_prepare();
     }
     // Last, where glibc ran jemalloc's own prepare when it registered first.
-    crate::jemalloc::prefork();
+    crate::jemalloc::prefork(alone);
 }
 
 /// Fork parent handler.
