@@ -19,12 +19,12 @@ jemalloc. The summary gives each memshim build's figures against the targets iss
 the suite: geomean time at most the best peer's x 1.05, no kernel slower than glibc's x 1.1,
 geomean peak RSS at most jemalloc's. bench/patterns.py runs this scenario alone."""
 
-import math
 import os
 
 from . import interleaved
 from .configs import competitors
 from .context import table
+from .stats import geomean
 
 # Blocks of the xmalloc kernel at scale 1, in millions, shared among its pairs.
 XMALLOC_MBLOCKS = 8
@@ -52,8 +52,8 @@ def is_memshim(name):
     return name.startswith(("memshim", "ms-"))
 
 
-def gmean(xs):
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+def f2(x):
+    return "–" if x is None else f"{x:.2f}"
 
 
 def measure(configs, exe, runs, threads, scale, log=lambda _m: None):
@@ -74,37 +74,35 @@ def measure(configs, exe, runs, threads, scale, log=lambda _m: None):
 
 def summarize(measured):
     """(kernel rows for the table, {memshim build: (geomean time × best peer, worst time × glibc,
-    geomean peak × jemalloc)}, {kernel: best peer})."""
-    rows, per_build, bests = [], {}, {}
+    geomean peak × jemalloc)}); a figure without its reference (no peer, no glibc, no jemalloc) is
+    None."""
+    rows, per_build = [], {}
     for kname, (_argv, med, spread) in measured.items():
         names = list(med)
         peers = [n for n in names if not is_memshim(n)]
         best = min(peers, key=lambda n: med[n]["wall"]) if peers else None
-        bests[kname] = best
         rel = lambda n, k, ref: med[n][k] / med[ref][k] if ref in med else None  # noqa: E731
-        f2 = lambda x: "–" if x is None else f"{x:.2f}"  # noqa: E731
         for n in names:
             lo, hi = spread[n]["wall"]
             rows.append([f"{kname} (best peer {best})", n, f"{med[n]['wall']:.2f} ({lo:.2f}–{hi:.2f})",
-                         f2(rel(n, "wall", "glibc")), f2(rel(n, "wall", best) if best else None),
+                         f2(rel(n, "wall", "glibc")), f2(rel(n, "wall", best)),
                          f"{med[n]['peak']:.1f}", f2(rel(n, "peak", "glibc")), f2(rel(n, "peak", "jemalloc"))])
             if is_memshim(n):
-                per_build.setdefault(n, []).append((rel(n, "wall", best) if best else None,
-                                                    rel(n, "wall", "glibc"), rel(n, "peak", "jemalloc")))
+                per_build.setdefault(n, []).append((rel(n, "wall", best), rel(n, "wall", "glibc"),
+                                                    rel(n, "peak", "jemalloc")))
     summary = {}
     for n, xs in per_build.items():
         cols = []
-        for i, f in ((0, gmean), (1, max), (2, gmean)):
+        for i, f in ((0, geomean), (1, max), (2, geomean)):
             v = [x[i] for x in xs if x[i] is not None]
             cols.append(f(v) if v else None)
         summary[n] = tuple(cols)
-    return rows, summary, bests
+    return rows, summary
 
 
 def render(measured):
     """(markdown: the kernels' table and the targets' table, summary as summarize gives it)."""
-    rows, summary, _ = summarize(measured)
-    f2 = lambda x: "–" if x is None else f"{x:.2f}"  # noqa: E731
+    rows, summary = summarize(measured)
     md = table(["kernel", "config", "time s (min–max)", "× glibc", "× best peer", "peak MB", "× glibc",
                 "× jemalloc"], rows)
     md += ("\n\nAgainst the targets issue 48 sets on the suite itself (over the four kernels):\n\n" +
