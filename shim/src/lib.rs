@@ -32,8 +32,9 @@
 #![cfg_attr(test, allow(dead_code))]
 
 /// Statics that every exec's constructor or every fork's handlers read or
-/// write: all in one output section right after `.data` (shim/link.ld),
-/// on a page the loader's relocations write anyway. Anywhere else each
+/// write: all in one output section right after `.data` (shim/link.ld,
+/// part 3), on the one page outside RELRO that the loader writes (the
+/// section gathers the writable data it relocates). Anywhere else each
 /// would be a page fault of its own in every exec (a `.bss` page read,
 /// then written) and in every fork child (a copy-on-write page, or a
 /// `.bss` page the parent never touched). Issue 48, item 1;

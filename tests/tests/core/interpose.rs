@@ -265,6 +265,64 @@ fn the_start_up_code_lies_in_one_section() {
     }
 }
 
+/// What the loader and every exec's constructor write outside RELRO lies
+/// on one page, the one `.data.memshim_touched` starts (shim/link.ld, part
+/// 3): every relocation there, and the partial page the loader zeroes where
+/// a writable segment's file data ends and its `.bss` begins. Each other page
+/// would be a fault in every exec (bench/FINDINGS-startup.md, ninth change).
+/// The cargo build (rust-lld) and the wheel's (zig's lld).
+#[test]
+fn the_data_an_exec_writes_lies_on_one_page() {
+    const PAGE: u64 = 4096;
+    let lib = shim();
+    let hex = |w: &str| u64::from_str_radix(w.trim_start_matches("0x"), 16).ok();
+    let headers = readelf("-lW", &lib);
+    // Type Offset VirtAddr PhysAddr FileSiz MemSiz Flg Align
+    let rows: Vec<Vec<&str>> = headers
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|w| w.len() >= 7 && (w[0] == "LOAD" || w[0] == "GNU_RELRO"))
+        .collect();
+    let relro_end = rows
+        .iter()
+        .find(|w| w[0] == "GNU_RELRO")
+        .and_then(|w| Some(hex(w[2])? + hex(w[5])?))
+        .unwrap_or_else(|| panic!("no GNU_RELRO in {lib:?}:\n{headers}"));
+    let mut written = std::collections::BTreeMap::<u64, String>::new();
+    for w in rows
+        .iter()
+        .filter(|w| w[0] == "LOAD" && w[6..].concat().contains('W'))
+    {
+        let (vaddr, filesz, memsz) = (hex(w[2]).unwrap(), hex(w[4]).unwrap(), hex(w[5]).unwrap());
+        let end = vaddr + filesz;
+        if memsz > filesz && end % PAGE != 0 && end >= relro_end {
+            written.insert(end / PAGE, format!("the loader zeroes from {end:#x}"));
+        }
+    }
+    let relocations = readelf("-rW", &lib);
+    for at in relocations
+        .lines()
+        .filter_map(|l| hex(l.split_whitespace().next()?))
+    {
+        if at >= relro_end {
+            written
+                .entry(at / PAGE)
+                .or_insert_with(|| format!("a relocation at {at:#x}"));
+        }
+    }
+    let sections = readelf("-SW", &lib);
+    let touched = sections
+        .lines()
+        .find(|l| l.split_whitespace().any(|w| w == ".data.memshim_touched"))
+        .and_then(|l| hex(l.split(']').nth(1)?.split_whitespace().nth(2)?))
+        .unwrap_or_else(|| panic!("no .data.memshim_touched in {lib:?}:\n{sections}"));
+    written.remove(&(touched / PAGE));
+    assert!(
+        written.is_empty(),
+        "{lib:?}: besides the page at {touched:#x}, an exec writes {written:?}"
+    );
+}
+
 /// std's unwinder imports are forwarded to `libgcc_s.so.1` on first use
 /// (shim/src/os/unwind.rs), so an exec under the shim loads no unwinder:
 /// not as a dependency, not through an exported or imported `_Unwind_*`.
