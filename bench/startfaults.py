@@ -18,7 +18,9 @@ process preloaded, its faults per iteration by process (the shell; each fork chi
 which runs the fork child handlers and whatever the shell does there; the exec'd `/bin/true`), then
 the shell's and the fork child's by object and section, per iteration. The shell's are mostly
 copy-on-write faults: each fork write-protects its pages, so every page it writes between two forks
-faults again. Medians of R runs."""
+faults again. Medians of R runs.
+
+  --conf OPTS sets MEMSHIM_MALLOC_CONF=OPTS in every process, for trying jemalloc's options."""
 
 import argparse
 import collections
@@ -47,9 +49,13 @@ def sections(path):
     return _sections[path]
 
 
+CONF = {}
+
+
 def record(cmd, lib):
     """`perf script` lines (comm, pid, addr, and the mmap events) of one run of `cmd` under `lib`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LD_PRELOAD", "MEMSHIM_"))}
+    env.update(CONF)
     with tempfile.TemporaryDirectory() as d:
         data = os.path.join(d, "perf.data")
         pre = ["env", f"LD_PRELOAD={lib}"] if lib else ["env"]
@@ -126,8 +132,13 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--cmd", default="/bin/true")
     ap.add_argument("--fork", type=int, metavar="N", help="a shell loop of N execs instead (module docs)")
+    ap.add_argument("--conf", metavar="OPTS",
+                    help="MEMSHIM_MALLOC_CONF for every process (which then initialises jemalloc at start-up: "
+                         "only the shell's own figures compare with a run without it)")
     ap.add_argument("libs", nargs="*", help="libraries to preload ('' or 'glibc' = none)")
     a = ap.parse_args()
+    if a.conf:
+        CONF["MEMSHIM_MALLOC_CONF"] = a.conf
     libs = [("" if x in ("", "glibc") else os.path.abspath(x)) for x in a.libs] or [
         "", os.path.join(ROOT, "target", "release", "libmemshim.so"),
         os.path.join(ROOT, "target", "glibc2.34", "x86_64-unknown-linux-gnu", "release", "libmemshim.so"),
