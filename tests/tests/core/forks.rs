@@ -250,6 +250,46 @@ fn a_pending_cancel_acts_after_pthread_create_returns_not_inside_it() {
     );
 }
 
+/// A fork by a single-threaded program writes no page of the shim's data
+/// in the parent (issue 48, item 1; bench/FINDINGS-startup.md, "The
+/// shell's share, by section"): the fork fence skips its handshake when the
+/// forking thread is alone, and the prepare handler only reads the PEP 788
+/// guard. Each write there was a copy-on-write fault per fork, which a
+/// preloaded shell pays in every command. The fixture reads
+/// /proc/self/pagemap while two children share the parent's pages: a page
+/// the parent wrote is mapped once (after the first fork) or has a new
+/// frame (around the second). Deterministic, where counting faults is not.
+/// Both builds (`make test-shipped`).
+#[test]
+fn a_single_threaded_fork_writes_no_page_of_the_shims_data() {
+    let exe = memshim_tests::fixture("fork_dirty", &[]);
+    let lib = memshim_tests::shim();
+    let name = lib
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("libmemshim");
+    let o = Cmd::new(&exe, [name]).shimmed().run();
+    if o.code == 77 {
+        eprintln!("SKIP: /proc/self/pagemap shows no frame numbers (not root)");
+        return;
+    }
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    let pages: u32 = o
+        .stdout
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("pages=")?.parse().ok())
+        .unwrap_or_else(|| panic!("{o:?}"));
+    assert!(
+        pages > 0,
+        "no page of {lib:?}'s writable data was read: {o:?}"
+    );
+    assert!(
+        o.stdout.contains(" written=0\n"),
+        "a fork wrote pages of {lib:?} in the parent:\n{}",
+        o.stdout
+    );
+}
+
 /// A fork under the shim costs few page faults (issue 48, item 1): the
 /// fork handlers write one page of statics (`touched_at_start!`, placed by
 /// shim/link.ld), the child's handler runs code that lies with the
