@@ -90,7 +90,7 @@ test-shipped: wheel-$(HOST_ARCH) ## The build-dependent families against the whe
 	    echo "== test-shipped: a wheel's build, $$d: libmemshim.so, libmemshim_bridge.so and the 2.17 memshim-ctl"; \
 	    export MEMSHIM_TEST_LIB=$(CURDIR)/$$d/libmemshim.so MEMSHIM_TEST_CTL=$(CURDIR)/$$d/memshim-ctl; \
 	    $(CARGO) test --release -p memshim-tests --test core --no-fail-fast -- --test-threads=2 \
-	        interpose:: compat::free_keeps_errno forks::a_fork_costs; \
+	        interpose:: compat::free_keeps_errno forks::a_fork_costs forks::a_single_threaded_fork; \
 	    $(CARGO) test --release -p memshim-tests --test control --no-fail-fast -- --test-threads=2 profile:: profile_files::; \
 	    $(CARGO) test --release -p memshim-tests --test python --no-fail-fast -- --test-threads=2 \
 	        profile:: sampling:: reach:: attach:: torch::a_heap_profile; \
