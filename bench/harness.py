@@ -236,7 +236,8 @@ MEDIUM_NOTE = (
     "ms-page8k,...` rerun the study.")
 
 PEAK_NOTE = (
-    "Scenario 3's peak is 1.2-1.4x glibc's with memshim's defaults, against the issue's 1.1x. The rows of "
+    "Scenario 3's peak has been 1.14x to 1.4x glibc's with memshim's defaults in full runs (this run's "
+    "figure is in the closing table), against the issue's 1.1x. The rows of "
     "the trade-off table that meet it say what it would cost: one arena per CPU (ms-narenas1x) brings the "
     "peak to about glibc's (one thread reuses what another freed before it decays) but makes busy threads "
     "share arenas: large buffers at T=2 and T=4 and medium sizes at T=2 slow down by a fifth to two fifths "
