@@ -626,6 +626,8 @@ extern "C" fn constructor() {
 /// Called by the exported `dlopen` before glibc's while
 /// `os::spawner::WATCH` is set (see there), with `dlopen`'s `file`: the
 /// thread layer may have to start a spawner for a CPython being loaded.
+/// x86_64 only, as that `dlopen` is.
+#[cfg(target_arch = "x86_64")]
 extern "C" fn before_dlopen(file: *const c_char) {
     if file.is_null() {
         return;

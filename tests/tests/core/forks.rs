@@ -255,11 +255,12 @@ fn a_pending_cancel_acts_after_pthread_create_returns_not_inside_it() {
 /// shell's share, by section"): the fork fence skips its handshake when the
 /// forking thread is alone, and the prepare handler only reads the PEP 788
 /// guard. Each write there was a copy-on-write fault per fork, which a
-/// preloaded shell pays in every command. The fixture reads
-/// /proc/self/pagemap while two children share the parent's pages: a page
-/// the parent wrote is mapped once (after the first fork) or has a new
-/// frame (around the second). Deterministic, where counting faults is not.
-/// Both builds (`make test-shipped`).
+/// preloaded shell pays in every command. The fixture (fork_dirty.c)
+/// reads its page frames from /proc/self/pagemap before and after a fork,
+/// while a process made by a raw `clone` (which runs no fork handler and
+/// writes nothing) shares every page: a page the parent wrote then has a
+/// new frame, whatever order the fork's child runs in. Deterministic, where
+/// counting faults is not. Both builds (`make test-shipped`).
 #[test]
 fn a_single_threaded_fork_writes_no_page_of_the_shims_data() {
     let exe = memshim_tests::fixture("fork_dirty", &[]);
