@@ -256,7 +256,9 @@ fn a_pending_cancel_acts_after_pthread_create_returns_not_inside_it() {
 /// forking thread is alone, and the prepare handler only reads the PEP 788
 /// guard. Each write there was a copy-on-write fault per fork, which a
 /// preloaded shell pays in every command. The fixture (fork_dirty.c)
-/// reads its page frames from /proc/self/pagemap before and after a fork,
+/// reads the frames of the library's writable pages and of its `.bss`
+/// (where jemalloc's locks lie, which a fork by a process that is not alone
+/// takes and releases) from /proc/self/pagemap before and after a fork,
 /// while a process made by a raw `clone` (which runs no fork handler and
 /// writes nothing) shares every page: a page the parent wrote then has a
 /// new frame, whatever order the fork's child runs in. Deterministic, where

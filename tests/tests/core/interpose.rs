@@ -299,18 +299,27 @@ fn the_data_an_exec_writes_lies_on_one_page() {
             written.insert(end / PAGE, format!("the loader zeroes from {end:#x}"));
         }
     }
+    let sections = readelf("-SW", &lib);
+    // Packed relocations (`.relr.dyn`) are listed in another form, which
+    // the reading below would skip.
+    assert!(
+        !sections.contains(".relr.dyn"),
+        "{lib:?} packs its relocations; read them here too"
+    );
     let relocations = readelf("-rW", &lib);
+    let mut read = 0;
     for at in relocations
         .lines()
         .filter_map(|l| hex(l.split_whitespace().next()?))
     {
+        read += 1;
         if at >= relro_end {
             written
                 .entry(at / PAGE)
                 .or_insert_with(|| format!("a relocation at {at:#x}"));
         }
     }
-    let sections = readelf("-SW", &lib);
+    assert!(read > 1000, "{read} relocations read in {lib:?}");
     let touched = sections
         .lines()
         .find(|l| l.split_whitespace().any(|w| w == ".data.memshim_touched"))
@@ -321,6 +330,20 @@ fn the_data_an_exec_writes_lies_on_one_page() {
         written.is_empty(),
         "{lib:?}: besides the page at {touched:#x}, an exec writes {written:?}"
     );
+    // The statics the constructor and the fork handlers write share that
+    // page, up to the head of the composed configuration, which comes last
+    // (where the library keeps its symbol table).
+    let loaded = nm_text(&["-C"], &lib)
+        .lines()
+        .find(|l| l.ends_with(" memshim::options::LOADED"))
+        .and_then(|l| hex(l.split_whitespace().next()?));
+    if let Some(at) = loaded {
+        assert_eq!(
+            at / PAGE,
+            touched / PAGE,
+            "options::LOADED at {at:#x}, past the page at {touched:#x}"
+        );
+    }
 }
 
 /// std's unwinder imports are forwarded to `libgcc_s.so.1` on first use
