@@ -85,6 +85,25 @@ fn readelf(flag: &str, file: &std::path::Path) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// Address and size of section `name` in `readelf -SW` output.
+fn section(sections: &str, name: &str) -> Option<(u64, u64)> {
+    let line = sections
+        .lines()
+        .find(|l| l.split_whitespace().any(|w| w == name))?;
+    // [Nr] Name Type Address Off Size ...
+    let words: Vec<&str> = line.split(']').nth(1)?.split_whitespace().collect();
+    let hex = |i: usize| u64::from_str_radix(words.get(i)?, 16).ok();
+    Some((hex(2)?, hex(4)?))
+}
+
+/// Where symbol `name` lies in an `nm` table (the line that ends in it).
+fn symbol_at(table: &str, name: &str) -> Option<u64> {
+    table
+        .lines()
+        .find(|l| l.ends_with(&format!(" {name}")))
+        .and_then(|l| u64::from_str_radix(l.split_whitespace().next()?, 16).ok())
+}
+
 fn dynamic_symbols(defined_only: bool) -> Vec<String> {
     let args: &[&str] = if defined_only {
         &["-D", "--defined-only"]
@@ -216,31 +235,20 @@ fn the_control_endpoint_imports_no_system_call_wrappers() {
 fn the_start_up_code_lies_in_one_section() {
     let lib = shim();
     let sections = readelf("-SW", &lib);
-    let line = sections
-        .lines()
-        .find(|l| l.split_whitespace().any(|w| w == ".text.startup"))
+    let (addr, size) = section(&sections, ".text.startup")
         .unwrap_or_else(|| panic!("no .text.startup in {lib:?}:\n{sections}"));
-    let words: Vec<&str> = line
-        .split(']')
-        .nth(1)
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
-    // Name Type Address Off Size ...
-    let addr = u64::from_str_radix(words[2], 16).unwrap();
-    let size = u64::from_str_radix(words[4], 16).unwrap();
-    assert!(size >= 4096, "{line}: too small to hold the start-up path");
+    assert!(
+        size >= 4096,
+        ".text.startup ({size:#x} bytes): too small to hold the start-up path"
+    );
     // The kernel maps a library's code 64 KiB around the address that
     // faulted: a larger section would take two faults where it takes one.
-    assert!(size <= 0x10000, "{line}: more than 64 KiB");
+    assert!(
+        size <= 0x10000,
+        ".text.startup ({size:#x} bytes): more than 64 KiB"
+    );
     let syms = nm_text(&["-C"], &lib);
     let dynamic = nm_text(&["-D", "--defined-only"], &lib);
-    let at = |table: &str, name: &str| {
-        table
-            .lines()
-            .find(|l| l.ends_with(&format!(" {name}")))
-            .and_then(|l| u64::from_str_radix(l.split_whitespace().next()?, 16).ok())
-    };
     let assert_inside = |name: &str, at: u64| {
         assert!(
             (addr..addr + size).contains(&at),
@@ -248,7 +256,7 @@ fn the_start_up_code_lies_in_one_section() {
         );
     };
     for name in ["malloc", "free"] {
-        let at = at(&dynamic, name).unwrap_or_else(|| panic!("{lib:?} exports no {name}"));
+        let at = symbol_at(&dynamic, name).unwrap_or_else(|| panic!("{lib:?} exports no {name}"));
         assert_inside(name, at);
     }
     for name in [
@@ -259,7 +267,7 @@ fn the_start_up_code_lies_in_one_section() {
         "_rjem_free",
     ] {
         // In a stripped library only the section's size is checked.
-        if let Some(at) = at(&syms, name) {
+        if let Some(at) = symbol_at(&syms, name) {
             assert_inside(name, at);
         }
     }
@@ -320,10 +328,7 @@ fn the_data_an_exec_writes_lies_on_one_page() {
         }
     }
     assert!(read > 1000, "{read} relocations read in {lib:?}");
-    let touched = sections
-        .lines()
-        .find(|l| l.split_whitespace().any(|w| w == ".data.memshim_touched"))
-        .and_then(|l| hex(l.split(']').nth(1)?.split_whitespace().nth(2)?))
+    let (touched, _) = section(&sections, ".data.memshim_touched")
         .unwrap_or_else(|| panic!("no .data.memshim_touched in {lib:?}:\n{sections}"));
     written.remove(&(touched / PAGE));
     assert!(
@@ -333,11 +338,7 @@ fn the_data_an_exec_writes_lies_on_one_page() {
     // The statics the constructor and the fork handlers write share that
     // page, up to the head of the composed configuration, which comes last
     // (where the library keeps its symbol table).
-    let loaded = nm_text(&["-C"], &lib)
-        .lines()
-        .find(|l| l.ends_with(" memshim::options::LOADED"))
-        .and_then(|l| hex(l.split_whitespace().next()?));
-    if let Some(at) = loaded {
+    if let Some(at) = symbol_at(&nm_text(&["-C"], &lib), "memshim::options::LOADED") {
         assert_eq!(
             at / PAGE,
             touched / PAGE,
