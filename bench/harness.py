@@ -237,16 +237,22 @@ MEDIUM_NOTE = (
 
 PEAK_NOTE = (
     "Scenario 3's peak has been 1.14x to 1.4x glibc's with memshim's defaults in full runs (this run's "
-    "figure is in the closing table), against the issue's 1.1x. The rows of "
-    "the trade-off table that meet it say what it would cost: one arena per CPU (ms-narenas1x) brings the "
-    "peak to about glibc's (one thread reuses what another freed before it decays) but makes busy threads "
-    "share arenas: large buffers at T=2 and T=4 and medium sizes at T=2 slow down by a fifth to two fifths "
-    "(the trade-off table); purging at once (ms-decay0) cuts the peak to three quarters of glibc's and "
-    "throughput to a tenth or less. Smaller thread caches (ms-tcache4k) and jemalloc's own layout "
-    "(ms-oblivious) do not bring it near: about 1.17x and the defaults' figure. The likely reason glibc peaks lower, not measured apart: its "
-    "arenas give a freed block to the next request of any size that fits, where jemalloc keeps "
-    "size-segregated slabs, per-thread caches and 4 arenas per CPU. The defaults keep 4 arenas per CPU: the "
-    "peak of this paced, mostly idle workload is worth less than the throughput of a busy server.")
+    "figure is in the closing table), against the issue's 1.1x. The rows of the trade-off table that meet "
+    "it say what it would cost: one arena per CPU (ms-narenas1x) brings the peak to about glibc's (one "
+    'thread reuses what another freed before it decays) but makes busy threads share arenas: large '
+    'buffers at T=2 and T=4 and medium sizes at T=2 slow down by a fifth to two fifths (the trade-off '
+    "table); purging at once (ms-decay0) cuts the peak to three quarters of glibc's and throughput to a "
+    "tenth or less. Smaller thread caches (ms-tcache4k) and jemalloc's own layout (ms-oblivious) do not "
+    "bring it near: about 1.17x and the defaults' figure. The reason, measured apart (`python3 "
+    "bench/s3peak.py`, [bench/FINDINGS-peak.md](bench/FINDINGS-peak.md)): at memshim's highest sample "
+    'about 28 of its 49 MB are dirty pages, blocks already freed that wait for the 1 s decay, and without '
+    "them no sample rose above 0.66x glibc's peak; slab and page slack is 2 MB, so size-segregated slabs "
+    'are not the reason. Most are the 256 KiB to 4 MiB buffers: each of the 4 threads has an arena of its '
+    'own, so a buffer one thread frees waits there while another thread faults in a new one. The defaults '
+    'keep 4 arenas per CPU: the peak of this paced, mostly idle workload is worth less than the '
+    'throughput of a busy server. One arena shared by the big blocks alone brought the peak to 0.91x in a '
+    "study build, but jemalloc's huge arena, the way it was tried, made every arena purge at once and cut "
+    "scenario 2's throughput to a sixth; the findings say what a shim-side version would need.")
 
 BIGBLOCKS_NOTE = (
     "One thread frees a block of 5 to 25 MiB and allocates another of a similar size, writing every page "
