@@ -63,16 +63,19 @@ pub fn page() -> usize {
     p
 }
 
-/// `malloc`. Every allocation function but `realloc` tells
-/// [`crate::jemalloc::note_allocation`] its size first (one comparison):
-/// the first big block lifts the first arena's large-free threshold
-/// (jemalloc.rs, "Large frees in the first arena", says why not `realloc`).
+/// `malloc`. Every allocation function but `realloc` compares its size
+/// with [`BIG_AT`] first (one comparison), and a big block takes a path out
+/// of line, which tells [`crate::jemalloc::note_allocation`] its size (the
+/// first block of 8 MiB lifts the first arena's large-free threshold) and
+/// sends it to the arena the threads share while the shim's thread runs
+/// (jemalloc.rs, "Large frees in the first arena" and "Big blocks in one
+/// shared arena", say why, and why not `realloc`).
 ///
 /// # Safety
 /// Always safe; `unsafe` as the C allocation functions are.
 #[inline(always)]
 pub unsafe fn malloc(size: usize) -> *mut c_void {
-    if size >= crate::jemalloc::LIFT_AT {
+    if size >= BIG_AT {
         // SAFETY: as below.
         return unsafe { big_malloc(size) };
     }
@@ -80,14 +83,32 @@ pub unsafe fn malloc(size: usize) -> *mut c_void {
     unsafe { je::malloc(size) }
 }
 
+/// The size from which an allocation takes the big blocks' path.
+const BIG_AT: usize = crate::jemalloc::BIG_AT;
+
 /// `malloc` of a big block, out of line: the common path stays a
 /// comparison and a jump, with nothing saved on the stack.
 #[cold]
 #[inline(never)]
 unsafe fn big_malloc(size: usize) -> *mut c_void {
     crate::jemalloc::note_allocation(size);
-    // SAFETY: plain forward.
-    unsafe { je::malloc(size) }
+    match crate::jemalloc::big_block_flags(size) {
+        Some(flags) => {
+            // SAFETY: `size` is not 0; `flags` names an existing arena.
+            enomem_if_null(unsafe { je::mallocx(size, flags) })
+        }
+        // SAFETY: plain forward.
+        None => unsafe { je::malloc(size) },
+    }
+}
+
+/// `mallocx` reports no error; the C functions set ENOMEM.
+#[inline]
+fn enomem_if_null(p: *mut c_void) -> *mut c_void {
+    if p.is_null() {
+        set_errno(libc::ENOMEM);
+    }
+    p
 }
 
 /// `calloc`; jemalloc checks `n * size` for overflow and sets ENOMEM.
@@ -96,7 +117,7 @@ unsafe fn big_malloc(size: usize) -> *mut c_void {
 /// Always safe; `unsafe` as the C allocation functions are.
 #[inline(always)]
 pub unsafe fn calloc(n: usize, size: usize) -> *mut c_void {
-    if n.saturating_mul(size) >= crate::jemalloc::LIFT_AT {
+    if n.saturating_mul(size) >= BIG_AT {
         // SAFETY: as below.
         return unsafe { big_calloc(n, size) };
     }
@@ -109,8 +130,15 @@ pub unsafe fn calloc(n: usize, size: usize) -> *mut c_void {
 #[inline(never)]
 unsafe fn big_calloc(n: usize, size: usize) -> *mut c_void {
     crate::jemalloc::note_allocation(n.saturating_mul(size));
-    // SAFETY: plain forward.
-    unsafe { je::calloc(n, size) }
+    let total = n.checked_mul(size);
+    match (total, total.and_then(crate::jemalloc::big_block_flags)) {
+        (Some(total), Some(flags)) => {
+            // SAFETY: as `big_malloc`; jemalloc zeroes what it did not just map.
+            enomem_if_null(unsafe { je::mallocx(total, flags | je::MALLOCX_ZERO) })
+        }
+        // SAFETY: plain forward; jemalloc answers an overflow with ENOMEM.
+        _ => unsafe { je::calloc(n, size) },
+    }
 }
 
 /// `posix_memalign`: jemalloc applies POSIX's checks (EINVAL, ENOMEM).
@@ -119,7 +147,32 @@ unsafe fn big_calloc(n: usize, size: usize) -> *mut c_void {
 /// `out` is writable, as POSIX requires of the caller.
 #[inline(always)]
 pub unsafe fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> libc::c_int {
+    if size >= BIG_AT {
+        // SAFETY: as below.
+        return unsafe { big_posix_memalign(out, align, size) };
+    }
+    // SAFETY: plain forward; the caller passes a writable `out`.
+    unsafe { je::posix_memalign(out, align, size) }
+}
+
+/// `posix_memalign` of a big block, out of line (see `big_malloc`). An
+/// alignment POSIX refuses goes to jemalloc, which says EINVAL.
+#[cold]
+#[inline(never)]
+unsafe fn big_posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> libc::c_int {
     crate::jemalloc::note_allocation(size);
+    if let Some(flags) = crate::jemalloc::big_block_flags(size) {
+        if align.is_power_of_two() && align >= core::mem::size_of::<*mut c_void>() {
+            // SAFETY: as `big_malloc`; `align` is a power of two.
+            let p = unsafe { je::mallocx(size, flags | je::MALLOCX_ALIGN(align)) };
+            if p.is_null() {
+                return libc::ENOMEM;
+            }
+            // SAFETY: the caller passes a writable `out`.
+            unsafe { *out = p };
+            return 0;
+        }
+    }
     // SAFETY: plain forward; the caller passes a writable `out`.
     unsafe { je::posix_memalign(out, align, size) }
 }
@@ -145,17 +198,37 @@ pub unsafe fn free(p: *mut c_void) {
 /// Always safe; `unsafe` as the C allocation functions are.
 #[inline]
 pub unsafe fn memalign(align: usize, size: usize) -> *mut c_void {
-    crate::jemalloc::note_allocation(size);
     if align <= JE_MIN_ALIGN {
-        // SAFETY: plain forward.
-        return unsafe { je::malloc(size) };
+        // SAFETY: as `malloc`.
+        return unsafe { malloc(size) };
     }
     if align > usize::MAX / 2 + 1 {
         set_errno(libc::EINVAL);
         return ptr::null_mut();
     }
+    let align = align.next_power_of_two();
+    if size >= BIG_AT {
+        // SAFETY: as below.
+        return unsafe { big_aligned(align, size) };
+    }
     // SAFETY: `align` is now a power of two; jemalloc sets ENOMEM on failure.
-    unsafe { je::aligned_alloc(align.next_power_of_two(), size) }
+    unsafe { je::aligned_alloc(align, size) }
+}
+
+/// `memalign` of a big block with a power-of-two `align`, out of line (see
+/// `big_malloc`).
+#[cold]
+#[inline(never)]
+unsafe fn big_aligned(align: usize, size: usize) -> *mut c_void {
+    crate::jemalloc::note_allocation(size);
+    match crate::jemalloc::big_block_flags(size) {
+        Some(flags) => {
+            // SAFETY: as `big_malloc`; `align` is a power of two.
+            enomem_if_null(unsafe { je::mallocx(size, flags | je::MALLOCX_ALIGN(align)) })
+        }
+        // SAFETY: as `memalign`.
+        None => unsafe { je::aligned_alloc(align, size) },
+    }
 }
 
 /// `aligned_alloc`: strict (C17) where the host glibc is >= 2.38, like

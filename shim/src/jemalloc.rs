@@ -2,8 +2,11 @@
 //!
 //! Each function names the mallctl key it reads or writes; the keys are
 //! described in jemalloc's manual (`man jemalloc`, "MALLCTL NAMESPACE").
-//! Nothing here is on the allocation path: these run in the constructor, the
-//! shim's own thread, fork handlers, or glibc-API calls such as `malloc_trim`.
+//! Nearly nothing here is on the allocation path: these run in the
+//! constructor, the shim's own thread, fork handlers, or glibc-API calls
+//! such as `malloc_trim`. The exceptions are the big blocks' checks
+//! ([`note_allocation`], [`big_block_flags`]): atomics, and a `mallctl`
+//! once per process.
 //! jemalloc's fork functions are called from here too ("Lazy initialisation
 //! and fork" below).
 
@@ -410,6 +413,113 @@ pub fn lift_first_arena_threshold() {
         return;
     }
     let _ = write(b"arena.0.oversize_threshold\0", FIRST_ARENA_KEEPS_BELOW);
+}
+
+// --- Big blocks in one shared arena ------------------------------------------
+//
+// jemalloc gives a program's threads arenas of their own (4 per CPU), and a
+// freed block waits as dirty pages in its thread's arena until the decay
+// returns it (1 s). For the big buffers a server allocates per request
+// (hundreds of KiB to MiBs), that means one thread faults in fresh pages
+// while another thread's arena holds the ones it just freed: scenario 3's
+// peak was 1.14x to 1.4x glibc's, and at its highest sample 28 of 49 MB
+// were such dirty pages (bench/FINDINGS-peak.md). So while the shim's
+// thread runs, allocations of [`BIG_AT`] up to [`FIRST_ARENA_KEEPS_BELOW`]
+// go to one arena that every thread shares ([`share_big_blocks`]), created
+// by the shim with the usual decay, where one thread reuses what another
+// freed. Smaller sizes keep their per-thread arenas: sharing those (one
+// arena per CPU) made the 32-64 KiB blocks, which bypass the thread caches,
+// contend for one lock. Larger ones too, so that the first arena still
+// returns a free of 32 MiB or more at once, as above, and glibc draws its
+// line there too (it maps and unmaps every block above its largest mmap
+// threshold).
+//
+// Only while the thread runs, because the thread's decay is what returns
+// the shared arena's pages: jemalloc's inline decay ticks an arena only on
+// calls into it, and the big blocks are few. In a process without the
+// thread (single-threaded under `auto`, a fork child before the thread is
+// back, `MEMSHIM_CONTROL=off`) they stay where jemalloc puts them, with
+// the first arena's bound above. A `realloc` is never sent there: a buffer
+// it moves goes to the thread's arena, so the first arena's 32 MiB bound
+// still holds for buffers grown by `realloc` in the main thread. Not where
+// the user turned jemalloc's huge arena on (their own
+// `oversize_threshold`): it takes the blocks of that size and more.
+// jemalloc's huge arena cannot serve as the shared one: the threshold that
+// sends blocks there also makes every arena purge at once each free run of
+// that size (bench/FINDINGS-peak.md).
+
+/// Allocations of this size or more go to the shared arena while the
+/// shim's thread runs.
+pub const BIG_AT: usize = 256 << 10;
+
+/// Big blocks are shared now: the shim's thread runs, and the user has not
+/// turned jemalloc's huge arena on.
+static SHARING: AtomicBool = AtomicBool::new(false);
+
+/// The shared arena's index; 0 until the first big block creates it (0 is
+/// always an automatic arena), [`CREATING`] while one thread does, and for
+/// good if `arenas.create` failed.
+static BIG_ARENA: AtomicU32 = AtomicU32::new(0);
+
+/// [`BIG_ARENA`] while a thread creates it, or after that failed.
+const CREATING: u32 = u32::MAX;
+
+/// The `mallocx` flags for a block of `size` bytes, [`BIG_AT`] or more:
+/// the shared arena's, or `None` where it goes where jemalloc puts it
+/// (not shared now, or too big to share). The first such block creates
+/// the arena, so a process that never allocates one has none.
+#[inline(always)]
+pub fn big_block_flags(size: usize) -> Option<c_int> {
+    if !SHARING.load(Relaxed) || size >= FIRST_ARENA_KEEPS_BELOW {
+        return None;
+    }
+    match BIG_ARENA.load(Acquire) {
+        0 => create_big_arena(),
+        CREATING => None,
+        index => Some(sys::MALLOCX_ARENA(index as usize)),
+    }
+}
+
+/// `arenas.create`, once. A thread that comes while another creates it
+/// allocates where jemalloc puts it, without waiting; if it fails (jemalloc
+/// ran out of arena slots), big blocks are never shared.
+#[cold]
+#[inline(never)]
+fn create_big_arena() -> Option<c_int> {
+    if BIG_ARENA
+        .compare_exchange(0, CREATING, Acquire, Relaxed)
+        .is_err()
+    {
+        return None;
+    }
+    match read::<u32>(b"arenas.create\0") {
+        Ok(index) if index != 0 && index != CREATING => {
+            BIG_ARENA.store(index, Release);
+            Some(sys::MALLOCX_ARENA(index as usize))
+        }
+        _ => None,
+    }
+}
+
+/// From now on, big blocks go to the shared arena. The shim's thread, as
+/// it starts (or does not stop after all).
+pub fn share_big_blocks() {
+    if read::<usize>(b"opt.oversize_threshold\0") == Ok(0) {
+        SHARING.store(true, Relaxed);
+    }
+}
+
+/// Big blocks go where jemalloc puts them again: the shim's thread stops.
+pub fn stop_sharing_big_blocks() {
+    SHARING.store(false, Relaxed);
+}
+
+/// Fork child: the shim's thread is not there. A creation another thread
+/// of the parent had begun is not finished here; the child's first big
+/// block once it shares again tries anew. Async-signal-safe (atomics).
+pub fn big_blocks_after_fork_child() {
+    SHARING.store(false, Relaxed);
+    let _ = BIG_ARENA.compare_exchange(CREATING, 0, Relaxed, Relaxed);
 }
 
 /// `epoch`: refreshes the statistics snapshot that `stats.*` keys read.

@@ -439,6 +439,12 @@ pub fn use_own_arena() -> Result<(), Error> {
 pub fn note_allocation(_size: usize) {}
 /// Nothing.
 pub fn lift_first_arena_threshold() {}
+/// Nothing: the bridge is not on the allocation path.
+pub fn share_big_blocks() {}
+/// Nothing.
+pub fn stop_sharing_big_blocks() {}
+/// Nothing.
+pub fn big_blocks_after_fork_child() {}
 /// The profiler is the preload's only.
 pub fn prof_ready() -> bool {
     false

@@ -113,6 +113,7 @@ pub(super) extern "C" fn child() {
     // The forking thread is the child's main thread.
     super::state::LEADER_GONE.store(false, core::sync::atomic::Ordering::Relaxed);
     crate::jemalloc::postfork_child();
+    crate::jemalloc::big_blocks_after_fork_child();
     if crate::options::profile() {
         os::unwind::fork_done(true);
     }

@@ -10,7 +10,9 @@
 //!   jemalloc alone only decays on allocator activity. Frees of 8 to
 //!   32 MiB in the first arena wait for that decay too: the thread lifts
 //!   that arena's threshold if the first big allocation has not
-//!   (`jemalloc::lift_first_arena_threshold`);
+//!   (`jemalloc::lift_first_arena_threshold`); while it runs, blocks of
+//!   256 KiB and more go to one arena all threads share
+//!   (`jemalloc::share_big_blocks`), whose pages its decay returns;
 //! * serves the control socket (`control/`): its listener and client
 //!   connections are polled here;
 //! * with `MEMSHIM_CUDA_IDLE_MS`, watches for an idle process whose CUDA
@@ -170,6 +172,7 @@ extern "C" fn main(_: *mut c_void) -> *mut c_void {
     os::time::futex_wake(&ARENA_MOVE);
     // Before the name: a process that sees it sees the threshold lifted.
     jemalloc::lift_first_arena_threshold();
+    jemalloc::share_big_blocks();
     os::thread::set_name(c"memshim");
     let _ = jemalloc::disable_own_tcache();
     jemalloc::exclude_own_thread_from_profiles();
@@ -300,10 +303,14 @@ fn try_stop(own: &mut Held, always: bool) -> bool {
         STATE.set_phase(Phase::Running);
         return false;
     }
+    // Without the thread's decay, big blocks go back to their threads'
+    // arenas (jemalloc.rs, "Big blocks in one shared arena").
+    jemalloc::stop_sharing_big_blocks();
     own.close();
     STATE.set_phase(Phase::Idle);
     // A thread created while we were stopping wants us back.
     if !gone && STATE.wanted() && STATE.move_phase(Phase::Idle, Phase::Running) {
+        jemalloc::share_big_blocks();
         *own = Held::open();
         return false;
     }

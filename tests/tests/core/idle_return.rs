@@ -261,6 +261,38 @@ fn where_no_shim_thread_runs_a_16_mib_buffer_the_main_thread_frees_is_reused_and
 }
 
 #[test]
+fn while_the_shims_thread_runs_a_big_buffer_one_thread_frees_is_reused_by_another_without_faulting()
+{
+    // Timed: a stall between the free and the reuse lets the decay return the buffer.
+    let _machine = memshim_tests::serial::exclusive(module_path!());
+    // Blocks of 256 KiB to 32 MiB go to one arena all threads share while
+    // the shim's thread runs (jemalloc.rs, "Big blocks in one shared
+    // arena"): another thread's next buffer takes the pages the first one
+    // freed, where in its own arena it would fault in fresh ones.
+    for mib in ["1", "16"] {
+        let r = reuse(&["across", "shim", mib], &[]);
+        eprintln!("{}", r.line);
+        assert!(r.shim_thread, "{}", r.line);
+        assert!(
+            r.refaulted_pct < 75,
+            "the other thread faulted the pages in again: {}",
+            r.line
+        );
+        assert!(
+            r.returned_ms >= 0,
+            "not returned within 6 s of idling: {}",
+            r.line
+        );
+    }
+    // Without the shim's thread, each thread's arena keeps what it freed,
+    // and the other thread's buffer is fresh pages: what the test tells apart.
+    let r = reuse(&["across", "none", "16"], &[("MEMSHIM_CONTROL", "off")]);
+    eprintln!("{}", r.line);
+    assert!(!r.shim_thread, "{}", r.line);
+    assert!(r.refaulted_pct >= 90, "{}", r.line);
+}
+
+#[test]
 fn a_buffer_of_32_mib_or_more_the_main_thread_frees_goes_back_at_once_with_or_without_the_shims_thread()
  {
     // 32 MiB and more go at once (a buffer grown by realloc would otherwise

@@ -614,6 +614,23 @@ fn every_allocator_pairs_with_every_compatible_free_with_junk_filling() {
 }
 
 #[test]
+fn every_allocator_pairs_with_every_compatible_free_while_big_blocks_are_shared() {
+    // With a second thread the shim's thread runs, and blocks of 256 KiB and
+    // more (the matrix's 3 MiB) take the shared arena through `mallocx`:
+    // the same pairs, contents, alignments, zeroed `calloc` of reused pages
+    // and errno; with junk filling, a block freed the wrong way shows.
+    for conf in ["", "junk:true"] {
+        let mut c = Cmd::new(fixture("alloc_matrix", &[]), ["--all", "--threaded"]).shimmed();
+        if !conf.is_empty() {
+            c = c.env("MEMSHIM_MALLOC_CONF", conf);
+        }
+        let o = c.run();
+        assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{conf:?}: {o:?}");
+        assert_eq!(o.stdout.trim(), "matrix ok 560", "{conf:?}: {o:?}");
+    }
+}
+
+#[test]
 fn malloc_is_routed_to_jemalloc_size_classes() {
     // jemalloc's smallest size class is 8 bytes; glibc's smallest chunk
     // gives 24 usable bytes on x86_64. Proves malloc really goes to the shim.
