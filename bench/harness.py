@@ -183,7 +183,9 @@ DEFAULTS_NOTE = (
     "per CPU, lowers peak RSS in scenarios 2 and 3 (one thread reuses what another freed before it decays), "
     "but threads share arenas once busy threads outnumber CPUs, and allocations of 32-64 KiB, which bypass "
     "the thread caches, then contend for the shared arena's locks: medium sizes at T=4 on two arenas ran 4x "
-    "slower in some runs, large buffers at T=2 and T=4 15-20 % slower. jemalloc's per-CPU arenas (`percpu_arena:percpu`, measured with 8 vCPUs, a cpuset and a CPU quota in a VM for issue 36) are not the default either: scenario 3's peak stayed 1.27-1.38x glibc's, and under a cpuset jemalloc turns them off and says so on stderr ([bench/FINDINGS-percpu.md](bench/FINDINGS-percpu.md)). These readings were taken on a shared 2-core VM; when a row of this run contradicts them, the "
+    "slower in some runs, large buffers at T=2 and T=4 15-20 % slower; the reuse that matters for scenario 3's "
+    "peak, of blocks of 256 KiB and more, the shim gets from one arena that only those blocks share, while its "
+    "thread runs (docs/design.md). jemalloc's per-CPU arenas (`percpu_arena:percpu`, measured with 8 vCPUs, a cpuset and a CPU quota in a VM for issue 36) are not the default either: scenario 3's peak stayed 1.27-1.38x glibc's, and under a cpuset jemalloc turns them off and says so on stderr ([bench/FINDINGS-percpu.md](bench/FINDINGS-percpu.md)). These readings were taken on a shared 2-core VM; when a row of this run contradicts them, the "
     "table wins.")
 
 
@@ -236,23 +238,22 @@ MEDIUM_NOTE = (
     "ms-page8k,...` rerun the study.")
 
 PEAK_NOTE = (
-    "Scenario 3's peak has been 1.14x to 1.4x glibc's with memshim's defaults in full runs (this run's "
-    "figure is in the closing table), against the issue's 1.1x. The rows of the trade-off table that meet "
-    "it say what it would cost: one arena per CPU (ms-narenas1x) brings the peak to about glibc's (one "
-    'thread reuses what another freed before it decays) but makes busy threads share arenas: large '
-    'buffers at T=2 and T=4 and medium sizes at T=2 slow down by a fifth to two fifths (the trade-off '
-    "table); purging at once (ms-decay0) cuts the peak to three quarters of glibc's and throughput to a "
-    "tenth or less. Smaller thread caches (ms-tcache4k) and jemalloc's own layout (ms-oblivious) do not "
-    "bring it near: about 1.17x and the defaults' figure. The reason, measured apart (`python3 "
-    "bench/s3peak.py`, [bench/FINDINGS-peak.md](bench/FINDINGS-peak.md)): at memshim's highest sample "
-    'about 28 of its 49 MB are dirty pages, blocks already freed that wait for the 1 s decay, and without '
-    "them no sample rose above 0.66x glibc's peak; slab and page slack is 2 MB, so size-segregated slabs "
-    'are not the reason. Most are the 256 KiB to 4 MiB buffers: each of the 4 threads has an arena of its '
-    'own, so a buffer one thread frees waits there while another thread faults in a new one. The defaults '
-    'keep 4 arenas per CPU: the peak of this paced, mostly idle workload is worth less than the '
-    'throughput of a busy server. One arena shared by the big blocks alone brought the peak to 0.91x in a '
-    "study build, but jemalloc's huge arena, the way it was tried, made every arena purge at once and cut "
-    "scenario 2's throughput to a sixth; the findings say what a shim-side version would need.")
+    "Scenario 3's peak was 1.14x to 1.4x glibc's with memshim's defaults in full runs before big blocks "
+    "shared an arena, against the issue's 1.1x; this run's figure is in the closing table. The reason, "
+    'measured apart (`python3 bench/s3peak.py`, [bench/FINDINGS-peak.md](bench/FINDINGS-peak.md)): at the '
+    'highest sample about 28 of 49 MB were dirty pages, blocks already freed that waited for the 1 s '
+    'decay in the arena of the thread that freed them, most of them the 256 KiB to 4 MiB buffers; without '
+    "them no sample rose above 0.66x glibc's peak, and slab and page slack was 2 MB. Each of the 4 "
+    'threads had an arena of its own, so a buffer one thread freed waited there while another thread '
+    "faulted in a new one. So while the shim's thread runs, blocks of 256 KiB up to 32 MiB now share one "
+    'arena, and one thread reuses what another freed (docs/design.md, "Big blocks share one arena while '
+    'the thread runs"): 0.87x glibc\'s peak in s3peak.py\'s run, against 1.17x for the build before, with '
+    "14 MB of freed pages waiting at the peak instead of 29. The price is in scenario 9's `stress`, whose "
+    'blocks of up to 1 MiB have only their first and last bytes written: it peaks higher (below). Sharing '
+    "from 1 MiB up instead left `stress` where it was and scenario 3 at 0.96x glibc's, measured apart "
+    "(FINDINGS-peak.md); not taken in this run. The trade-off table's other roads cost more: one arena "
+    'per CPU (ms-narenas1x) shares every size, and busy threads then contend on the 32-64 KiB blocks and '
+    'large buffers; purging at once (ms-decay0) cuts throughput to a tenth or less.')
 
 BIGBLOCKS_NOTE = (
     "One thread frees a block of 5 to 25 MiB and allocates another of a similar size, writing every page "
@@ -271,30 +272,33 @@ BIGBLOCKS_NOTE = (
 PATTERNS_NOTE = (
     "Read with scenario 9's tables; where a figure below disagrees with them, the tables are this run's. "
     "The time target (geomean at most the best peer's x 1.05) is missed mostly on two kernels, both "
-    "jemalloc's own behaviour: memshim takes about jemalloc 5.3.1's time on each (the `jemalloc531` "
-    "row, jemalloc with its own defaults and no shim). **simple**: jemalloc's thread cache holds at most "
-    "200 blocks of a small size class (fewer for the larger classes: twice a slab's blocks, at least 20), "
-    "so 1000 blocks overflow to the arena on every round. Raising it "
-    "(`MEMSHIM_MALLOC_CONF=tcache_nslots_small_max:2048,lg_tcache_nslots_mul:4`, the study configuration "
-    "`ms-slots`) cut memshim's `simple` by a third when measured apart at 66f3733 (0.40 to 0.25 s, against "
-    "mimalloc's 0.11 s there) and raised scenario 2's idle figure from 46.1 to 57.6 MB (what parked "
-    "threads' caches keep, which the idle return cannot reach), with no gain in scenario 2's throughput "
-    "or scenario 4's medium sizes (`harness.py --full --only s2,s4,s9 --configs glibc,memshim,ms-slots "
-    "--set s2.variants=ms-slots --set s4.variants=ms-slots --set s9.configs=glibc,memshim,ms-slots` reruns "
-    "it). The rest is jemalloc's free path "
-    "(the block's size class looked up in its radix tree), not the shim's forwarding. **stress**: mimalloc "
-    "and tcmalloc run faster at about twice memshim's peak RSS or more; how much faster moves between runs "
-    "(1.1x to 1.9x), as threads that come and go on two CPUs are scheduled. **xmalloc** runs at about "
-    "jemalloc 5.3.1's time, a few percent either side of the target's line. The defaults stay. The peak "
-    "target (geomean at most Debian jemalloc's) is decided by **big**: memshim peaks at 1.3x jemalloc's "
-    "there, the price of issue 48's item 4 (arena 0 keeps freed blocks below 32 MiB, so the next big "
-    "block reuses their pages instead of faulting in fresh ones, at a fraction of glibc's time where "
-    "jemalloc takes several times glibc's); on the other kernels it peaks at or near jemalloc. "
-    "**xmalloc**'s peak is largely what the producer runs ahead of the consumer (the ring holds up to 8192 "
-    "blocks), so it moves with scheduling, for jemalloc 5.3.1 and memshim alike (single runs of either "
-    "have peaked between 4.3 and 8.8 MB). The wheels' builds compile jemalloc with zig's clang rather "
-    "than gcc, which shows on `simple`. The suite itself (mimalloc-bench) is not rerun here: these are the "
-    "project's own versions of its patterns.")
+    "jemalloc's own behaviour: memshim takes about jemalloc 5.3.1's time on each (the `jemalloc531` row, "
+    "jemalloc with its own defaults and no shim). **simple**: jemalloc's thread cache holds at most 200 "
+    "blocks of a small size class (fewer for the larger classes: twice a slab's blocks, at least 20), so "
+    '1000 blocks overflow to the arena on every round. Raising it '
+    '(`MEMSHIM_MALLOC_CONF=tcache_nslots_small_max:2048,lg_tcache_nslots_mul:4`, the study configuration '
+    "`ms-slots`) cut memshim's `simple` by a third when measured apart at 66f3733 (0.40 to 0.25 s, "
+    "against mimalloc's 0.11 s there) and raised scenario 2's idle figure from 46.1 to 57.6 MB (what "
+    "parked threads' caches keep, which the idle return cannot reach), with no gain in scenario 2's "
+    "throughput or scenario 4's medium sizes (`harness.py --full --only s2,s4,s9 --configs "
+    'glibc,memshim,ms-slots --set s2.variants=ms-slots --set s4.variants=ms-slots --set '
+    "s9.configs=glibc,memshim,ms-slots` reruns it). The rest is jemalloc's free path (the block's size "
+    "class looked up in its radix tree), not the shim's forwarding. **stress**: mimalloc and tcmalloc run "
+    "faster at about twice memshim's peak RSS or more; how much faster moves between runs (1.1x to 1.9x), "
+    "as threads that come and go on two CPUs are scheduled. **xmalloc** runs at about jemalloc 5.3.1's "
+    "time, a few percent either side of the target's line. The defaults stay. The peak target (geomean at "
+    "most Debian jemalloc's) is decided by **big**: memshim peaks at 1.3x jemalloc's there, the price of "
+    "issue 48's item 4 (arena 0 keeps freed blocks below 32 MiB, so the next big block reuses their pages "
+    "instead of faulting in fresh ones, at a fraction of glibc's time where jemalloc takes several times "
+    "glibc's); `stress` peaks at about 1.45x jemalloc's since big blocks share one arena (1.0x before; "
+    'FINDINGS-peak.md): its blocks of 256 KiB to 1 MiB are written only at their ends, and with the same '
+    "live bytes (jemalloc's `allocated`, sampled in a longer run) the process held 33 to 36 MB resident "
+    'instead of 15 to 19; why the shared arena keeps more of such pages resident is not measured apart; '
+    "on the other kernels it peaks at or near jemalloc. **xmalloc**'s peak is largely what the producer "
+    'runs ahead of the consumer (the ring holds up to 8192 blocks), so it moves with scheduling, for '
+    'jemalloc 5.3.1 and memshim alike (single runs of either have peaked between 4.3 and 8.8 MB). The '
+    "wheels' builds compile jemalloc with zig's clang rather than gcc, which shows on `simple`. The suite "
+    "itself (mimalloc-bench) is not rerun here: these are the project's own versions of its patterns.")
 
 
 # Sections measured by their own scripts, not by the harness: a full run keeps them from the existing
