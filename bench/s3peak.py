@@ -29,10 +29,8 @@ glibc's peak comes from the same repetitions. The sampler costs the shim's threa
 per request (docs/protocol.md), so it runs on the CPU the churn leaves idle. Stdlib only."""
 
 import argparse
-import glob
 import json
 import os
-import socket
 import sys
 import tempfile
 import threading
@@ -43,6 +41,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 from benchlib.build import build_all  # noqa: E402
 from benchlib.configs import Config, by_name  # noqa: E402
 from benchlib.runner import Run, read_status  # noqa: E402
+from benchlib.s7_control import connect, find_socket, request  # noqa: E402
 from benchlib.stats import median  # noqa: E402
 
 MB = 1e6
@@ -59,24 +58,10 @@ class Sampler(threading.Thread):
         self.reconnects = 0
 
     def _connect(self):
-        pid = self.proc.pid
-        end = time.monotonic() + 10
-        while time.monotonic() < end and self.proc.poll() is None:
-            hits = glob.glob(os.path.join(self.sdir, f"{pid}-*.sock"))
-            if hits:
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                s.settimeout(10)
-                s.connect(hits[0])
-                return s, s.makefile("r")
-            time.sleep(0.005)
-        raise RuntimeError(f"no control socket for pid {pid} in {self.sdir}")
-
-    def _ask(self, sock, f, obj):
-        sock.sendall((json.dumps(obj) + "\n").encode())
-        reply = json.loads(f.readline())
-        if "ok" not in reply:
-            raise RuntimeError(f"{obj['op']}: {reply}")
-        return reply["ok"]
+        path = find_socket(self.sdir, self.proc.pid)
+        if path is None:
+            raise RuntimeError(f"no control socket for pid {self.proc.pid} in {self.sdir}")
+        return connect(path)
 
     def run(self):
         pid = self.proc.pid
@@ -85,10 +70,9 @@ class Sampler(threading.Thread):
             t = time.monotonic()
             try:
                 if conn is None:
-                    conn = self._connect()
-                    self._ask(*conn, {"op": "hello", "version": 1, "client": "memshim-bench-s3peak"})
+                    sock, f = conn = self._connect()
                 st = read_status(pid)
-                a = self._ask(*conn, {"op": "stats", "arenas": False, "pss": False})["allocator"]
+                a = request(f, sock, {"op": "stats", "arenas": False, "pss": False})[1]["allocator"]
             except (OSError, ValueError, RuntimeError) as e:
                 # The shim closes a connection it finds idle or that a newer one displaced
                 # (docs/protocol.md): connect again, and give up after 20 such errors.
