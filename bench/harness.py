@@ -184,7 +184,7 @@ DEFAULTS_NOTE = (
     "but threads share arenas once busy threads outnumber CPUs, and allocations of 32-64 KiB, which bypass "
     "the thread caches, then contend for the shared arena's locks: medium sizes at T=4 on two arenas ran 4x "
     "slower in some runs, large buffers at T=2 and T=4 15-20 % slower; the reuse that matters for scenario 3's "
-    "peak, of blocks of 256 KiB and more, the shim gets from one arena that only those blocks share, while its "
+    "peak, of blocks of 1 MiB and more, the shim gets from one arena that only those blocks share, while its "
     "thread runs (docs/design.md). jemalloc's per-CPU arenas (`percpu_arena:percpu`, measured with 8 vCPUs, a cpuset and a CPU quota in a VM for issue 36) are not the default either: scenario 3's peak stayed 1.27-1.38x glibc's, and under a cpuset jemalloc turns them off and says so on stderr ([bench/FINDINGS-percpu.md](bench/FINDINGS-percpu.md)). These readings were taken on a shared 2-core VM; when a row of this run contradicts them, the "
     "table wins.")
 
@@ -245,13 +245,13 @@ PEAK_NOTE = (
     'decay in the arena of the thread that freed them, most of them the 256 KiB to 4 MiB buffers; without '
     "them no sample rose above 0.66x glibc's peak, and slab and page slack was 2 MB. Each of the 4 "
     'threads had an arena of its own, so a buffer one thread freed waited there while another thread '
-    "faulted in a new one. So while the shim's thread runs, blocks of 256 KiB up to 32 MiB now share one "
+    "faulted in a new one. So while the shim's thread runs, blocks of 1 MiB up to 32 MiB now share one "
     'arena, and one thread reuses what another freed (docs/design.md, "Big blocks share one arena while '
-    'the thread runs"): 0.87x glibc\'s peak in s3peak.py\'s run, against 1.17x for the build before, with '
-    "14 MB of freed pages waiting at the peak instead of 29. The price is in scenario 9's `stress`, whose "
-    'blocks of up to 1 MiB have only their first and last bytes written: it peaks higher (below). Sharing '
-    "from 1 MiB up instead left `stress` where it was and scenario 3 at 0.96x glibc's, measured apart "
-    "(FINDINGS-peak.md); not taken in this run. The trade-off table's other roads cost more: one arena "
+    'the thread runs"): 1.00x glibc\'s peak in s3peak.py\'s run, against 1.27x for the build before, with '
+    "18 MB of freed pages waiting at the peak instead of 30. Sharing from 256 KiB up, the first version, "
+    "reached 0.92x in the same run, but scenario 9's `stress`, whose blocks of up to 1 MiB have only their "
+    "first and last bytes written, then peaked at 35 MB instead of 23 (FINDINGS-peak.md). The trade-off "
+    "table's other roads cost more: one arena "
     'per CPU (ms-narenas1x) shares every size, and busy threads then contend on the 32-64 KiB blocks and '
     'large buffers; purging at once (ms-decay0) cuts throughput to a tenth or less.')
 
@@ -290,11 +290,9 @@ PATTERNS_NOTE = (
     "most Debian jemalloc's) is decided by **big**: memshim peaks at 1.3x jemalloc's there, the price of "
     "issue 48's item 4 (arena 0 keeps freed blocks below 32 MiB, so the next big block reuses their pages "
     "instead of faulting in fresh ones, at a fraction of glibc's time where jemalloc takes several times "
-    "glibc's); `stress` peaks at about 1.45x jemalloc's since big blocks share one arena (1.0x before; "
-    'FINDINGS-peak.md): its blocks of 256 KiB to 1 MiB are written only at their ends, and with the same '
-    "live bytes (jemalloc's `allocated`, sampled in a longer run) the process held 33 to 36 MB resident "
-    'instead of 15 to 19; why the shared arena keeps more of such pages resident is not measured apart; '
-    "on the other kernels it peaks at or near jemalloc. **xmalloc**'s peak is largely what the producer "
+    "glibc's); `stress`, whose blocks of up to 1 MiB are written only at their ends, peaked at 1.45x "
+    "jemalloc's when blocks from 256 KiB up shared one arena, and at jemalloc's own from 1 MiB up, as "
+    "before the sharing (FINDINGS-peak.md); on the other kernels memshim peaks at or near jemalloc. **xmalloc**'s peak is largely what the producer "
     'runs ahead of the consumer (the ring holds up to 8192 blocks), so it moves with scheduling, for '
     'jemalloc 5.3.1 and memshim alike (single runs of either have peaked between 4.3 and 8.8 MB). The '
     "wheels' builds compile jemalloc with zig's clang rather than gcc, which shows on `simple`. The suite "

@@ -427,9 +427,11 @@ pub fn lift_first_arena_threshold() {
 // thread runs, allocations of [`BIG_AT`] up to [`FIRST_ARENA_KEEPS_BELOW`]
 // go to one arena that every thread shares ([`share_big_blocks`]), created
 // by the shim with the usual decay, where one thread reuses what another
-// freed. Smaller sizes keep their per-thread arenas: sharing those (one
-// arena per CPU) made the 32-64 KiB blocks, which bypass the thread caches,
-// contend for one lock. Larger ones too, so that the first arena still
+// freed. Smaller sizes keep their per-thread arenas: sharing from 256 KiB
+// up raised scenario 9's `stress` peak (blocks of up to 1 MiB written only
+// at their ends) from 23 to 34 MB for little more of scenario 3's gain, and
+// sharing every size (one arena per CPU) made the 32-64 KiB blocks, which
+// bypass the thread caches, contend for one lock. Larger ones too, so that the first arena still
 // returns a free of 32 MiB or more at once, as above, and glibc draws its
 // line there too (it maps and unmaps every block above its largest mmap
 // threshold).
@@ -450,7 +452,7 @@ pub fn lift_first_arena_threshold() {
 
 /// Allocations of this size or more go to the shared arena while the
 /// shim's thread runs.
-pub const BIG_AT: usize = 256 << 10;
+pub const BIG_AT: usize = 1 << 20;
 
 /// Big blocks are shared now: the shim's thread runs, and the user has not
 /// turned jemalloc's huge arena on.

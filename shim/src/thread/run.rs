@@ -11,7 +11,7 @@
 //!   32 MiB in the first arena wait for that decay too: the thread lifts
 //!   that arena's threshold if the first big allocation has not
 //!   (`jemalloc::lift_first_arena_threshold`); while it runs, blocks of
-//!   256 KiB and more go to one arena all threads share
+//!   1 MiB and more go to one arena all threads share
 //!   (`jemalloc::share_big_blocks`), whose pages its decay returns;
 //! * serves the control socket (`control/`): its listener and client
 //!   connections are polled here;

@@ -265,11 +265,11 @@ fn while_the_shims_thread_runs_a_big_buffer_one_thread_frees_is_reused_by_anothe
 {
     // Timed: a stall between the free and the reuse lets the decay return the buffer.
     let _machine = memshim_tests::serial::exclusive(module_path!());
-    // Blocks of 256 KiB to 32 MiB go to one arena all threads share while
+    // Blocks of 1 MiB to 32 MiB go to one arena all threads share while
     // the shim's thread runs (jemalloc.rs, "Big blocks in one shared
     // arena"): another thread's next buffer takes the pages the first one
     // freed, where in its own arena it would fault in fresh ones.
-    for mib in ["1", "16"] {
+    for mib in ["2", "16"] {
         let r = reuse(&["across", "shim", mib], &[]);
         eprintln!("{}", r.line);
         assert!(r.shim_thread, "{}", r.line);

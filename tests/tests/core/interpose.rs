@@ -615,7 +615,7 @@ fn every_allocator_pairs_with_every_compatible_free_with_junk_filling() {
 
 #[test]
 fn every_allocator_pairs_with_every_compatible_free_while_big_blocks_are_shared() {
-    // With a second thread the shim's thread runs, and blocks of 256 KiB and
+    // With a second thread the shim's thread runs, and blocks of 1 MiB and
     // more (the matrix's 3 MiB) take the shared arena through `mallocx`:
     // the same pairs, contents, alignments, zeroed `calloc` of reused pages
     // and errno; with junk filling, a block freed the wrong way shows.
