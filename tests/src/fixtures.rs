@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-/// Compiles `tests/fixtures/<name>.c` (once per process) with `extra` flags
-/// and returns the executable (or `.so` if `extra` contains `-shared`).
+/// Compiles `tests/fixtures/<name>.c` with `extra` flags, unless the last
+/// build is newer than it and than every header beside it, and returns the
+/// executable (or `.so` if `extra` contains `-shared`).
 pub fn fixture(name: &str, extra: &[&str]) -> PathBuf {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
@@ -24,7 +25,7 @@ pub fn fixture(name: &str, extra: &[&str]) -> PathBuf {
     } else {
         format!("{name}{tag}")
     });
-    if !up_to_date(&out, &src) {
+    if !fixture_up_to_date(&out, &src) {
         let mut cmd = Command::new("cc");
         cmd.args(["-O1", "-g", "-Wall", "-pthread", "-o"])
             .arg(&out)
@@ -44,8 +45,30 @@ pub fn fixture(name: &str, extra: &[&str]) -> PathBuf {
     out
 }
 
+/// The headers fixtures include (`tests/fixtures/*.h`): a fixture older than
+/// any of them is compiled again.
+fn headers() -> &'static [PathBuf] {
+    static H: OnceLock<Vec<PathBuf>> = OnceLock::new();
+    H.get_or_init(|| {
+        let dir = root().join("tests/fixtures");
+        let mut h: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .filter_map(|e| Some(e.ok()?.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "h"))
+            .collect();
+        h.sort();
+        h
+    })
+}
+
+/// Whether `out`, compiled from the fixture `src`, is no older than it and
+/// than every header of `tests/fixtures`.
+pub fn fixture_up_to_date(out: &Path, src: &Path) -> bool {
+    up_to_date(out, src) && headers().iter().all(|h| up_to_date(out, h))
+}
+
 /// Whether `out` exists and is no older than `src`, from which it is made.
-pub fn up_to_date(out: &Path, src: &Path) -> bool {
+fn up_to_date(out: &Path, src: &Path) -> bool {
     out.metadata()
         .and_then(|o| Ok(o.modified()? >= src.metadata()?.modified()?))
         .unwrap_or(false)

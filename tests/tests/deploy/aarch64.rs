@@ -14,7 +14,7 @@ use memshim_tests::deploy::fresh_dir;
 use memshim_tests::wheel::{
     assert_glibc_floor, assert_stubless, build_wheels, tools_python, workspace_version,
 };
-use memshim_tests::{Cmd, root, run_ok, scratch, up_to_date, wait_until};
+use memshim_tests::{Cmd, fixture_up_to_date, root, run_ok, scratch, wait_until};
 
 const QEMU: &str = "qemu-aarch64-static";
 const SYSROOT: &str = "/usr/aarch64-linux-gnu";
@@ -69,11 +69,11 @@ fn unpacked() -> Option<&'static Unpacked> {
 }
 
 /// `tests/fixtures/<name>.c` compiled for aarch64 (glibc 2.17) with zig cc,
-/// unless an earlier run compiled it from the file as it is.
+/// unless an earlier run compiled it from the files as they are.
 fn fixture_aarch64(name: &str) -> PathBuf {
     let src = root().join("tests/fixtures").join(format!("{name}.c"));
     let out = scratch().join(format!("{name}-aarch64"));
-    if up_to_date(&out, &src) {
+    if fixture_up_to_date(&out, &src) {
         return out;
     }
     run_ok(
