@@ -240,20 +240,20 @@ MEDIUM_NOTE = (
 PEAK_NOTE = (
     "Scenario 3's peak was 1.14x to 1.4x glibc's with memshim's defaults in full runs before big blocks "
     "shared an arena, against the issue's 1.1x; this run's figure is in the closing table. The reason, "
-    'measured apart (`python3 bench/s3peak.py`, [bench/FINDINGS-peak.md](bench/FINDINGS-peak.md)): at the '
-    'highest sample about 28 of 49 MB were dirty pages, blocks already freed that waited for the 1 s '
-    'decay in the arena of the thread that freed them, most of them the 256 KiB to 4 MiB buffers; without '
-    "them no sample rose above 0.66x glibc's peak, and slab and page slack was 2 MB. Each of the 4 "
-    'threads had an arena of its own, so a buffer one thread freed waited there while another thread '
-    "faulted in a new one. So while the shim's thread runs, blocks of 1 MiB up to 32 MiB now share one "
-    'arena, and one thread reuses what another freed (docs/design.md, "Big blocks share one arena while '
-    'the thread runs"): 1.00x glibc\'s peak in s3peak.py\'s run, against 1.27x for the build before, with '
-    "18 MB of freed pages waiting at the peak instead of 30. Sharing from 256 KiB up, the first version, "
-    "reached 0.92x in the same run, but scenario 9's `stress`, whose blocks of up to 1 MiB have only their "
-    "first and last bytes written, then peaked at 35 MB instead of 23 (FINDINGS-peak.md). The trade-off "
-    "table's other roads cost more: one arena "
-    'per CPU (ms-narenas1x) shares every size, and busy threads then contend on the 32-64 KiB blocks and '
-    'large buffers; purging at once (ms-decay0) cuts throughput to a tenth or less.')
+    'measured apart (`python3 bench/s3peak.py`, [bench/FINDINGS-peak.md](bench/FINDINGS-peak.md)): at '
+    'the highest sample about 28 of 49 MB were dirty pages, blocks already freed that waited for the 1 '
+    's decay in the arena of the thread that freed them, most of them the 256 KiB to 4 MiB buffers; '
+    "without them no sample rose above 0.66x glibc's peak, and slab and page slack was 2 MB. Each of "
+    'the 4 threads had an arena of its own, so a buffer one thread freed waited there while another '
+    "thread faulted in a new one. So while the shim's thread runs, blocks of 1 MiB up to 32 MiB now "
+    'share one arena, and one thread reuses what another freed (docs/design.md, "Big blocks share one '
+    'arena while the thread runs"): 1.00x glibc\'s peak in s3peak.py\'s run, against 1.27x for the '
+    'build before, with 18 MB of freed pages waiting at the peak instead of 30. Sharing from 256 KiB '
+    "up, the first version, reached 0.92x in the same run, but scenario 9's `stress`, whose blocks of "
+    'up to 1 MiB have only their first and last bytes written, then peaked at 35 MB instead of 23 '
+    "(FINDINGS-peak.md). The trade-off table's other roads cost more: one arena per CPU (ms-narenas1x) "
+    'shares every size, and busy threads then contend on the 32-64 KiB blocks and large buffers; '
+    'purging at once (ms-decay0) cuts throughput to a tenth or less.')
 
 BIGBLOCKS_NOTE = (
     "One thread frees a block of 5 to 25 MiB and allocates another of a similar size, writing every page "
@@ -270,33 +270,34 @@ BIGBLOCKS_NOTE = (
 
 
 PATTERNS_NOTE = (
-    "Read with scenario 9's tables; where a figure below disagrees with them, the tables are this run's. "
-    "The time target (geomean at most the best peer's x 1.05) is missed mostly on two kernels, both "
-    "jemalloc's own behaviour: memshim takes about jemalloc 5.3.1's time on each (the `jemalloc531` row, "
-    "jemalloc with its own defaults and no shim). **simple**: jemalloc's thread cache holds at most 200 "
-    "blocks of a small size class (fewer for the larger classes: twice a slab's blocks, at least 20), so "
-    '1000 blocks overflow to the arena on every round. Raising it '
-    '(`MEMSHIM_MALLOC_CONF=tcache_nslots_small_max:2048,lg_tcache_nslots_mul:4`, the study configuration '
-    "`ms-slots`) cut memshim's `simple` by a third when measured apart at 66f3733 (0.40 to 0.25 s, "
-    "against mimalloc's 0.11 s there) and raised scenario 2's idle figure from 46.1 to 57.6 MB (what "
-    "parked threads' caches keep, which the idle return cannot reach), with no gain in scenario 2's "
-    "throughput or scenario 4's medium sizes (`harness.py --full --only s2,s4,s9 --configs "
+    "Read with scenario 9's tables; where a figure below disagrees with them, the tables are this "
+    "run's. The time target (geomean at most the best peer's x 1.05) is missed mostly on two kernels, "
+    "both jemalloc's own behaviour: memshim takes about jemalloc 5.3.1's time on each (the "
+    "`jemalloc531` row, jemalloc with its own defaults and no shim). **simple**: jemalloc's thread "
+    "cache holds at most 200 blocks of a small size class (fewer for the larger classes: twice a slab's "
+    'blocks, at least 20), so 1000 blocks overflow to the arena on every round. Raising it '
+    '(`MEMSHIM_MALLOC_CONF=tcache_nslots_small_max:2048,lg_tcache_nslots_mul:4`, the study '
+    "configuration `ms-slots`) cut memshim's `simple` by a third when measured apart at 66f3733 (0.40 "
+    "to 0.25 s, against mimalloc's 0.11 s there) and raised scenario 2's idle figure from 46.1 to 57.6 "
+    "MB (what parked threads' caches keep, which the idle return cannot reach), with no gain in "
+    "scenario 2's throughput or scenario 4's medium sizes (`harness.py --full --only s2,s4,s9 --configs "
     'glibc,memshim,ms-slots --set s2.variants=ms-slots --set s4.variants=ms-slots --set '
     "s9.configs=glibc,memshim,ms-slots` reruns it). The rest is jemalloc's free path (the block's size "
-    "class looked up in its radix tree), not the shim's forwarding. **stress**: mimalloc and tcmalloc run "
-    "faster at about twice memshim's peak RSS or more; how much faster moves between runs (1.1x to 1.9x), "
-    "as threads that come and go on two CPUs are scheduled. **xmalloc** runs at about jemalloc 5.3.1's "
-    "time, a few percent either side of the target's line. The defaults stay. The peak target (geomean at "
-    "most Debian jemalloc's) is decided by **big**: memshim peaks at 1.3x jemalloc's there, the price of "
-    "issue 48's item 4 (arena 0 keeps freed blocks below 32 MiB, so the next big block reuses their pages "
-    "instead of faulting in fresh ones, at a fraction of glibc's time where jemalloc takes several times "
-    "glibc's); `stress`, whose blocks of up to 1 MiB are written only at their ends, peaked at 1.45x "
-    "jemalloc's when blocks from 256 KiB up shared one arena, and at jemalloc's own from 1 MiB up, as "
-    "before the sharing (FINDINGS-peak.md); on the other kernels memshim peaks at or near jemalloc. **xmalloc**'s peak is largely what the producer "
-    'runs ahead of the consumer (the ring holds up to 8192 blocks), so it moves with scheduling, for '
-    'jemalloc 5.3.1 and memshim alike (single runs of either have peaked between 4.3 and 8.8 MB). The '
-    "wheels' builds compile jemalloc with zig's clang rather than gcc, which shows on `simple`. The suite "
-    "itself (mimalloc-bench) is not rerun here: these are the project's own versions of its patterns.")
+    "class looked up in its radix tree), not the shim's forwarding. **stress**: mimalloc and tcmalloc "
+    "run faster at about twice memshim's peak RSS or more; how much faster moves between runs (1.1x to "
+    '1.9x), as threads that come and go on two CPUs are scheduled. **xmalloc** runs at about jemalloc '
+    "5.3.1's time, a few percent either side of the target's line. The defaults stay. The peak target "
+    "(geomean at most Debian jemalloc's) is decided by **big**: memshim peaks at 1.3x jemalloc's there, "
+    "the price of issue 48's item 4 (arena 0 keeps freed blocks below 32 MiB, so the next big block "
+    "reuses their pages instead of faulting in fresh ones, at a fraction of glibc's time where jemalloc "
+    "takes several times glibc's); `stress`, whose blocks of up to 1 MiB are written only at their "
+    "ends, peaked at 1.45x jemalloc's when blocks from 256 KiB up shared one arena, and at jemalloc's "
+    'own from 1 MiB up, as before the sharing (FINDINGS-peak.md); on the other kernels memshim peaks at '
+    "or near jemalloc. **xmalloc**'s peak is largely what the producer runs ahead of the consumer (the "
+    'ring holds up to 8192 blocks), so it moves with scheduling, for jemalloc 5.3.1 and memshim alike '
+    "(single runs of either have peaked between 4.3 and 8.8 MB). The wheels' builds compile jemalloc "
+    "with zig's clang rather than gcc, which shows on `simple`. The suite itself (mimalloc-bench) is "
+    "not rerun here: these are the project's own versions of its patterns.")
 
 
 # Sections measured by their own scripts, not by the harness: a full run keeps them from the existing

@@ -431,10 +431,10 @@ pub fn lift_first_arena_threshold() {
 // up raised scenario 9's `stress` peak (blocks of up to 1 MiB written only
 // at their ends) from 23 to 34 MB for little more of scenario 3's gain, and
 // sharing every size (one arena per CPU) made the 32-64 KiB blocks, which
-// bypass the thread caches, contend for one lock. Larger ones too, so that the first arena still
-// returns a free of 32 MiB or more at once, as above, and glibc draws its
-// line there too (it maps and unmaps every block above its largest mmap
-// threshold).
+// bypass the thread caches, contend for one lock. Larger sizes keep theirs
+// too, so that the first arena still returns a free of 32 MiB or more at
+// once, as above, and glibc draws its line there too (it maps and unmaps
+// every block above its largest mmap threshold).
 //
 // Only while the thread runs, because the thread's decay is what returns
 // the shared arena's pages: jemalloc's inline decay ticks an arena only on
