@@ -34,7 +34,7 @@ mod facts;
 mod requests;
 mod socket;
 
-use crate::os::{self, fd::Owned, sock};
+use crate::os::{self, ResetTo, fd::Owned, sock};
 use conn::{Conn, Next};
 use core::sync::atomic::{AtomicBool, Ordering::*};
 use facts::Ctx;
@@ -67,7 +67,15 @@ const PAUSE_MAX_MS: u64 = 1000;
 touched_at_start! {
     /// The library destructor ran: never create the socket again.
     static EXITING: AtomicBool = AtomicBool::new(false);
+    /// The shim's thread is creating the socket: from its last look at
+    /// [`EXITING`] until the path is recorded for the destructor
+    /// ([`Binding`]).
+    static BINDING: AtomicBool = AtomicBool::new(false);
 }
+/// Longest the destructor waits for a socket being created to be recorded
+/// (a few system calls; longer only for a thread kept off the CPU or
+/// stopped by a tracer). See [`at_exit`].
+const BIND_WAIT_MS: u64 = 500;
 /// Whether the last failure was already reported (MEMSHIM_VERBOSE only).
 static REPORTED: AtomicBool = AtomicBool::new(false);
 
@@ -150,9 +158,9 @@ impl Endpoint {
     }
 
     fn bind(&mut self) {
-        if EXITING.load(Acquire) {
+        let Some(binding) = Binding::start() else {
             return;
-        }
+        };
         // The program has `chroot`ed since: our paths would name files
         // inside its new root (on_tick).
         if sock::root_id() != self.root {
@@ -188,6 +196,7 @@ impl Endpoint {
             ));
         }
         socket::record_bound(&path);
+        drop(binding);
         socket::remove_stale(&dir, dirfd.fd().unwrap_or(-1), self.pidns);
         let long = addr != path.as_bytes();
         self.bound = Some(Bound {
@@ -441,15 +450,49 @@ impl Endpoint {
 /// its own socket when its thread starts. Async-signal-safe.
 #[unsafe(link_section = ".text.startup")]
 pub fn after_fork_child() {
+    // A fork that caught the thread creating the socket: not the child's.
+    BINDING.reset_to(false);
     socket::after_fork_child();
     requests::purge::reset_purge_counters();
 }
 
 /// Library destructor: remove this process's socket file, and make sure the
 /// thread (which may still run while `exit` proceeds) does not re-create it.
-/// Allocation-free.
+/// A socket the thread is creating at this moment exists before its path is
+/// recorded: the destructor waits for the record (at most [`BIND_WAIT_MS`]),
+/// else the file would outlive the process. Allocation-free.
 #[unsafe(link_section = ".text.startup")]
 pub fn at_exit() {
-    EXITING.store(true, Release);
+    EXITING.store(true, SeqCst);
+    // Looked at first: no clock is read at an ordinary exit.
+    if BINDING.load(SeqCst) {
+        os::time::wait_while(BIND_WAIT_MS, core::time::Duration::from_micros(50), || {
+            BINDING.load(SeqCst)
+        });
+    }
     socket::unlink_at_exit();
+}
+
+/// The shim's thread between its last look at [`EXITING`] and the record of
+/// the path it bound. Its flag is set before that look, and the destructor
+/// sets [`EXITING`] before it reads the flag (both sequentially
+/// consistent): either the thread sees the exit and creates nothing, or the
+/// destructor sees the flag and waits for the record.
+struct Binding;
+
+impl Binding {
+    fn start() -> Option<Binding> {
+        BINDING.store(true, SeqCst);
+        if EXITING.load(SeqCst) {
+            BINDING.store(false, SeqCst);
+            return None;
+        }
+        Some(Binding)
+    }
+}
+
+impl Drop for Binding {
+    fn drop(&mut self) {
+        BINDING.store(false, SeqCst);
+    }
 }

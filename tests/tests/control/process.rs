@@ -587,3 +587,155 @@ fn a_process_whose_main_thread_has_exited_is_listed_and_says_why_it_has_no_endpo
     let out = child.finish(Duration::from_secs(10));
     assert_eq!((out.code, out.stderr.as_str()), (0, ""));
 }
+
+/// An exit that comes while the shim's thread is creating its socket (the
+/// file is bound, its path not yet recorded for the destructor) still
+/// removes the file. The thread is held there by ptrace, stopped as it
+/// enters `listen` (the call after `bind`), while the program exits; it is
+/// let go once the exit is under way: gone (the file would stay) or waiting
+/// in the destructor for the record.
+#[test]
+fn an_exit_while_the_shim_thread_creates_its_socket_still_removes_the_file() {
+    let t = Duration::from_secs(20);
+    let mut child = Cmd::new("cat", [""; 0])
+        .shimmed()
+        .env("MEMSHIM_CONTROL", "on")
+        .spawn();
+    let pid = child.pid();
+    let sock = memshim_tests::endpoint::wait_socket(&default_dir(), pid, t)
+        .expect("the socket was created");
+    let tid = wait_until(t, || shim_tids(pid).first().copied()).expect("the shim's thread");
+    let held = Tracee::seize(tid);
+    // Lost: the thread creates it again on its next tick.
+    std::fs::remove_file(&sock).unwrap();
+    held.run_to_entry(libc::SYS_listen, t);
+    assert!(sock.exists(), "bound before listen");
+    drop(child.child.stdin.take());
+    let how = poll_every(Duration::from_millis(1), t, || main_thread_leaving(pid));
+    assert!(how.is_some(), "cat never exited");
+    drop(held);
+    let out = child.finish(t);
+    assert_eq!(
+        (out.code, out.stdout.as_str(), out.stderr.as_str()),
+        (0, "", ""),
+        "{out:?}"
+    );
+    assert!(
+        !sock.exists(),
+        "the socket outlived the exit ({how:?} when the thread went on)"
+    );
+}
+
+/// Where `pid`'s main thread is once its exit began: in the destructor's
+/// sleep, or gone (a zombie).
+fn main_thread_leaving(pid: i32) -> Option<&'static str> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let state = stat.rsplit_once(") ")?.1.split(' ').next()?;
+    if state == "Z" || state == "X" {
+        return Some("gone");
+    }
+    let call = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/syscall")).ok()?;
+    let nr: i64 = call.split(' ').next()?.trim().parse().ok()?;
+    [libc::SYS_nanosleep, libc::SYS_clock_nanosleep]
+        .contains(&nr)
+        .then_some("sleeping")
+}
+
+/// One thread of another process, traced (`PTRACE_SEIZE`) by the test's
+/// thread; let go (and, if it died, reaped) on drop.
+struct Tracee(i32);
+
+impl Tracee {
+    fn seize(tid: i32) -> Tracee {
+        // SAFETY: ptrace requests on a thread id, with no pointers.
+        let rc = unsafe {
+            libc::ptrace(
+                libc::PTRACE_SEIZE,
+                tid,
+                0,
+                libc::PTRACE_O_TRACESYSGOOD as libc::c_long,
+            )
+        };
+        assert_eq!(rc, 0, "seize {tid}: {}", std::io::Error::last_os_error());
+        let t = Tracee(tid);
+        // SAFETY: as above.
+        unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0) };
+        t.wait_stop();
+        t
+    }
+
+    /// Waits for the next stop; panics if the thread ended instead.
+    fn wait_stop(&self) -> i32 {
+        let mut st = 0;
+        loop {
+            // SAFETY: `st` is a valid int.
+            let r = unsafe { libc::waitpid(self.0, &mut st, libc::__WALL) };
+            if r == self.0 {
+                break;
+            }
+            assert_eq!(
+                std::io::Error::last_os_error().kind(),
+                std::io::ErrorKind::Interrupted
+            );
+        }
+        assert!(libc::WIFSTOPPED(st), "thread {} ended: {st:#x}", self.0);
+        st
+    }
+
+    /// Lets the thread run until it enters system call `nr`, and holds it
+    /// there. Signals it receives meanwhile are passed on.
+    fn run_to_entry(&self, nr: libc::c_long, limit: Duration) {
+        let deadline = std::time::Instant::now() + limit;
+        let mut signal = 0;
+        loop {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "thread {} never entered system call {nr}",
+                self.0
+            );
+            // SAFETY: ptrace requests on a stopped tracee, with no pointers.
+            unsafe { libc::ptrace(libc::PTRACE_SYSCALL, self.0, 0, signal as libc::c_long) };
+            let st = self.wait_stop();
+            signal = 0;
+            let sig = libc::WSTOPSIG(st);
+            if sig == libc::SIGTRAP | 0x80 {
+                // SAFETY: all-zero bytes are a valid `ptrace_syscall_info`.
+                let mut info: libc::ptrace_syscall_info = unsafe { std::mem::zeroed() };
+                // SAFETY: the kernel writes at most the size given into `info`.
+                unsafe {
+                    libc::ptrace(
+                        libc::PTRACE_GET_SYSCALL_INFO,
+                        self.0,
+                        std::mem::size_of_val(&info),
+                        &mut info as *mut libc::ptrace_syscall_info,
+                    )
+                };
+                if info.op == libc::PTRACE_SYSCALL_INFO_ENTRY
+                    // SAFETY: `entry` is the union's member for an entry stop.
+                    && unsafe { info.u.entry.nr } == nr as u64
+                {
+                    return;
+                }
+            } else if st >> 16 == 0 {
+                signal = sig;
+            }
+        }
+    }
+}
+
+impl Drop for Tracee {
+    fn drop(&mut self) {
+        // SAFETY: ptrace and waitpid on our tracee, with no pointers but a
+        // valid int. A tracee that is running is stopped first; one that has
+        // died is reaped instead (its process can then be reaped).
+        unsafe {
+            if libc::ptrace(libc::PTRACE_DETACH, self.0, 0, 0) != 0 {
+                libc::ptrace(libc::PTRACE_INTERRUPT, self.0, 0, 0);
+                let mut st = 0;
+                if libc::waitpid(self.0, &mut st, libc::__WALL) == self.0 && libc::WIFSTOPPED(st) {
+                    libc::ptrace(libc::PTRACE_DETACH, self.0, 0, 0);
+                }
+            }
+        }
+    }
+}
