@@ -378,7 +378,7 @@ const FIRST_ARENA_KEEPS_BELOW: usize = 32 << 20;
 /// An allocation of this size or more lifts arena 0's threshold: the
 /// smallest block that arena 0 would purge at its free (jemalloc's
 /// built-in threshold).
-pub const LIFT_AT: usize = 8 << 20;
+const LIFT_AT: usize = 8 << 20;
 
 /// Arena 0's threshold is lifted (or the lift was tried: once is enough).
 static FIRST_ARENA_LIFTED: AtomicBool = AtomicBool::new(false);

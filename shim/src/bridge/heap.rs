@@ -29,8 +29,6 @@ use core::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, AtomicUsize
 
 /// `MALLCTL_ARENAS_ALL`, as in jemalloc.rs (the bridge has no arenas).
 pub const ARENAS_ALL: u32 = 4096;
-/// As in jemalloc.rs; nothing here is lifted.
-pub const LIFT_AT: usize = 8 << 20;
 
 /// An errno: the allocator has no such call, or it failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
