@@ -164,36 +164,43 @@ impl Endpoint {
         // The program has `chroot`ed since: our paths would name files
         // inside its new root (on_tick).
         if sock::root_id() != self.root {
-            return self.fail(format_args!(
-                "control socket not created: the program changed its root directory (chroot)"
-            ));
+            return self.fail(
+                binding,
+                format_args!(
+                    "control socket not created: the program changed its root directory (chroot)"
+                ),
+            );
         }
         let dir = socket::dir();
         let dirfd = match sock::ensure_dir(&dir) {
             Ok(d) => d,
             Err(why) => {
-                return self.fail(format_args!(
-                    "control socket not created: {}: {why}",
-                    dir.to_string_lossy()
-                ));
+                return self.fail(
+                    binding,
+                    format_args!(
+                        "control socket not created: {}: {why}",
+                        dir.to_string_lossy()
+                    ),
+                );
             }
         };
         let name = socket::name(self.starttime, self.pidns);
         let path = socket::join(&dir, &name);
         let addr = socket::address(&path, dirfd.fd().unwrap_or(-1), &name);
         let Some(listener) = sock::listen(&addr, &path) else {
-            return self.fail(format_args!(
-                "control socket not created: {}",
-                path.to_string_lossy()
-            ));
+            return self.fail(
+                binding,
+                format_args!("control socket not created: {}", path.to_string_lossy()),
+            );
         };
         // In the application's table the number could have been replaced
         // since the checks in `listen`: what is there now is not ours.
         if !listener.fd().is_some_and(|fd| sock::bound_to(fd, &addr)) {
             listener.forget();
-            return self.fail(format_args!(
-                "control socket replaced while it was being created"
-            ));
+            return self.fail(
+                binding,
+                format_args!("control socket replaced while it was being created"),
+            );
         }
         socket::record_bound(&path);
         drop(binding);
@@ -210,7 +217,11 @@ impl Endpoint {
         self.failures = 0;
     }
 
-    fn fail(&mut self, msg: core::fmt::Arguments<'_>) {
+    /// A failed [`bind`](Self::bind): the flag goes down before anything
+    /// else (a log line can wait on a full stderr pipe; an exit must not
+    /// wait on it).
+    fn fail(&mut self, binding: Binding, msg: core::fmt::Arguments<'_>) {
+        drop(binding);
         let wait = (RETRY_MIN_MS << self.failures.min(6)).min(RETRY_MAX_MS);
         self.failures = self.failures.saturating_add(1);
         self.retry_at_ms = now_ms() + wait;
