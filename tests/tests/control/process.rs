@@ -629,13 +629,10 @@ fn an_exit_while_the_shim_thread_creates_its_socket_still_removes_the_file() {
 /// Where `pid`'s main thread is once its exit began: in the destructor's
 /// sleep, or gone (a zombie).
 fn main_thread_leaving(pid: i32) -> Option<&'static str> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let state = stat.rsplit_once(") ")?.1.split(' ').next()?;
-    if state == "Z" || state == "X" {
+    if !memshim_tests::stress::alive(pid) {
         return Some("gone");
     }
-    let call = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/syscall")).ok()?;
-    let nr: i64 = call.split(' ').next()?.trim().parse().ok()?;
+    let nr = blocked_in(pid, pid)?;
     [libc::SYS_nanosleep, libc::SYS_clock_nanosleep]
         .contains(&nr)
         .then_some("sleeping")
