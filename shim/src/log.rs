@@ -23,16 +23,45 @@ fn line(prefix: &str, args: fmt::Arguments<'_>) {
     let mut buf = StackBuf::<LINE_MAX>::new();
     let _ = buf.write_str(prefix);
     let _ = buf.write_fmt(args);
-    let mut bytes = buf.as_bytes();
-    // Always end with exactly one newline, even when cut off.
-    while let Some((b'\n', rest)) = bytes.split_last() {
-        bytes = rest;
-    }
-    let mut out = StackBuf::<{ LINE_MAX + 1 }>::new();
-    out.push(bytes);
-    out.push(b"\n");
-    write_stderr(out.as_bytes());
+    write_stderr(one_line(buf.as_bytes()).as_bytes());
 }
+
+/// `msg` as one line: trailing newlines dropped, control characters escaped,
+/// cut off at `LINE_MAX` bytes, then one newline.
+///
+/// A value quoted in a message may hold any byte the environment can:
+/// control characters (a newline, a carriage return, an escape sequence)
+/// are written as escapes (`\n`, `\r`, `\x1b`), so that a value cannot add
+/// a line of its own or rewrite the one on a terminal.
+fn one_line(mut msg: &[u8]) -> StackBuf<{ LINE_MAX + 1 }> {
+    while let Some((b'\n', rest)) = msg.split_last() {
+        msg = rest;
+    }
+    let mut out = StackBuf::new();
+    let mut room = LINE_MAX;
+    for &b in msg {
+        let mut hex = [b'\\', b'x', 0, 0];
+        let shown: &[u8] = match b {
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            0..=0x1f | 0x7f => {
+                hex[2] = HEX[usize::from(b >> 4)];
+                hex[3] = HEX[usize::from(b & 0xf)];
+                &hex
+            }
+            _ => core::slice::from_ref(&b),
+        };
+        if shown.len() > room {
+            break;
+        }
+        room -= shown.len();
+        out.push(shown);
+    }
+    out.push(b"\n");
+    out
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// `memshim: warning: <message>`
 pub fn warning(args: fmt::Arguments<'_>) {
@@ -103,7 +132,22 @@ fn already_said(msg: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::already_said;
+    use super::{LINE_MAX, already_said, one_line};
+
+    #[test]
+    fn a_message_is_one_line_whatever_bytes_it_quotes() {
+        let l = one_line(b"MEMSHIM_X=\"5\nmemshim: fake\r\x1b[31m\x7f\" is not valid\n\n");
+        assert_eq!(
+            l.as_bytes(),
+            b"MEMSHIM_X=\"5\\nmemshim: fake\\r\\x1b[31m\\x7f\" is not valid\n"
+        );
+        let long = one_line(&[b'\n'; 2 * LINE_MAX]);
+        assert_eq!(long.as_bytes(), b"\n");
+        let cut = one_line(&[b'\x01'; LINE_MAX]);
+        assert_eq!(cut.as_bytes().len(), LINE_MAX / 4 * 4 + 1);
+        assert!(cut.as_bytes()[..LINE_MAX].starts_with(b"\\x01\\x01"));
+        assert_eq!(cut.as_bytes().last(), Some(&b'\n'));
+    }
 
     #[test]
     fn a_repeated_jemalloc_complaint_is_said_once() {

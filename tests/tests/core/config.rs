@@ -9,11 +9,21 @@ use memshim_tests::{Cmd, Output, fixture};
 /// (variable, default as the warning prints it, bad values).
 fn bad_values() -> Vec<(&'static str, &'static str, Vec<String>)> {
     let decay_bad = || {
-        ["abc", "", "-2", "1e3", " 5", "99999999999999999999", "0x10"]
-            .map(String::from)
-            .into_iter()
-            .chain([(MAX_DECAY_MS + 1).to_string()])
-            .collect()
+        [
+            "abc",
+            "",
+            "-2",
+            "1e3",
+            " 5",
+            "99999999999999999999",
+            "0x10",
+            "5\nmemshim: a line of its own",
+            "a\rb\x1b[31mX\x7f",
+        ]
+        .map(String::from)
+        .into_iter()
+        .chain([(MAX_DECAY_MS + 1).to_string()])
+        .collect()
     };
     vec![
         ("MEMSHIM_DIRTY_DECAY_MS", "1000", decay_bad()),
@@ -72,12 +82,13 @@ fn bad_values() -> Vec<(&'static str, &'static str, Vec<String>)> {
                 "narenas:2,".into(),
                 "a:1,,b:2".into(),
                 "x:y,".repeat(600),
+                "narenas:2\nmemshim: a line of its own".into(),
             ],
         ),
         (
             "MALLOC_CONF",
             "(ignored)",
-            ["junk", ",", "narenas:1 dirty_decay_ms:5"]
+            ["junk", ",", "narenas:1 dirty_decay_ms:5", "junk\r\x1b[2K"]
                 .map(String::from)
                 .to_vec(),
         ),
@@ -124,6 +135,10 @@ fn every_bad_value_gets_exactly_one_warning_naming_variable_and_default() {
             );
             let l = lines[0];
             assert!(l.starts_with("memshim: warning: "), "{var}={v:?}: {l}");
+            assert!(
+                !l.bytes().any(|b| b.is_ascii_control()),
+                "{var}={v:?}: a control character in the warning: {l:?}"
+            );
             assert!(
                 l.contains(&format!("{var}=")),
                 "{var}={v:?}: does not name the variable: {l}"
