@@ -37,8 +37,6 @@ use std::path::{Path, PathBuf};
 
 /// Entries walked per directory tree at most.
 const WALK_LIMIT: usize = 100_000;
-/// `PF_KTHREAD` in the flags of `/proc/<pid>/stat`.
-const PF_KTHREAD: u64 = 0x0020_0000;
 
 /// One file.
 #[derive(Debug, Clone, Serialize)]
@@ -181,13 +179,6 @@ fn walk(dir: &Path, shown: &Path, files: &mut BTreeMap<(u64, u64), ShmFile>) {
     }
 }
 
-fn is_kernel_thread(pid: i32) -> bool {
-    procfs::read_text(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| procfs::stat_flags(&s))
-        .is_some_and(|f| f & PF_KTHREAD != 0)
-}
-
 /// Which of the filesystems `devs` `pid` has mounted (so could open their
 /// files): none when the process has exited meanwhile (it holds nothing
 /// any more), all of them when its mount table cannot be read for another
@@ -249,7 +240,7 @@ pub fn scan(pids: &[i32]) -> ShmReport {
     if !dirs.is_empty() {
         let me = std::process::id() as i32;
         for pid in procfs::all_pids() {
-            if pid == me || is_kernel_thread(pid) {
+            if pid == me || procfs::is_kernel_thread(pid) {
                 continue;
             }
             let mut denied = false;

@@ -129,6 +129,15 @@ fn read_facts(pid: i32) -> Result<Facts, Failure> {
             "the process has exited (a zombie its parent has not reaped): nothing to diagnose",
         ));
     }
+    if procfs::is_kernel_thread(pid) {
+        return Err(Failure::new(
+            exit::NOT_FOUND,
+            Some(pid),
+            format!(
+                "{comm} is a kernel thread: it runs no program, so there is no allocator to shim"
+            ),
+        ));
+    }
     let parent_comm = procfs::read_text(format!("/proc/{}/comm", proc.ppid))
         .ok()
         .map(|c| printable(c.trim()));

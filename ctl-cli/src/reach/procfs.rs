@@ -270,6 +270,18 @@ pub fn is_zombie(pid: i32) -> bool {
     matches!(state_in(&main_dir(pid)).as_deref(), Some("Z" | "X"))
 }
 
+/// `PF_KTHREAD` in the flags of `/proc/<pid>/stat`.
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+/// Whether `pid` is a kernel thread: it runs no program, so it has no
+/// allocator, no environment and no executable to look at.
+pub fn is_kernel_thread(pid: i32) -> bool {
+    read_text(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| stat_flags(&s))
+        .is_some_and(|f| f & PF_KTHREAD != 0)
+}
+
 /// Whether `pid` is stopped (state `T`, or `t` under a tracer): its
 /// threads run nothing, the shim's included, until it continues.
 pub fn stopped(pid: i32) -> bool {

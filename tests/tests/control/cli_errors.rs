@@ -224,6 +224,35 @@ fn doctor_says_permission_and_zombie_with_their_codes() {
     assert!(o.stderr.contains("the process has exited"), "{o:?}");
 }
 
+/// A kernel thread (kthreadd, pid 2, where this pid namespace shows it)
+/// has no program and no environment: "no shim" (3), not "permission
+/// denied" (5), for `doctor` as for `stats`.
+#[test]
+fn doctor_says_a_kernel_thread_runs_no_program() {
+    const PF_KTHREAD: u64 = 0x0020_0000;
+    let kthread = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .find(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let after = stat.rsplit_once(") ").map_or("", |(_, r)| r);
+            after
+                .split_whitespace()
+                .nth(6)
+                .and_then(|f| f.parse::<u64>().ok())
+                .is_some_and(|f| f & PF_KTHREAD != 0)
+        });
+    let Some(pid) = kthread else {
+        eprintln!("no kernel thread is visible in this pid namespace: nothing to check");
+        return;
+    };
+    let o = Cmd::new(ctl(), ["doctor", &pid.to_string()]).run();
+    assert_eq!(o.code, i32::from(NOT_FOUND.code), "{o:?}");
+    assert!(o.stderr.contains("is a kernel thread"), "{o:?}");
+    let o = Cmd::new(ctl(), ["stats", &pid.to_string()]).run();
+    assert_eq!(o.code, i32::from(NOT_FOUND.code), "{o:?}");
+}
+
 #[test]
 fn run_refuses_a_library_that_is_not_one_and_arena_counts_the_shim_refuses() {
     let dir = memshim_tests::scratch().join(format!("cli-errors-{}", std::process::id()));
