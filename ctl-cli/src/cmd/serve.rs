@@ -218,16 +218,21 @@ fn purge(head: &Head) -> (u16, String) {
             "{\"error\":\"POST /purge needs a loopback Host header\"}\n".into(),
         );
     }
-    let pid = head
+    // Exactly one pid: a second one would otherwise be ignored without a word.
+    let mut pids = head
         .query
         .as_deref()
-        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("pid=")))
-        .and_then(|p| p.parse::<i32>().ok())
-        .filter(|p| *p > 0);
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|kv| kv.strip_prefix("pid="));
+    let pid = match (pids.next(), pids.next()) {
+        (Some(p), None) => p.parse::<i32>().ok().filter(|p| *p > 0),
+        _ => None,
+    };
     let Some(pid) = pid else {
         return (
             400,
-            "{\"error\":\"POST /purge?pid=N with a positive pid\"}\n".into(),
+            "{\"error\":\"POST /purge?pid=N with one positive pid\"}\n".into(),
         );
     };
     let reply = crate::reach::client::Client::open(pid)

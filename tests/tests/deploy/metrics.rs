@@ -435,6 +435,15 @@ fn serve_purge_endpoint_is_loopback_only_and_needs_its_header() {
     );
     assert_eq!(gone.0, 404, "{}", gone.1);
     assert!(gone.1.contains("no such process"), "{}", gone.1);
+    // One pid per request: a second one is refused, not ignored.
+    let two = memshim_tests::deploy::http_with(
+        &addr,
+        "POST",
+        &format!("{path}&pid={}", h.pid()),
+        &[("X-Memshim-Purge", "1")],
+    );
+    assert_eq!(two.0, 400, "{}", two.1);
+    assert!(two.1.contains("one positive pid"), "{}", two.1);
 }
 
 // --- a real Prometheus ---------------------------------------------------------
