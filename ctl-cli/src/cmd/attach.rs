@@ -195,14 +195,15 @@ pub fn run_detach(a: DetachArgs) -> Result<Exit, Failure> {
     }
     let sock = socket::locate(&p).path();
     let mut c = Client::open_proc(p).map_err(|f| {
-        Failure::new(
-            f.exit,
-            Some(pid),
-            format!(
-                "the bridge is not serving (detached already?): {}",
-                f.message
-            ),
-        )
+        // The reasons a preloaded shim has no endpoint (a single thread,
+        // MEMSHIM_CONTROL) do not apply to a bridge: its socket is there from
+        // `attach` until `detach`.
+        let why = if f.exit == exit::NO_ENDPOINT {
+            format!("it was detached already, or its thread has stopped; `memshim-ctl attach {pid}` starts it again")
+        } else {
+            f.message
+        };
+        Failure::new(f.exit, Some(pid), format!("the bridge is not serving: {why}"))
     })?;
     let r: DetachResult = c.ask(&Request::Detach)?;
     drop(c);
