@@ -17,11 +17,13 @@ pub mod heap;
 
 use crate::{os, thread};
 use core::ffi::{c_char, c_int, c_void};
-use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use core::sync::atomic::{AtomicI32, Ordering::Relaxed};
 
-/// This copy's constructor started the thread (which serves until
-/// `detach`).
-static STARTED: AtomicBool = AtomicBool::new(false);
+/// The process in which this copy's constructor started the thread (which
+/// serves until `detach`); 0 before. A fork child inherits the value but not
+/// the thread, so the pid tells: there, this copy does not serve, and a
+/// copy that `attach` loads into the child starts its own.
+static STARTED_IN: AtomicI32 = AtomicI32::new(0);
 
 /// Whether this copy of the bridge serves the process: the one symbol the
 /// library exports, a name no program uses, so that a second copy loaded
@@ -29,7 +31,8 @@ static STARTED: AtomicBool = AtomicBool::new(false);
 /// own) finds the first and stays idle ([`another_copy_serves`]).
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn memshim_bridge_serving() -> bool {
-    STARTED.load(Relaxed) && !crate::control::detach_asked()
+    let started = STARTED_IN.load(Relaxed);
+    started != 0 && started == os::getpid() && !crate::control::detach_asked()
 }
 
 /// Constructor: whether another copy of libmemshim_bridge.so in this
@@ -112,7 +115,7 @@ extern "C" fn constructor() {
     if another_copy_serves() {
         return;
     }
-    STARTED.store(true, Relaxed);
+    STARTED_IN.store(os::getpid(), Relaxed);
     thread::on_attach();
 }
 

@@ -2,9 +2,22 @@
 //! `before` and `after_in_parent`, which tell the thread layer
 //! (thread/attached.rs) that a fork is `os.fork()`'s, and when CPython has
 //! counted its threads after it.
+//!
+//! When it counts them moved: 3.12 counts before the `after_in_parent`
+//! hooks; 3.13.0 and later 3.13 and 3.14.0 releases count after them (the
+//! count moved behind `PyOS_AfterFork_Parent` for the free-threaded build's
+//! stop-the-world, and back before it in later patch releases: CPython
+//! gh-137109). A thread started in the hook was counted there, and the
+//! process printed "This process is multi-threaded" on stderr. So the hook
+//! does not run the thread layer's work itself: it schedules it with
+//! `Py_AddPendingCall`, which runs it on the main thread at its next check
+//! between bytecodes, once `os.fork()` has returned (a call of a C function
+//! ends with that check). Where the call cannot be scheduled (a full queue),
+//! the hook runs the work at once, as before.
 
 use super::ffi::{METH_NOARGS, PyMethodDef, PyObject};
 use super::object::Py;
+use core::ffi::{c_int, c_void};
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 
 /// The hooks are registered with the interpreter.
@@ -40,12 +53,30 @@ unsafe extern "C" fn before(_self: *mut PyObject, _args: *mut PyObject) -> *mut 
 
 unsafe extern "C" fn after_in_parent(_self: *mut PyObject, _args: *mut PyObject) -> *mut PyObject {
     IN_OS_FORK.store(false, SeqCst);
+    let scheduled = super::ffi::resolved()
+        .and_then(|api| api.add_pending_call)
+        // SAFETY: a hook runs with the GIL held; the callback is static and
+        // takes no argument.
+        .is_some_and(|add| unsafe { add(parent_work_pending, core::ptr::null_mut()) } == 0);
+    if !scheduled {
+        parent_work();
+    }
+    none()
+}
+
+/// The thread layer's work, from `Py_AddPendingCall`: after `os.fork()` has
+/// returned and CPython has counted its threads, whatever its version.
+unsafe extern "C" fn parent_work_pending(_: *mut c_void) -> c_int {
+    parent_work();
+    0
+}
+
+fn parent_work() {
     let f = PARENT_WORK.load(SeqCst);
     if f != 0 {
         // SAFETY: only `fn()` values are stored (`on_after_in_parent`).
         unsafe { core::mem::transmute::<usize, fn()>(f)() };
     }
-    none()
 }
 
 /// A new reference to `None` (the hooks' result), or NULL with no

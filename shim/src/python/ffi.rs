@@ -61,6 +61,9 @@ pub const METH_NOARGS: c_int = 0x0004;
 /// A `Py_AtExit` callback.
 pub type AtExitFn = extern "C" fn();
 
+/// A `Py_AddPendingCall` callback: 0, or -1 with an exception set.
+pub type PendingFn = unsafe extern "C" fn(*mut c_void) -> c_int;
+
 macro_rules! api {
     (required { $( $(#[$m:meta])* $field:ident : $sym:literal => fn($($arg:ty),*) -> $ret:ty; )* }
      optional { $( $(#[$om:meta])* $ofield:ident : [$($osym:literal),+] => fn($($oarg:ty),*) -> $oret:ty; )* }) => {
@@ -203,6 +206,13 @@ api! {
         /// `sys._debugmallocstats()` prints, to any stream; 0 if pymalloc is
         /// not in use.
         debug_malloc_stats: ["_PyObject_DebugMallocStats"] => fn(*mut libc::FILE) -> c_int;
+        /// `int Py_AddPendingCall(int (*)(void *), void *)`: schedules a call
+        /// on the main interpreter's main thread at its next check between
+        /// bytecodes; -1 when the queue is full. Public in every CPython,
+        /// listed as optional so that its absence costs only the deferral
+        /// (python/at_fork.rs).
+        #[cfg_attr(not(memshim_bridge), allow(dead_code))]
+        add_pending_call: ["Py_AddPendingCall"] => fn(PendingFn, *mut c_void) -> c_int;
         /// `PyInterpreterView *PyInterpreterView_FromMain(void)` (3.15, PEP
         /// 788): NULL once the main interpreter is gone (or before it
         /// exists); callable without a thread state.

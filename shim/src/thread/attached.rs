@@ -12,10 +12,13 @@
 //! * the parent handler starts them again at once, unless the fork is
 //!   CPython's `os.fork()` (or a `subprocess` with `preexec_fn`, which runs
 //!   the same hooks): its `before` hook (python/at_fork.rs, registered with
-//!   `os.register_at_fork`) says so, and its `after_in_parent` hook calls
-//!   [`after_os_fork_in_parent`], after CPython has counted the threads;
+//!   `os.register_at_fork`) says so, and its `after_in_parent` hook has
+//!   [`after_os_fork_in_parent`] called once `os.fork()` has returned, after
+//!   CPython has counted the threads (a pending call: 3.13.0 counts after
+//!   the hooks);
 //! * the child has no bridge (its thread is not copied; it was never
-//!   attached).
+//!   attached): the copy it inherited says it does not serve there
+//!   (bridge/mod.rs), so `attach` can load one that does.
 //!
 //! The hooks are registered by the first Python job of each interpreter
 //! (`attach` asks for `stats` at once, which runs one); a fork before that

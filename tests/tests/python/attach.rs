@@ -340,6 +340,71 @@ fn two_attaches_at_once_leave_one_bridge_and_a_traced_process_is_refused() {
     assert_eq!(o.code, 5, "{o:?}");
 }
 
+/// A fork of an attached CPython, on every CPython the tests run: the
+/// parent's `os.fork()` prints nothing (CPython 3.13.0 counted the threads
+/// after its `after_in_parent` hooks, where the bridge's thread used to
+/// start again: "This process is multi-threaded" on stderr), the bridge
+/// serves the parent again after it, and a child it forked (which has no
+/// bridge: the thread is not copied) is attached with a fresh one (the copy
+/// it inherited said it served, and the new one stayed idle).
+#[test]
+fn a_fork_of_an_attached_cpython_is_silent_and_its_child_can_be_attached() {
+    let threads_now = |child: &mut memshim_tests::Child| {
+        child.send("threads");
+        child
+            .wait_for_line("threads n=", Duration::from_secs(30))
+            .trim()
+            .to_string()
+    };
+    for py in cpythons() {
+        let what = format!("CPython {}", py.label);
+        let (mut child, _) = attach_fixture(py.cmd(["-c", &source()]));
+        let pid = child.pid();
+        let p = pid.to_string();
+        in_kernel_wait(pid);
+        let (code, v, err) = ctl_json(&["attach", &p, "--json"]);
+        assert_eq!(code, 0, "{what}: {v} {err}");
+        let attached = threads_now(&mut child);
+        child.send("fork");
+        child.wait_for_line("forked status=0", Duration::from_secs(30));
+        // The bridge's threads are back, and it answers over its socket.
+        let back = wait_until(Duration::from_secs(5), || {
+            let n = threads_now(&mut child);
+            (n == attached).then_some(n)
+        });
+        assert!(back.is_some(), "{what}: not {attached} after the fork");
+        let (code, s, err) = ctl_json(&["stats", &p, "--json"]);
+        assert_eq!(code, 0, "{what}: {s} {err}");
+        assert!(s.get("reached").is_none(), "{what}: {s}");
+        // A child forked after the attach, attached in its turn.
+        child.send("spawn");
+        let line = child.wait_for_line("spawned pid=", Duration::from_secs(30));
+        let forked: i32 = line
+            .trim()
+            .strip_prefix("spawned pid=")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{what}: {line}"));
+        in_kernel_wait(forked);
+        let (code, v, err) = ctl_json(&["attach", &forked.to_string(), "--json"]);
+        assert_eq!(code, 0, "{what}: the fork child: {v} {err}");
+        let (code, s, err) = ctl_json(&["stats", &forked.to_string(), "--json"]);
+        assert_eq!(code, 0, "{what}: the fork child: {s} {err}");
+        assert!(s.get("reached").is_none(), "{what}: the fork child: {s}");
+        let (code, d, err) = ctl_json(&["detach", &forked.to_string(), "--json"]);
+        assert_eq!(code, 0, "{what}: the fork child: {d} {err}");
+        // SAFETY: a signal to the child this test's fixture forked.
+        assert_eq!(unsafe { libc::kill(forked, libc::SIGTERM) }, 0);
+        child.send("reap");
+        child.wait_for_line(
+            &format!("reaped status={}", libc::SIGTERM),
+            Duration::from_secs(30),
+        );
+        child.send("quit");
+        let o = child.finish(Duration::from_secs(30));
+        assert_eq!((o.code, o.stderr.as_str()), (7, ""), "{what}: {o:?}");
+    }
+}
+
 /// A CPython whose `malloc` is a preloaded jemalloc or tcmalloc (Debian's,
 /// not memshim): attached, `stats` names that allocator, and `release`
 /// gives the unloaded heap back with its own call (jemalloc's arena purge,
