@@ -103,6 +103,13 @@ pub enum Format {
 /// A combination clap cannot check itself (`cli.rs` reports it as a usage
 /// error, [`exit::USAGE`]).
 pub fn conflict(a: &ProfileArgs) -> Option<String> {
+    let format = format_of(a);
+    if a.every.is_some() && a.output.is_none() && !format.streams() && format != Format::Json {
+        return Some(format!(
+            "--every with --format {} makes one file per growth step: give -o FILE (the steps go to FILE.1, FILE.2, ... before its extension)",
+            format.name()
+        ));
+    }
     if a.python && !a.json && !matches!(a.format, Format::Table | Format::Json) {
         return Some(
             "--python shows Python lines as a table or as JSON only (--format table|json)".into(),
@@ -135,23 +142,64 @@ fn span_s(a: &ProfileArgs, wait: u64) -> f64 {
     wait as f64 + a.every.map_or(0.0, |e| e * f64::from(a.count)) + MARGIN_S as f64
 }
 
-/// Runs `profile`.
-pub fn run(a: ProfileArgs) -> Result<Exit, Failure> {
+/// The format asked for: `--json`, else `--format`, where `-o FILE.html`
+/// picks HTML over the default table.
+fn format_of(a: &ProfileArgs) -> Format {
     let html_file = a.output.as_ref().is_some_and(|o| {
         o.extension()
             .is_some_and(|e| e.eq_ignore_ascii_case("html"))
     });
-    let format = match a.format {
+    match a.format {
         _ if a.json => Format::Json,
         Format::Table if html_file => Format::Html,
         f => f,
+    }
+}
+
+impl Format {
+    /// Whether successive profiles can follow one another in one stream:
+    /// the table and folded stacks can; a JSON document, an SVG, a pprof
+    /// file, a speedscope file or an HTML page cannot (each is a whole
+    /// file). With `--every` and `-o FILE`, the others go one file per step
+    /// ([`step_path`]).
+    fn streams(self) -> bool {
+        matches!(self, Format::Table | Format::Folded)
+    }
+
+    /// As `--format` spells it.
+    fn name(self) -> String {
+        self.to_possible_value()
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default()
+    }
+}
+
+/// Where growth step `step` goes with `-o path` in a format that does not
+/// stream: `.N` before the file name's extensions (`leak.pb.gz` ->
+/// `leak.1.pb.gz`), or after a name that has none.
+fn step_path(path: &std::path::Path, step: u32) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let named = match name.get(1..).and_then(|rest| rest.find('.')) {
+        Some(dot) => format!("{}.{step}{}", &name[..=dot], &name[dot + 1..]),
+        None => format!("{name}.{step}"),
     };
+    path.with_file_name(named)
+}
+
+/// Runs `profile`.
+pub fn run(a: ProfileArgs) -> Result<Exit, Failure> {
+    let format = format_of(&a);
+    // A file that cannot be written is said before the sampling, not after.
+    check_output(&a, format)?;
     if let Some(files) = &a.diff {
         let old = load(&files[0])?;
         let new = load(&files[1])?;
         let d = Profile::diff(&old, &new);
         let title = format!("{} \u{2192} {}", files[0].display(), files[1].display());
-        emit(&a, format, &d, &title, None, false)?;
+        emit(&a, format, &d, &title, None, 0)?;
         return Ok(exit::OK);
     }
     let pid = a.pid.unwrap_or_default();
@@ -245,7 +293,7 @@ fn profile_after(
     let (mut prev, mut active_ms) = dump(c, a.native_frames)?;
     let Some(every) = a.every else {
         let title = format!("pid {pid}");
-        emit(a, format, &prev, &title, active_ms, false)?;
+        emit(a, format, &prev, &title, active_ms, 0)?;
         return Ok(exit::OK);
     };
     for step in 1..=a.count {
@@ -254,7 +302,7 @@ fn profile_after(
         active_ms = ms;
         let grown = Profile::diff(&prev, &cur);
         let title = format!("pid {pid}: growth {step} of {}, {every} s", a.count);
-        emit(a, format, &grown, &title, active_ms, step > 1)?;
+        emit(a, format, &grown, &title, active_ms, step)?;
         prev = cur;
     }
     Ok(exit::OK)
@@ -376,14 +424,15 @@ fn load(path: &PathBuf) -> Result<Profile, Failure> {
     })
 }
 
-/// Writes one profile in `format`, to `-o FILE` or stdout.
+/// Writes one profile in `format`, to `-o FILE` or stdout: the one profile
+/// (`step` 0) or growth step `step` of `--every` ([`write_out`]).
 fn emit(
     a: &ProfileArgs,
     format: Format,
     p: &Profile,
     title: &str,
     active_ms: Option<u64>,
-    append: bool,
+    step: u32,
 ) -> Result<(), Failure> {
     let data = match format {
         Format::Table => table(p, title, a.top as usize, active_ms).into_bytes(),
@@ -401,7 +450,7 @@ fn emit(
             crate::profile::report::profile(p, title, &text).into_bytes()
         }
     };
-    write_out(a, &data, append).map(|_| ())
+    write_out(a, format, &data, step).map(|_| ())
 }
 
 /// The table: a header line, the top call sites, what each library's
@@ -554,7 +603,7 @@ fn python_after(a: &ProfileArgs, format: Format, pid: i32, wait: u64) -> Result<
             Format::Json => format!("{}\n", serde_json::to_string(&prev).unwrap_or_default()),
             _ => crate::profile::tracemalloc::report(pid, &prev, top),
         };
-        return write_out(a, text.as_bytes(), false);
+        return write_out(a, format, text.as_bytes(), 0);
     };
     for step in 1..=a.count {
         std::thread::sleep(Duration::from_secs_f64(every));
@@ -581,32 +630,86 @@ fn python_after(a: &ProfileArgs, format: Format, pid: i32, wait: u64) -> Result<
                 crate::profile::tracemalloc::footer(&cur)
             ),
         };
-        write_out(a, text.as_bytes(), step > 1)?;
+        write_out(a, format, text.as_bytes(), step)?;
         prev = cur;
     }
     Ok(exit::OK)
 }
 
-/// Writes to `-o FILE` (appended to after the first step of `--every`) or
-/// stdout.
-fn write_out(a: &ProfileArgs, data: &[u8], append: bool) -> Result<Exit, Failure> {
+/// Where `-o` sends what `step` writes, and whether it adds to the file:
+/// the table and folded stacks of `--every` go one after another into FILE;
+/// the other formats go one file per step ([`step_path`]).
+fn output_for(a: &ProfileArgs, format: Format, step: u32) -> Option<(PathBuf, bool)> {
+    let path = a.output.as_ref()?;
+    Some(if step == 0 || format.streams() {
+        (path.clone(), step > 1)
+    } else {
+        (step_path(path, step), false)
+    })
+}
+
+/// Writes to `-o FILE` ([`output_for`]) or stdout (where `--every` with
+/// `--json` makes one JSON document a line).
+fn write_out(a: &ProfileArgs, format: Format, data: &[u8], step: u32) -> Result<Exit, Failure> {
     use std::io::Write;
-    match &a.output {
-        Some(path) => std::fs::OpenOptions::new()
+    match output_for(a, format, step) {
+        Some((path, append)) => std::fs::OpenOptions::new()
             .create(true)
             .write(true)
             .append(append)
             .truncate(!append)
-            .open(path)
+            .open(&path)
             .and_then(|mut f| f.write_all(data))
-            .map_err(|e| {
-                Failure::new(
-                    exit::FAILED,
-                    a.pid,
-                    format!("writing {}: {e}", path.display()),
-                )
-            })?,
+            .map_err(|e| cannot_write(a, &path, e))?,
         None => crate::output::print::write_bytes(data)?,
     }
     Ok(exit::OK)
+}
+
+fn cannot_write(a: &ProfileArgs, path: &std::path::Path, e: std::io::Error) -> Failure {
+    Failure::new(
+        exit::FAILED,
+        a.pid,
+        format!("writing {}: {e}", path.display()),
+    )
+}
+
+/// Opens the first file `-o` will be written to, without changing it, so
+/// that a path that cannot be written fails before the sampling; a file
+/// this check created is removed again.
+fn check_output(a: &ProfileArgs, format: Format) -> Result<(), Failure> {
+    let first = if a.every.is_some() && a.diff.is_none() {
+        1
+    } else {
+        0
+    };
+    let Some((path, _)) = output_for(a, format, first) else {
+        return Ok(());
+    };
+    let existed = std::fs::symlink_metadata(&path).is_ok();
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .map_err(|e| cannot_write(a, &path, e))?;
+    if !existed {
+        let _ = std::fs::remove_file(&path);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::step_path;
+    use std::path::Path;
+
+    #[test]
+    fn a_growth_step_goes_before_the_extensions_of_the_file_name() {
+        let at = |p: &str, n| step_path(Path::new(p), n).display().to_string();
+        assert_eq!(at("leak.pb.gz", 1), "leak.1.pb.gz");
+        assert_eq!(at("/tmp/a.b/heap.json", 12), "/tmp/a.b/heap.12.json");
+        assert_eq!(at("heap", 2), "heap.2");
+        assert_eq!(at(".hidden", 3), ".hidden.3");
+        assert_eq!(at("out/.leak.svg", 1), "out/.leak.1.svg");
+    }
 }

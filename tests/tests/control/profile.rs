@@ -368,6 +368,89 @@ fn a_first_profile_samples_for_its_seconds_then_switches_sampling_off() {
     assert_eq!(app.finish(Duration::from_secs(10)).code, 0);
 }
 
+/// `--every` in a format that makes whole files (JSON, SVG, pprof,
+/// speedscope, HTML) writes one file per growth step, `FILE.N.EXT`, each
+/// readable on its own (they were appended into one file that no reader
+/// took); without `-o` it is a usage error. An output that cannot be
+/// written fails before the sampling, not after it.
+#[test]
+fn growth_steps_in_whole_file_formats_go_one_file_each_and_a_bad_output_fails_at_once() {
+    let mut app = leaker(true);
+    let pid = app.pid().to_string();
+    let o = ctl_run(&["profile", &pid, "--seconds", "0", "--keep"]);
+    assert_eq!(o.code, 0, "{o:?}");
+    for (format, ext) in [("json", "json"), ("svg", "svg"), ("pprof", "pb.gz")] {
+        let base = out_file(&format!("steps.{ext}"));
+        let f = base.display().to_string();
+        let o = ctl_run(&[
+            "profile",
+            &pid,
+            "--seconds",
+            "0",
+            "--every",
+            "0.3",
+            "--count",
+            "2",
+            "--keep",
+            "--format",
+            format,
+            "-o",
+            &f,
+        ]);
+        assert_eq!(o.code, 0, "{format}: {o:?}");
+        assert!(!base.exists(), "{format}: {f} written as well");
+        let steps: Vec<PathBuf> = (1..=2)
+            .map(|n| {
+                let name = format!("profile-{}-steps.{n}.{ext}", std::process::id());
+                scratch().join(name)
+            })
+            .collect();
+        for step in &steps {
+            let data = std::fs::read(step).unwrap_or_else(|e| panic!("{}: {e}", step.display()));
+            match format {
+                "json" => {
+                    let v: Value = serde_json::from_slice(&data).expect("one JSON document");
+                    assert!(v["stacks"].is_array(), "{v}");
+                }
+                "svg" => {
+                    let text = String::from_utf8(data).unwrap();
+                    assert_eq!(text.matches("</svg>").count(), 1, "one SVG document");
+                    assert!(text.trim_end().ends_with("</svg>"), "{}", step.display());
+                }
+                _ => assert_eq!(&data[..2], &[0x1f, 0x8b], "gzip: {}", step.display()),
+            }
+            let _ = std::fs::remove_file(step);
+        }
+    }
+    let o = ctl_run(&["profile", &pid, "--every", "0.3", "--format", "svg"]);
+    assert_eq!(o.code, i32::from(USAGE.code), "{o:?}");
+    assert!(o.stderr.contains("-o FILE"), "{}", o.stderr);
+    // A directory that does not exist: said before the 30 s of sampling.
+    let t = std::time::Instant::now();
+    let o = ctl_run(&[
+        "profile",
+        &pid,
+        "--seconds",
+        "30",
+        "-o",
+        "/nonexistent-memshim-dir/heap.svg",
+    ]);
+    assert_eq!(o.code, i32::from(FAILED.code), "{o:?}");
+    assert!(
+        o.stderr
+            .contains("writing /nonexistent-memshim-dir/heap.svg"),
+        "{o:?}"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "after {:?}",
+        t.elapsed()
+    );
+    app.send("quit");
+    let o = app.finish(Duration::from_secs(10));
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+}
+
 #[test]
 fn without_memshim_profile_the_answer_is_no_profiler_and_how_to_turn_it_on() {
     let mut app = leaker(false);
