@@ -125,6 +125,18 @@ pub fn run_attach(a: AttachArgs) -> Result<Exit, Failure> {
             "the process exited during attach",
         ),
     };
+    if !serving && procfs::group_stopped(pid) {
+        // Its threads run nothing: the `dlopen` would run under ptrace, and
+        // the bridge's thread then wait, stopped, until the process goes on.
+        return Err(Failure::new(
+            exit::NO_SAFE_POINT,
+            Some(pid),
+            format!(
+                "the process is stopped (SIGSTOP or a job-control stop), so the bridge could not start in it; nothing \
+                 changed: continue it (`kill -CONT {pid}`), then attach"
+            ),
+        ));
+    }
     if !serving {
         load(&p, loaded == Loaded::Attached, &a, &mut done).map_err(exited)?;
     }
@@ -516,13 +528,23 @@ fn wait_for_socket(p: &Proc) -> Result<Client, Failure> {
         match Client::open_proc(p.clone()) {
             Ok(c) => return Ok(c),
             Err(f) if t0.elapsed() >= SOCKET_WAIT => {
+                // The preload's reasons for a missing endpoint (a single
+                // thread, MEMSHIM_CONTROL) are not the bridge's.
+                let why = if procfs::group_stopped(p.pid) {
+                    "the process was stopped meanwhile (SIGSTOP or a job-control stop): the bridge's thread starts \
+                     when it continues"
+                        .to_string()
+                } else if f.exit == exit::NO_ENDPOINT {
+                    "its thread did not start or bind the socket".to_string()
+                } else {
+                    f.message
+                };
                 return Err(Failure::new(
                     exit::NO_ENDPOINT,
                     Some(p.pid),
                     format!(
-                        "the bridge was loaded but its socket did not answer within {} s: {}",
-                        SOCKET_WAIT.as_secs(),
-                        f.message
+                        "the bridge was loaded but its socket did not answer within {} s: {why}",
+                        SOCKET_WAIT.as_secs()
                     ),
                 ));
             }

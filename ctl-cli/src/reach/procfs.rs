@@ -288,6 +288,12 @@ pub fn stopped(pid: i32) -> bool {
     matches!(state_in(&main_dir(pid)).as_deref(), Some("T" | "t"))
 }
 
+/// Whether the main thread of `pid` is in a group stop (SIGSTOP, Ctrl-Z:
+/// state `T`; not a tracer's `t`).
+pub fn group_stopped(pid: i32) -> bool {
+    state_in(&main_dir(pid)).as_deref() == Some("T")
+}
+
 /// Whether `pid` is in a group stop (SIGSTOP, Ctrl-Z: state `T`), its
 /// shim's threads (named `memshim`) included, seen twice 20 ms apart:
 /// nothing in it answers until it continues. A tracer's stops (`t`: gdb,

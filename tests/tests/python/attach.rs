@@ -16,7 +16,7 @@ use super::without_preload::{
     ctl_json, goes_on_unchanged, in_kernel_wait, in_process_rss, start_for, traced_pid,
     under_strace,
 };
-use memshim_proto::exit::{NOT_FOUND, PRELOADED, TRACED};
+use memshim_proto::exit::{NO_SAFE_POINT, NOT_FOUND, PRELOADED, TRACED};
 use memshim_tests::py::*;
 use memshim_tests::{Cmd, ctl, mib, rss_bytes, wait_until};
 use std::time::{Duration, Instant};
@@ -289,9 +289,31 @@ fn attach_refuses_a_preloaded_process_and_detach_one_never_attached() {
     assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
 
     let child = start_for(&py, "sleep", WAIT);
-    let o = Cmd::new(ctl(), ["detach", &child.pid().to_string()]).run();
+    let pid = child.pid();
+    let o = Cmd::new(ctl(), ["detach", &pid.to_string()]).run();
     assert_eq!(o.code, i32::from(NOT_FOUND.code), "{o:?}");
     assert!(o.stderr.contains("never attached"), "{o:?}");
+    // Stopped (SIGSTOP): refused at once, and nothing is loaded (the
+    // bridge's thread would have waited, stopped, for a SIGCONT, and
+    // `attach` failed after 5 s with the bridge left behind).
+    in_kernel_wait(pid);
+    // SAFETY: signals to the fixture this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    wait_until(Duration::from_secs(10), || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit_once(") ")?.1.starts_with('T').then_some(())
+    })
+    .expect("stopped");
+    let t = Instant::now();
+    let o = Cmd::new(ctl(), ["attach", &pid.to_string()]).run();
+    assert_eq!(o.code, i32::from(NO_SAFE_POINT.code), "{o:?}");
+    assert!(o.stderr.contains("the process is stopped"), "{o:?}");
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    assert!(!maps.contains("libmemshim_bridge"), "loaded anyway");
+    assert_eq!(threads(pid), 1);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
     let o = child.finish(Duration::from_secs(30));
     assert_eq!((o.code, o.stderr.as_str()), (5, ""), "{o:?}");
 }
