@@ -215,6 +215,11 @@ pub fn not_a_thread(pid: i32, status: &str) -> Result<(), Failure> {
     }
 }
 
+/// Whether `pid` names a thread of another process (its `Tgid` differs).
+pub fn is_thread_id(pid: i32) -> bool {
+    read_text(proc_path(pid, "status")).is_ok_and(|s| not_a_thread(pid, &s).is_err())
+}
+
 pub fn gone(pid: i32, e: io::Error) -> Failure {
     Failure::new(
         exit::NOT_FOUND,

@@ -12,7 +12,9 @@
 //! What the other verbs read and draw of such a process:
 //! `without_preload_figures.rs`. Fixture: tests/fixtures/py_unshimmed.py.
 
-use memshim_proto::exit::{NO_PTRACE, NO_SAFE_POINT, NOT_CPYTHON, REMOTE_DEBUG_DISABLED, TRACED};
+use memshim_proto::exit::{
+    NO_PTRACE, NO_SAFE_POINT, NOT_CPYTHON, NOT_FOUND, REMOTE_DEBUG_DISABLED, TRACED,
+};
 use memshim_tests::py::*;
 use memshim_tests::{Cmd, ctl, mib, rss_bytes, wait_until};
 use std::time::{Duration, Instant};
@@ -291,6 +293,30 @@ fn refusals_have_their_own_code_and_leave_the_process_alone() {
     assert_eq!(code, i32::from(NOT_CPYTHON.code), "{v} {err}");
     assert_eq!(v["release"][0]["error"]["code"], "not_cpython", "{v}");
     drop(sleeper);
+
+    // A thread id given as a pid: refused by every verb, as for a shimmed
+    // process (/proc/<tid> reads as its process, and the verbs went on as
+    // if the thread were one, under its id and no command name).
+    let src = "import sys, threading\n\
+               t = threading.Thread(target=sys.stdin.readline)\n\
+               t.start()\n\
+               print('ready', threading.get_native_id(), t.native_id, flush=True)\n\
+               t.join()\n";
+    let mut two = py.cmd(["-c", src]).spawn();
+    let line = two.wait_for_line("ready", Duration::from_secs(60));
+    let tid = line.split_whitespace().nth(2).unwrap().to_string();
+    let main = line.split_whitespace().nth(1).unwrap().to_string();
+    for verb in ["stats", "gc", "release", "attach"] {
+        let o = Cmd::new(ctl(), [verb, &tid]).run();
+        assert_eq!(o.code, i32::from(NOT_FOUND.code), "{verb}: {o:?}");
+        assert!(
+            o.stderr.contains(&format!("a thread of process {main}")),
+            "{verb}: {o:?}"
+        );
+    }
+    two.send("");
+    let o = two.finish(Duration::from_secs(30));
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
 }
 
 /// The `not_preloaded` entry of `list --json` for `pid`.

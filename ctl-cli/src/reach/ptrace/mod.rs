@@ -32,6 +32,11 @@ pub const SAFE_POINT_LIMIT: Duration = Duration::from_secs(2);
 /// whose maps we may not read is another user's: the ptrace road's refusal
 /// says so, and what to do.
 pub fn applies(pid: i32) -> bool {
+    // A thread id goes the usual way, which refuses it ("a thread of process
+    // N"): /proc/<tid> reads as its process's maps.
+    if procfs::is_thread_id(pid) {
+        return false;
+    }
     match procfs::memshim_in(pid) {
         Ok(Loaded::No) => looks_like_python(pid) && !procfs::all_threads_exited(pid),
         // A bridge `detach`ed: mapped, idle, its socket gone.
