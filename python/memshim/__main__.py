@@ -28,21 +28,49 @@ USAGE = """usage: python -m memshim lib
 """
 
 
+def _write(stream, text):
+    """Writes `text` to `stream` (sys.stdout or sys.stderr); False where it
+    cannot be written: a stream closed when Python started (`>&-`) is None,
+    a closed pipe or a full disk fails. A failed stream is pointed at
+    /dev/null, so that Python's own flush at exit has nothing to report."""
+    if stream is None:
+        return False
+    try:
+        stream.write(text)
+        stream.flush()
+        return True
+    except (OSError, ValueError):
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
+        return False
+
+
+def _error(text):
+    _write(sys.stderr, "memshim: error: %s\n" % text)
+
+
 def exec_ctl(args):
     """Replaces this process with the packaged memshim-ctl."""
     try:
         exe = ctl()
     except FileNotFoundError as e:
-        sys.stderr.write("memshim: error: %s\n" % e)
+        _error(e)
         return 3
-    sys.stdout.flush()
-    sys.stderr.flush()
+    # A stream closed when Python started (`>&-`) is None here: nothing to
+    # flush; memshim-ctl reports what it cannot write itself.
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
     # argv[0] as the user knows the command; memshim-ctl finds the library
     # from /proc/self/exe (../lib/libmemshim.so beside the real binary).
     try:
         os.execv(exe, ["memshim-ctl"] + list(args))
     except OSError as e:
-        sys.stderr.write("memshim: error: cannot run %s: %s\n" % (exe, e))
+        _error("cannot run %s: %s" % (exe, e))
         return 126
 
 
@@ -55,25 +83,26 @@ def main(argv=None):
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
         # A usage error: on stderr, like memshim-ctl's own.
-        sys.stderr.write(USAGE)
+        _write(sys.stderr, USAGE)
         return 2
+    # What this module prints itself: exit 1 where stdout cannot take it, as
+    # memshim-ctl does ("writing to stdout").
     if args[0] in ("-h", "--help", "help"):
-        sys.stdout.write(USAGE)
-        sys.stdout.write("\nmemshim-ctl's commands:\n\n")
+        if not _write(sys.stdout, USAGE + "\nmemshim-ctl's commands:\n\n"):
+            return 1
         return exec_ctl(["--help"])
     if args[0] in ("-V", "--version", "version"):
-        sys.stdout.write("memshim %s\n" % __version__)
-        return 0
+        return 0 if _write(sys.stdout, "memshim %s\n" % __version__) else 1
     if args[0] == "lib":
         if len(args) != 1:
-            sys.stderr.write("memshim: error: `lib` takes no arguments\n")
+            _error("`lib` takes no arguments")
             return 2
         try:
-            sys.stdout.write(lib() + "\n")
+            path = lib()
         except FileNotFoundError as e:
-            sys.stderr.write("memshim: error: %s\n" % e)
+            _error(e)
             return 3
-        return 0
+        return 0 if _write(sys.stdout, path + "\n") else 1
     return exec_ctl(args)
 
 

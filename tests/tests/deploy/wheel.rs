@@ -121,6 +121,25 @@ fn pip_puts_memshim_ctl_on_path_and_the_library_inside_the_package() {
     // The library really loads (and is the packaged one).
     let o = Cmd::new("/bin/true", [""; 0]).env("LD_PRELOAD", &lib).run();
     assert_eq!((o.code, o.stderr.as_str()), (0, ""));
+
+    // A stdout closed at start-up (`>&-`) or full: exit 1, and no Python
+    // traceback (`sys.stdout` is None then); the console script still
+    // hands over to memshim-ctl.
+    let py = v.python().display().to_string();
+    for (redirect, what) in [(">&-", "closed"), ("> /dev/full", "full")] {
+        for args in ["--version", "lib"] {
+            let o = Cmd::new("sh", ["-c", &format!("{py} -m memshim {args} {redirect}")]).run();
+            assert_eq!(
+                (o.code, o.stderr.as_str()),
+                (1, ""),
+                "{args}, stdout {what}: {o:?}"
+            );
+        }
+    }
+    let o = Cmd::new("sh", ["-c", "memshim-ctl --version >&-"])
+        .env("PATH", v.path_env())
+        .run();
+    assert!(!o.stderr.contains("Traceback"), "{o:?}");
 }
 
 #[test]
