@@ -89,6 +89,17 @@ pub fn why(p: &Proc, loc: &SocketLoc) -> (String, String) {
                 .into(),
         );
     }
+    if p.threads <= 1 {
+        // MEMSHIM_CONTROL=on starts the thread in the constructor, so a
+        // process alone under it did not run the constructor: a fork child.
+        return (
+            format!(
+                "single-threaded although {name}=on starts the shim's thread at once: most likely the fork child of \
+                 a shimmed process, which starts the thread and its socket with its own first pthread_create"
+            ),
+            "reach the parent, or let the child start a thread of its own; `memshim-ctl doctor` says more".into(),
+        );
+    }
     if !procfs::has_shim_thread(p.pid) {
         return (
             "the shim's thread is not running (it stops when the process has been single-threaded for a while, and \
@@ -96,8 +107,13 @@ pub fn why(p: &Proc, loc: &SocketLoc) -> (String, String) {
                 .into(),
             format!(
                 "`memshim-ctl doctor {}` tells whether the shim interposes (a program with its own malloc, a \
-                 sanitizer); if it does, {name}=on keeps the thread",
-                p.pid
+                 sanitizer){}",
+                p.pid,
+                if control == Control::On {
+                    String::new()
+                } else {
+                    format!("; if it does, {name}=on keeps the thread")
+                }
             ),
         );
     }

@@ -235,6 +235,14 @@ fn doctor_explains_a_fork_child_under_control_on() {
     assert!(finding(&o, "endpoint_not_started"), "{}", o.stdout);
     assert!(o.stdout.contains("fork child"), "{}", o.stdout);
     assert!(!o.stdout.contains("Set MEMSHIM_CONTROL=on"), "{}", o.stdout);
+    // The verbs say the same (they said the thread had stopped, and that
+    // MEMSHIM_CONTROL=on keeps it).
+    for verb in ["stats", "profile"] {
+        let o = Cmd::new(memshim_tests::ctl(), [verb, &child.to_string()]).run();
+        assert_eq!(o.code, 4, "{verb}: {o:?}");
+        assert!(o.stderr.contains("fork child"), "{verb}: {o:?}");
+        assert!(!o.stderr.contains("=on keeps"), "{verb}: {o:?}");
+    }
 }
 
 /// A process whose main thread ended with `pthread_exit` has no endpoint
