@@ -37,8 +37,10 @@ pub struct ProfileReply {
     pub changed: bool,
     /// One sample per 2^lg_sample bytes allocated, on average.
     pub lg_sample: u32,
-    /// Milliseconds since sampling was last started by a `profile` request
-    /// (absent while it is off, or when it was started otherwise).
+    /// Milliseconds since sampling was last started by a `profile` request,
+    /// or since its samples were last reset (`reset`): the window the live
+    /// samples were taken in (absent while it is off, or when it was
+    /// started otherwise and never reset).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_ms: Option<u64>,
     /// Milliseconds until the shim switches off the sampling a `profile`

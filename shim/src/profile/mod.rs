@@ -101,7 +101,14 @@ pub fn request(
             }
         }
         ProfileAction::Stop => stop()?,
-        ProfileAction::Reset => jemalloc::prof_reset().map_err(|e| internal("prof.reset", e))?,
+        ProfileAction::Reset => {
+            jemalloc::prof_reset().map_err(|e| internal("prof.reset", e))?;
+            // What a profile shows now was sampled from here on: the
+            // `active_ms` a client reads is that window.
+            if was {
+                STARTED_MS.store(now_ms.max(1), Relaxed);
+            }
+        }
         ProfileAction::Dump => {
             walk_python_frames();
             write_dump(dump_path)?;

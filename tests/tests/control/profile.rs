@@ -451,6 +451,33 @@ fn growth_steps_in_whole_file_formats_go_one_file_each_and_a_bad_output_fails_at
     assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
 }
 
+/// `reset` forgets the samples, and the window the header gives ("sampling
+/// on for N s", `active_ms`) starts again with it: it counted from when
+/// sampling started, which halved the growth rate a reader worked out.
+#[test]
+fn a_reset_starts_the_sampling_window_again() {
+    let mut app = leaker(true);
+    let pid = app.pid();
+    let o = ctl_run(&["profile", &pid.to_string(), "--seconds", "0", "--keep"]);
+    assert_eq!(o.code, 0, "{o:?}");
+    std::thread::sleep(Duration::from_millis(1500));
+    let active_ms = |action| match memshim_tests::py::ok(profile_request(pid, action, None)) {
+        memshim_proto::Reply::Profile(r) => r.active_ms.expect("sampling is on"),
+        other => panic!("{other:?}"),
+    };
+    let before = active_ms(memshim_proto::ProfileAction::Status);
+    assert!(before >= 1500, "{before} ms");
+    let after = active_ms(memshim_proto::ProfileAction::Reset);
+    assert!(
+        after < before && after < 1000,
+        "{after} ms after the reset, {before} before"
+    );
+    let o = ctl_run(&["profile", &pid.to_string(), "--stop"]);
+    assert_eq!(o.code, 0, "{o:?}");
+    app.send("quit");
+    assert_eq!(app.finish(Duration::from_secs(10)).code, 0);
+}
+
 #[test]
 fn without_memshim_profile_the_answer_is_no_profiler_and_how_to_turn_it_on() {
     let mut app = leaker(false);
