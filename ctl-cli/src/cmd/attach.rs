@@ -101,6 +101,9 @@ impl Attached {
 pub fn run_attach(a: AttachArgs) -> Result<Exit, Failure> {
     let pid = a.pid;
     let p = procfs::read_proc(pid)?;
+    if procfs::all_threads_exited(pid) {
+        return Err(procfs::zombie(&p));
+    }
     let mut done = Attached {
         pid,
         loaded_now: false,

@@ -506,21 +506,26 @@ pub fn same_mount_ns(view: &Path) -> bool {
     }
 }
 
+/// The failure for a process that has exited and is not reaped yet.
+pub fn zombie(p: &Proc) -> Failure {
+    Failure::new(
+        exit::NOT_FOUND,
+        Some(p.pid),
+        format!(
+            "the process has exited (a zombie its parent has not reaped: {})",
+            p.command
+        ),
+    )
+    .hint("nothing is left to ask; its parent reaps it with wait()")
+}
+
 /// Resolves `pid` to a process with the shim loaded.
 pub fn shimmed(pid: i32) -> Result<Proc, Failure> {
     let p = read_proc(pid)?;
     match shim_loaded(pid) {
         Ok(true) => Ok(p),
         // A zombie's maps read empty, shim or not.
-        Ok(false) if all_threads_exited(pid) => Err(Failure::new(
-            exit::NOT_FOUND,
-            Some(pid),
-            format!(
-                "the process has exited (a zombie its parent has not reaped: {})",
-                p.command
-            ),
-        )
-        .hint("nothing is left to ask; its parent reaps it with wait()")),
+        Ok(false) if all_threads_exited(pid) => Err(zombie(&p)),
         Ok(false) => Err(Failure::new(
             exit::NOT_FOUND,
             Some(pid),

@@ -218,10 +218,16 @@ fn doctor_says_permission_and_zombie_with_their_codes() {
     let o = Cmd::new(ctl(), ["doctor", &child.to_string()]).run();
     assert_eq!(o.code, i32::from(NOT_FOUND.code), "{o:?}");
     assert!(o.stderr.contains("has exited"), "{o:?}");
-    // A zombie's maps read empty: not "libmemshim.so is not loaded".
-    let o = Cmd::new(ctl(), ["stats", &child.to_string()]).run();
-    assert_eq!(o.code, i32::from(NOT_FOUND.code), "{o:?}");
-    assert!(o.stderr.contains("the process has exited"), "{o:?}");
+    // A zombie's maps read empty: not "libmemshim.so is not loaded", and
+    // for `attach` not "the process exited during attach".
+    for verb in ["stats", "attach"] {
+        let o = Cmd::new(ctl(), [verb, &child.to_string()]).run();
+        assert_eq!(o.code, i32::from(NOT_FOUND.code), "{verb}: {o:?}");
+        assert!(
+            o.stderr.contains("a zombie its parent has not reaped"),
+            "{verb}: {o:?}"
+        );
+    }
 }
 
 /// A kernel thread (kthreadd, pid 2, where this pid namespace shows it)
