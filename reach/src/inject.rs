@@ -41,7 +41,12 @@ pub const IDLE: [(u64, &str); 16] = [
 
 /// Names of the waits that are not safe points, for the message that says
 /// what each thread was doing.
-const NOT_SAFE: [(u64, &str); 1] = [(202, "futex (a lock or the GIL: not a safe point)")];
+const NOT_SAFE: [(u64, &str); 4] = [
+    (202, "futex (a lock or the GIL: not a safe point)"),
+    (34, "pause (a signal wait: not a safe point)"),
+    (128, "rt_sigtimedwait (a signal wait: not a safe point)"),
+    (130, "rt_sigsuspend (a signal wait: not a safe point)"),
+];
 
 const ERESTARTSYS: i64 = -512;
 const ERESTARTNOINTR: i64 = -513;
