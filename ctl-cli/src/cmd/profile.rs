@@ -61,9 +61,9 @@ pub struct ProfileArgs {
     /// The difference NEW minus OLD of two profiles saved with `--format json`.
     #[arg(long, num_args = 2, value_names = ["OLD", "NEW"], conflicts_with = "pid")]
     pub diff: Option<Vec<PathBuf>>,
-    /// How to show it.
-    #[arg(long, value_enum, default_value_t = Format::Table)]
-    pub format: Format,
+    /// How to show it (default: from the name given to -o, else table).
+    #[arg(long, value_enum)]
+    pub format: Option<Format>,
     /// Same as `--format json`.
     #[arg(long)]
     pub json: bool,
@@ -95,8 +95,7 @@ pub enum Format {
     Pprof,
     /// speedscope's JSON (a sampled profile weighted by live bytes).
     Speedscope,
-    /// One HTML file: the table and the interactive flame graph (`-o
-    /// FILE.html` chooses it when no --format is given).
+    /// One HTML file: the table and the interactive flame graph.
     Html,
 }
 
@@ -110,7 +109,7 @@ pub fn conflict(a: &ProfileArgs) -> Option<String> {
             format.name()
         ));
     }
-    if a.python && !a.json && !matches!(a.format, Format::Table | Format::Json) {
+    if a.python && !matches!(format, Format::Table | Format::Json) {
         return Some(
             "--python shows Python lines as a table or as JSON only (--format table|json)".into(),
         );
@@ -142,17 +141,38 @@ fn span_s(a: &ProfileArgs, wait: u64) -> f64 {
     wait as f64 + a.every.map_or(0.0, |e| e * f64::from(a.count)) + MARGIN_S as f64
 }
 
-/// The format asked for: `--json`, else `--format`, where `-o FILE.html`
-/// picks HTML over the default table.
+/// What the end of an `-o` file name asks for when no `--format` is given,
+/// longest first.
+const BY_NAME: [(&str, Format); 8] = [
+    (".speedscope.json", Format::Speedscope),
+    (".pb.gz", Format::Pprof),
+    (".pprof", Format::Pprof),
+    (".folded", Format::Folded),
+    (".html", Format::Html),
+    (".htm", Format::Html),
+    (".svg", Format::Svg),
+    (".json", Format::Json),
+];
+
+/// The format asked for: `--json`, else `--format`, else what the name
+/// given to `-o` ends with ([`BY_NAME`]; with `--python`, JSON only), else
+/// the table.
 fn format_of(a: &ProfileArgs) -> Format {
-    let html_file = a.output.as_ref().is_some_and(|o| {
-        o.extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("html"))
-    });
-    match a.format {
-        _ if a.json => Format::Json,
-        Format::Table if html_file => Format::Html,
-        f => f,
+    if a.json {
+        return Format::Json;
+    }
+    if let Some(f) = a.format {
+        return f;
+    }
+    let name = a
+        .output
+        .as_ref()
+        .and_then(|o| o.file_name())
+        .map(|n| n.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    match BY_NAME.iter().find(|(end, _)| name.ends_with(end)) {
+        Some(&(_, f)) if !a.python || f == Format::Json => f,
+        _ => Format::Table,
     }
 }
 

@@ -422,6 +422,29 @@ fn growth_steps_in_whole_file_formats_go_one_file_each_and_a_bad_output_fails_at
             let _ = std::fs::remove_file(step);
         }
     }
+    // Without --format, the name given to -o chooses it.
+    for (name, head) in [
+        ("named.svg", &b"<?xml"[..]),
+        ("named.pb.gz", &[0x1f, 0x8b][..]),
+    ] {
+        let f = out_file(name);
+        let o = ctl_run(&[
+            "profile",
+            &pid,
+            "--seconds",
+            "0",
+            "--keep",
+            "-o",
+            &f.display().to_string(),
+        ]);
+        assert_eq!(o.code, 0, "{name}: {o:?}");
+        let data = std::fs::read(&f).unwrap();
+        assert!(
+            data.starts_with(head),
+            "{name}: {:?}",
+            &data[..data.len().min(16)]
+        );
+    }
     let o = ctl_run(&["profile", &pid, "--every", "0.3", "--format", "svg"]);
     assert_eq!(o.code, i32::from(USAGE.code), "{o:?}");
     assert!(o.stderr.contains("-o FILE"), "{}", o.stderr);
