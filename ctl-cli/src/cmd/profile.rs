@@ -706,7 +706,17 @@ fn check_output(a: &ProfileArgs, format: Format) -> Result<(), Failure> {
     let Some((path, _)) = output_for(a, format, first) else {
         return Ok(());
     };
-    let existed = std::fs::symlink_metadata(&path).is_ok();
+    // A FIFO, a terminal or another device is opened when the profile is
+    // written, as before: opening a FIFO here would wait for its reader and
+    // then hand it an end of file.
+    let existing = std::fs::metadata(&path).ok();
+    if existing
+        .as_ref()
+        .is_some_and(|m| !m.is_file() && !m.is_dir())
+    {
+        return Ok(());
+    }
+    let existed = existing.is_some() || std::fs::symlink_metadata(&path).is_ok();
     std::fs::OpenOptions::new()
         .create(true)
         .append(true)
