@@ -25,6 +25,13 @@ use core::sync::atomic::{AtomicI32, Ordering::Relaxed};
 /// copy that `attach` loads into the child starts its own.
 static STARTED_IN: AtomicI32 = AtomicI32::new(0);
 
+/// Fork child handler: the child has no bridge thread (a pid the child's
+/// grandchild may one day be given must not make a copy claim it serves).
+/// Async-signal-safe.
+pub fn forked() {
+    STARTED_IN.store(0, Relaxed);
+}
+
 /// Whether this copy of the bridge serves the process: the one symbol the
 /// library exports, a name no program uses, so that a second copy loaded
 /// into the same process (two `attach` at once, each from a copy of its

@@ -4,21 +4,28 @@
 //! counted its threads after it.
 //!
 //! When it counts them moved: 3.12 counts before the `after_in_parent`
-//! hooks; 3.13.0 and later 3.13 and 3.14.0 releases count after them (the
-//! count moved behind `PyOS_AfterFork_Parent` for the free-threaded build's
-//! stop-the-world, and back before it in later patch releases: CPython
-//! gh-137109). A thread started in the hook was counted there, and the
-//! process printed "This process is multi-threaded" on stderr. So the hook
+//! hooks; 3.13.0 and 3.14.0 count after them (the count moved behind
+//! `PyOS_AfterFork_Parent` for the free-threaded build's stop-the-world, and
+//! back before it in later patch releases: CPython gh-137109). A thread
+//! started in the hook was counted there, and the process printed "This
+//! process is multi-threaded" on stderr. So on 3.13 and 3.14 (every patch
+//! release: the waiting costs nothing where the count comes first) the hook
 //! does not run the thread layer's work itself: it schedules it with
-//! `Py_AddPendingCall`, which runs it on the main thread at its next check
-//! between bytecodes, once `os.fork()` has returned (a call of a C function
-//! ends with that check). Where the call cannot be scheduled (a full queue),
-//! the hook runs the work at once, as before.
+//! `Py_AddPendingCall`, which the main thread runs at its next check between
+//! bytecodes. That check may come inside a Python `after_in_parent` hook
+//! registered after ours (`logging` registers one), still before the count;
+//! so the call waits, scheduling itself again, until it runs in the frame
+//! that called `os.fork()` (the `before` hook notes it), which it can only
+//! do once `os.fork()` has returned, or until it has waited
+//! [`WAIT_CHECKS`] times. Elsewhere (3.8 to 3.12, 3.15) the hook does the
+//! work at once: 3.8 refuses pending calls once it is shutting down, with a
+//! line on stderr, and a fork in an `atexit` handler would print it. Where
+//! the call cannot be scheduled (a full queue), the work is done at once.
 
 use super::ffi::{METH_NOARGS, PyMethodDef, PyObject};
 use super::object::Py;
 use core::ffi::{c_int, c_void};
-use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::SeqCst};
 
 /// The hooks are registered with the interpreter.
 static HOOKED: AtomicBool = AtomicBool::new(false);
@@ -26,13 +33,29 @@ touched_at_start! {
     /// CPython's `before` hook ran: the fork under way is `os.fork()`'s.
     static IN_OS_FORK: AtomicBool = AtomicBool::new(false);
 }
-/// What `after_in_parent` calls (a `fn()`; 0 for nothing): set once by the
+/// What `after_in_parent` calls (a `fn()`; 0 for nothing), and whether
+/// there is anything for it to do (a `fn() -> bool`): set once by the
 /// thread layer.
 static PARENT_WORK: AtomicUsize = AtomicUsize::new(0);
+static WORK_OWED: AtomicUsize = AtomicUsize::new(0);
+/// This interpreter counts its threads after the `after_in_parent` hooks
+/// (3.13, 3.14): the work waits for `os.fork()` to return.
+static DEFER: AtomicBool = AtomicBool::new(false);
+/// The frame that called `os.fork()` (`PyEval_GetFrame` in the `before`
+/// hook; compared, never dereferenced).
+static FORK_FRAME: AtomicUsize = AtomicUsize::new(0);
+/// How many times the pending call has scheduled itself again.
+static WAITED: AtomicU32 = AtomicU32::new(0);
+/// How many times the pending call waits at most for the forking frame
+/// before it does the work anyway (a program whose `os.fork()` caller
+/// returned before the main thread checked: the count is long done).
+const WAIT_CHECKS: u32 = 10_000;
 
-/// The thread layer's work after `os.fork()` in the parent.
-pub fn on_after_in_parent(f: fn()) {
-    PARENT_WORK.store(f as usize, SeqCst);
+/// The thread layer's work after `os.fork()` in the parent (`work`), and
+/// whether a fork left any (`owed`).
+pub fn on_after_in_parent(work: fn(), owed: fn() -> bool) {
+    PARENT_WORK.store(work as usize, SeqCst);
+    WORK_OWED.store(owed as usize, SeqCst);
 }
 
 /// Whether the fork under way is `os.fork()`'s (its `before` hook ran).
@@ -48,27 +71,57 @@ pub fn after_fork_child() {
 
 unsafe extern "C" fn before(_self: *mut PyObject, _args: *mut PyObject) -> *mut PyObject {
     IN_OS_FORK.store(true, SeqCst);
+    if DEFER.load(SeqCst) {
+        FORK_FRAME.store(current_frame(), SeqCst);
+    }
     none()
 }
 
 unsafe extern "C" fn after_in_parent(_self: *mut PyObject, _args: *mut PyObject) -> *mut PyObject {
     IN_OS_FORK.store(false, SeqCst);
-    let scheduled = super::ffi::resolved()
-        .and_then(|api| api.add_pending_call)
-        // SAFETY: a hook runs with the GIL held; the callback is static and
-        // takes no argument.
-        .is_some_and(|add| unsafe { add(parent_work_pending, core::ptr::null_mut()) } == 0);
-    if !scheduled {
+    if !DEFER.load(SeqCst) || !owed() {
         parent_work();
+    } else {
+        WAITED.store(0, SeqCst);
+        if !schedule() {
+            parent_work();
+        }
     }
     none()
 }
 
-/// The thread layer's work, from `Py_AddPendingCall`: after `os.fork()` has
-/// returned and CPython has counted its threads, whatever its version.
-unsafe extern "C" fn parent_work_pending(_: *mut c_void) -> c_int {
-    parent_work();
+/// `Py_AddPendingCall(pending)`; false if it could not be scheduled.
+fn schedule() -> bool {
+    super::ffi::resolved()
+        .and_then(|api| api.add_pending_call)
+        // SAFETY: called with the GIL held (a hook, or a pending call); the
+        // callback is static and takes no argument.
+        .is_some_and(|add| unsafe { add(pending, core::ptr::null_mut()) } == 0)
+}
+
+/// The pending call: the work, once the main thread is back in the frame
+/// that called `os.fork()` (so CPython has counted), else later.
+unsafe extern "C" fn pending(_: *mut c_void) -> c_int {
+    let back = current_frame() == FORK_FRAME.load(SeqCst);
+    if back || WAITED.fetch_add(1, SeqCst) >= WAIT_CHECKS || !schedule() {
+        parent_work();
+    }
     0
+}
+
+/// The current thread's innermost Python frame, as an address (0: none,
+/// or `PyEval_GetFrame` missing). GIL held.
+fn current_frame() -> usize {
+    super::ffi::resolved()
+        .and_then(|api| api.eval_get_frame)
+        // SAFETY: a borrowed reference (or NULL), read as an address only.
+        .map_or(0, |get| unsafe { get() } as usize)
+}
+
+fn owed() -> bool {
+    let f = WORK_OWED.load(SeqCst);
+    // SAFETY: only `fn() -> bool` values are stored (`on_after_in_parent`).
+    f != 0 && unsafe { core::mem::transmute::<usize, fn() -> bool>(f)() }
 }
 
 fn parent_work() {
@@ -117,6 +170,10 @@ pub fn ensure_hooks(py: &Py) {
         return;
     }
     let api = py.api();
+    DEFER.store(
+        matches!(super::version::parse(&api.version()), Some((3, 13 | 14, _))),
+        SeqCst,
+    );
     let Some(os) = py.imported(c"os") else {
         return;
     };

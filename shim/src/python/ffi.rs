@@ -213,6 +213,11 @@ api! {
         /// (python/at_fork.rs).
         #[cfg_attr(not(memshim_bridge), allow(dead_code))]
         add_pending_call: ["Py_AddPendingCall"] => fn(PendingFn, *mut c_void) -> c_int;
+        /// `PyFrameObject *PyEval_GetFrame(void)`: the current thread's
+        /// innermost frame, borrowed (NULL: none); GIL held. Public in every
+        /// CPython; the bridge compares it (python/at_fork.rs).
+        #[cfg_attr(not(memshim_bridge), allow(dead_code))]
+        eval_get_frame: ["PyEval_GetFrame"] => fn() -> *mut c_void;
         /// `PyInterpreterView *PyInterpreterView_FromMain(void)` (3.15, PEP
         /// 788): NULL once the main interpreter is gone (or before it
         /// exists); callable without a thread state.

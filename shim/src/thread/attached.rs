@@ -13,9 +13,9 @@
 //!   CPython's `os.fork()` (or a `subprocess` with `preexec_fn`, which runs
 //!   the same hooks): its `before` hook (python/at_fork.rs, registered with
 //!   `os.register_at_fork`) says so, and its `after_in_parent` hook has
-//!   [`after_os_fork_in_parent`] called once `os.fork()` has returned, after
-//!   CPython has counted the threads (a pending call: 3.13.0 counts after
-//!   the hooks);
+//!   [`after_os_fork_in_parent`] called after CPython has counted the
+//!   threads (on 3.13 and 3.14 once `os.fork()` has returned: at_fork.rs);
+//!   a restart owed stays owed until it is made;
 //! * the child has no bridge (its thread is not copied; it was never
 //!   attached): the copy it inherited says it does not serve there
 //!   (bridge/mod.rs), so `attach` can load one that does.
@@ -29,9 +29,18 @@ use core::sync::atomic::{AtomicBool, Ordering::SeqCst};
 /// The prepare handler stopped the bridge's threads for this fork.
 static STOPPED: AtomicBool = AtomicBool::new(false);
 
-/// Prepare handler, after the stop: whether it stopped them.
+/// Prepare handler, after the stop: whether it stopped them. A restart
+/// still owed from an earlier fork (its pending call has not run yet)
+/// stays owed: only the restart clears it.
 pub(super) fn prepared(stopped: bool) {
-    STOPPED.store(stopped, SeqCst);
+    if stopped {
+        STOPPED.store(true, SeqCst);
+    }
+}
+
+/// Whether a fork stopped the threads and they have not started again.
+pub(super) fn restart_owed() -> bool {
+    STOPPED.load(SeqCst)
 }
 
 /// Parent handler: whether to start the threads again now (else the
@@ -40,10 +49,11 @@ pub(super) fn restart_in_parent_handler() -> bool {
     !crate::python::at_fork::in_os_fork() && STOPPED.swap(false, SeqCst)
 }
 
-/// Child handler: nothing of the parent's fork is the child's.
-/// Async-signal-safe.
+/// Child handler: nothing of the parent's fork is the child's, nor its
+/// bridge (bridge/mod.rs). Async-signal-safe.
 pub(super) fn after_fork_child() {
     STOPPED.store(false, SeqCst);
+    crate::bridge::forked();
     crate::python::at_fork::after_fork_child();
 }
 

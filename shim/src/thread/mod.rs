@@ -134,7 +134,10 @@ pub fn on_attach() {
     STATE.on_load(os::getpid(), false);
     let _ = os::thread::real_pthread_create();
     let _ = os::thread::atfork(fork::prepare, fork::parent, fork::child);
-    crate::python::at_fork::on_after_in_parent(attached::after_os_fork_in_parent);
+    crate::python::at_fork::on_after_in_parent(
+        attached::after_os_fork_in_parent,
+        attached::restart_owed,
+    );
     let _ = STATE.ctor_finished();
     if eligible() {
         arm();
