@@ -60,6 +60,12 @@ pub fn locate(pid: Option<i32>) -> Result<Location, Failure> {
         let status =
             crate::reach::procfs::read_text(format!("/proc/{p}/status")).unwrap_or_default();
         crate::reach::procfs::not_a_thread(p, &status)?;
+        // An exiting process (a zombie, or one in `exit`) reads as in the
+        // root cgroup on v1: that is not the cgroup it ran in.
+        if crate::reach::procfs::all_threads_exited(p) {
+            return Err(crate::reach::procfs::read_proc(p)
+                .map_or_else(|f| f, |proc| crate::reach::procfs::zombie(&proc)));
+        }
     }
     let mountinfo = crate::reach::procfs::read_text("/proc/self/mountinfo").unwrap_or_default();
     let me = pid.unwrap_or(std::process::id() as i32);
@@ -362,11 +368,33 @@ pub fn check_writable(loc: &Location, pid: Option<i32>) -> Result<bool, Failure>
     if loc.read_only {
         return Err(read_only(loc, &file, pid));
     }
+    if loc.version == 1 && loc.dir.join("release_agent").exists() {
+        // The hierarchy's root (the only v1 cgroup with `release_agent`,
+        // whatever path a namespace shows): the kernel refuses it (EINVAL).
+        // Said before anything is purged.
+        return Err(root_refused(loc, pid));
+    }
     // Opening a cgroup file for writing checks permission and has no effect.
     match std::fs::OpenOptions::new().write(true).open(&file) {
         Ok(_) => Ok(true),
         Err(e) => Err(write_failure(loc, &file, &e, pid)),
     }
+}
+
+/// v1's root memory cgroup: the kernel refuses `memory.force_empty` there.
+fn root_refused(loc: &Location, pid: Option<i32>) -> Failure {
+    Failure::new(
+        exit::NO_CGROUP,
+        pid,
+        format!(
+            "the kernel refuses memory.force_empty for {} (the root memory cgroup cannot be emptied); nothing was changed",
+            loc.path
+        ),
+    )
+    .hint(
+        "reclaim acts on a child cgroup (a container, a service); for the whole machine, \
+         /proc/sys/vm/drop_caches",
+    )
 }
 
 fn write_failure(loc: &Location, file: &Path, e: &io::Error, pid: Option<i32>) -> Failure {
@@ -524,18 +552,7 @@ pub fn reclaim_kernel(
         }
         match r {
             Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(22) => {
-                return Err(Failure::new(
-                    exit::NO_CGROUP,
-                    pid,
-                    format!(
-                        "the kernel refuses memory.force_empty for {} (the root memory cgroup cannot be emptied)",
-                        loc.path
-                    ),
-                )
-                .hint("reclaim acts on a child cgroup (a container, a service); for the whole machine, \
-                       /proc/sys/vm/drop_caches"));
-            }
+            Err(e) if e.raw_os_error() == Some(22) => return Err(root_refused(loc, pid)),
             Err(e) => return Err(write_failure(loc, &file, &e, pid)),
         }
     }

@@ -278,6 +278,25 @@ fn v1_container_layouts_docker_bind_and_cgroup_namespace() {
     assert!(loc.searched);
 }
 
+/// The root of the v1 hierarchy (`release_agent` is there only): refused
+/// by `check_writable`, before `reclaim` purges anything, as the kernel
+/// would refuse its `memory.force_empty`.
+#[test]
+fn v1_root_is_refused_before_anything_is_done() {
+    let t = Tree::new("v1root");
+    let mut root = v1_cgroup("1\n");
+    root.push(("release_agent", String::new()));
+    t.cg("/sys/fs/cgroup/memory", &files(&root));
+    t.cg("/sys/fs/cgroup/memory/app", &files(&v1_cgroup("5\n")));
+    let mi = "51 47 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n";
+    let loc = locate_in(&t.0, "4:memory:/\n", mi, 1).unwrap();
+    let f = check_writable(&loc, Some(1)).unwrap_err();
+    assert_eq!(f.exit, exit::NO_CGROUP);
+    assert!(f.message.contains("nothing was changed"), "{}", f.message);
+    let loc = locate_in(&t.0, "4:memory:/app\n", mi, 5).unwrap();
+    assert!(check_writable(&loc, Some(5)).unwrap());
+}
+
 #[test]
 fn v1_not_mounted_is_no_memory_cgroup() {
     let t = Tree::new("v1none");

@@ -219,8 +219,11 @@ fn doctor_says_permission_and_zombie_with_their_codes() {
     assert_eq!(o.code, i32::from(NOT_FOUND.code), "{o:?}");
     assert!(o.stderr.contains("has exited"), "{o:?}");
     // A zombie's maps read empty: not "libmemshim.so is not loaded", and
-    // for `attach` not "the process exited during attach".
-    for verb in ["stats", "attach"] {
+    // for `attach` not "the process exited during attach". On cgroup v1 an
+    // exiting process reads as in the root cgroup: `cgroup` showed the
+    // whole machine, and `reclaim` would have purged every shimmed process
+    // in it.
+    for verb in ["stats", "attach", "cgroup", "reclaim"] {
         let o = Cmd::new(ctl(), [verb, &child.to_string()]).run();
         assert_eq!(o.code, i32::from(NOT_FOUND.code), "{verb}: {o:?}");
         assert!(
