@@ -694,9 +694,8 @@ fn cannot_write(a: &ProfileArgs, path: &std::path::Path, e: std::io::Error) -> F
     )
 }
 
-/// Opens the first file `-o` will be written to, without changing it, so
-/// that a path that cannot be written fails before the sampling; a file
-/// this check created is removed again.
+/// Checks the first file `-o` will be written to ([`crate::output::check_file`]),
+/// so that a path that cannot be written fails before the sampling.
 fn check_output(a: &ProfileArgs, format: Format) -> Result<(), Failure> {
     let first = if a.every.is_some() && a.diff.is_none() {
         1
@@ -706,25 +705,7 @@ fn check_output(a: &ProfileArgs, format: Format) -> Result<(), Failure> {
     let Some((path, _)) = output_for(a, format, first) else {
         return Ok(());
     };
-    // A FIFO, a terminal or another device is opened when the profile is
-    // written, as before: opening a FIFO here would wait for its reader and
-    // then hand it an end of file.
-    let existing = std::fs::metadata(&path).ok();
-    if existing
-        .as_ref()
-        .is_some_and(|m| !m.is_file() && !m.is_dir())
-    {
-        return Ok(());
-    }
-    let existed = existing.is_some() || std::fs::symlink_metadata(&path).is_ok();
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .map_err(|e| cannot_write(a, &path, e))?;
-    if !existed {
-        let _ = std::fs::remove_file(&path);
-    }
+    crate::output::check_file(&path).map_err(|e| cannot_write(a, &path, e))?;
     Ok(())
 }
 

@@ -170,10 +170,18 @@ pub fn run(a: RecordArgs) -> Result<Exit, Failure> {
     let start = Instant::now();
     let total = Duration::from_secs(a.seconds);
     let mut samples = vec![source.sample(0.0, cg.as_ref(), a.pid)?];
-    // The file is created once the first sample is in (whatever happens
-    // to the process after it appears is in the timeline), and before the
-    // rest, so that a path that cannot be written fails at once.
-    std::fs::write(&a.output, b"").map_err(|e| write_failure(&a, &e))?;
+    // A path that cannot be written fails at once, once the first sample is
+    // in; the file itself is written at the end only, so that a recording
+    // stopped on the way (Ctrl-C, a timeout) leaves no file, and an earlier
+    // one stays as it was.
+    crate::output::check_file(&a.output).map_err(|e| write_failure(&a, &e))?;
+    outln!(
+        "{}: recording pid {} ({command}) for {} s, a sample every {} s",
+        a.output.display(),
+        a.pid,
+        a.seconds,
+        a.interval
+    )?;
     let mut ended: Option<Failure> = None;
     for k in 1u32.. {
         let due = start + Duration::from_secs_f64(a.interval * f64::from(k));

@@ -55,10 +55,9 @@ fn a_recording_draws_each_figure_and_marks_a_purge() {
     let args = ["record", &pid, "--seconds", "3", "--interval", "0.1", "-o"];
     let mut args: Vec<String> = args.map(String::from).to_vec();
     args.push(svg.display().to_string());
-    let rec = Cmd::new(ctl(), args).spawn();
-    // The file appears once the first sample is in: what follows is drawn.
-    wait_until(Duration::from_secs(10), || svg.exists().then_some(()))
-        .expect("record creates its file");
+    let mut rec = Cmd::new(ctl(), args).spawn();
+    // It says so once the first sample is in: what follows is drawn.
+    rec.wait_for_line("recording pid", Duration::from_secs(10));
     heap.send("alloc 64");
     heap.wait_for_line("ready", Duration::from_secs(30));
     let purge = ctl_run(&["purge", &pid]);
@@ -109,7 +108,7 @@ fn a_process_that_ends_stops_the_recording_with_what_was_drawn() {
     let mut heap = started(Cmd::new(heap_fixture(), Vec::<String>::new()).shimmed());
     let pid = heap.pid().to_string();
     let svg = out_file("ends.svg");
-    let rec = Cmd::new(
+    let mut rec = Cmd::new(
         ctl(),
         vec![
             "record".to_string(),
@@ -123,8 +122,7 @@ fn a_process_that_ends_stops_the_recording_with_what_was_drawn() {
         ],
     )
     .spawn();
-    wait_until(Duration::from_secs(10), || svg.exists().then_some(()))
-        .expect("record creates its file");
+    rec.wait_for_line("recording pid", Duration::from_secs(10));
     heap.send("quit");
     let _ = heap.finish(Duration::from_secs(10));
     let o = rec.finish(Duration::from_secs(20));
@@ -154,6 +152,32 @@ fn bad_outputs_and_pids_fail_before_recording() {
     ]);
     assert_eq!(o.code, i32::from(memshim_proto::exit::FAILED.code), "{o:?}");
     assert!(o.stderr.contains("cannot write"), "{}", o.stderr);
+    // A recording stopped on the way (a timeout, Ctrl-C) leaves no file,
+    // and an earlier one as it was (it left an empty file, over the old).
+    let earlier = out_file("kept.svg");
+    std::fs::write(&earlier, "earlier\n").unwrap();
+    let fresh = out_file("stopped.svg");
+    for f in [&earlier, &fresh] {
+        let mut run = Cmd::new(
+            ctl(),
+            [
+                "record",
+                &heap.pid().to_string(),
+                "--seconds",
+                "30",
+                "-o",
+                &f.display().to_string(),
+            ],
+        )
+        .spawn();
+        run.wait_for_line("recording pid", Duration::from_secs(10));
+        // SAFETY: a signal to the memshim-ctl this test started.
+        assert_eq!(unsafe { libc::kill(run.pid(), libc::SIGINT) }, 0);
+        let o = run.finish(Duration::from_secs(10));
+        assert_ne!(o.code, 0, "{o:?}");
+    }
+    assert_eq!(std::fs::read_to_string(&earlier).unwrap(), "earlier\n");
+    assert!(!fresh.exists(), "{} left behind", fresh.display());
     heap.send("quit");
     let _ = heap.finish(Duration::from_secs(10));
 }
