@@ -359,7 +359,10 @@ pub struct CgroupMemory {
     pub version: u8,
     /// What the cgroup is charged (`memory.current`, v1 `memory.usage_in_bytes`).
     pub usage: u64,
-    /// `memory.max` (v1 `memory.limit_in_bytes`); `None` = no limit.
+    /// `memory.max` (v1 `memory.limit_in_bytes`), or where the cgroup has
+    /// none, the lowest of its ancestors' (v1 `hierarchical_memory_limit`;
+    /// v2 the closest ancestor with one, as far up as is visible): the limit
+    /// the kernel enforces. `None` = no limit.
     pub limit: Option<u64>,
     /// v2 `memory.high`; `None` = none (always `None` on v1).
     pub high: Option<u64>,
@@ -418,7 +421,15 @@ impl CgroupMemory {
         let mut m = CgroupMemory {
             version: f.version,
             usage: f.usage,
-            limit: f.limit,
+            // v1 without a limit of its own: the lowest of its ancestors'
+            // (`hierarchical_memory_limit`, what the kernel enforces; a
+            // pod-level limit above a container's cgroup).
+            limit: f.limit.or_else(|| {
+                (f.version == 1)
+                    .then(|| get("hierarchical_memory_limit"))
+                    .flatten()
+                    .filter(|&l| l < V1_NO_LIMIT)
+            }),
             high: f.high,
             ..CgroupMemory::default()
         };

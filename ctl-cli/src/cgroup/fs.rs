@@ -306,7 +306,7 @@ pub fn read_files(loc: &Location, pid: Option<i32>) -> Result<MemoryFiles, Failu
                 .trim()
                 .parse()
                 .unwrap_or(0),
-            limit: cgroup::parse_limit(&read_file(d, "memory.max", pid).unwrap_or_default()),
+            limit: v2_limit(loc, pid),
             high: cgroup::parse_limit(&read_file(d, "memory.high", pid).unwrap_or_default()),
             swap_current: read_opt(d, "memory.swap.current"),
             ..MemoryFiles::default()
@@ -328,6 +328,25 @@ pub fn read_files(loc: &Location, pid: Option<i32>) -> Result<MemoryFiles, Failu
         }
     };
     Ok(files)
+}
+
+/// v2: the cgroup's `memory.max`, or where it has none, the closest
+/// ancestor's as far up as the mount shows (a pod's limit above its
+/// containers'): the limit the kernel enforces on it.
+fn v2_limit(loc: &Location, pid: Option<i32>) -> Option<u64> {
+    let mut dir = loc.dir.as_path();
+    loop {
+        if let Some(l) = read_file(dir, "memory.max", pid)
+            .ok()
+            .and_then(|t| cgroup::parse_limit(&t))
+        {
+            return Some(l);
+        }
+        if dir == loc.mount_point {
+            return None;
+        }
+        dir = dir.parent().filter(|p| p.starts_with(&loc.mount_point))?;
+    }
 }
 
 /// The file `reclaim` writes: `memory.reclaim` (v2) or `memory.force_empty` (v1).

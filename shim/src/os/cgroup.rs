@@ -76,7 +76,7 @@ fn own_dir() -> Option<(u8, String, String, String)> {
 /// otherwise): its path inside the hierarchy and its files, `None` without
 /// one. memshim-proto derives the figures, as for `memshim-ctl cgroup`.
 pub fn memory() -> Option<(String, MemoryFiles)> {
-    let (version, dir, _, path) = own_dir()?;
+    let (version, dir, mount, path) = own_dir()?;
     let read = |name: &str| std::fs::read_to_string(format!("{dir}/{name}")).ok();
     let number = |name: &str| read(name)?.trim().parse().ok();
     let (usage, limit) = usage_and_limit_files(version);
@@ -85,7 +85,11 @@ pub fn memory() -> Option<(String, MemoryFiles)> {
         version,
         stat: parse_flat_keyed(&read("memory.stat").unwrap_or_default()),
         usage: number(usage)?,
-        limit: read(limit).and_then(|t| parse_limit(&t)),
+        // v2 without a limit of its own: the closest ancestor's (v1's is in
+        // `memory.stat`, which memshim-proto reads).
+        limit: read(limit)
+            .and_then(|t| parse_limit(&t))
+            .or_else(|| v2.then(|| ancestor_max(&dir, &mount)).flatten()),
         high: v2
             .then(|| read("memory.high"))
             .flatten()
@@ -99,6 +103,22 @@ pub fn memory() -> Option<(String, MemoryFiles)> {
         swap_current: v2.then(|| number("memory.swap.current")).flatten(),
     };
     Some((path, files))
+}
+
+/// v2: the `memory.max` of the closest ancestor of `dir` that has one, as
+/// far up as `mount`.
+fn ancestor_max(dir: &str, mount: &str) -> Option<u64> {
+    let mut d = dir.to_owned();
+    while d.len() > mount.len() {
+        d.truncate(d.rfind('/')?);
+        if let Some(l) = std::fs::read_to_string(format!("{d}/memory.max"))
+            .ok()
+            .and_then(|t| parse_limit(&t))
+        {
+            return Some(l);
+        }
+    }
+    None
 }
 
 // --- the pressure watcher's view (thread/pressure.rs) ------------------------

@@ -312,6 +312,44 @@ fn shimmed_processes_are_listed_with_allocator_and_python_figures_and_reclaim_pu
     );
 }
 
+/// A cgroup with no limit of its own inside one limited to 1 GiB (a
+/// container in a pod with a pod-level limit): the limit shown is the
+/// parent's, which the kernel enforces (it showed "none").
+#[test]
+fn the_limit_of_a_cgroup_without_one_is_its_closest_limited_ancestors() {
+    let Some(pod) = TestCgroup::new("pod") else {
+        return;
+    };
+    let limit_file = if pod.version == 1 {
+        "memory.limit_in_bytes"
+    } else {
+        "memory.max"
+    };
+    std::fs::write(pod.dir.join(limit_file), (1u64 << 30).to_string()).unwrap();
+    let dir = pod.dir.join("ctr");
+    std::fs::create_dir(&dir).unwrap();
+    let ctr = TestCgroup {
+        dir,
+        path: format!("{}/ctr", pod.path),
+        version: pod.version,
+        mount: pod.mount.clone(),
+    };
+    let (mut heap, _) = ctr.freed_heap(8);
+    let pid = heap.pid().to_string();
+    let o = ctl_run(&["cgroup", &pid, "--json"]);
+    assert_eq!(o.code, 0, "{o:?}");
+    let r: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    assert_eq!(r["cgroup"]["path"], ctr.path.as_str(), "{r}");
+    assert_eq!(r["memory"]["limit"], 1u64 << 30, "{r}");
+    let s = ctl_run(&["stats", &pid, "--json"]);
+    assert_eq!(s.code, 0, "{s:?}");
+    let s: serde_json::Value = serde_json::from_str(&s.stdout).unwrap();
+    assert_eq!(s["cgroup"]["max"], 1u64 << 30, "{s}");
+    heap.send("quit");
+    let _ = heap.finish(Duration::from_secs(10));
+    drop(ctr);
+}
+
 #[test]
 fn without_a_pid_it_reports_its_own_cgroup() {
     let Some(cg) = TestCgroup::new("self") else {
