@@ -179,6 +179,10 @@ pub fn after_fork_child() {
     gate::after_fork_child();
 }
 
+/// Longest wait, after a job's result is in, for its thread to give up its
+/// claim (it has only its thread state to delete).
+const LEAVE_WAIT_MS: u64 = 20;
+
 /// The exit gate's generation (`gate::generation`) when the job thread
 /// alive now was started.
 static WORKER_GENERATION: AtomicU32 = AtomicU32::new(0);
@@ -403,6 +407,14 @@ fn post_and_wait(job: Job, timeout: Duration) -> Outcome {
     // SAFETY: DONE: the job thread has published the outcome and let go.
     let outcome = unsafe { (*SLOT.outcome.get()).take() };
     PHASE.store(IDLE, SeqCst);
+    // The job thread is on its way out (it deletes its thread state, then
+    // gives up its claim): microseconds. Waiting for it here lets `run` join
+    // it; left unjoined, it was counted as one of the shim's threads after
+    // it had gone, and a process with one thread of its own then looked
+    // alone (thread/run.rs), so the shim's thread stopped.
+    os::time::wait_while(LEAVE_WAIT_MS, Duration::from_micros(50), || {
+        WORKER.load(SeqCst) != 0
+    });
     outcome.unwrap_or_else(|| {
         Err(PythonUnavailable::Error {
             message: "no result".into(),

@@ -260,6 +260,9 @@ extern "C" fn main(_: *mut c_void) -> *mut c_void {
         cuda_idle.tick(now);
         crate::python::py_trace_tick(now);
         crate::profile::tick(now);
+        // A job thread that has left since the last request is joined, so
+        // that only threads the kernel still lists count as ours.
+        crate::python::reap_worker();
         let threads = os::proc::thread_count();
         let alone = threads.is_some_and(|n| n <= 1 + our_threads());
         if alone && os::proc::leader_exited() && try_stop(&mut own, false) {

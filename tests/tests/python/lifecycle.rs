@@ -268,3 +268,45 @@ fn unshare_during_a_job_succeeds_as_without_the_shim() {
         assert_eq!((out.code, out.stderr.as_str()), (0, ""), "{v}");
     }
 }
+
+/// The job thread of a request is joined before the answer goes out. It
+/// was left unjoined when the answer came before the thread had given up
+/// its claim (most of the time on two CPUs), and then counted as one of the
+/// shim's threads after it had gone: a process with one thread of its own
+/// (`import torch` makes one) looked alone, and under the default
+/// `MEMSHIM_CONTROL=auto` the shim's thread stopped, with its idle return
+/// and its endpoint. Several rounds of a `gc` and a wait past the time
+/// after which a process alone stops the thread (decay 200 ms + 1 s).
+#[test]
+fn requests_leave_the_shim_thread_running_beside_one_thread_of_the_programs() {
+    let py = default_python();
+    let dir = socket_dir("job-reaped");
+    let src = "import sys, threading\n\
+               t = threading.Thread(target=sys.stdin.readline)\n\
+               t.start()\n\
+               print('ready', flush=True)\n\
+               t.join()\n";
+    let mut child = py
+        .cmd(["-c", src])
+        .shimmed()
+        .env("MEMSHIM_SOCKET_DIR", &dir)
+        .env("MEMSHIM_DIRTY_DECAY_MS", "200")
+        .spawn();
+    child.wait_for_line("ready", Duration::from_secs(60));
+    let pid = child.pid();
+    let sock = socket_of(&dir, pid);
+    for round in 1..=6 {
+        match ok(request(&sock, &Request::Gc)) {
+            Reply::Gc(_) => {}
+            other => panic!("round {round}: {other:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(1600));
+        assert!(
+            !memshim_tests::control::shim_tids(pid).is_empty(),
+            "round {round}: the shim's thread stopped beside the program's thread"
+        );
+    }
+    child.send("");
+    let o = child.finish(Duration::from_secs(30));
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+}
