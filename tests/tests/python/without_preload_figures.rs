@@ -285,8 +285,9 @@ fn record_draws_an_unshimmed_cpython_from_proc_without_stopping_it() {
     );
     let samples: u32 = o
         .stdout
-        .split(": ")
-        .nth(1)
+        .lines()
+        .find(|l| l.contains("samples over"))
+        .and_then(|l| l.split(": ").nth(1))
         .and_then(|s| s.split_whitespace().next()?.parse().ok())
         .unwrap_or_else(|| panic!("{o:?}"));
     assert!(samples >= 8, "{o:?}");
