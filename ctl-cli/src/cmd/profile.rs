@@ -103,16 +103,16 @@ pub enum Format {
 /// error, [`exit::USAGE`]).
 pub fn conflict(a: &ProfileArgs) -> Option<String> {
     let format = format_of(a);
+    if a.python && !matches!(format, Format::Table | Format::Json) {
+        return Some(
+            "--python shows Python lines as a table or as JSON only (--format table|json)".into(),
+        );
+    }
     if a.every.is_some() && a.output.is_none() && !format.streams() && format != Format::Json {
         return Some(format!(
             "--every with --format {} makes one file per growth step: give -o FILE (the steps go to FILE.1, FILE.2, ... before its extension)",
             format.name()
         ));
-    }
-    if a.python && !matches!(format, Format::Table | Format::Json) {
-        return Some(
-            "--python shows Python lines as a table or as JSON only (--format table|json)".into(),
-        );
     }
     let long = |cap: u64| span_s(a, a.seconds.unwrap_or(0)) > cap as f64;
     let under = |cap: u64| cap - MARGIN_S;
@@ -155,8 +155,7 @@ const BY_NAME: [(&str, Format); 8] = [
 ];
 
 /// The format asked for: `--json`, else `--format`, else what the name
-/// given to `-o` ends with ([`BY_NAME`]; with `--python`, JSON only), else
-/// the table.
+/// given to `-o` ends with ([`BY_NAME`]), else the table.
 fn format_of(a: &ProfileArgs) -> Format {
     if a.json {
         return Format::Json;
@@ -171,7 +170,7 @@ fn format_of(a: &ProfileArgs) -> Format {
         .map(|n| n.to_string_lossy().to_ascii_lowercase())
         .unwrap_or_default();
     match BY_NAME.iter().find(|(end, _)| name.ends_with(end)) {
-        Some(&(_, f)) if !a.python || f == Format::Json => f,
+        Some(&(_, f)) => f,
         _ => Format::Table,
     }
 }
@@ -195,18 +194,24 @@ impl Format {
 }
 
 /// Where growth step `step` goes with `-o path` in a format that does not
-/// stream: `.N` before the file name's extensions (`leak.pb.gz` ->
-/// `leak.1.pb.gz`), or after a name that has none.
+/// stream: `.N` before the suffix that names the format (`leak.pb.gz` ->
+/// `leak.1.pb.gz`, [`BY_NAME`]), else before the last extension, else at
+/// the end (the name's bytes as they are).
 fn step_path(path: &std::path::Path, step: u32) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let named = match name.get(1..).and_then(|rest| rest.find('.')) {
-        Some(dot) => format!("{}.{step}{}", &name[..=dot], &name[dot + 1..]),
-        None => format!("{name}.{step}"),
-    };
-    path.with_file_name(named)
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let name = path.file_name().map(|n| n.as_bytes()).unwrap_or_default();
+    let lower = name.to_ascii_lowercase();
+    let at = BY_NAME
+        .iter()
+        .map(|(end, _)| end.as_bytes())
+        .find(|end| lower.len() > end.len() && lower.ends_with(end))
+        .map(|end| name.len() - end.len())
+        .or_else(|| name.iter().rposition(|&b| b == b'.').filter(|&i| i > 0))
+        .unwrap_or(name.len());
+    let mut named = name[..at].to_vec();
+    named.extend_from_slice(format!(".{step}").as_bytes());
+    named.extend_from_slice(&name[at..]);
+    path.with_file_name(std::ffi::OsString::from_vec(named))
 }
 
 /// Runs `profile`.
@@ -661,7 +666,10 @@ fn python_after(a: &ProfileArgs, format: Format, pid: i32, wait: u64) -> Result<
 /// the other formats go one file per step ([`step_path`]).
 fn output_for(a: &ProfileArgs, format: Format, step: u32) -> Option<(PathBuf, bool)> {
     let path = a.output.as_ref()?;
-    Some(if step == 0 || format.streams() {
+    // A FIFO, a terminal or /dev/stdout takes the steps one after another,
+    // as stdout does: there is no file to number.
+    let device = std::fs::metadata(path).is_ok_and(|m| !m.is_file());
+    Some(if step == 0 || format.streams() || device {
         (path.clone(), step > 1)
     } else {
         (step_path(path, step), false)
@@ -722,5 +730,9 @@ mod tests {
         assert_eq!(at("heap", 2), "heap.2");
         assert_eq!(at(".hidden", 3), ".hidden.3");
         assert_eq!(at("out/.leak.svg", 1), "out/.leak.1.svg");
+        assert_eq!(at("heap-2024.01.05.json", 1), "heap-2024.01.05.1.json");
+        assert_eq!(at("x.speedscope.json", 2), "x.2.speedscope.json");
+        assert_eq!(at("trace.tar", 1), "trace.1.tar");
+        assert_eq!(at("äheap.json", 1), "äheap.1.json");
     }
 }
