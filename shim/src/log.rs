@@ -27,29 +27,50 @@ fn line(prefix: &str, args: fmt::Arguments<'_>) {
 }
 
 /// `msg` as one line: trailing newlines dropped, control characters escaped,
-/// cut off at `LINE_MAX` bytes, then one newline.
+/// cut off at `LINE_MAX` bytes (at a character's end), then one newline.
 ///
-/// A value quoted in a message may hold any byte the environment can:
-/// control characters (a newline, a carriage return, an escape sequence)
-/// are written as escapes (`\n`, `\r`, `\x1b`), so that a value cannot add
-/// a line of its own or rewrite the one on a terminal.
+/// A value quoted in a message may hold any character the environment can:
+/// control characters (a newline, a carriage return, an escape sequence,
+/// C1 controls such as U+0085) and the Unicode line and paragraph
+/// separators are written as escapes (`\n`, `\r`, `\x1b`, `\u{85}`), and a
+/// backslash as `\\`, so that a value can neither add a line of its own nor
+/// rewrite the one on a terminal, and an escape always means one.
 fn one_line(mut msg: &[u8]) -> StackBuf<{ LINE_MAX + 1 }> {
     while let Some((b'\n', rest)) = msg.split_last() {
         msg = rest;
     }
+    // The text was formatted from `str`s; only a cut at the end of the
+    // buffer may have split a character.
+    let text = match core::str::from_utf8(msg) {
+        Ok(t) => t,
+        Err(e) => core::str::from_utf8(&msg[..e.valid_up_to()]).unwrap_or(""),
+    };
     let mut out = StackBuf::new();
     let mut room = LINE_MAX;
-    for &b in msg {
-        let mut hex = [b'\\', b'x', 0, 0];
-        let shown: &[u8] = match b {
-            b'\n' => b"\\n",
-            b'\r' => b"\\r",
-            0..=0x1f | 0x7f => {
-                hex[2] = HEX[usize::from(b >> 4)];
-                hex[3] = HEX[usize::from(b & 0xf)];
-                &hex
+    for c in text.chars() {
+        let mut buf = [0u8; 10];
+        let shown: &[u8] = match c {
+            '\n' => b"\\n",
+            '\r' => b"\\r",
+            '\\' => b"\\\\",
+            c if (c as u32) < 0x80 && c.is_control() => {
+                buf[..2].copy_from_slice(b"\\x");
+                buf[2] = HEX[(c as usize) >> 4];
+                buf[3] = HEX[(c as usize) & 0xf];
+                &buf[..4]
             }
-            _ => core::slice::from_ref(&b),
+            c if c.is_control() || c == '\u{2028}' || c == '\u{2029}' => {
+                // `\u{85}` .. `\u{2029}`: at most four hex digits.
+                let v = c as u32;
+                let digits = if v > 0xff { 4 } else { 2 };
+                buf[..3].copy_from_slice(b"\\u{");
+                for i in 0..digits {
+                    buf[3 + i] = HEX[((v >> (4 * (digits - 1 - i))) & 0xf) as usize];
+                }
+                buf[3 + digits] = b'}';
+                &buf[..4 + digits]
+            }
+            c => c.encode_utf8(&mut buf).as_bytes(),
         };
         if shown.len() > room {
             break;
@@ -136,17 +157,25 @@ mod tests {
 
     #[test]
     fn a_message_is_one_line_whatever_bytes_it_quotes() {
-        let l = one_line(b"MEMSHIM_X=\"5\nmemshim: fake\r\x1b[31m\x7f\" is not valid\n\n");
+        let l = one_line(b"MEMSHIM_X=\"5\nmemshim: fake\r\x1b[31m\x7f\\n\" is not valid\n\n");
         assert_eq!(
             l.as_bytes(),
-            b"MEMSHIM_X=\"5\\nmemshim: fake\\r\\x1b[31m\\x7f\" is not valid\n"
+            b"MEMSHIM_X=\"5\\nmemshim: fake\\r\\x1b[31m\\x7f\\\\n\" is not valid\n"
         );
+        // C1 controls and the Unicode line separators; other text as it is.
+        let l = one_line("a\u{85}b\u{9b}c\u{2028}d\u{2029}é".as_bytes());
+        assert_eq!(l.as_bytes(), "a\\u{85}b\\u{9b}c\\u{2028}d\\u{2029}é\n".as_bytes());
         let long = one_line(&[b'\n'; 2 * LINE_MAX]);
         assert_eq!(long.as_bytes(), b"\n");
         let cut = one_line(&[b'\x01'; LINE_MAX]);
         assert_eq!(cut.as_bytes().len(), LINE_MAX / 4 * 4 + 1);
         assert!(cut.as_bytes()[..LINE_MAX].starts_with(b"\\x01\\x01"));
         assert_eq!(cut.as_bytes().last(), Some(&b'\n'));
+        // Cut at a character's end, never inside one.
+        let wide = "é".repeat(LINE_MAX);
+        let cut = one_line(&wide.as_bytes()[..LINE_MAX - 1]);
+        assert!(core::str::from_utf8(cut.as_bytes()).is_ok());
+        assert_eq!(cut.as_bytes().len(), LINE_MAX - 2 + 1);
     }
 
     #[test]
