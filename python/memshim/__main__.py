@@ -102,7 +102,12 @@ def main(argv=None):
         except FileNotFoundError as e:
             _error(e)
             return 3
-        return 0 if _write(sys.stdout, path + "\n") else 1
+        # The path as bytes: a name the locale cannot encode is still the
+        # path a shell hands to LD_PRELOAD.
+        out = getattr(sys.stdout, "buffer", None)
+        if out is None:
+            return 0 if _write(sys.stdout, path + "\n") else 1
+        return 0 if _write(out, os.fsencode(path) + b"\n") else 1
     return exec_ctl(args)
 
 

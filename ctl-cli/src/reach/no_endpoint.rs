@@ -89,9 +89,11 @@ pub fn why(p: &Proc, loc: &SocketLoc) -> (String, String) {
                 .into(),
         );
     }
-    if p.threads <= 1 {
+    if p.threads <= 1 && procfs::shim_loaded(p.ppid).unwrap_or(false) {
         // MEMSHIM_CONTROL=on starts the thread in the constructor, so a
-        // process alone under it did not run the constructor: a fork child.
+        // process alone under it, whose parent has the shim, did not run
+        // the constructor: a fork child. (One whose parent has no shim is
+        // most likely one where the shim does not interpose: below.)
         return (
             format!(
                 "single-threaded although {name}=on starts the shim's thread at once: most likely the fork child of \

@@ -252,7 +252,7 @@ fn doctor_says_a_kernel_thread_runs_no_program() {
                 .is_some_and(|f| f & PF_KTHREAD != 0)
         });
     let Some(pid) = kthread else {
-        eprintln!("no kernel thread is visible in this pid namespace: nothing to check");
+        memshim_tests::skip("doctor on a kernel thread: none is visible in this pid namespace");
         return;
     };
     let o = Cmd::new(ctl(), ["doctor", &pid.to_string()]).run();
