@@ -23,7 +23,7 @@ use crate::reach::socket;
 pub struct Limits {
     /// Ask at most this many processes per scrape (the rest are counted in
     /// memshim_scrape_skipped_processes)
-    #[arg(long, default_value_t = 256, value_name = "N")]
+    #[arg(long, default_value_t = 256, value_name = "N", value_parser = clap::builder::TypedValueParser::map(clap::value_parser!(u64).range(1..=1_000_000), |n| n as usize))]
     pub max_processes: usize,
     /// Time limit for one process's answer
     #[arg(long, default_value_t = 1000, value_name = "MS")]

@@ -395,6 +395,11 @@ fn serve_is_not_held_by_slow_or_silent_clients() {
 fn serve_purge_endpoint_is_loopback_only_and_needs_its_header() {
     let o = Cmd::new(ctl(), ["serve", "--listen", "0.0.0.0:0", "--enable-purge"]).run();
     assert_eq!(o.code, i32::from(USAGE.code), "a usage error: {o:?}");
+    // A cap of no process would skip everything and still say 0.
+    for verb in ["metrics", "serve"] {
+        let o = Cmd::new(ctl(), [verb, "--max-processes", "0"]).run();
+        assert_eq!(o.code, i32::from(USAGE.code), "{verb}: {o:?}");
+    }
     assert!(o.stderr.contains("loopback"), "{}", o.stderr);
     assert!(
         o.stderr.contains("Usage: memshim-ctl serve"),
