@@ -164,7 +164,10 @@ mod tests {
         );
         // C1 controls and the Unicode line separators; other text as it is.
         let l = one_line("a\u{85}b\u{9b}c\u{2028}d\u{2029}é".as_bytes());
-        assert_eq!(l.as_bytes(), "a\\u{85}b\\u{9b}c\\u{2028}d\\u{2029}é\n".as_bytes());
+        assert_eq!(
+            l.as_bytes(),
+            "a\\u{85}b\\u{9b}c\\u{2028}d\\u{2029}é\n".as_bytes()
+        );
         let long = one_line(&[b'\n'; 2 * LINE_MAX]);
         assert_eq!(long.as_bytes(), b"\n");
         let cut = one_line(&[b'\x01'; LINE_MAX]);
