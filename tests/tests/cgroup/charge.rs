@@ -326,6 +326,10 @@ fn the_limit_of_a_cgroup_without_one_is_its_closest_limited_ancestors() {
         "memory.max"
     };
     std::fs::write(pod.dir.join(limit_file), (1u64 << 30).to_string()).unwrap();
+    if pod.version == 2 {
+        // The child's memory controller comes from its parent's.
+        std::fs::write(pod.dir.join("cgroup.subtree_control"), "+memory").unwrap();
+    }
     let dir = pod.dir.join("ctr");
     std::fs::create_dir(&dir).unwrap();
     let ctr = TestCgroup {
