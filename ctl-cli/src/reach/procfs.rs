@@ -308,7 +308,7 @@ pub fn group_stopped(pid: i32) -> bool {
 /// thread runs: only a stopped one has its threads looked at.
 pub fn shim_thread_stopped(pid: i32) -> bool {
     let look = || {
-        if state_in(&main_dir(pid)).as_deref() != Some("T") {
+        if !group_stopped(pid) {
             return false;
         }
         let Ok(rd) = std::fs::read_dir(proc_path(pid, "task")) else {
