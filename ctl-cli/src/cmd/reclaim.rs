@@ -11,7 +11,7 @@
 //! Nothing is done unless the kernel step can be done: a read-only cgroup
 //! filesystem (inside a container) or missing permission fails first.
 
-use super::{Outcome, outcome_json, purge};
+use super::{Outcome, outcome_json, purge, release};
 use crate::args::{pid_parser, size_parser};
 use crate::cgroup::charge::{self, Charge, Parts};
 use crate::cgroup::{
@@ -24,7 +24,7 @@ use crate::output::render::{bytes, delta, ms, table};
 use crate::reach::client::Client;
 use clap::Args;
 use memshim_proto::cgroup::CgroupMemory;
-use memshim_proto::{PurgeResult, Request};
+use memshim_proto::{Answer, Request};
 use serde::Serialize;
 
 /// Options of `reclaim`.
@@ -85,23 +85,33 @@ fn to_help() -> String {
 
 /// Runs `reclaim`.
 pub fn run(a: ReclaimArgs) -> Result<Exit, Failure> {
+    if a.gc {
+        reclaim(a, Request::Release, "release", release::human)
+    } else {
+        reclaim(a, Request::Purge, "purge", purge::human)
+    }
+}
+
+/// `reclaim` with `request` (`purge`, or `release` for `--gc`) asked of
+/// each shimmed process; the answers go under `key` in `--json` and are
+/// shown by `human_answers`.
+fn reclaim<R: Answer + Serialize>(
+    a: ReclaimArgs,
+    request: Request,
+    key: &str,
+    human_answers: fn(&[Outcome<R>]) -> String,
+) -> Result<Exit, Failure> {
     let loc = cgroup::fs::locate(a.pid)?;
     let before = charge::read(&loc, a.pid)?;
     cgroup::fs::check_writable(&loc, a.pid)?;
 
-    let mut purges: Vec<Outcome<PurgeResult>> = vec![];
+    let mut answers: Vec<Outcome<R>> = vec![];
     let mut skipped = vec![];
     for p in &before.processes {
         // A process whose socket did not answer `stats` a moment ago
         // failed; it is not asked again (it would cost another timeout).
         let result = if p.endpoint {
-            Some(Client::open(p.pid).and_then(|mut c| {
-                if a.gc {
-                    c.ask(&Request::Release).map(|r| released(&r))
-                } else {
-                    c.ask(&Request::Purge)
-                }
-            }))
+            Some(Client::open(p.pid).and_then(|mut c| c.ask(&request)))
         } else {
             p.failure.clone().map(Err)
         };
@@ -117,7 +127,7 @@ pub fn run(a: ReclaimArgs) -> Result<Exit, Failure> {
                 });
                 continue;
             }
-            purges.push(Outcome {
+            answers.push(Outcome {
                 pid: p.pid,
                 command: Some(p.command.clone()),
                 result,
@@ -142,7 +152,7 @@ pub fn run(a: ReclaimArgs) -> Result<Exit, Failure> {
     };
     let after = charge::read(&loc, a.pid)?;
 
-    let failed = purges.iter().any(|o| o.result.is_err()) || kernel.outcome == "unsupported";
+    let failed = answers.iter().any(|o| o.result.is_err()) || kernel.outcome == "unsupported";
     let short = a.to.filter(|&t| after.memory.usage > t);
     let exit = match (short, failed) {
         (Some(_), _) => exit::NOT_REACHED,
@@ -150,10 +160,9 @@ pub fn run(a: ReclaimArgs) -> Result<Exit, Failure> {
         (None, false) => exit::OK,
     };
     if a.json {
-        let doc = serde_json::json!({
+        let mut doc = serde_json::json!({
             "pid": a.pid,
             "cgroup": loc,
-            "purge": purges.iter().map(outcome_json).collect::<Vec<_>>(),
             "skipped": skipped,
             "kernel": kernel,
             "before": snapshot(&before),
@@ -162,11 +171,22 @@ pub fn run(a: ReclaimArgs) -> Result<Exit, Failure> {
             "reached": a.to.map(|t| after.memory.usage <= t),
             "left": short.map(|t| after.memory.usage - t),
         });
+        doc[key] = answers.iter().map(outcome_json).collect();
         outln!("{doc}")?;
     } else {
         out!(
             "{}",
-            human(&loc, &purges, &skipped, &kernel, &before, &after)
+            human(
+                &loc,
+                key,
+                (!answers.is_empty())
+                    .then(|| human_answers(&answers))
+                    .as_deref(),
+                &skipped,
+                &kernel,
+                &before,
+                &after
+            )
         )?;
         if let Some(t) = short {
             out!("{}", left_lines(t, &after))?;
@@ -202,27 +222,9 @@ pub fn run(a: ReclaimArgs) -> Result<Exit, Failure> {
                 }),
             );
         }
-        super::print_failures(&purges, &kernel_failed, exit);
+        super::print_failures(&answers, &kernel_failed, exit);
     }
     Ok(exit)
-}
-
-/// A `release` answer in the terms of a purge: RSS before the first step
-/// and after the last, and the purge step's allocator figures.
-fn released(r: &memshim_proto::ReleaseResult) -> PurgeResult {
-    let purge = r
-        .steps
-        .iter()
-        .find(|s| s.step == memshim_proto::ReleaseStepKind::Purge);
-    PurgeResult {
-        rss_before: r.rss_before,
-        rss_after: r.rss_after,
-        released: r.released,
-        resident_before: purge.map_or(0, |s| s.before),
-        resident_after: purge.map_or(0, |s| s.after),
-        purgeable_before: 0,
-        elapsed_ms: r.elapsed_ms,
-    }
 }
 
 /// What is left over the size asked, and who holds it: the charge's parts
@@ -280,10 +282,12 @@ pub fn compare(before: &Charge, after: &Charge) -> String {
         .collect()
 }
 
-/// The human report.
+/// The human report; `answers` shows what each shimmed process answered
+/// (`step`: `purge`, or `release` with `--gc`), `None` where none was asked.
 pub fn human(
     loc: &Location,
-    purges: &[Outcome<PurgeResult>],
+    step: &str,
+    answers: Option<&str>,
     skipped: &[Skipped],
     kernel: &KernelStep,
     before: &Charge,
@@ -295,14 +299,14 @@ pub fn human(
         loc.version,
         loc.dir.display()
     );
-    if purges.is_empty() {
-        out += "purge: no shimmed process with a running endpoint in this cgroup\n";
-    } else {
-        out += "purge:\n";
-        out += &purge::human(purges)
+    if let Some(answers) = answers {
+        out += &format!("{step}:\n");
+        out += &answers
             .lines()
             .map(|l| format!("  {l}\n"))
             .collect::<String>();
+    } else {
+        out += &format!("{step}: no shimmed process with a running endpoint in this cgroup\n");
     }
     for s in skipped {
         out += &format!("  skipped pid {} ({}): {}\n", s.pid, s.command, s.reason);
@@ -357,7 +361,8 @@ mod tests {
         };
         let h = human(
             &loc,
-            &[],
+            "purge",
+            None,
             &[],
             &k,
             &charge(100 << 20, 64 << 20, 30 << 20),

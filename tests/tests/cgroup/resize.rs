@@ -16,6 +16,21 @@ fn usage(r: &serde_json::Value, when: &str) -> u64 {
     r[when]["memory"]["usage"].as_u64().unwrap()
 }
 
+/// Waits until `cgroup` shows the shimmed `heap` with its endpoint.
+fn wait_for_endpoint(heap: &Child) {
+    let hp = heap.pid().to_string();
+    wait_until(Duration::from_secs(10), || {
+        let (code, r) = ctl_json(&["cgroup", &hp]);
+        (code == 0
+            && r["processes"]
+                .as_array()?
+                .iter()
+                .any(|p| p["pid"] == heap.pid() && p["endpoint"] == true))
+        .then_some(())
+    })
+    .expect("the heap's endpoint answers");
+}
+
 #[test]
 fn reclaim_to_reaches_a_size_made_of_page_cache_and_freed_heap() {
     let Some(cg) = TestCgroup::new("resize") else {
@@ -32,16 +47,7 @@ fn reclaim_to_reaches_a_size_made_of_page_cache_and_freed_heap() {
     let mut sleeper = cg.cmd("sh", ["-c", &script]).spawn();
     sleeper.wait_for_line("ready", Duration::from_secs(30));
     let hp = heap.pid().to_string();
-    wait_until(Duration::from_secs(10), || {
-        let (code, r) = ctl_json(&["cgroup", &hp]);
-        (code == 0
-            && r["processes"]
-                .as_array()?
-                .iter()
-                .any(|p| p["pid"] == heap.pid() && p["endpoint"] == true))
-        .then_some(())
-    })
-    .expect("the heap's endpoint answers");
+    wait_for_endpoint(&heap);
 
     let (_, r) = ctl_json(&["cgroup", &hp]);
     let before = r["memory"]["usage"].as_u64().unwrap();
@@ -118,4 +124,47 @@ fn reclaim_to_under_what_is_in_use_exits_10_and_names_the_holder() {
     let o = ctl_run(&["reclaim", "--to", "lots", &pid]);
     assert_eq!(o.code, i32::from(exit::USAGE.code), "{o:?}");
     assert!(o.stderr.contains("is not a size"), "{}", o.stderr);
+}
+
+/// With `--gc` each shimmed process is asked for a `release`, and `--json`
+/// gives its answer as it came, steps and all, under `release`: not a
+/// purge's figures made up from it (an earlier version filled `purge`'s
+/// `resident_*` from the release's RSS and its `purgeable_before` with 0).
+#[test]
+fn reclaim_gc_reports_each_release_as_the_process_answered() {
+    let Some(cg) = TestCgroup::new("reclaim-gc") else {
+        return;
+    };
+    let (heap, freed) = cg.freed_heap(48);
+    let hp = heap.pid().to_string();
+    wait_for_endpoint(&heap);
+    let (code, r) = ctl_json(&["reclaim", "--gc", &hp]);
+    assert_eq!(code, i32::from(exit::OK.code), "{r}");
+    assert!(r.get("purge").is_none(), "no purge made up: {r}");
+    let ours = r["release"]
+        .as_array()
+        .and_then(|a| a.iter().find(|o| o["pid"] == heap.pid()))
+        .unwrap_or_else(|| panic!("the heap's release: {r}"));
+    let result = &ours["result"];
+    assert!(
+        result["released"].as_u64().unwrap() > freed / 2,
+        "released most of {}: {r}",
+        m(freed)
+    );
+    let steps = result["steps"].as_array().unwrap();
+    let purge = steps
+        .iter()
+        .find(|s| s["step"] == "purge")
+        .unwrap_or_else(|| panic!("a purge step: {r}"));
+    assert_eq!(purge["outcome"], "done", "{r}");
+    assert_eq!(purge["measure"], "rss", "{r}");
+    assert!(
+        steps.iter().any(|s| s["step"] == "gc"),
+        "the gc step is reported: {r}"
+    );
+    // The human report names the step it asked for, per process.
+    let o = ctl_run(&["reclaim", "--gc", &hp]);
+    assert_eq!(o.code, i32::from(exit::OK.code), "{o:?}");
+    assert!(o.stdout.contains("\nrelease:\n"), "{o:?}");
+    assert!(o.stdout.contains(&format!("pid {hp} (")), "{o:?}");
 }
