@@ -424,6 +424,9 @@ fn a_fork_of_an_attached_cpython_is_silent_and_its_child_can_be_attached() {
             .strip_prefix("spawned pid=")
             .and_then(|n| n.parse().ok())
             .unwrap_or_else(|| panic!("{what}: {line}"));
+        // Killed if an assertion fails before the reap below: it holds
+        // the fixture's pipes and would sleep for a minute.
+        let grandchild = KillOnDrop(forked);
         in_kernel_wait(forked);
         let (code, v, err) = ctl_json(&["attach", &forked.to_string(), "--json"]);
         assert_eq!(code, 0, "{what}: the fork child: {v} {err}");
@@ -439,9 +442,21 @@ fn a_fork_of_an_attached_cpython_is_silent_and_its_child_can_be_attached() {
             &format!("reaped status={}", libc::SIGTERM),
             Duration::from_secs(30),
         );
+        // Reaped: its pid may be another process's now.
+        std::mem::forget(grandchild);
         child.send("quit");
         let o = child.finish(Duration::from_secs(30));
         assert_eq!((o.code, o.stderr.as_str()), (7, ""), "{what}: {o:?}");
+    }
+}
+
+/// SIGKILL to a process this test forked, when dropped.
+struct KillOnDrop(i32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        // SAFETY: a signal to a child of this test's fixture, not yet reaped.
+        unsafe { libc::kill(self.0, libc::SIGKILL) };
     }
 }
 
