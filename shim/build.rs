@@ -17,6 +17,9 @@
 //!   page fault where it took seven (`src/exports.rs`, "Start-up pages");
 //!   and the statics that code touches on one page (`touched_at_start!`,
 //!   `src/lib.rs`).
+//! * `--wrap=readlink`: jemalloc's initialisation reads the symbolic link
+//!   `/etc/_rjem_malloc.conf` for options; the shim's configuration is the
+//!   environment's alone, so that one path reads as absent (`src/exports.rs`).
 //! * `--wrap=pthread_atfork`: jemalloc's fork functions, which it registers
 //!   during that initialisation, run inside the shim's handlers instead, in
 //!   the order they had when jemalloc registered first (same section).
@@ -42,6 +45,7 @@ fn main() {
     }
     println!("cargo:rustc-cdylib-link-arg=-Wl,--wrap=secure_getenv");
     println!("cargo:rustc-cdylib-link-arg=-Wl,--wrap=pthread_atfork");
+    println!("cargo:rustc-cdylib-link-arg=-Wl,--wrap=readlink");
     let dir = std::env::var("CARGO_MANIFEST_DIR").unwrap();
     println!("cargo:rerun-if-changed=link.ld");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-T,{dir}/link.ld");

@@ -459,7 +459,9 @@ unsafe fn __real_secure_getenv(name: *const c_char) -> *mut c_char {
 /// Target of `--wrap=secure_getenv` (through the hidden trampoline below,
 /// so the library exports no extra symbol): jemalloc asks for
 /// `_RJEM_MALLOC_CONF` during its initialisation and gets the composed
-/// configuration (options.rs); every other name goes to glibc.
+/// configuration (options.rs); every other name goes to glibc. The call
+/// also marks where errno is taken, to be kept through the
+/// initialisation (jemalloc.rs, "errno through jemalloc's initialisation").
 ///
 /// # Safety
 /// `name` must be NUL-terminated (what glibc's `secure_getenv` takes).
@@ -472,6 +474,7 @@ pub unsafe extern "C" fn wrap_secure_getenv(name: *const c_char) -> *mut c_char 
         // SAFETY: jemalloc reads this pointer only when it prints; setting it
         // during its initialisation, before any message, is the documented use.
         unsafe { je::malloc_message = Some(crate::log::jemalloc_message) };
+        crate::jemalloc::init_began();
         return options::jemalloc_conf_ptr() as *mut c_char;
     }
     // SAFETY: forwarding the caller's argument unchanged.
@@ -479,6 +482,44 @@ pub unsafe extern "C" fn wrap_secure_getenv(name: *const c_char) -> *mut c_char 
 }
 
 wrap_target!("__wrap_secure_getenv", wrap_secure_getenv);
+
+#[cfg(not(test))]
+unsafe extern "C" {
+    /// glibc's `readlink`, as renamed by `--wrap` (see `build.rs`).
+    fn __real_readlink(path: *const c_char, buf: *mut c_char, len: usize) -> isize;
+}
+
+/// Unit tests link without `--wrap`.
+#[cfg(test)]
+use libc::readlink as __real_readlink;
+
+/// The symbolic link jemalloc's initialisation reads its options from
+/// (`/etc/malloc.conf`, named with this build's `_rjem_` prefix).
+const JEMALLOC_CONF_LINK: &[u8] = b"/etc/_rjem_malloc.conf";
+
+/// Target of `--wrap=readlink`: jemalloc's initialisation reads
+/// [`JEMALLOC_CONF_LINK`] for options, whose warnings would go to fd 2
+/// whatever it is then. The shim's configuration is the environment's
+/// alone (docs/configuration.md), so that path reads as a link that does
+/// not exist: -1, ENOENT (jemalloc then puts errno back itself). Every
+/// other path (Rust's `std::fs::read_link`) goes to glibc.
+///
+/// # Safety
+/// The C contract of `readlink`.
+#[unsafe(link_section = ".text.startup")]
+pub unsafe extern "C" fn wrap_readlink(path: *const c_char, buf: *mut c_char, len: usize) -> isize {
+    // SAFETY: `readlink` takes a NUL-terminated path, checked for NULL first.
+    let ours = !path.is_null()
+        && unsafe { core::ffi::CStr::from_ptr(path) }.to_bytes() == JEMALLOC_CONF_LINK;
+    if ours {
+        os::set_errno(libc::ENOENT);
+        return -1;
+    }
+    // SAFETY: forwarding the caller's arguments unchanged.
+    unsafe { __real_readlink(path, buf, len) }
+}
+
+wrap_target!("__wrap_readlink", wrap_readlink);
 
 // --- jemalloc's fork functions run inside the shim's handlers -------------------
 
@@ -489,7 +530,8 @@ use os::thread::AtforkFn;
 /// from glibc, and those handlers call jemalloc's functions in its place
 /// (jemalloc.rs, "Lazy initialisation and fork"). Every other registration
 /// (the shim's own; jemalloc's before the shim's) goes to glibc
-/// (`os::thread::register_atfork`).
+/// (`os::thread::register_atfork`). jemalloc's registration gives errno
+/// back what its initialisation found (jemalloc.rs).
 ///
 /// # Safety
 /// The C contract of `pthread_atfork`.
@@ -499,10 +541,14 @@ pub unsafe extern "C" fn wrap_pthread_atfork(
     parent: AtforkFn,
     child: AtforkFn,
 ) -> c_int {
-    if crate::jemalloc::claim_atfork(prepare.map_or(0, |f| f as usize)) {
-        return 0;
-    }
-    os::thread::register_atfork(prepare, parent, child)
+    let prepare_at = prepare.map_or(0, |f| f as usize);
+    let r = if crate::jemalloc::claim_atfork(prepare_at) {
+        0
+    } else {
+        os::thread::register_atfork(prepare, parent, child)
+    };
+    crate::jemalloc::init_past_errno(prepare_at);
+    r
 }
 
 wrap_target!("__wrap_pthread_atfork", wrap_pthread_atfork);

@@ -15,7 +15,7 @@ use core::ffi::{c_char, c_int, c_void};
 use core::fmt::Write;
 use core::ptr;
 use core::sync::atomic::{
-    AtomicBool, AtomicU32, Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed,
+    AtomicBool, AtomicI32, AtomicU32, Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed,
     Ordering::Release,
 };
 use tikv_jemalloc_sys as sys;
@@ -188,6 +188,46 @@ touched_at_start! {
     /// page once. Two threads forking at once both count two threads and both
     /// write `true`; only a thread that is truly alone writes `false`.
     static LOCKED_FOR_FORK: AtomicBool = AtomicBool::new(false);
+}
+
+// --- errno through jemalloc's initialisation ----------------------------------
+//
+// jemalloc initialises on the first allocation (or in the constructor where
+// the shim needs it there), and its initialisation changes errno: parsing a
+// number of its configuration sets errno to 0, and its system calls may
+// fail. A program that allocates between a failed call and its `perror`
+// (`printf` allocates its buffer) would then print "Success". glibc's
+// `malloc` leaves errno alone when it succeeds, so the shim keeps it
+// through the initialisation, with nothing on the allocation path: errno
+// is taken when jemalloc asks for its configuration (the first thing it
+// does that reaches the shim, after reading `/etc/…malloc.conf`, which
+// keeps errno itself) and put back when it registers its fork functions,
+// after every step that can change it (`malloc_init_hard_a0_locked` and
+// the CPU count). What follows (the arenas, the first thread cache) makes
+// no call that sets errno except through the wrappers that keep it
+// (exports.rs, "jemalloc's system calls keep errno"). A failed
+// allocation still sets ENOMEM, after this.
+
+touched_at_start! {
+    /// errno as jemalloc's initialisation found it.
+    static ERRNO_AT_INIT: AtomicI32 = AtomicI32::new(0);
+}
+
+/// jemalloc's initialisation has begun (it asks for its configuration):
+/// remembers errno.
+#[unsafe(link_section = ".text.startup")]
+pub fn init_began() {
+    ERRNO_AT_INIT.store(crate::os::errno(), Relaxed);
+}
+
+/// jemalloc registers its fork functions (`prepare`): past the steps of its
+/// initialisation that change errno, which gets back what it had when
+/// [`init_began`]. Only for jemalloc's own registration.
+#[unsafe(link_section = ".text.startup")]
+pub fn init_past_errno(prepare: usize) {
+    if prepare == je_prefork as *const () as usize {
+        crate::os::set_errno(ERRNO_AT_INIT.load(Relaxed));
+    }
 }
 
 /// The shim's fork handlers are registered (`thread::on_load`, once).

@@ -366,3 +366,86 @@ fn a_buffer_grown_by_realloc_in_whole_pages_mostly_grows_where_it_lies() {
         );
     }
 }
+
+/// The first allocation of a process keeps errno, whichever function makes
+/// it: jemalloc initialises inside it, and its initialisation parses
+/// numbers (errno = 0) and makes system calls that may fail. Before, a
+/// program's `printf` between a failed call and `perror` made it print
+/// "Success". In every mode: under `on` and with profiling, the
+/// initialisation runs in the constructor instead, or earlier in the call.
+#[test]
+fn the_first_allocation_keeps_errno() {
+    let f = fixture("errno_first_alloc", &[]);
+    let hows = [
+        "malloc",
+        "calloc",
+        "realloc",
+        "posix_memalign",
+        "aligned_alloc",
+        "memalign",
+        "valloc",
+        "strdup",
+    ];
+    let modes: [&[(&str, &str)]; 4] = [
+        &[],
+        &[("MEMSHIM_CONTROL", "off")],
+        &[("MEMSHIM_CONTROL", "on")],
+        &[("MEMSHIM_PROFILE", "on")],
+    ];
+    for how in hows {
+        let glibc = Cmd::new(&f, [how]).run();
+        assert_eq!(
+            (glibc.code, glibc.stdout.trim()),
+            (0, format!("{how} errno=1234").as_str()),
+            "glibc: {glibc:?}"
+        );
+        for mode in modes {
+            let mut c = Cmd::new(&f, [how]).shimmed();
+            for (k, v) in mode {
+                c = c.env(k, v);
+            }
+            let o = c.run();
+            assert_eq!(
+                (o.code, o.stdout.as_str(), o.stderr.as_str()),
+                (0, glibc.stdout.as_str(), ""),
+                "{how} under {mode:?}"
+            );
+        }
+    }
+}
+
+/// jemalloc reads options from the name of the symbolic link
+/// `/etc/_rjem_malloc.conf` (its `/etc/malloc.conf`, prefixed as this
+/// build is); the shim's configuration is the environment's alone, so the
+/// link is not read: no option of it applies and no warning of jemalloc's
+/// about it reaches the program's fd 2. Run in a mount namespace whose
+/// `/etc` holds only the loader's cache and the link.
+#[test]
+fn jemallocs_prefixed_malloc_conf_link_is_not_read() {
+    let f = fixture("errno_first_alloc", &[]);
+    let etc = scratch().join("etc-rjem-malloc-conf");
+    let _ = std::fs::remove_dir_all(&etc);
+    std::fs::create_dir_all(&etc).unwrap();
+    std::fs::copy("/etc/ld.so.cache", etc.join("ld.so.cache")).unwrap();
+    std::os::unix::fs::symlink("narenas:abc,junk", etc.join("_rjem_malloc.conf")).unwrap();
+    let script = format!(
+        "mount --bind '{}' /etc && exec env LD_PRELOAD='{}' '{}' malloc",
+        etc.display(),
+        shim().display(),
+        f.display()
+    );
+    let o = Cmd::new("unshare", ["-m", "sh", "-c", &script]).run();
+    assert_eq!(
+        (o.code, o.stdout.trim(), o.stderr.as_str()),
+        (0, "malloc errno=1234", ""),
+        "{o:?}"
+    );
+    // Live: the link is where jemalloc looks (readlink sees it).
+    let check = format!(
+        "mount --bind '{}' /etc && exec readlink /etc/_rjem_malloc.conf",
+        etc.display()
+    );
+    let o = Cmd::new("unshare", ["-m", "sh", "-c", &check]).run();
+    assert_eq!(o.stdout.trim(), "narenas:abc,junk", "{o:?}");
+    let _ = std::fs::remove_dir_all(&etc);
+}
