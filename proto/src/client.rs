@@ -169,18 +169,16 @@ impl Connection {
     /// Sends `req` and decodes the answer.
     pub fn request(&mut self, req: &Request) -> Result<Response, ClientError> {
         let line = self.exchange(&req.to_line())?;
-        Response::from_line(&line).map_err(|e| {
-            ClientError::Undecodable(format!("{e}: {}", String::from_utf8_lossy(&line)))
-        })
+        Response::from_line(&line)
+            .map_err(|e| ClientError::Undecodable(format!("{e}: {}", excerpt(&line))))
     }
 
     /// Sends a raw request line (without its `\n`) and returns the answer as
     /// JSON, for tests that look at fields this build may not know.
     pub fn ask(&mut self, line: &str) -> Result<serde_json::Value, ClientError> {
         let answer = self.exchange(format!("{line}\n").as_bytes())?;
-        serde_json::from_slice(&answer).map_err(|e| {
-            ClientError::Undecodable(format!("{e}: {}", String::from_utf8_lossy(&answer)))
-        })
+        serde_json::from_slice(&answer)
+            .map_err(|e| ClientError::Undecodable(format!("{e}: {}", excerpt(&answer))))
     }
 
     /// `hello` with this build's protocol version. A refusal comes back as
@@ -197,5 +195,38 @@ impl Connection {
             Response::Ok(Reply::Hello(h)) => Ok(h),
             other => Err(other),
         })
+    }
+}
+
+/// How much of an answer that could not be decoded an error shows.
+const EXCERPT_BYTES: usize = 200;
+
+/// The start of an answer that could not be decoded, for an error message:
+/// at most [`EXCERPT_BYTES`] (an answer may be up to `MAX_RESPONSE_BYTES`),
+/// with its length where it was cut.
+fn excerpt(answer: &[u8]) -> String {
+    let line = answer.strip_suffix(b"\n").unwrap_or(answer);
+    if line.len() <= EXCERPT_BYTES {
+        return String::from_utf8_lossy(line).into_owned();
+    }
+    format!(
+        "{}… ({} bytes)",
+        String::from_utf8_lossy(&line[..EXCERPT_BYTES]),
+        line.len()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_undecodable_answer_is_shown_by_its_start_and_length() {
+        assert_eq!(excerpt(b"{\"ok\":1\n"), "{\"ok\":1");
+        let huge = [b'A'; 64 << 20];
+        let e = excerpt(&huge);
+        assert!(e.starts_with(&"A".repeat(EXCERPT_BYTES)), "{e}");
+        assert!(e.ends_with(&format!("… ({} bytes)", 64 << 20)), "{e}");
+        assert!(e.len() < EXCERPT_BYTES + 30, "{}", e.len());
     }
 }

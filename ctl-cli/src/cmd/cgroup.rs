@@ -8,7 +8,7 @@ use crate::cgroup::charge::{self, Charge, Parts, ProcEntry};
 use crate::cgroup::shm::{self, ShmReport};
 use crate::cgroup::{self, fs::Location};
 use crate::exit::{self, Exit, Failure};
-use crate::output::print::{out, outln};
+use crate::output::print::{out, outln, printable};
 use crate::output::render::{bytes, kv, opt_bytes, shorten, table};
 use clap::Args;
 use memshim_proto::cgroup::CgroupMemory;
@@ -96,9 +96,9 @@ pub fn run(a: CgroupArgs) -> Result<Exit, Failure> {
 pub fn header(loc: &Location, m: &CgroupMemory) -> String {
     let mut out = format!(
         "memory cgroup {} (v{}, {}{})\n\n",
-        loc.path,
+        printable(&loc.path),
         loc.version,
-        loc.dir.display(),
+        printable(&loc.dir.display().to_string()),
         if loc.read_only {
             ", read-only here"
         } else {
@@ -236,7 +236,7 @@ pub fn processes_lines(procs: &[ProcEntry]) -> String {
         out += &format!(
             "  pid {}: no allocator figures: {}\n",
             p.pid,
-            p.reason.as_deref().unwrap_or("?")
+            printable(p.reason.as_deref().unwrap_or("?"))
         );
     }
     out
@@ -274,7 +274,7 @@ fn shm_lines(s: &ShmReport) -> String {
                 bytes(f.bytes),
                 f.state.replace('_', " "),
                 users,
-                f.path.clone(),
+                printable(&f.path),
             ]
         })
         .collect();

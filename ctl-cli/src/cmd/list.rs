@@ -3,7 +3,7 @@
 //! by ptrace, and whether they may (`crate::reach::ptrace::candidate`).
 
 use crate::exit::{self, Exit, Failure};
-use crate::output::print::{out, outln};
+use crate::output::print::{out, outln, printable};
 use crate::output::render;
 use crate::reach::client::{self, Client};
 use crate::reach::procfs::{self, Proc};
@@ -242,7 +242,13 @@ pub fn human(l: &Listing) -> String {
         .processes
         .iter()
         .filter(|e| !e.endpoint)
-        .map(|e| format!("pid {}: {}", e.pid, e.reason.as_deref().unwrap_or("?")))
+        .map(|e| {
+            format!(
+                "pid {}: {}",
+                e.pid,
+                printable(e.reason.as_deref().unwrap_or("?"))
+            )
+        })
         .collect();
     s.push_str(&reasons("endpoint down", &down));
     s.push_str(&not_preloaded(&l.not_preloaded));
@@ -301,7 +307,7 @@ fn not_preloaded(c: &[crate::reach::ptrace::Candidate]) -> String {
             format!(
                 "pid {}: {} (exit {})",
                 e.pid,
-                e.reason.as_deref().unwrap_or("?"),
+                printable(e.reason.as_deref().unwrap_or("?")),
                 e.code.map_or(0, |c| c.code)
             )
         })

@@ -39,7 +39,7 @@ pub mod watch;
 
 use crate::args::{Targets, pid_parser};
 use crate::exit::{self, Exit, Failure};
-use crate::output::print::{errln, outln};
+use crate::output::print::{errln, outln, printable};
 use crate::reach::client::Client;
 use crate::reach::procfs;
 use crate::reach::socket;
@@ -169,16 +169,17 @@ pub fn exit_of<T>(out: &[Outcome<T>]) -> Exit {
     }
 }
 
-/// Prints the failures of a multi-target human report to stderr, then
-/// `extra` (failures found in answers, such as a release step that could
-/// not run), then, unless `exit` is success, the exit-code line every
-/// failing command ends with.
+/// Prints the failures of a multi-target report to stderr (with `--json`
+/// too, beside the document), then `extra` (failures found in answers,
+/// such as a release step that could not run), then, unless `exit` is
+/// success, the exit-code line every failing command ends with.
 pub fn print_failures<T>(outcomes: &[Outcome<T>], extra: &[Failure], exit: Exit) {
     let failed = outcomes.iter().filter_map(|o| o.result.as_ref().err());
     for f in failed.chain(extra) {
-        errln!("memshim-ctl: error: {}", f.line());
+        // Messages name paths and names other users' processes chose.
+        errln!("memshim-ctl: error: {}", printable(&f.line()));
         if let Some(h) = &f.hint {
-            errln!("  hint: {h}");
+            errln!("  hint: {}", printable(h));
         }
     }
     if exit != exit::OK {

@@ -24,8 +24,8 @@ pub fn run(a: PurgeArgs) -> Result<Exit, Failure> {
         outln!("{}", serde_json::json!({ "purge": v }))?;
     } else {
         out!("{}", human(&outcomes))?;
-        print_failures(&outcomes, &[], exit);
     }
+    print_failures(&outcomes, &[], exit);
     Ok(exit)
 }
 

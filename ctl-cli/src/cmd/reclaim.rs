@@ -19,7 +19,7 @@ use crate::cgroup::{
     fs::{KernelStep, Location},
 };
 use crate::exit::{self, Exit, Failure};
-use crate::output::print::{out, outln};
+use crate::output::print::{out, outln, printable};
 use crate::output::render::{bytes, delta, ms, table};
 use crate::reach::client::Client;
 use clap::Args;
@@ -191,39 +191,39 @@ fn reclaim<R: Answer + Serialize>(
         if let Some(t) = short {
             out!("{}", left_lines(t, &after))?;
         }
-        let mut kernel_failed: Vec<Failure> = (kernel.outcome == "unsupported")
-            .then(|| {
-                Failure::new(
-                    exit::FAILED,
-                    a.pid,
-                    format!(
-                        "the kernel cannot reclaim this cgroup's page cache here: {} does not exist",
-                        kernel.file
-                    ),
-                )
-            })
-            .into_iter()
-            .collect();
-        if let Some(t) = short {
-            kernel_failed.push(
-                Failure::new(
-                    exit::NOT_REACHED,
-                    a.pid,
-                    format!(
-                        "usage is {} after reclaim, over the {} asked: what is left is in use",
-                        bytes(after.memory.usage),
-                        bytes(t)
-                    ),
-                )
-                .hint(if a.gc {
-                    "the processes listed hold it; stop one, or ask for more".to_owned()
-                } else {
-                    "the processes listed hold it; `--gc` also runs Python's gc and empties PyTorch's caches".to_owned()
-                }),
-            );
-        }
-        super::print_failures(&answers, &kernel_failed, exit);
     }
+    let mut kernel_failed: Vec<Failure> = (kernel.outcome == "unsupported")
+        .then(|| {
+            Failure::new(
+                exit::FAILED,
+                a.pid,
+                format!(
+                    "the kernel cannot reclaim this cgroup's page cache here: {} does not exist",
+                    kernel.file
+                ),
+            )
+        })
+        .into_iter()
+        .collect();
+    if let Some(t) = short {
+        kernel_failed.push(
+            Failure::new(
+                exit::NOT_REACHED,
+                a.pid,
+                format!(
+                    "usage is {} after reclaim, over the {} asked: what is left is in use",
+                    bytes(after.memory.usage),
+                    bytes(t)
+                ),
+            )
+            .hint(if a.gc {
+                "the processes listed hold it; stop one, or ask for more".to_owned()
+            } else {
+                "the processes listed hold it; `--gc` also runs Python's gc and empties PyTorch's caches".to_owned()
+            }),
+        );
+    }
+    super::print_failures(&answers, &kernel_failed, exit);
     Ok(exit)
 }
 
@@ -295,9 +295,9 @@ pub fn human(
 ) -> String {
     let mut out = format!(
         "memory cgroup {} (v{}, {})\n\n",
-        loc.path,
+        printable(&loc.path),
         loc.version,
-        loc.dir.display()
+        printable(&loc.dir.display().to_string())
     );
     if let Some(answers) = answers {
         out += &format!("{step}:\n");
@@ -309,7 +309,12 @@ pub fn human(
         out += &format!("{step}: no shimmed process with a running endpoint in this cgroup\n");
     }
     for s in skipped {
-        out += &format!("  skipped pid {} ({}): {}\n", s.pid, s.command, s.reason);
+        out += &format!(
+            "  skipped pid {} ({}): {}\n",
+            s.pid,
+            printable(&s.command),
+            printable(&s.reason)
+        );
     }
     out += &kernel_lines(kernel);
     out += "\n";

@@ -72,8 +72,8 @@ pub fn run(a: ReleaseArgs) -> Result<Exit, Failure> {
         for (pid, how) in &reached {
             outln!("{}", ptrace::reached_line(*pid, how))?;
         }
-        print_failures(&outcomes, &partial, exit);
     }
+    print_failures(&outcomes, &partial, exit);
     Ok(exit)
 }
 

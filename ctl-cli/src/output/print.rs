@@ -13,10 +13,12 @@ use crate::exit::{self, Failure};
 use std::io::Write;
 use std::process::ExitCode;
 
-/// Writes `args` to stdout and flushes it.
+/// Writes `args` to stdout and flushes it, with no control character but
+/// newline and tab ([`shown`]).
 pub fn write(args: std::fmt::Arguments<'_>) -> Result<(), Failure> {
+    let text = std::fmt::format(args);
     let mut o = std::io::stdout().lock();
-    o.write_fmt(args)
+    o.write_all(shown(&text).as_bytes())
         .and_then(|()| o.flush())
         .map_err(|e| Failure::new(exit::FAILED, None, format!("writing to stdout: {e}")))
 }
@@ -41,10 +43,12 @@ macro_rules! outln {
 
 /// `eprintln!` that ignores a failed write instead of panicking
 /// (`2>/dev/full`): a message that cannot be shown must not crash the CLI.
+/// No control character but newline and tab ([`shown`]).
 macro_rules! errln {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+        let text = format!("{}\n", format_args!($($arg)*));
+        let _ = std::io::stderr().lock().write_all($crate::output::print::shown(&text).as_bytes());
     }};
 }
 
@@ -57,6 +61,25 @@ pub fn printable(s: &str) -> String {
     s.chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect()
+}
+
+/// Text as it reaches a terminal: every control character but newline and
+/// tab (terminal escapes, carriage returns, C1 codes) becomes a space. The
+/// last line of defence for text that other users' processes choose (file
+/// and cgroup names, answers over a socket) and that a report shows in a
+/// field [`printable`] did not clean. JSON escapes such characters itself,
+/// so a JSON document passes unchanged; binary formats go through
+/// [`write_bytes`].
+pub fn shown(text: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if text.contains(unsafe_char) {
+        text.chars()
+            .map(|c| if unsafe_char(c) { ' ' } else { c })
+            .collect::<String>()
+            .into()
+    } else {
+        text.into()
+    }
 }
 
 /// Prints the failure a command ended with (stderr; also stdout as JSON

@@ -438,6 +438,55 @@ fn doctor_never_prints_control_characters_from_a_process_name() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A process chooses its socket directory (`MEMSHIM_SOCKET_DIR`), and its
+/// name reaches root's reports when the shim refuses it: no command prints
+/// its terminal escapes or forges a line with its newline. `purge`,
+/// `release`, `reclaim` and `cgroup` printed them raw (`stats` and `list`
+/// did not), so another user could clear root's screen or set its title.
+#[test]
+fn no_report_prints_control_characters_from_a_socket_directorys_name() {
+    let dir = memshim_tests::scratch().join(format!(
+        "cli-evil-dir-{}-\u{1b}]0;PWNED\u{7}\u{1b}[2J\nforged",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let host = sleeper("sleep").env("MEMSHIM_SOCKET_DIR", &dir).spawn();
+    let pid = host.pid().to_string();
+    // The shim refuses the directory; `stats` names it (live: the name
+    // reaches the reports).
+    let refused = wait_until(Duration::from_secs(10), || {
+        let o = Cmd::new(ctl(), ["stats", &pid]).run();
+        o.stderr.contains("has mode 0777").then_some(o)
+    })
+    .expect("the shim refuses the directory");
+    for args in [
+        vec!["stats", &pid],
+        vec!["list"],
+        vec!["purge", &pid],
+        vec!["purge", "--json", &pid],
+        vec!["release", &pid],
+        vec!["cgroup", &pid],
+    ] {
+        let o = Cmd::new(ctl(), &args).run();
+        for text in [&o.stdout, &o.stderr] {
+            assert!(
+                !text.contains(['\u{1b}', '\u{7}']) && !text.contains("\nforged"),
+                "{args:?}: {o:?}"
+            );
+        }
+        assert!(
+            o.stdout.contains("has mode 0777")
+                || o.stderr.contains("has mode 0777")
+                || o.stdout.contains("\\u001b"),
+            "{args:?} names the directory: {o:?} ({refused:?})"
+        );
+    }
+    drop(host);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A stopped process (SIGSTOP, Ctrl-Z, a debugger) cannot answer: it is
 /// reported as stopped at once instead of after the 5 s time limit, which
 /// `list`, `cgroup` and `reclaim` paid for each stopped process in turn
