@@ -28,6 +28,7 @@ use memshim_proto::settings::{self, Control};
 #[derive(clap::Args, Debug)]
 pub struct DoctorArgs {
     /// Process to examine; without it, only host facts and the library `run` would use
+    #[arg(value_parser = crate::args::pid_parser())]
     pub pid: Option<i32>,
     /// Print the diagnosis as JSON
     #[arg(long)]

@@ -26,10 +26,10 @@ pub struct Limits {
     #[arg(long, default_value_t = 256, value_name = "N", value_parser = clap::builder::TypedValueParser::map(clap::value_parser!(u64).range(1..=1_000_000), |n| n as usize))]
     pub max_processes: usize,
     /// Time limit for one process's answer
-    #[arg(long, default_value_t = 1000, value_name = "MS")]
+    #[arg(long, default_value_t = 1000, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
     pub timeout_ms: u64,
     /// Time limit for the whole scrape; processes not reached by then are skipped
-    #[arg(long, default_value_t = 8000, value_name = "MS")]
+    #[arg(long, default_value_t = 8000, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
     pub deadline_ms: u64,
 }
 

@@ -349,6 +349,10 @@ fn the_limit_of_a_cgroup_without_one_is_its_closest_limited_ancestors() {
     assert_eq!(s.code, 0, "{s:?}");
     let s: serde_json::Value = serde_json::from_str(&s.stdout).unwrap();
     assert_eq!(s["cgroup"]["max"], 1u64 << 30, "{s}");
+    // `doctor` says the same (it said "unlimited").
+    let d = ctl_run(&["doctor", &pid, "--json"]);
+    let d: serde_json::Value = serde_json::from_str(&d.stdout).unwrap();
+    assert_eq!(d["host"]["cgroup"]["memory_max"], 1u64 << 30, "{d}");
     heap.send("quit");
     let _ = heap.finish(Duration::from_secs(10));
     drop(ctr);

@@ -586,3 +586,31 @@ fn a_process_whose_name_is_not_utf8_is_found_like_any_other() {
     drop(host);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Every verb that takes a pid refuses 0 and negative ones as a usage
+/// error (`doctor` took them and said "no such process", exit 3).
+#[test]
+fn every_verb_refuses_pid_0_and_negative_pids_as_a_usage_error() {
+    for verb in [
+        "stats",
+        "purge",
+        "decay",
+        "watch",
+        "gc",
+        "empty-cache",
+        "release",
+        "doctor",
+        "cgroup",
+        "reclaim",
+        "record",
+        "profile",
+        "attach",
+        "detach",
+    ] {
+        for pid in ["0", "-1"] {
+            let o = Cmd::new(ctl(), [verb, "--", pid]).run();
+            assert_eq!(o.code, i32::from(USAGE.code), "{verb} {pid}: {o:?}");
+            assert!(o.stderr.contains("is not in 1..="), "{verb} {pid}: {o:?}");
+        }
+    }
+}

@@ -395,10 +395,13 @@ fn serve_is_not_held_by_slow_or_silent_clients() {
 fn serve_purge_endpoint_is_loopback_only_and_needs_its_header() {
     let o = Cmd::new(ctl(), ["serve", "--listen", "0.0.0.0:0", "--enable-purge"]).run();
     assert_eq!(o.code, i32::from(USAGE.code), "a usage error: {o:?}");
-    // A cap of no process would skip everything and still say 0.
+    // A cap of no process, or no time, would skip everything and still
+    // say 0.
     for verb in ["metrics", "serve"] {
-        let o = Cmd::new(ctl(), [verb, "--max-processes", "0"]).run();
-        assert_eq!(o.code, i32::from(USAGE.code), "{verb}: {o:?}");
+        for limit in ["--max-processes", "--timeout-ms", "--deadline-ms"] {
+            let o = Cmd::new(ctl(), [verb, limit, "0"]).run();
+            assert_eq!(o.code, i32::from(USAGE.code), "{verb} {limit}: {o:?}");
+        }
     }
     assert!(o.stderr.contains("loopback"), "{}", o.stderr);
     assert!(

@@ -103,7 +103,12 @@ pub fn cgroup_of(pid: &str) -> Option<Cgroup> {
         return Some(Cgroup {
             version: 2,
             memory_current: read(d.join(usage)).and_then(|s| s.trim().parse().ok()),
-            memory_max: read(d.join(limit)).and_then(|s| cgroup::parse_limit(&s)),
+            // A limit set above (a pod's, over its container's) binds too.
+            memory_max: d
+                .ancestors()
+                .take_while(|a| a.starts_with(&root))
+                .filter_map(|a| read(a.join(limit)).and_then(|s| cgroup::parse_limit(&s)))
+                .min(),
             memory_high: read(d.join("memory.high")).and_then(|s| cgroup::parse_limit(&s)),
             cpu_quota: tightest_quota(&root, &d, |d| {
                 read(d.join("cpu.max")).and_then(|s| cpu_max(&s))
@@ -138,7 +143,15 @@ pub fn cgroup_of(pid: &str) -> Option<Cgroup> {
         version: 1,
         path: mpath,
         memory_current: read(md.join(usage)).and_then(|s| s.trim().parse().ok()),
-        memory_max: read(md.join(limit)).and_then(|s| cgroup::parse_limit(&s)),
+        // Without a limit of its own, the closest limited ancestor's (the
+        // kernel's `hierarchical_memory_limit`), as `cgroup` and `stats` say.
+        memory_max: read(md.join(limit))
+            .and_then(|s| cgroup::parse_limit(&s))
+            .or_else(|| {
+                let stat = read(md.join("memory.stat"))?;
+                let v = cgroup::keyed(stat.as_bytes(), b"hierarchical_memory_limit")?;
+                cgroup::parse_limit(&v.to_string())
+            }),
         memory_high: None,
         cpu_quota,
     })
