@@ -233,10 +233,8 @@ pub fn run(a: ProfileArgs) -> Result<Exit, Failure> {
     }
     if a.stop {
         let r = ask(pid, ProfileAction::Stop)?;
-        outln!(
-            "{pid}: sampling {}",
-            if r.changed { "stopped" } else { "was off" }
-        )?;
+        let what = if r.changed { "stopped" } else { "was off" };
+        stop_line(format, pid, "sampling", what)?;
         return Ok(exit::OK);
     }
     // One connection for the whole command: start, the dumps, stop.
@@ -567,20 +565,28 @@ fn ask_py(pid: i32, action: PyTraceAction, seconds: Option<u64>) -> Result<PyTra
     c.ask::<Box<PyTraceReply>>(&req).map(|r| *r)
 }
 
+/// What `--stop` did to `what` (`sampling`, `tracemalloc`): a line, or
+/// with `--json` one document, `{"pid","sampling":"stopped"}`.
+fn stop_line(format: Format, pid: i32, what: &str, outcome: &str) -> Result<(), Failure> {
+    if format == Format::Json {
+        outln!("{}", serde_json::json!({ "pid": pid, what: outcome }))
+    } else {
+        outln!("{pid}: {what} {outcome}")
+    }
+}
+
 /// `profile --python`: tracemalloc started (bounded: the shim stops it
 /// after the whole run plus a minute even if this command is killed),
 /// snapshots by line, stopped again unless `--keep`.
 fn run_python(a: &ProfileArgs, format: Format, pid: i32) -> Result<Exit, Failure> {
     if a.stop {
         let r = ask_py(pid, PyTraceAction::Stop, None)?;
-        outln!(
-            "{pid}: tracemalloc {}",
-            match (r.changed, r.tracing) {
-                (true, _) => "stopped",
-                (false, true) => "is the program's own (left on)",
-                (false, false) => "was off",
-            }
-        )?;
+        let what = match (r.changed, r.tracing) {
+            (true, _) => "stopped",
+            (false, true) => "is the program's own (left on)",
+            (false, false) => "was off",
+        };
+        stop_line(format, pid, "tracemalloc", what)?;
         return Ok(exit::OK);
     }
     let state = ask_py(pid, PyTraceAction::Status, None)?;
@@ -666,21 +672,51 @@ fn python_after(a: &ProfileArgs, format: Format, pid: i32, wait: u64) -> Result<
 /// the other formats go one file per step ([`step_path`]).
 fn output_for(a: &ProfileArgs, format: Format, step: u32) -> Option<(PathBuf, bool)> {
     let path = a.output.as_ref()?;
-    // A FIFO, a terminal or /dev/stdout takes the steps one after another,
-    // as stdout does: there is no file to number.
-    let device = std::fs::metadata(path).is_ok_and(|m| !m.is_file());
-    Some(if step == 0 || format.streams() || device {
+    Some(if step == 0 || format.streams() || is_stream(path) {
         (path.clone(), step > 1)
     } else {
         (step_path(path, step), false)
     })
 }
 
+/// Whether `-o PATH` is a stream that takes the steps one after another, as
+/// stdout does, with no file to number: a FIFO, a terminal, a device, or a
+/// name under /dev or /proc (`/dev/stdout`, `/proc/self/fd/1`, which may
+/// lead to a regular file: the shell's `> out.bin`).
+fn is_stream(path: &std::path::Path) -> bool {
+    path.starts_with("/dev/")
+        || path.starts_with("/proc/")
+        || std::fs::metadata(path).is_ok_and(|m| !m.is_file())
+}
+
+/// A stream `-o` names ([`is_stream`]), opened once for all the steps of
+/// `--every`: a FIFO's reader sees one stream to its end, where opening it
+/// again for each step gave the reader an end of file after the first, and
+/// the next step then waited for a reader that never came.
+static STREAM: std::sync::Mutex<Option<std::fs::File>> = std::sync::Mutex::new(None);
+
 /// Writes to `-o FILE` ([`output_for`]) or stdout (where `--every` with
 /// `--json` makes one JSON document a line).
 fn write_out(a: &ProfileArgs, format: Format, data: &[u8], step: u32) -> Result<Exit, Failure> {
     use std::io::Write;
     match output_for(a, format, step) {
+        Some((path, _)) if is_stream(&path) => {
+            let mut stream = STREAM.lock().unwrap_or_else(|e| e.into_inner());
+            if stream.is_none() {
+                *stream = Some(
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .write(true)
+                        .truncate(true)
+                        .open(&path)
+                        .map_err(|e| cannot_write(a, &path, e))?,
+                );
+            }
+            stream
+                .as_mut()
+                .map_or(Ok(()), |f| f.write_all(data).and_then(|()| f.flush()))
+                .map_err(|e| cannot_write(a, &path, e))?
+        }
         Some((path, append)) => std::fs::OpenOptions::new()
             .create(true)
             .write(true)

@@ -276,19 +276,21 @@ impl Profile {
     /// of each stack, as samples carry them): the bytes under it. Empty
     /// when no sample had Python frames.
     pub fn by_python_line(&self) -> Vec<(String, i64)> {
-        self.sum_by(|s| s.frames.iter().find(|f| f.is_python()).map(python_line))
+        let line = self.python_line_names();
+        self.sum_by(|s| s.frames.iter().find(|f| f.is_python()).map(&line))
     }
 
     /// Per Python stack (its Python frames only, outermost first, `<`
     /// between): the bytes under it.
     pub fn by_python_stack(&self) -> Vec<(String, i64)> {
+        let line = self.python_line_names();
         self.sum_by(|s| {
             let lines: Vec<String> = s
                 .frames
                 .iter()
                 .rev()
                 .filter(|f| f.is_python())
-                .map(python_line)
+                .map(&line)
                 .collect();
             (!lines.is_empty()).then(|| lines.join(" > "))
         })
@@ -369,6 +371,42 @@ impl Profile {
 /// A Python frame as the views name it: `app.py:23 load_model`.
 fn python_line(f: &Frame) -> String {
     format!("{} {}", f.place(), f.function)
+}
+
+impl Profile {
+    /// How a Python frame is named in the tables: `file.py:LINE function`
+    /// with the file's base name, or its whole path where two files of the
+    /// profile share that base name (two packages' `util.py`), so that the
+    /// tables, which sum by the name, keep them apart.
+    fn python_line_names(&self) -> impl Fn(&Frame) -> String {
+        let mut paths: HashMap<String, String> = HashMap::new();
+        let mut shared = std::collections::HashSet::new();
+        for f in self
+            .stacks
+            .iter()
+            .flat_map(|s| &s.frames)
+            .filter(|f| f.is_python())
+        {
+            if let Some((file, _)) = f.file_line() {
+                let base = file.rsplit('/').next().unwrap_or(file);
+                match paths.get(base) {
+                    Some(p) if p != file => {
+                        shared.insert(base.to_owned());
+                    }
+                    Some(_) => {}
+                    None => {
+                        paths.insert(base.to_owned(), file.to_owned());
+                    }
+                }
+            }
+        }
+        move |f: &Frame| match f.file_line() {
+            Some((file, line)) if shared.contains(file.rsplit('/').next().unwrap_or(file)) => {
+                format!("{file}:{line} {}", f.function)
+            }
+            _ => python_line(f),
+        }
+    }
 }
 
 /// `1.5 MiB`, or `-1.5 MiB` for a negative figure.
@@ -462,6 +500,32 @@ mod tests {
         let mut c = vec![native("a", "libx.so"), native("main", "libx.so")];
         fold(&mut c);
         assert_eq!(c.len(), 2);
+    }
+
+    /// Two files of one base name (two packages' `util.py`) stay apart in
+    /// the Python views, named by their whole paths; they were summed as
+    /// one `util.py:2 make`.
+    #[test]
+    fn python_views_keep_files_of_one_base_name_apart() {
+        let mut p = test_profile(&[]);
+        let stack = |bytes: i64, frames: Vec<Frame>| Stack {
+            bytes,
+            objects: 1,
+            frames,
+        };
+        p.stacks = vec![
+            stack(40, vec![Frame::python("make", "/p/a/util.py", 2)]),
+            stack(20, vec![Frame::python("make", "/p/b/util.py", 2)]),
+            stack(10, vec![Frame::python("run", "/p/app.py", 7)]),
+        ];
+        assert_eq!(
+            p.by_python_line(),
+            [
+                ("/p/a/util.py:2 make".to_string(), 40),
+                ("/p/b/util.py:2 make".to_string(), 20),
+                ("app.py:7 run".to_string(), 10)
+            ]
+        );
     }
 
     /// The Python views: bytes by innermost Python line, and by Python

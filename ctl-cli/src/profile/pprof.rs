@@ -178,7 +178,10 @@ struct Builder<'a> {
     /// A location's id by its address and frames (0 and one frame: a frame
     /// without an address).
     locations: Ids<(u64, &'a [Frame])>,
-    functions: Ids<(&'a str, &'a str)>,
+    /// A function by its name, library and source file: two Python
+    /// functions of one name in two files (`make`, `forward`, `<module>`)
+    /// are two functions, though their library (`[python]`) is one.
+    functions: Ids<(&'a str, &'a str, &'a str)>,
 }
 
 #[derive(Hash, PartialEq, Eq)]
@@ -247,8 +250,8 @@ impl<'a> Builder<'a> {
         let line = frames
             .iter()
             .map(|f| {
-                let (function_id, new) = self.functions.get((&f.function, &f.library));
                 let (file, line) = f.file_line().unwrap_or((&f.library, 0));
+                let (function_id, new) = self.functions.get((&f.function, &f.library, file));
                 if new {
                     // pprof's demangler takes `<...>` for C++ template
                     // arguments and drops them: `<module>` would lose its
@@ -396,6 +399,31 @@ mod tests {
                 ("main".into(), "app".into(), 0)
             ]
         );
+    }
+
+    /// Two Python functions of one name in two files are two pprof
+    /// functions, each with its own file (they were one, with the first
+    /// file seen, and `go tool pprof -list make` put both on it).
+    #[test]
+    fn functions_of_one_name_in_two_files_stay_apart() {
+        let mut p = sample_profile();
+        p.stacks[0].frames[0] = Frame {
+            source: "/srv/moda.py:2".into(),
+            ..Frame::new("make", "[python]")
+        };
+        p.stacks[1].frames[0] = Frame {
+            source: "/srv/modb.py:2".into(),
+            ..Frame::new("make", "[python]")
+        };
+        let m = decoded(&p);
+        let st = |i: i64| m.string_table[i as usize].as_str();
+        let files: Vec<_> = m
+            .function
+            .iter()
+            .filter(|f| st(f.name) == "make")
+            .map(|f| st(f.filename))
+            .collect();
+        assert_eq!(files, ["/srv/moda.py", "/srv/modb.py"]);
     }
 
     /// A profile with the process's mappings: each address is one location

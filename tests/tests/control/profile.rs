@@ -364,6 +364,80 @@ fn a_first_profile_samples_for_its_seconds_then_switches_sampling_off() {
     assert!(held_by(&p, "keep_sixty_four") > 32 << 20, "{p}");
     let o = ctl_run(&["profile", &pid, "--stop"]);
     assert_eq!(o.stdout.trim(), format!("{pid}: sampling was off"), "{o:?}");
+    // With --json, one JSON document (it was the line above).
+    let o = ctl_run(&["profile", &pid, "--stop", "--json"]);
+    let v: Value = serde_json::from_str(&o.stdout).unwrap_or_else(|e| panic!("{e}: {o:?}"));
+    assert_eq!(v["sampling"], "was off", "{v}");
+    app.send("quit");
+    assert_eq!(app.finish(Duration::from_secs(10)).code, 0);
+}
+
+/// `-o` naming a stream takes every step of `--every` down one stream, as
+/// stdout does: `/dev/stdout` where the shell sent stdout to a regular
+/// file (the steps went to new files `/dev/stdout.1`, `/dev/stdout.2`, and
+/// nothing to the file), and a FIFO, which is opened once (opened again
+/// for each step, its reader saw the end after the first, and the second
+/// step waited for ever for a reader).
+#[test]
+fn growth_steps_to_a_stream_go_down_one_stream() {
+    let mut app = leaker(true);
+    let pid = app.pid().to_string();
+    let o = ctl_run(&["profile", &pid, "--seconds", "0", "--keep"]);
+    assert_eq!(o.code, 0, "{o:?}");
+    let steps = |format: &str, out: &str| {
+        [
+            "profile",
+            &pid,
+            "--seconds",
+            "0",
+            "--every",
+            "0.3",
+            "--count",
+            "2",
+            "--keep",
+            "--format",
+            format,
+            "-o",
+            out,
+        ]
+        .map(String::from)
+    };
+    let file = out_file("stdout.pb.gz");
+    let status = std::process::Command::new(ctl())
+        .args(steps("pprof", "/dev/stdout"))
+        .stdout(std::fs::File::create(&file).unwrap())
+        .status()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(!std::path::Path::new("/dev/stdout.1").exists());
+    let data = std::fs::read(&file).unwrap();
+    let members = data.windows(3).filter(|w| w == &[0x1f, 0x8b, 0x08]).count();
+    assert!(members >= 2, "two gzip members in {} bytes", data.len());
+    let _ = std::fs::remove_file(&file);
+
+    let fifo = out_file("steps.fifo");
+    let o = Cmd::new("mkfifo", [&fifo]).run();
+    assert_eq!(o.code, 0, "{o:?}");
+    let got = out_file("fifo.json");
+    let reader = std::process::Command::new("cp")
+        .arg(&fifo)
+        .arg(&got)
+        .spawn()
+        .unwrap();
+    let mut writer = Cmd::new(ctl(), steps("json", &fifo.display().to_string())).spawn();
+    let o = writer.finish(Duration::from_secs(30));
+    assert_eq!(o.code, 0, "{o:?}");
+    let status = reader.wait_with_output().unwrap().status;
+    assert!(status.success(), "{status:?}");
+    let text = std::fs::read_to_string(&got).unwrap();
+    // One JSON document a line, one line a step.
+    let docs: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(docs.len(), 2, "{text}");
+    let _ = std::fs::remove_file(&fifo);
+    let _ = std::fs::remove_file(&got);
     app.send("quit");
     assert_eq!(app.finish(Duration::from_secs(10)).code, 0);
 }
