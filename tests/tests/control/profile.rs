@@ -424,7 +424,7 @@ fn growth_steps_to_a_stream_go_down_one_stream() {
         .arg(&got)
         .spawn()
         .unwrap();
-    let mut writer = Cmd::new(ctl(), steps("json", &fifo.display().to_string())).spawn();
+    let writer = Cmd::new(ctl(), steps("json", &fifo.display().to_string())).spawn();
     let o = writer.finish(Duration::from_secs(30));
     assert_eq!(o.code, 0, "{o:?}");
     let status = reader.wait_with_output().unwrap().status;
