@@ -95,6 +95,45 @@ fn rank(nr: u64) -> Option<usize> {
     IDLE.iter().position(|&(n, _)| n == nr)
 }
 
+/// `restart_syscall`: what the kernel resumes a sleep, a `poll` or a futex
+/// wait with a timeout as, once a stop (ours, a debugger's, SIGSTOP and
+/// SIGCONT) interrupted it. Which of them it resumes shows only in where
+/// the thread sleeps in the kernel (`/proc/PID/task/TID/wchan`).
+const RESTART_SYSCALL: u64 = 219;
+
+/// The idle call a `restart_syscall` resumes, as its row of [`IDLE`]: a
+/// sleep or a `poll` (whose wait functions `wchan` names), never a futex
+/// wait (`futex_do_wait`, `futex_wait_queue`: it may be the GIL's) or what
+/// cannot be read.
+fn restarted(pid: i32, tid: i32) -> Option<usize> {
+    let wchan = fs::read_to_string(format!("/proc/{pid}/task/{tid}/wchan")).ok()?;
+    let nr = if wchan.starts_with("poll_schedule_timeout") || wchan.starts_with("do_sys_poll") {
+        7
+    } else if wchan.contains("nanosleep") {
+        35
+    } else {
+        return None;
+    };
+    rank(nr)
+}
+
+/// The row of [`IDLE`] for what thread `tid` waits in now, if it is a safe
+/// point.
+fn idle_rank(pid: i32, tid: i32) -> Option<usize> {
+    match syscall_of(pid, tid)? {
+        RESTART_SYSCALL => restarted(pid, tid),
+        nr => rank(nr),
+    }
+}
+
+/// Whether `pid` has exited: gone, or a zombie its parent has not reaped.
+fn exited(pid: i32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+        s.rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with(['Z', 'X']))
+    })
+}
+
 /// What each thread is doing, for the no-safe-point message.
 fn describe(pid: i32) -> String {
     let parts: Vec<String> = tasks(pid)
@@ -102,6 +141,12 @@ fn describe(pid: i32) -> String {
         .into_iter()
         .map(|t| {
             let what = match syscall_of(pid, t) {
+                Some(RESTART_SYSCALL) => match restarted(pid, t) {
+                    Some(r) => format!("restart_syscall ({})", IDLE[r].1),
+                    None => {
+                        "restart_syscall (of a futex wait, or unknown: not a safe point)".into()
+                    }
+                },
                 Some(nr) => IDLE
                     .iter()
                     .chain(NOT_SAFE.iter())
@@ -127,11 +172,11 @@ pub fn hold(pid: i32, limit: Duration, prefer: impl Fn(i32) -> bool) -> Result<H
         let mut candidates: Vec<(usize, bool, i32)> = tasks(pid)
             .map_err(|_| Failure::Gone)?
             .into_iter()
-            .filter_map(|t| Some((rank(syscall_of(pid, t)?)?, !prefer(t), t)))
+            .filter_map(|t| Some((idle_rank(pid, t)?, !prefer(t), t)))
             .collect();
         candidates.sort_unstable();
-        for (_, _, tid) in candidates {
-            match try_hold(pid, tid) {
+        for (rank, _, tid) in candidates {
+            match try_hold(pid, tid, IDLE[rank].1) {
                 Ok(Some(h)) => return Ok(h),
                 Ok(None) => {}
                 // Another tracer holds this thread: a second memshim-ctl
@@ -146,6 +191,8 @@ pub fn hold(pid: i32, limit: Duration, prefer: impl Fn(i32) -> bool) -> Result<H
         if start.elapsed() >= limit {
             return Err(match refused {
                 Some(e) => Failure::Seize(e),
+                // Its threads stopped waiting because it exited.
+                None if exited(pid) => Failure::Gone,
                 None => Failure::NoSafePoint(describe(pid)),
             });
         }
@@ -154,8 +201,9 @@ pub fn hold(pid: i32, limit: Duration, prefer: impl Fn(i32) -> bool) -> Result<H
 }
 
 /// Seizes and interrupts `tid`; keeps it if it stopped in an idle system
-/// call, lets it go unchanged otherwise.
-fn try_hold(pid: i32, tid: i32) -> Result<Option<Held>, Failure> {
+/// call, lets it go unchanged otherwise. `seen` is the call it was seen
+/// in: what a `restart_syscall` resumes ([`restarted`]).
+fn try_hold(pid: i32, tid: i32, seen: &'static str) -> Result<Option<Held>, Failure> {
     match ptrace::seize(tid) {
         Ok(()) => {}
         Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(None),
@@ -186,7 +234,12 @@ fn try_hold(pid: i32, tid: i32) -> Result<Option<Held>, Failure> {
         ERESTARTSYS | ERESTARTNOINTR | ERESTARTNOHAND | ERESTART_RESTARTBLOCK
     );
     let epoll = matches!(nr, 232 | 281 | 441) && ret == EINTR;
-    let name = IDLE.iter().find(|&&(n, _)| n as i64 == nr).map(|&(_, s)| s);
+    let name = if nr == RESTART_SYSCALL as i64 && ret == ERESTART_RESTARTBLOCK {
+        // Resumed again just as it was: by the same restart.
+        Some(seen)
+    } else {
+        IDLE.iter().find(|&&(n, _)| n as i64 == nr).map(|&(_, s)| s)
+    };
     let (Some(name), true) = (name, restart || epoll) else {
         // Not in an idle call after all (it returned meanwhile): the
         // registers are untouched, the kernel restarts what it interrupted.

@@ -198,6 +198,40 @@ fn release_reaches_an_unshimmed_cpython_in_every_idle_state_and_it_goes_on_uncha
     eprintln!("{}", report.join("\n"));
 }
 
+/// A wait with a timeout that a stop interrupted (ours, SIGSTOP and
+/// SIGCONT, a debugger's) goes on in the kernel as `restart_syscall`: a
+/// sleep or a `poll` is still a safe point there, and the verbs reach it
+/// again and again (from the second verb on, they said "system call 219",
+/// exit 21).
+#[test]
+fn a_wait_resumed_after_a_stop_is_still_a_safe_point() {
+    for (i, py) in cpythons().into_iter().enumerate() {
+        // A sleep on one CPython: the kernel's restart is the same for all.
+        let states: &[&str] = if i == 0 {
+            &["poll", "sleep"]
+        } else {
+            &["poll"]
+        };
+        for &state in states {
+            let what = format!("CPython {}, main thread in {state}", py.label);
+            let child = start_for(&py, state, 2.5);
+            let pid = child.pid();
+            let p = pid.to_string();
+            in_kernel_wait(pid);
+            // A stop and a continue, as from job control.
+            for sig in ["-STOP", "-CONT"] {
+                assert_eq!(Cmd::new("kill", [sig, p.as_str()]).run().code, 0);
+            }
+            in_kernel_wait(pid);
+            for _ in 0..3 {
+                let (code, v, err) = ctl_json(&["gc", &p, "--json"]);
+                assert_eq!(code, 0, "{what}: {v} {err}");
+            }
+            goes_on_unchanged(child, state, 2.5, &what);
+        }
+    }
+}
+
 #[test]
 fn gc_reaches_an_unshimmed_cpython_and_finds_its_cycles() {
     let py = cpythons().into_iter().next().expect("a CPython");
@@ -231,6 +265,14 @@ fn a_main_thread_that_never_idles_is_not_reached_and_nothing_changes() {
     assert_eq!((o.code, o.stderr.as_str()), (5, ""), "{o:?}");
     // Nothing ran: the garbage is still there for the fixture's own collection.
     assert!(garbage(&o.stdout) >= 200_000, "{o:?}");
+    // One that exits while the verb waits for a safe point (a zombie until
+    // the test reaps it) has exited: exit 3, not "no safe point".
+    let child = start_for(&py, "spin", 0.5);
+    let (code, v, err) = ctl_json(&["gc", &child.pid().to_string(), "--json"]);
+    assert_eq!(code, i32::from(NOT_FOUND.code), "{v} {err}");
+    assert!(err.contains("exited"), "{err}");
+    let o = child.finish(Duration::from_secs(30));
+    assert_eq!(o.code, 5, "{o:?}");
 }
 
 #[test]
