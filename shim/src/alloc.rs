@@ -147,12 +147,20 @@ unsafe fn big_calloc(n: usize, size: usize) -> *mut c_void {
 /// `out` is writable, as POSIX requires of the caller.
 #[inline(always)]
 pub unsafe fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> libc::c_int {
-    if size >= BIG_AT {
+    let rc = if size >= BIG_AT {
         // SAFETY: as below.
-        return unsafe { big_posix_memalign(out, align, size) };
+        unsafe { big_posix_memalign(out, align, size) }
+    } else {
+        // SAFETY: plain forward; the caller passes a writable `out`.
+        unsafe { je::posix_memalign(out, align, size) }
+    };
+    // glibc's sets errno to ENOMEM beside returning it (its allocation
+    // failed); jemalloc's does only where its own allocation failed, not
+    // for a size past what it can serve.
+    if rc == libc::ENOMEM {
+        set_errno(libc::ENOMEM);
     }
-    // SAFETY: plain forward; the caller passes a writable `out`.
-    unsafe { je::posix_memalign(out, align, size) }
+    rc
 }
 
 /// `posix_memalign` of a big block, out of line (see `big_malloc`). An

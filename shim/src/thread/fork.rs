@@ -159,6 +159,11 @@ fn stop_if_alone(wait_for_job: bool) -> bool {
     // creating it (os/spawner.rs), a moment before the kernel lists it.
     let alone = 1 + run::our_threads();
     match os::proc::thread_count() {
+        // No /proc (a chroot or a mount namespace without it): a fork goes
+        // ahead beside the thread, but a namespace change, which fails in
+        // any process of more than one thread, stops ours first: it then
+        // works wherever the program's own threads allow it.
+        None if wait_for_job => {}
         None => return false,
         Some(n) if n <= alone => {}
         // One or two more: a thread the application has just joined may

@@ -150,6 +150,39 @@ for line in sys.stdin:
     ends_cleanly(ch);
 }
 
+/// Without /proc (a chroot, a mount namespace without it) the shim cannot
+/// count threads, and its thread, which came with the program's first
+/// one, stays; `unshare(CLONE_NEWUSER)` by the program, alone again, then
+/// failed (EINVAL, a multi-threaded caller). The shim's `unshare` stops its
+/// thread first whatever the count, as where it can count.
+#[test]
+fn unshare_works_without_proc_after_the_programs_threads_are_gone() {
+    if Cmd::new("unshare", ["-U", "true"]).run().code != 0 {
+        eprintln!("SKIP: no user namespaces on this machine");
+        return;
+    }
+    let script = r#"
+import ctypes, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+t = threading.Thread(target=lambda: None); t.start(); t.join()
+time.sleep(0.3)
+rc = libc.unshare(0x10000000)  # CLONE_NEWUSER
+print("unshare", rc, ctypes.get_errno(), flush=True)
+"#;
+    let run = format!(
+        "umount -l /proc && exec env LD_PRELOAD='{}' '{}' -c '{}'",
+        memshim_tests::shim().display(),
+        python().display(),
+        script.replace('\'', "'\\''")
+    );
+    let o = Cmd::new("unshare", ["-m", "--propagation", "private", "sh", "-c", &run]).run();
+    assert_eq!(
+        (o.code, o.stdout.trim(), o.stderr.as_str()),
+        (0, "unshare 0 0", ""),
+        "{o:?}"
+    );
+}
+
 #[test]
 fn memshim_thread_comes_with_the_second_thread_and_leaves_when_alone() {
     let mut ch = thread_rule(&[]);
