@@ -168,3 +168,39 @@ fn reclaim_gc_reports_each_release_as_the_process_answered() {
     assert!(o.stdout.contains("\nrelease:\n"), "{o:?}");
     assert!(o.stdout.contains(&format!("pid {hp} (")), "{o:?}");
 }
+
+/// A process whose `release` ends it (its gc runs a finalizer that exits)
+/// has exited meanwhile: it is `skipped`, and `reclaim` succeeds (it failed,
+/// exit 1, "the process exited while memshim-ctl talked to it"). It is a
+/// zombie until this test reaps it, as under a parent that has not yet.
+#[test]
+fn a_process_that_exits_during_reclaim_gc_is_skipped() {
+    let Some(cg) = TestCgroup::new("reclaim-exits") else {
+        return;
+    };
+    let script = "import os, sys, time\n\
+                  class Bomb:\n    def __del__(self): os._exit(0)\n\
+                  a = Bomb(); b = [a]; a.ref = b\n\
+                  del a, b\n\
+                  print('ready', flush=True)\n\
+                  time.sleep(600)\n";
+    let mut bomb = cg
+        .cmd(python(), ["-c", script])
+        .shimmed()
+        .env("MEMSHIM_CONTROL", "on")
+        .spawn();
+    bomb.wait_for_line("ready", Duration::from_secs(30));
+    wait_for_endpoint(&bomb);
+    let bp = bomb.pid().to_string();
+    let (code, r) = ctl_json(&["reclaim", "--gc", &bp]);
+    assert_eq!(code, i32::from(exit::OK.code), "{r}");
+    let skipped = r["skipped"].as_array().unwrap();
+    assert!(
+        skipped
+            .iter()
+            .any(|s| s["pid"] == bomb.pid() && s["reason"] == "exited meanwhile"),
+        "{r}"
+    );
+    let o = bomb.finish(Duration::from_secs(10));
+    assert_eq!(o.code, 0, "{o:?}");
+}

@@ -175,7 +175,11 @@ print("unshare", rc, ctypes.get_errno(), flush=True)
         python().display(),
         script.replace('\'', "'\\''")
     );
-    let o = Cmd::new("unshare", ["-m", "--propagation", "private", "sh", "-c", &run]).run();
+    let o = Cmd::new(
+        "unshare",
+        ["-m", "--propagation", "private", "sh", "-c", &run],
+    )
+    .run();
     assert_eq!(
         (o.code, o.stdout.trim(), o.stderr.as_str()),
         (0, "unshare 0 0", ""),
