@@ -261,7 +261,12 @@ pub fn run_detach(a: DetachArgs) -> Result<Exit, Failure> {
 fn which_memshim(p: &Proc) -> Result<Loaded, Failure> {
     procfs::memshim_in(p.pid).map_err(|e| {
         if e.kind() == std::io::ErrorKind::PermissionDenied {
-            procfs::permission(p, &format!("/proc/{}/maps", p.pid))
+            // Why it may not be traced, as the verbs say it (another
+            // user's process: exit 13), where the checks tell.
+            match memshim_reach::check::may_trace(p.pid) {
+                Err(r) => crate::reach::ptrace::failure(p.pid, memshim_reach::Error::Refused(r)),
+                Ok(()) => procfs::permission(p, &format!("/proc/{}/maps", p.pid)),
+            }
         } else {
             procfs::gone(p.pid, e)
         }

@@ -306,6 +306,23 @@ fn refusals_have_their_own_code_and_leave_the_process_alone() {
     .run();
     assert_eq!(o.code, i32::from(NO_PTRACE.code), "{o:?}");
     assert!(o.stderr.contains("belongs to uid 0"), "{o:?}");
+    // `attach` and `detach` refuse it the same way (they said "permission
+    // denied", exit 5, on reading its maps).
+    for verb in ["attach", "detach"] {
+        let o = Cmd::new(
+            "setpriv",
+            [
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                &ctl().display().to_string(),
+                verb,
+                &pid,
+            ],
+        )
+        .run();
+        assert_eq!(o.code, i32::from(NO_PTRACE.code), "{verb}: {o:?}");
+    }
     let o = root_py.finish(Duration::from_secs(30));
     assert_eq!((o.code, o.stderr.as_str()), (5, ""), "{o:?}");
 
