@@ -452,6 +452,12 @@ struct Copy {
     dir: PathBuf,
     /// The file's path as the process names it.
     inside: String,
+    /// The process's `/tmp`, held open: `dir` is named through
+    /// `/proc/<pid>/root`, which is gone once the process has exited, and
+    /// the copy is then removed through this.
+    tmp: Option<std::fs::File>,
+    /// `dir`'s name in `tmp`.
+    name: String,
 }
 
 impl Copy {
@@ -477,6 +483,8 @@ impl Copy {
         let copy = Copy {
             dir: dir.clone(),
             inside: format!("/tmp/{name}/{BRIDGE}"),
+            tmp: std::fs::File::open(root.join("tmp")).ok(),
+            name,
         };
         let file = dir.join(BRIDGE);
         std::fs::copy(from, &file).map_err(|e| fail("copy", e))?;
@@ -514,7 +522,17 @@ impl Copy {
 
 impl Drop for Copy {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+        use std::os::fd::AsRawFd;
+        if std::fs::remove_dir_all(&self.dir).is_err()
+            && let Some(tmp) = &self.tmp
+        {
+            // The process exited meanwhile: its /tmp through our descriptor.
+            let _ = std::fs::remove_dir_all(format!(
+                "/proc/self/fd/{}/{}",
+                tmp.as_raw_fd(),
+                self.name
+            ));
+        }
     }
 }
 
