@@ -201,10 +201,15 @@ pub fn python(pid: i32, limit: Duration) -> Result<PythonCalls, Error> {
     let run = need(&mut syms, &["PyRun_SimpleString"])?;
     let modules = syms.find("PyImport_GetModuleDict").map(|(a, _)| a);
     let get_item = syms.find("PyDict_GetItemString").map(|(a, _)| a);
-    let trim = syms.find("malloc_trim").map(|(a, _)| a);
     // Only where glibc's malloc is the process's: the stream's buffer is
     // then glibc's to free (another allocator's would be another `free`).
     let glibc_heap = !syms.defined_beside_libc("malloc");
+    // glibc's `malloc_trim` gives back nothing of another allocator's heap
+    // (a preloaded jemalloc or tcmalloc).
+    let trim = syms
+        .find("malloc_trim")
+        .map(|(a, _)| a)
+        .filter(|_| glibc_heap);
     let mut find = |n: &str| syms.find(n).map(|(a, _)| a);
     let eval = (|| {
         Some(Eval {
@@ -460,7 +465,8 @@ impl PythonCalls {
     }
 
     /// `malloc_trim(0)` (the GIL given back first): `Some(true)` if memory
-    /// went back to the OS, `None` without glibc's malloc_trim.
+    /// went back to the OS, `None` without glibc's malloc_trim or where
+    /// another allocator's `malloc` is the process's.
     pub fn malloc_trim(&mut self) -> Result<Option<bool>, Error> {
         self.unlock()?;
         let Some(trim) = self.trim else {

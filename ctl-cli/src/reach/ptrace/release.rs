@@ -125,7 +125,11 @@ fn steps(pid: i32, calls: &mut PythonCalls) -> Result<Vec<ReleaseStep>, Error> {
     };
     let trim = step(pid, ReleaseStepKind::Purge, |s| {
         Ok(match calls.malloc_trim()? {
-            None => s.nothing_to_do("no malloc_trim in the process (not glibc's allocator)"),
+            None => s.nothing_to_do(
+                "the process's malloc is not glibc's (another allocator is preloaded, or none \
+                 exports malloc_trim): its free memory goes back by its own rules; `memshim-ctl \
+                 attach` reaches jemalloc's and tcmalloc's own return",
+            ),
             Some(_) => s,
         })
     })?;
