@@ -3,9 +3,9 @@
 //! connection, at most [`MAX_CONNECTIONS`] at once, `Connection: close`,
 //! request head capped at 8 KiB and 5 s in all, one scrape at a time, each
 //! bounded by [`Limits`]. When every slot is taken, the connection that has
-//! waited longest for its request head is closed to make room (silent
-//! clients cannot lock scrapes out); with none waiting, the new one gets
-//! 503. Nothing is kept between requests.
+//! waited longest for its request head, [`HEAD_GRACE`] at least, is closed
+//! to make room (silent clients cannot lock scrapes out); with none such,
+//! the new one gets 503. Nothing is kept between requests.
 //!
 //! It takes no actions, except `POST /purge?pid=N` when started with
 //! `--enable-purge`, which is refused unless the listen address is loopback
@@ -45,6 +45,10 @@ const MAX_HEAD: usize = 8 * 1024;
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections served at once. Prometheus scrapes one at a time.
 pub const MAX_CONNECTIONS: usize = 16;
+/// How long a connection waits for its request head before a new one may
+/// take its slot: a client that sent its head is read within moments; one
+/// that sent nothing for this long holds a slot another needs.
+pub const HEAD_GRACE: Duration = Duration::from_secs(1);
 
 /// A stream whose reads all end by one deadline: a client that sends a
 /// byte every few seconds cannot hold a connection past it (a timeout per
@@ -261,7 +265,7 @@ struct Server {
     /// Connections being served.
     busy: AtomicUsize,
     /// Those still waiting for their request head, oldest first.
-    waiting: Mutex<VecDeque<(u64, TcpStream)>>,
+    waiting: Mutex<VecDeque<(u64, TcpStream, Instant)>>,
     next_id: AtomicU64,
     /// One scrape at a time: concurrent requests cannot multiply the work
     /// a scrape makes on the host.
@@ -274,13 +278,19 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Server {
     /// Takes a slot for the new connection `s`: a free one, or that of the
-    /// connection that has waited longest for its head (closed here), and
-    /// registers `s` as waiting for its head. Its id, or `None` when every
-    /// slot is answering a request.
+    /// connection that has waited longest for its head, at least
+    /// [`HEAD_GRACE`] (closed here), and registers `s` as waiting for its
+    /// head. Its id, or `None` when no slot can be had: every one is
+    /// answering a request, or waits for a head that may be on its way (a
+    /// burst of clients whose heads their threads have not read yet: they
+    /// were closed unanswered, where one more now gets 503).
     fn admit(&self, s: &TcpStream) -> Option<u64> {
         let mut waiting = lock(&self.waiting);
         if self.busy.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
-            let Some((_, oldest)) = waiting.pop_front() else {
+            let idle = waiting
+                .front()
+                .is_some_and(|(_, _, since)| since.elapsed() >= HEAD_GRACE);
+            let Some((_, oldest, _)) = waiting.pop_front().filter(|_| idle) else {
                 self.busy.fetch_sub(1, Ordering::AcqRel);
                 return None;
             };
@@ -290,7 +300,7 @@ impl Server {
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         if let Ok(c) = s.try_clone() {
-            waiting.push_back((id, c));
+            waiting.push_back((id, c, Instant::now()));
         }
         Some(id)
     }
@@ -302,7 +312,7 @@ struct Slot(Arc<Server>, u64);
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        lock(&self.0.waiting).retain(|(i, _)| *i != self.1);
+        lock(&self.0.waiting).retain(|(i, _, _)| *i != self.1);
         self.0.busy.fetch_sub(1, Ordering::AcqRel);
     }
 }
@@ -341,7 +351,7 @@ fn handle(s: TcpStream, id: u64, server: &Server) {
     let a = &server.args;
     let until = Instant::now() + IO_TIMEOUT;
     let head = read_head(ByDeadline { s: &s, until });
-    lock(&server.waiting).retain(|(i, _)| *i != id);
+    lock(&server.waiting).retain(|(i, _, _)| *i != id);
     let head = match head {
         Ok(h) => h,
         Err(_) if Instant::now() >= until => {
