@@ -29,7 +29,7 @@ impl Cli {
     /// Parses the command line; bad arguments end the process with clap's
     /// usage error ([`crate::exit::USAGE`]), combinations clap cannot check itself too.
     pub fn parse_checked() -> Cli {
-        let cli = Cli::parse();
+        let cli = Cli::try_parse().unwrap_or_else(|e| exit_with(&e));
         let (name, why) = match &cli.command {
             Command::Serve(a) => ("serve", cmd::serve::conflict(a)),
             Command::Profile(a) => ("profile", cmd::profile::conflict(a)),
@@ -44,6 +44,33 @@ impl Cli {
                 .exit();
         }
         cli
+    }
+}
+
+/// Ends the process as clap's `exit` does, for a usage error or for
+/// `--help`/`--version`, except that help or a version that cannot be
+/// written (`> /dev/full`, a closed pipe) is a failure (exit 1), as for
+/// any other output, not a success.
+fn exit_with(e: &clap::Error) -> ! {
+    use std::io::Write;
+    if e.use_stderr() {
+        e.exit();
+    }
+    // Styled on a terminal only, as clap does.
+    let text = if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+        e.render().ansi().to_string()
+    } else {
+        e.render().to_string()
+    };
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => std::process::exit(0),
+        Err(err) => {
+            let failed = crate::exit::FAILED;
+            let f = crate::exit::Failure::new(failed, None, format!("writing to stdout: {err}"));
+            let _ = crate::output::print::report(&f, false);
+            std::process::exit(i32::from(failed.code))
+        }
     }
 }
 

@@ -54,6 +54,10 @@ fn a_closed_or_full_stdout_is_an_error_not_a_crash() {
         vec!["purge", pid.as_str()],
         vec!["doctor", pid.as_str()],
         vec!["stats", "999999999", "--json"],
+        // Help and the version too (clap's own printing exited 0).
+        vec!["--help"],
+        vec!["stats", "--help"],
+        vec!["--version"],
     ] {
         let full = std::fs::OpenOptions::new()
             .write(true)
