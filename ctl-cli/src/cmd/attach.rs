@@ -140,6 +140,18 @@ pub fn run_attach(a: AttachArgs) -> Result<Exit, Failure> {
             ),
         ));
     }
+    if !serving && !procfs::view(pid).join("root/proc/meminfo").exists() {
+        // The bridge names its socket by what /proc tells it (its pid as
+        // the verbs see it, its start time): without it, it would serve
+        // where no verb looks, for the process's life.
+        return Err(Failure::new(
+            exit::NOT_ATTACHED,
+            Some(pid),
+            "the process's root has no /proc mounted (a chroot without it), which the bridge needs to name its \
+             socket; nothing was changed",
+        )
+        .hint("mount /proc in its root, or start the process with LD_PRELOAD; the verbs reach it by ptrace meanwhile"));
+    }
     if !serving {
         load(&p, loaded == Loaded::Attached, &a, &mut done).map_err(exited)?;
     }
@@ -527,11 +539,8 @@ impl Drop for Copy {
             && let Some(tmp) = &self.tmp
         {
             // The process exited meanwhile: its /tmp through our descriptor.
-            let _ = std::fs::remove_dir_all(format!(
-                "/proc/self/fd/{}/{}",
-                tmp.as_raw_fd(),
-                self.name
-            ));
+            let _ =
+                std::fs::remove_dir_all(format!("/proc/self/fd/{}/{}", tmp.as_raw_fd(), self.name));
         }
     }
 }

@@ -16,7 +16,7 @@ use super::without_preload::{
     ctl_json, goes_on_unchanged, in_kernel_wait, in_process_rss, start_for, traced_pid,
     under_strace,
 };
-use memshim_proto::exit::{NO_SAFE_POINT, NOT_FOUND, PRELOADED, TRACED};
+use memshim_proto::exit::{NO_SAFE_POINT, NOT_ATTACHED, NOT_FOUND, PRELOADED, TRACED};
 use memshim_tests::py::*;
 use memshim_tests::{Cmd, ctl, mib, rss_bytes, wait_until};
 use std::time::{Duration, Instant};
@@ -448,6 +448,36 @@ fn a_fork_of_an_attached_cpython_is_silent_and_its_child_can_be_attached() {
         let o = child.finish(Duration::from_secs(30));
         assert_eq!((o.code, o.stderr.as_str()), (7, ""), "{what}: {o:?}");
     }
+}
+
+/// A CPython whose root has no /proc mounted (a chroot without it) is not
+/// attached: the bridge names its socket by what /proc says, and it served
+/// where no verb looked, for the process's life, and could not be
+/// detached. It is refused (exit 22) with nothing loaded, and the verbs
+/// still reach it by ptrace.
+#[test]
+fn a_cpython_without_proc_is_not_attached_and_the_verbs_still_reach_it() {
+    let py = cpythons().into_iter().next().expect("a CPython");
+    let run = format!(
+        "umount -l /proc && exec '{}' -c 'import time; print(\"ready\", flush=True); time.sleep(60)'",
+        py.exe.display()
+    );
+    let mut child = Cmd::new(
+        "unshare",
+        ["-m", "--propagation", "private", "sh", "-c", &run],
+    )
+    .spawn();
+    child.wait_for_line("ready", Duration::from_secs(30));
+    let pid = child.pid();
+    in_kernel_wait(pid);
+    let (code, v, err) = ctl_json(&["attach", &pid.to_string(), "--json"]);
+    assert_eq!(code, i32::from(NOT_ATTACHED.code), "{v} {err}");
+    assert!(err.contains("no /proc"), "{err}");
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    assert!(!maps.contains("libmemshim_bridge"), "{maps}");
+    let (code, v, err) = ctl_json(&["stats", &pid.to_string(), "--json"]);
+    assert_eq!(code, 0, "{v} {err}");
+    assert_eq!(v["reached"]["by"], "ptrace", "{v}");
 }
 
 /// SIGKILL to a process this test forked, when dropped.
