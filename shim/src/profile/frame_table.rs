@@ -5,8 +5,8 @@
 //! and a code object may be freed and its address reused long before the
 //! sample is dumped. So the first sample that meets a frame (a code object
 //! at an instruction) copies its file name, function name and line here,
-//! and its stack holds the slot's id; a later one finds it by code and
-//! instruction, without decoding the line again.
+//! and its stack holds the slot's id; a later one finds it by code,
+//! instruction and names, without decoding the line again.
 //!
 //! Fixed size, in `.bss` (untouched, and so free, in a process that never
 //! samples), filled without a lock or an allocation: a slot is claimed with
@@ -33,9 +33,12 @@ const EMPTY: u8 = 0;
 const FILLING: u8 = 1;
 const READY: u8 = 2;
 
-/// What tells two frames apart: the code object and the instruction in
-/// it, and the objects of its names (a code object freed and another made at its
-/// address rarely has the same name objects too).
+/// What finds a frame: the code object and the instruction in it, and the
+/// objects of its names. A code object freed and another made at its
+/// address may have name objects made at the freed ones' too, so the names
+/// themselves are compared as well ([`intern`]). What stays: such a code
+/// object of the same names, whose lines differ (the same function
+/// compiled again from an edited source), keeps the first one's line.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Key {
     pub code: usize,
@@ -87,11 +90,16 @@ fn start(k: &Key) -> usize {
     (h >> 40) as usize % SLOTS
 }
 
-/// The id of the frame `k`, filling a new slot with `fill(file, function)`
-/// (which writes each name into its buffer and returns their lengths and
-/// the line) if the frame is new. Async-signal-safe: no lock, no
-/// allocation.
-pub fn intern(k: Key, fill: impl FnOnce(&mut [u8], &mut [u8]) -> (usize, usize, u32)) -> u32 {
+/// The id of the frame `k` whose names are `file` (its end, at most
+/// [`FILE_BYTES`]) and `function` (at most [`FUNCTION_BYTES`]), filling a
+/// new slot with them and `line()` if the frame is new. A slot of the same
+/// objects but other names is another frame: a code object freed, and
+/// another made at its address with name strings made at theirs (code
+/// built by `exec`, regenerated modules); the names are compared, not
+/// trusted. Async-signal-safe: no lock, no allocation.
+pub fn intern(k: Key, file: &[u8], function: &[u8], line: impl FnOnce() -> u32) -> u32 {
+    let file = &file[..file.len().min(FILE_BYTES)];
+    let function = &function[..function.len().min(FUNCTION_BYTES)];
     let first = start(&k);
     for i in 0..PROBES {
         let n = (first + i) % SLOTS;
@@ -101,7 +109,8 @@ pub fn intern(k: Key, fill: impl FnOnce(&mut [u8], &mut [u8]) -> (usize, usize, 
                 if s.code.load(Relaxed) == k.code
                     && s.at.load(Relaxed) == k.at
                     && s.file_obj.load(Relaxed) == k.file
-                    && s.name_obj.load(Relaxed) == k.name =>
+                    && s.name_obj.load(Relaxed) == k.name
+                    && names_are(s, file, function) =>
             {
                 return n as u32;
             }
@@ -114,7 +123,11 @@ pub fn intern(k: Key, fill: impl FnOnce(&mut [u8], &mut [u8]) -> (usize, usize, 
                 }
                 // SAFETY: this thread claimed the slot; nobody reads its
                 // buffers until READY.
-                let (f, g, line) = unsafe { fill(&mut *s.file.get(), &mut *s.function.get()) };
+                unsafe {
+                    (&mut *s.file.get())[..file.len()].copy_from_slice(file);
+                    (&mut *s.function.get())[..function.len()].copy_from_slice(function);
+                }
+                let (f, g, line) = (file.len(), function.len(), line());
                 s.code.store(k.code, Relaxed);
                 s.file_obj.store(k.file, Relaxed);
                 s.name_obj.store(k.name, Relaxed);
@@ -130,6 +143,16 @@ pub fn intern(k: Key, fill: impl FnOnce(&mut [u8], &mut [u8]) -> (usize, usize, 
         }
     }
     PYTHON_FRAME_UNKNOWN
+}
+
+/// Whether the READY slot `s` holds these names.
+fn names_are(s: &Slot, file: &[u8], function: &[u8]) -> bool {
+    let fl = s.file_len.load(Relaxed) as usize;
+    let gl = s.function_len.load(Relaxed) as usize;
+    // SAFETY: READY seen with acquire: the buffers are written and never
+    // change again.
+    let (f, g) = unsafe { (&(&*s.file.get())[..fl], &(&*s.function.get())[..gl]) };
+    f == file && g == function
 }
 
 /// Every frame in the table (the shim's thread, for a dump).
@@ -165,11 +188,7 @@ mod tests {
             name: 2,
             at,
         };
-        intern(k, |f, g| {
-            f[..4].copy_from_slice(b"a.py");
-            g[..name.len()].copy_from_slice(name.as_bytes());
-            (4, name.len(), at + 100)
-        })
+        intern(k, b"a.py", name.as_bytes(), || at + 100)
     }
 
     #[test]
@@ -177,12 +196,24 @@ mod tests {
         let a = put(0x1000, 7, "load");
         let b = put(0x1000, 8, "load");
         assert_ne!(a, b);
-        assert_eq!(put(0x1000, 7, "ignored"), a);
+        assert_eq!(put(0x1000, 7, "load"), a);
         let all = frames();
         let fa = all.iter().find(|f| f.id == a).unwrap();
         assert_eq!(
             (fa.file.as_str(), fa.function.as_str(), fa.line),
             ("a.py", "load", 107)
         );
+    }
+
+    /// The same objects (a code object, its name strings, all made again
+    /// at the addresses of freed ones) with other names are another frame.
+    #[test]
+    fn objects_made_again_at_the_same_addresses_with_other_names_are_another_frame() {
+        let a = put(0x2000, 3, "fn_0");
+        let b = put(0x2000, 3, "fn_2");
+        assert_ne!(a, b);
+        let all = frames();
+        let fb = all.iter().find(|f| f.id == b).unwrap();
+        assert_eq!(fb.function, "fn_2");
     }
 }

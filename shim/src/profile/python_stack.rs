@@ -715,7 +715,8 @@ unsafe fn is_code(i: &Interp, co: usize) -> bool {
 
 /// Pushes the address of code `co` at instruction offset `at`: the first
 /// time, its names are copied into the table and its line decoded
-/// (`line`), which a frame already there skips.
+/// (`line`), which a frame already there (the same objects with the same
+/// names) skips.
 ///
 /// # Safety
 /// `co` is a live code object.
@@ -728,11 +729,13 @@ unsafe fn emit(l: &Layout, co: usize, at: isize, line: impl FnOnce() -> c_int, o
         name,
         at: at as u32,
     };
-    let id = frame_table::intern(key, |fb, nb| {
-        // SAFETY: the code object's name strings, alive with it.
-        let (f, n) = unsafe { (text(l, file, fb, true), text(l, name, nb, false)) };
-        (f, n, line().max(0) as u32)
-    });
+    // The names each time: the table compares them, as the objects' addresses
+    // may be those of freed ones (frame_table::intern).
+    let mut fb = [0u8; frame_table::FILE_BYTES];
+    let mut nb = [0u8; frame_table::FUNCTION_BYTES];
+    // SAFETY: the code object's name strings, alive with it.
+    let (f, n) = unsafe { (text(l, file, &mut fb, true), text(l, name, &mut nb, false)) };
+    let id = frame_table::intern(key, &fb[..f], &nb[..n], || line().max(0) as u32);
     out.push(memshim_proto::python_frame_address(id) as usize);
 }
 

@@ -401,3 +401,52 @@ fn native_profiles_carry_python_lines_on_every_cpython() {
         assert_eq!((done.code, done.stderr.as_str()), (0, ""), "{v}: {done:?}");
     }
 }
+
+/// A function whose code object and name strings were made where freed
+/// ones had been (code built by `exec`, regenerated modules) is named as
+/// itself: each of 40 rounds' `fn_N`, compiled from `gen_NN.py`, holds its
+/// own 2 MiB in the profile under its own name and file. The table found
+/// frames by the objects' addresses alone, and on CPython 3.8 to 3.11 gave
+/// most rounds' bytes to an earlier round's names.
+#[test]
+fn a_function_made_where_a_freed_one_was_is_named_as_itself() {
+    for py in cpythons() {
+        let v = &py.label;
+        let (mut child, pid) = sampled(&py, "py_reuse.py", "pyreuse", Duration::from_secs(30));
+        child.send("grow");
+        child.wait_for_line("grown", Duration::from_secs(60));
+        let o = Cmd::new(ctl(), ["profile", &pid, "--json", "--keep"]).run();
+        assert_eq!(o.code, 0, "{v}: {o:?}");
+        let p: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+        let mut named = std::collections::BTreeSet::new();
+        for s in p["stacks"].as_array().unwrap() {
+            let Some(f) = s["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|f| f["library"] == "[python]")
+            else {
+                continue;
+            };
+            let (function, source) = (
+                f["function"].as_str().unwrap_or(""),
+                f["source"].as_str().unwrap_or(""),
+            );
+            let Some(n) = function.strip_prefix("fn_") else {
+                continue;
+            };
+            let n: u32 = n.parse().unwrap_or_else(|_| panic!("{v}: {function}"));
+            assert_eq!(
+                source,
+                format!("/memshim-test/gen_{n:02}.py:2"),
+                "{v}: {function} at {source}"
+            );
+            named.insert(n);
+        }
+        eprintln!("{v}: {} of 40 rounds named", named.len());
+        assert!(named.len() >= 30, "{v}: rounds named: {named:?}");
+        child.send("quit");
+        let o = child.finish(Duration::from_secs(30));
+        assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{v}: {o:?}");
+    }
+}
