@@ -97,6 +97,10 @@ impl Attached {
     }
 }
 
+/// Connections `attach` opens again when one breaks before the bridge's
+/// first answers (a fork of the process closes it).
+const CONVERSE_TRIES: u32 = 5;
+
 /// Runs `attach`.
 pub fn run_attach(a: AttachArgs) -> Result<Exit, Failure> {
     let pid = a.pid;
@@ -155,27 +159,36 @@ pub fn run_attach(a: AttachArgs) -> Result<Exit, Failure> {
     if !serving {
         load(&p, loaded == Loaded::Attached, &a, &mut done).map_err(exited)?;
     }
-    let mut c = wait_for_socket(&p).map_err(exited)?;
+    let decay = Request::Decay {
+        dirty_ms: a.idle_return.map(i64::from),
+        muzzy_ms: None,
+    };
     // Its first Python job registers the bridge's fork hooks with the
-    // interpreter (shim/src/thread/attached.rs): a `stats`, at once.
-    let _ = c.stats();
-    if let Some(ms) = a.idle_return {
-        let r: DecayResult = c
-            .ask(&Request::Decay {
-                dirty_ms: Some(i64::from(ms)),
-                muzzy_ms: None,
-            })
-            .map_err(exited)?;
-        done.idle_return_ms = Some(r.dirty_decay_ms);
+    // interpreter (shim/src/thread/attached.rs): a `stats`, at once, which
+    // must be answered; until then each fork of the process restarts the
+    // bridge's thread before CPython counts threads, and CPython warns. A
+    // fork stops the thread and closes the connection under way, so a
+    // process that forks often may break one: it is opened again.
+    let mut tries = 0;
+    let r: DecayResult = loop {
+        let answered = wait_for_socket(&p).and_then(|mut c| {
+            c.stats()?;
+            c.ask(&decay)
+        });
+        match answered {
+            Ok(r) => break r,
+            Err(f) if tries < CONVERSE_TRIES && f.exit != exit::NOT_FOUND => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(f) => return Err(exited(f)),
+        }
+    };
+    done.idle_return_ms = if a.idle_return.is_some() {
+        Some(r.dirty_decay_ms)
     } else {
-        let r: DecayResult = c
-            .ask(&Request::Decay {
-                dirty_ms: None,
-                muzzy_ms: None,
-            })
-            .map_err(exited)?;
-        done.idle_return_ms = (r.dirty_decay_ms >= 0).then_some(r.dirty_decay_ms);
-    }
+        (r.dirty_decay_ms >= 0).then_some(r.dirty_decay_ms)
+    };
     if a.json {
         outln!("{}", serde_json::to_string(&done).unwrap_or_default())?;
         return Ok(exit::OK);
