@@ -223,7 +223,7 @@ mod tests {
     #[test]
     fn an_undecodable_answer_is_shown_by_its_start_and_length() {
         assert_eq!(excerpt(b"{\"ok\":1\n"), "{\"ok\":1");
-        let huge = [b'A'; 64 << 20];
+        let huge = vec![b'A'; 64 << 20];
         let e = excerpt(&huge);
         assert!(e.starts_with(&"A".repeat(EXCERPT_BYTES)), "{e}");
         assert!(e.ends_with(&format!("… ({} bytes)", 64 << 20)), "{e}");
