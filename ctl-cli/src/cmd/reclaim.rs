@@ -116,12 +116,11 @@ fn reclaim<R: Answer + Serialize>(
             p.failure.clone().map(Err)
         };
         if let Some(result) = result {
-            // A process that exited meanwhile has nothing left to purge.
-            // (A zombie too: `release`'s gc can end a program whose
-            // finalizer exits.)
+            // A process that exited meanwhile has nothing left to purge
+            // (a zombie too: `release`'s gc can end a program whose
+            // finalizer exits).
             let gone = result.as_ref().is_err_and(|f| f.exit == exit::NOT_FOUND)
-                && (std::fs::metadata(format!("/proc/{}", p.pid)).is_err()
-                    || crate::reach::procfs::is_zombie(p.pid));
+                && crate::reach::procfs::all_threads_exited(p.pid);
             if gone {
                 skipped.push(Skipped {
                     pid: p.pid,
