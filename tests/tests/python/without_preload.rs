@@ -256,7 +256,10 @@ fn gc_reaches_an_unshimmed_cpython_and_finds_its_cycles() {
 #[test]
 fn a_main_thread_that_never_idles_is_not_reached_and_nothing_changes() {
     let py = cpythons().into_iter().next().expect("a CPython");
-    let child = start(&py, "spin");
+    // It spins well past the verb's limit for a safe point
+    // (SAFE_POINT_LIMIT, 2 s): one that ends its spin and exits within
+    // the limit has exited, the case below.
+    let child = start_for(&py, "spin", 3.0 * WAIT);
     let pid = child.pid();
     let (code, v, err) = ctl_json(&["gc", &pid.to_string(), "--json"]);
     assert_eq!(code, i32::from(NO_SAFE_POINT.code), "{v} {err}");
