@@ -62,8 +62,9 @@ fn exit_with(e: &clap::Error) -> ! {
     } else {
         e.render().to_string()
     };
-    let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+    let written = crate::output::closed::stdout()
+        .and_then(|mut out| out.write_all(text.as_bytes()).and_then(|()| out.flush()));
+    match written {
         Ok(()) => std::process::exit(0),
         Err(err) => {
             let failed = crate::exit::FAILED;

@@ -14,7 +14,8 @@
 //! On other architectures `inject` is inject_other.rs: holding a thread
 //! fails at once, so the CLI builds (the aarch64 wheel) and says so.
 //!
-//! The CLI forbids `unsafe`; this crate is where its system calls live
+//! The CLI has no `unsafe` (but one constructor, output/closed.rs); this
+//! crate is where its system calls live
 //! (docs/design.md, "Reaching a process started without the preload").
 
 pub mod check;

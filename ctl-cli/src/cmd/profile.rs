@@ -59,7 +59,7 @@ pub struct ProfileArgs {
     #[arg(long, conflicts_with_all = ["diff", "reset"])]
     pub python: bool,
     /// The difference NEW minus OLD of two profiles saved with `--format json`.
-    #[arg(long, num_args = 2, value_names = ["OLD", "NEW"], conflicts_with = "pid")]
+    #[arg(long, num_args = 2, value_names = ["OLD", "NEW"], conflicts_with_all = ["pid", "seconds", "every", "keep"])]
     pub diff: Option<Vec<PathBuf>>,
     /// How to show it (default: from the name given to -o, else table).
     #[arg(long, value_enum)]
@@ -70,7 +70,7 @@ pub struct ProfileArgs {
     /// In a stack with Python frames, `fold` leaves out the interpreter's
     /// own C frames between them (but the one that allocated); `all` keeps
     /// every native frame.
-    #[arg(long, value_enum, default_value_t = NativeFrames::Fold, value_name = "WHICH")]
+    #[arg(long, value_enum, default_value_t = NativeFrames::Fold, value_name = "WHICH", conflicts_with = "python")]
     pub native_frames: NativeFrames,
     /// Rows of the table.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=100000))]

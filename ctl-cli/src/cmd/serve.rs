@@ -121,7 +121,11 @@ pub fn read_head(r: impl Read) -> Result<Head, (u16, &'static str)> {
                 if let Some((k, v)) = line.split_once(':') {
                     let v = v.trim().to_owned();
                     if k.eq_ignore_ascii_case("host") {
-                        host = Some(v);
+                        // RFC 9112 3.2: a second Host line is a bad request
+                        // (a proxy and this server could read different ones).
+                        if host.replace(v).is_some() {
+                            return Err((400, "more than one Host header"));
+                        }
                     } else if k.eq_ignore_ascii_case("x-memshim-purge") {
                         purge_header = Some(v);
                     }
@@ -483,6 +487,11 @@ mod tests {
         let big = format!("GET / HTTP/1.1\r\nX-Pad: {}\r\n\r\n", "a".repeat(MAX_HEAD));
         assert_eq!(read_head(big.as_bytes()).unwrap_err().0, 431);
         assert_eq!(read_head(&b"nonsense\r\n\r\n"[..]).unwrap_err().0, 400);
+        let two = b"POST /purge HTTP/1.1\r\nHost: evil.example\r\nhost: 127.0.0.1\r\n\r\n";
+        assert_eq!(
+            read_head(&two[..]).unwrap_err(),
+            (400, "more than one Host header")
+        );
     }
 
     #[test]

@@ -90,7 +90,6 @@ pub fn run(a: WatchArgs) -> Result<Exit, Failure> {
             .as_ref()
             .map(|c| c.proc.command.clone())
             .unwrap_or_default();
-        let mut out = std::io::stdout().lock();
         let text = if tty {
             format!(
                 "\x1b[H\x1b[2J{}",
@@ -99,7 +98,9 @@ pub fn run(a: WatchArgs) -> Result<Exit, Failure> {
         } else {
             line(start.elapsed().as_secs_f64(), &history)
         };
-        match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+        let written = crate::output::closed::stdout()
+            .and_then(|mut out| out.write_all(text.as_bytes()).and_then(|()| out.flush()));
+        match written {
             Ok(()) => {}
             // The reader went away (`| head`): a stream ends there.
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(exit::OK),

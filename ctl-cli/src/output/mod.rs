@@ -1,8 +1,10 @@
 //! What the CLI writes and how it looks: stdout, stderr and safe text
 //! (print.rs), sizes, tables and sparklines (render.rs), and the timeline
 //! chart of `record` and `watch` (timeline.rs); [`check_file`] for a file
-//! given with `-o`.
+//! given with `-o`. stdout itself comes from closed.rs, which knows whether
+//! it was closed before the CLI started.
 
+pub mod closed;
 pub mod print;
 pub mod render;
 pub mod timeline;

@@ -2,7 +2,8 @@
 //! on stderr, and text other processes chose made safe to show.
 //!
 //! `print!` panics when the write fails: `memshim-ctl list | true` (a
-//! closed pipe) or `> /dev/full` would abort the CLI. Every result goes
+//! closed pipe) or `> /dev/full` would abort the CLI, and succeeds where
+//! stdout was closed (`>&-`: closed.rs). Every result goes
 //! through [`out!`]/[`outln!`] instead, which turn a failed write into a
 //! `Failure` (exit 1, "writing to stdout: …") for the command to return
 //! with `?`. Messages go to stderr through [`errln!`], which never
@@ -17,17 +18,18 @@ use std::process::ExitCode;
 /// newline and tab ([`shown`]).
 pub fn write(args: std::fmt::Arguments<'_>) -> Result<(), Failure> {
     let text = std::fmt::format(args);
-    let mut o = std::io::stdout().lock();
-    o.write_all(shown(&text).as_bytes())
-        .and_then(|()| o.flush())
+    super::closed::stdout()
+        .and_then(|mut o| {
+            o.write_all(shown(&text).as_bytes())
+                .and_then(|()| o.flush())
+        })
         .map_err(|e| Failure::new(exit::FAILED, None, format!("writing to stdout: {e}")))
 }
 
 /// Writes raw bytes to stdout and flushes it (a binary format).
 pub fn write_bytes(b: &[u8]) -> Result<(), Failure> {
-    let mut o = std::io::stdout().lock();
-    o.write_all(b)
-        .and_then(|()| o.flush())
+    super::closed::stdout()
+        .and_then(|mut o| o.write_all(b).and_then(|()| o.flush()))
         .map_err(|e| Failure::new(exit::FAILED, None, format!("writing to stdout: {e}")))
 }
 

@@ -43,6 +43,21 @@ fn ctl_to(out: impl Into<Stdio>, args: &[&str]) -> Output {
     }
 }
 
+/// memshim-ctl with `args` and no stdout at all (`>&-`).
+fn ctl_closed(args: &[&str]) -> Output {
+    let mut c = std::process::Command::new("sh");
+    c.args(["-c", "exec \"$@\" >&-", "sh"])
+        .arg(ctl())
+        .args(args)
+        .stderr(Stdio::piped());
+    let o = c.output().expect("run memshim-ctl");
+    Output {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::new(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
 #[test]
 fn a_closed_or_full_stdout_is_an_error_not_a_crash() {
     let heap = start_heap(&[]);
@@ -68,6 +83,9 @@ fn a_closed_or_full_stdout_is_an_error_not_a_crash() {
         for (what, o) in [
             ("/dev/full", ctl_to(full, &args)),
             ("a closed pipe", ctl_to(closed, &args)),
+            // Rust's runtime puts /dev/null there before main: the CLI
+            // looked first (it exited 0, its output gone).
+            ("no stdout (>&-)", ctl_closed(&args)),
         ] {
             assert!(
                 !o.stderr.contains("panicked") && o.code != 134 && o.code != 0,

@@ -594,6 +594,17 @@ fn without_memshim_profile_the_answer_is_no_profiler_and_how_to_turn_it_on() {
     assert_eq!(o.code, i32::from(FAILED.code), "{o:?}");
     assert!(o.stderr.contains("not a profile"), "{}", o.stderr);
     assert_eq!(ctl_run(&["profile"]).code, i32::from(USAGE.code));
+    // Options a diff or --python has no use for are refused, not ignored.
+    for extra in [&["--seconds", "5"][..], &["--every", "1"], &["--keep"]] {
+        let mut args = vec!["profile", "--diff", &j, &j];
+        args.extend_from_slice(extra);
+        let o = ctl_run(&args);
+        assert_eq!(o.code, i32::from(USAGE.code), "{extra:?}: {o:?}");
+        assert!(o.stderr.contains("cannot be used with"), "{o:?}");
+    }
+    let o = ctl_run(&["profile", &pid, "--python", "--native-frames", "all"]);
+    assert_eq!(o.code, i32::from(USAGE.code), "{o:?}");
+    assert!(o.stderr.contains("cannot be used with"), "{o:?}");
 }
 
 #[test]

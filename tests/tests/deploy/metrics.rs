@@ -438,6 +438,19 @@ fn serve_purge_endpoint_is_loopback_only_and_needs_its_header() {
         &[("X-Memshim-Purge", "1"), ("Host", "evil.example")],
     );
     assert_eq!(code, 403);
+    // Two Host lines, the last a loopback one: a bad request (a proxy in
+    // front may have read the first), not a purge.
+    let (code, body) = memshim_tests::deploy::http_with(
+        &addr,
+        "POST",
+        &path,
+        &[
+            ("X-Memshim-Purge", "1"),
+            ("Host", "evil.example"),
+            ("Host", "127.0.0.1"),
+        ],
+    );
+    assert_eq!(code, 400, "{body}");
     // A pid with no such process: 404, as memshim-ctl's `not_found` exit.
     let gone = memshim_tests::deploy::http_with(
         &addr,
