@@ -104,12 +104,15 @@ const RESTART_SYSCALL: u64 = 219;
 /// The idle call a `restart_syscall` resumes, as its row of [`IDLE`]: a
 /// sleep or a `poll` (whose wait functions `wchan` names), never a futex
 /// wait (`futex_do_wait`, `futex_wait_queue`: it may be the GIL's) or what
-/// cannot be read.
+/// cannot be read. `wchan` skips the scheduler's functions, and a
+/// relative sleep's restart (`hrtimer_nanosleep_restart`, `do_nanosleep`)
+/// is made of them only: newer kernels name the system call's entry
+/// (`do_syscall_64`) for it, which no futex or poll restart shows.
 fn restarted(pid: i32, tid: i32) -> Option<usize> {
     let wchan = fs::read_to_string(format!("/proc/{pid}/task/{tid}/wchan")).ok()?;
     let nr = if wchan.starts_with("poll_schedule_timeout") || wchan.starts_with("do_sys_poll") {
         7
-    } else if wchan.contains("nanosleep") {
+    } else if wchan.contains("nsleep") || wchan == "do_syscall_64" {
         35
     } else {
         return None;
