@@ -254,7 +254,8 @@ fn reached(calls: &PythonCalls) -> Reached {
     }
 }
 
-/// The expression that runs `code` (statements) in a namespace of its own,
+/// The expression that runs `code` (statements, compiled as the file
+/// `<memshim-ctl>`, which tracebacks and tracemalloc name) in a namespace of its own,
 /// not the program's, and makes the `str` it leaves in `answer` (`"None"`
 /// if it raised: the exception is caught inside). The namespace is emptied
 /// after, so that the functions the code defines (which refer to it) leave
@@ -268,7 +269,9 @@ fn answer_of(code: &str) -> String {
         compact += &format!("{}{body}\n", " ".repeat(indent));
     }
     compact += "except BaseException:\n answer = None\n";
-    format!("(lambda n: (exec({compact:?}, n), str(n.get('answer')), n.clear())[1])({{}})")
+    format!(
+        "(lambda n: (exec(compile({compact:?}, '<memshim-ctl>', 'exec'), n), str(n.get('answer')), n.clear())[1])({{}})"
+    )
 }
 
 #[cfg(test)]

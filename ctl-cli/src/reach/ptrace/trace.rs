@@ -13,42 +13,61 @@ use super::*;
 /// (`tracing ours changed frames traced peak overhead ms-left`, then for a
 /// snapshot `bytes count distinct-lines µs`), then one line per source
 /// line, `bytes\tcount\tline\tfile`.
+///
+/// The program's tracemalloc must not count memshim-ctl's own code: the
+/// function `f` is compiled before tracing starts and kept on the module
+/// (`_memshim_f`, with globals of its own: [`answer_of`] clears its
+/// namespace) while the tracing is memshim-ctl's, so later calls
+/// ([`CALL_KEPT`]) compile almost nothing, and a snapshot leaves out what
+/// `f` itself allocated (file `<memshim-ctl>`).
 pub(super) const PY_TRACE: &str = "\
 import time
 m = __import__('_tracemalloc')
-act, changed = '@ACTION@', False
-ours = bool(getattr(m, '_memshim_until', 0))
-if ours and not m.is_tracing():
-    del m._memshim_until
-    ours = False
-if act == 'start' and not m.is_tracing():
-    m.start(@FRAMES@)
-    m._memshim_until, ours, changed = time.time() + @SECONDS@, True, True
-elif act == 'start' and ours:
-    m._memshim_until = time.time() + @SECONDS@
-elif act == 'stop' and ours:
-    m.stop()
-    del m._memshim_until
-    ours, changed = False, True
-t = m.is_tracing()
-cur, peak = m.get_traced_memory()
-left = int(max(m._memshim_until - time.time(), 0) * 1000) if ours else -1
-head = [int(t), int(ours), int(changed), m.get_traceback_limit(), cur, peak, m.get_tracemalloc_memory(), left]
-rows = []
-if act == 'snapshot' and t:
-    t0, agg, total = time.monotonic(), {}, [0, 0]
-    for tr in m._get_traces():
-        total[0] += tr[1]
-        total[1] += 1
-        if tr[2]:
-            e = agg.setdefault(tr[2][0], [0, 0])
-            e[0] += tr[1]
-            e[1] += 1
-    top = sorted(agg.items(), key=lambda kv: (-kv[1][0], kv[0][1]))[:@TOP@]
-    head += total + [len(agg), int((time.monotonic() - t0) * 1e6)]
-    rows = ['%d\\t%d\\t%d\\t%s' % (b, n, k[1], k[0].replace('\\n', '?')) for k, (b, n) in top]
-answer = '\\n'.join([' '.join(map(str, head))] + rows)
+def f(act, frames, seconds, top):
+    ours, changed = bool(getattr(m, '_memshim_until', 0)), False
+    if ours and not m.is_tracing():
+        del m._memshim_until
+        ours = False
+    if act == 'start' and not m.is_tracing():
+        m._memshim_f = type(f)(f.__code__, dict(globals()))
+        m.start(frames)
+        m._memshim_until, ours, changed = time.time() + seconds, True, True
+    elif act == 'start' and ours:
+        m._memshim_until = time.time() + seconds
+    elif act == 'stop' and ours:
+        m.stop()
+        del m._memshim_until
+        ours, changed = False, True
+    if not ours and hasattr(m, '_memshim_f'):
+        del m._memshim_f
+    t = m.is_tracing()
+    cur, peak = m.get_traced_memory()
+    left = int(max(m._memshim_until - time.time(), 0) * 1000) if ours else -1
+    head = [int(t), int(ours), int(changed), m.get_traceback_limit(), cur, peak, m.get_tracemalloc_memory(), left]
+    rows = []
+    if act == 'snapshot' and t:
+        t0, agg, total = time.monotonic(), {}, [0, 0]
+        for tr in m._get_traces():
+            k = tr[2][0] if tr[2] else None
+            if k and k[0] == '<memshim-ctl>':
+                continue
+            total[0] += tr[1]
+            total[1] += 1
+            if k:
+                e = agg.setdefault(k, [0, 0])
+                e[0] += tr[1]
+                e[1] += 1
+        top = sorted(agg.items(), key=lambda kv: (-kv[1][0], kv[0][1]))[:top]
+        head += total + [len(agg), int((time.monotonic() - t0) * 1e6)]
+        rows = ['%d\\t%d\\t%d\\t%s' % (b, n, k[1], k[0].replace('\\n', '?')) for k, (b, n) in top]
+    return '\\n'.join([' '.join(map(str, head))] + rows)
+answer = f('@ACTION@', @FRAMES@, @SECONDS@, @TOP@)
 ";
+
+/// The call of the kept `f` ([`PY_TRACE`]), an expression: its answer, or
+/// `''` where none is kept.
+const CALL_KEPT: &str = "__import__('_tracemalloc')._memshim_f('@ACTION@', @FRAMES@, @SECONDS@, @TOP@) \
+if hasattr(__import__('_tracemalloc'), '_memshim_f') else ''";
 
 /// Lines of a snapshot read by ptrace (its answer comes back through the
 /// injector's 64 KiB).
@@ -66,17 +85,21 @@ pub fn py_trace(
         PyTraceAction::Snapshot => "snapshot",
         PyTraceAction::Stop => "stop",
     };
-    let code = PY_TRACE
-        .replace("@ACTION@", name)
-        .replace("@FRAMES@", "1")
-        .replace(
-            "@SECONDS@",
-            &seconds.unwrap_or(60).min(MAX_PY_TRACE_SECONDS).to_string(),
-        )
-        .replace("@TOP@", &PY_TRACE_TOP.to_string());
+    let fill = |code: &str| {
+        code.replace("@ACTION@", name)
+            .replace("@FRAMES@", "1")
+            .replace(
+                "@SECONDS@",
+                &seconds.unwrap_or(60).min(MAX_PY_TRACE_SECONDS).to_string(),
+            )
+            .replace("@TOP@", &PY_TRACE_TOP.to_string())
+    };
     let mut calls = memshim_reach::python(pid, SAFE_POINT_LIMIT).map_err(|e| failure(pid, e))?;
     let how = reached(&calls);
-    let answer = calls.eval(&answer_of(&code));
+    let answer = match calls.eval(&fill(CALL_KEPT)) {
+        Ok(Some(a)) if !a.is_empty() => Ok(Some(a)),
+        _ => calls.eval(&answer_of(&fill(PY_TRACE))),
+    };
     let finished = calls.finish();
     let answer = answer.map_err(|e| failure(pid, e))?;
     finished.map_err(|e| failure(pid, e))?;
