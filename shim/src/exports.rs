@@ -278,9 +278,9 @@ export!(
     }
 );
 export!(
-    /// `setns`: entering a user or mount namespace needs a single-threaded
-    /// caller (a mount namespace: one whose filesystem context no other
-    /// thread shares); as `unshare`.
+    /// `setns`: entering a user, mount or time namespace needs a
+    /// single-threaded caller (a mount namespace: one whose filesystem
+    /// context no other thread shares); as `unshare`.
     fn setns(fd: c_int, nstype: c_int) -> c_int {
         thread::before_setns(nstype);
         libc::syscall(libc::SYS_setns, fd as libc::c_long, nstype as libc::c_long) as c_int

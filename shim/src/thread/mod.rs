@@ -209,10 +209,12 @@ pub fn before_unshare(flags: i32) {
     }
 }
 
-/// Our `setns`, before the system call: entering a user namespace, or a
-/// mount namespace (or an unknown kind, 0), needs a single-threaded caller.
+/// Our `setns`, before the system call: entering a user, mount or time
+/// namespace (or an unknown kind, 0) needs a single-threaded caller (a
+/// mount namespace: a filesystem context no other thread shares).
 pub fn before_setns(nstype: i32) {
-    if nstype == 0 || nstype & (libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
+    let single = libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWTIME;
+    if nstype == 0 || nstype & single != 0 {
         fork::stop_if_alone_for_namespace();
     }
 }

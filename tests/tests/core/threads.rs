@@ -462,28 +462,33 @@ fn python_can_unshare_a_user_namespace_while_the_shim_thread_lingers() {
     }
 }
 
+/// A mount namespace needs a caller whose filesystem context no other
+/// thread shares, a time namespace a single-threaded caller (`EUSERS`
+/// otherwise): the shim's lingering thread stops first.
 #[test]
-fn python_can_setns_into_a_mount_namespace_while_the_shim_thread_lingers() {
-    let script = right_after_the_last_thread(
-        "fd = os.open('/proc/self/ns/mnt', os.O_RDONLY)\nos.setns(fd, os.CLONE_NEWNS)",
-    );
+fn python_can_setns_into_a_mount_or_time_namespace_while_the_shim_thread_lingers() {
     let pys: Vec<_> = pyenv_pythons()
         .into_iter()
         .filter(|(v, _)| v.starts_with("3.12") || v.starts_with("3.13"))
         .collect();
-    for (v, exe) in pys {
-        let plain = Cmd::new(&exe, ["-c", &script]).run();
-        if plain.code != 0 {
-            eprintln!("SKIP: setns(CLONE_NEWNS) fails here without the shim: {plain:?}");
-            return;
-        }
-        for round in 0..3 {
-            let o = Cmd::new(&exe, ["-c", &script]).shimmed().run();
-            assert_eq!(
-                (o.code, o.stdout.as_str(), o.stderr.as_str()),
-                (0, "ok\n", ""),
-                "CPython {v} round {round}"
-            );
+    for (ns, flag) in [("mnt", "CLONE_NEWNS"), ("time", "CLONE_NEWTIME")] {
+        let script = right_after_the_last_thread(&format!(
+            "fd = os.open('/proc/self/ns/{ns}', os.O_RDONLY)\nos.setns(fd, os.{flag})"
+        ));
+        for (v, exe) in &pys {
+            let plain = Cmd::new(exe, ["-c", &script]).run();
+            if plain.code != 0 {
+                eprintln!("SKIP: setns({flag}) fails here without the shim: {plain:?}");
+                continue;
+            }
+            for round in 0..3 {
+                let o = Cmd::new(exe, ["-c", &script]).shimmed().run();
+                assert_eq!(
+                    (o.code, o.stdout.as_str(), o.stderr.as_str()),
+                    (0, "ok\n", ""),
+                    "CPython {v}, {flag}, round {round}"
+                );
+            }
         }
     }
 }
