@@ -13,7 +13,8 @@ use std::io::Write;
 
 pub use crate::os::mallinfo::{Mallinfo, Mallinfo2};
 
-/// Maps jemalloc's figures onto glibc's fields (docs/stats.md explains it):
+/// Maps jemalloc's figures onto glibc's fields (docs/configuration.md,
+/// "Programs that call glibc's API", says so to users):
 /// `arena` = mapped, `uordblks` = allocated, `fordblks` = mapped − allocated,
 /// `keepcost` = dirty (what `malloc_trim` would release), `hblkhd` =
 /// metadata; the block counts have no jemalloc equivalent and are 0.
