@@ -200,10 +200,10 @@ export!(
     }
 );
 export!(
-    /// `mallopt`: accepted and ignored, returns 1 (glibc's success); glibc's
-    /// tunables have no jemalloc meaning (use `MEMSHIM_*`).
-    fn mallopt(_param: c_int, _value: c_int) -> c_int {
-        1
+    /// `mallopt`: glibc's tunables have no jemalloc meaning (use
+    /// `MEMSHIM_*`); the answer is glibc's own (`glibc_api::mallopt`).
+    fn mallopt(param: c_int, value: c_int) -> c_int {
+        glibc_api::mallopt(param, value)
     }
 );
 export!(

@@ -9,6 +9,7 @@
 
 use crate::jemalloc;
 use core::ffi::c_int;
+use core::sync::atomic::AtomicUsize;
 use std::io::Write;
 
 pub use crate::os::mallinfo::{Mallinfo, Mallinfo2};
@@ -28,6 +29,29 @@ pub fn mallinfo2() -> Mallinfo2 {
         keepcost: s.dirty as usize,
         ..Mallinfo2::default()
     }
+}
+
+/// `mallopt(param, value)`: glibc's answer, from glibc's `mallopt` (which
+/// sets its own heap, empty under the shim): 0 where glibc refuses the
+/// value (`M_MXFAST` above 160 or negative; on older glibc a
+/// `M_MMAP_THRESHOLD` above 32 MiB), else 1. A program that checks the
+/// answer sees what it would without the shim; jemalloc takes nothing
+/// from it. 1 if glibc's cannot be found (not reached).
+pub fn mallopt(param: c_int, value: c_int) -> c_int {
+    static REAL: AtomicUsize = AtomicUsize::new(0);
+    // Looked up at the first call: `dlsym` takes the loader's lock.
+    let p = {
+        let _e = crate::os::KeepErrno::new();
+        crate::os::dl::next_once(&REAL, c"mallopt")
+    };
+    if p == 0 {
+        return 1;
+    }
+    // SAFETY: glibc's `mallopt` has this type.
+    let real =
+        unsafe { core::mem::transmute::<usize, unsafe extern "C" fn(c_int, c_int) -> c_int>(p) };
+    // SAFETY: any values: glibc checks them.
+    unsafe { real(param, value) }
 }
 
 /// `malloc_trim(pad)`: purges every arena. Returns 1 if memory was released
