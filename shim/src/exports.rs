@@ -180,6 +180,97 @@ export!(
     }
 );
 
+// --- jemalloc's own API, for programs linked to a jemalloc library -----------
+//     (Debian's libjemalloc.so.2: redis, varnish). Under the preload the
+//     malloc family above comes from here and these would come from that
+//     library, whose heap is another: `dallocx(malloc(n))` crashed. They
+//     are the shim's jemalloc's, so the process has one heap. A program that
+//     links jemalloc statically keeps its own (its definitions come first).
+export!(
+    /// `mallocx`
+    fn mallocx(size: usize, flags: c_int) -> *mut c_void {
+        je::mallocx(size, flags)
+    }
+);
+export!(
+    /// `rallocx`
+    fn rallocx(p: *mut c_void, size: usize, flags: c_int) -> *mut c_void {
+        je::rallocx(p, size, flags)
+    }
+);
+export!(
+    /// `xallocx`
+    fn xallocx(p: *mut c_void, size: usize, extra: usize, flags: c_int) -> usize {
+        je::xallocx(p, size, extra, flags)
+    }
+);
+export!(
+    /// `sallocx`
+    fn sallocx(p: *const c_void, flags: c_int) -> usize {
+        je::sallocx(p, flags)
+    }
+);
+export!(
+    /// `dallocx`
+    fn dallocx(p: *mut c_void, flags: c_int) {
+        je::dallocx(p, flags)
+    }
+);
+export!(
+    /// `sdallocx`
+    fn sdallocx(p: *mut c_void, size: usize, flags: c_int) {
+        je::sdallocx(p, size, flags)
+    }
+);
+export!(
+    /// `nallocx`
+    fn nallocx(size: usize, flags: c_int) -> usize {
+        je::nallocx(size, flags)
+    }
+);
+export!(
+    /// `mallctl`: the shim's jemalloc (the same names and figures as that
+    /// library's, jemalloc 5.3).
+    fn mallctl(
+        name: *const c_char,
+        oldp: *mut c_void,
+        oldlenp: *mut usize,
+        newp: *mut c_void,
+        newlen: usize,
+    ) -> c_int {
+        je::mallctl(name, oldp, oldlenp, newp, newlen)
+    }
+);
+export!(
+    /// `mallctlnametomib`
+    fn mallctlnametomib(name: *const c_char, mibp: *mut usize, miblenp: *mut usize) -> c_int {
+        je::mallctlnametomib(name, mibp, miblenp)
+    }
+);
+export!(
+    /// `mallctlbymib`
+    fn mallctlbymib(
+        mib: *const usize,
+        miblen: usize,
+        oldp: *mut c_void,
+        oldlenp: *mut usize,
+        newp: *mut c_void,
+        newlen: usize,
+    ) -> c_int {
+        je::mallctlbymib(mib, miblen, oldp, oldlenp, newp, newlen)
+    }
+);
+export!(
+    /// `malloc_stats_print`
+    fn malloc_stats_print(
+        write_cb: Option<unsafe extern "C" fn(*mut c_void, *const c_char)>,
+        cbopaque: *mut c_void,
+        opts: *const c_char,
+    ) {
+        je::malloc_stats_print(write_cb, cbopaque, opts)
+    }
+);
+
 // --- glibc's malloc control API (glibc_api.rs) ---------------------------------
 export!(
     /// `malloc_trim`: purges every arena; 1 if memory went back to the OS.

@@ -450,3 +450,30 @@ fn jemallocs_prefixed_malloc_conf_link_is_not_read() {
     assert_eq!(o.stdout.trim(), "narenas:abc,junk", "{o:?}");
     let _ = std::fs::remove_dir_all(&etc);
 }
+
+/// A program linked to Debian's libjemalloc (redis, varnish) mixes
+/// jemalloc's API with malloc and free, as jemalloc allows: under the
+/// preload both are the shim's jemalloc (`free(mallocx(n))` crashed, two
+/// heaps).
+#[test]
+fn a_program_linked_to_libjemalloc_keeps_one_heap() {
+    let lib = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
+    if !std::path::Path::new(lib).exists() {
+        eprintln!("SKIP: no {lib} (scripts/test-deps.sh installs libjemalloc2)");
+        return;
+    }
+    let f = fixture("jemalloc_api", &[lib]);
+    let plain = Cmd::new(&f, [""; 0]).run();
+    assert_eq!((plain.code, plain.stderr.as_str()), (0, ""), "{plain:?}");
+    for control in ["auto", "on"] {
+        let o = Cmd::new(&f, [""; 0])
+            .shimmed()
+            .env("MEMSHIM_CONTROL", control)
+            .run();
+        assert_eq!(
+            (o.code, o.stdout.as_str(), o.stderr.as_str()),
+            (0, plain.stdout.as_str(), ""),
+            "MEMSHIM_CONTROL={control}"
+        );
+    }
+}
