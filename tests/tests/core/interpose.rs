@@ -9,7 +9,8 @@ use std::process::Command;
 /// "Interposed surface"; `dlopen` for `RTLD_DEEPBIND` clearing, `pthread_create` for the
 /// thread rule, `unshare` and `setns` so a namespace change by a process
 /// alone but for the shim's thread finds it stopped, `pthread_exit` and
-/// the set*id functions, which stop it too: core/threads.rs). A change here is a
+/// the set*id functions, which stop it too: core/threads.rs; jemalloc's own
+/// API, for programs linked to a jemalloc library: compat.rs). A change here is a
 /// change to the product's ABI.
 const GOLDEN_EXPORTS: &[&str] = &[
     "__libc_calloc",
@@ -23,26 +24,36 @@ const GOLDEN_EXPORTS: &[&str] = &[
     "aligned_alloc",
     "calloc",
     "cfree",
+    "dallocx",
     "dlopen",
     "free",
     "free_aligned_sized",
     "free_sized",
     "initgroups",
+    "mallctl",
+    "mallctlbymib",
+    "mallctlnametomib",
     "mallinfo",
     "mallinfo2",
     "malloc",
     "malloc_info",
     "malloc_stats",
+    "malloc_stats_print",
     "malloc_trim",
     "malloc_usable_size",
+    "mallocx",
     "mallopt",
     "memalign",
+    "nallocx",
     "posix_memalign",
     "pthread_create",
     "pthread_exit",
     "pvalloc",
+    "rallocx",
     "realloc",
     "reallocarray",
+    "sallocx",
+    "sdallocx",
     "setegid",
     "seteuid",
     "setgid",
@@ -55,6 +66,7 @@ const GOLDEN_EXPORTS: &[&str] = &[
     "setuid",
     "unshare",
     "valloc",
+    "xallocx",
 ];
 
 /// What `nm ARGS FILE` prints.
