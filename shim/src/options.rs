@@ -279,28 +279,6 @@ fn bad(name: &str, value: &[u8], expected: &str, default: &str) {
     ));
 }
 
-/// Whether `value`, a well-formed `MEMSHIM_SOCKET_DIR`, names what the
-/// control socket could not use (os/sock.rs: a file, a symbolic link,
-/// another user's directory, one open to others): then it warns, and the
-/// default is used. A directory that does not exist yet is created later.
-#[unsafe(link_section = ".text.startup")]
-fn refused_socket_dir(name: &str, value: &[u8]) -> bool {
-    if name != spec::SOCKET_DIR.name {
-        return false;
-    }
-    let mut dir = StackBuf::<{ endpoint::MAX_SOCKET_DIR + 1 }>::new();
-    dir.push(value);
-    let Some(why) = dir.as_cstr().and_then(os::sock::unusable_dir) else {
-        return false;
-    };
-    log::warning(format_args!(
-        "{name}=\"{}\" cannot be used ({why}); using the default {}",
-        show(value),
-        spec::SOCKET_DIR.default
-    ));
-    true
-}
-
 /// Parses every `MEMSHIM_*` variable once per process. Called from
 /// jemalloc's initialisation and from the constructor; whichever comes
 /// first does the work, in a single-threaded context. Allocation-free.
@@ -326,11 +304,11 @@ pub fn load() {
             },
             // An empty MEMSHIM_MALLOC_CONF is "nothing", not an error.
             Kind::Text { valid } => {
-                if !valid(v) {
-                    bad(s.name, v, s.expect, s.default);
-                } else if !refused_socket_dir(s.name, v) {
+                if valid(v) {
                     // SAFETY: single-threaded, before LOADED is published.
                     unsafe { Text(texts_before(i)).set(v) };
+                } else {
+                    bad(s.name, v, s.expect, s.default);
                 }
             }
             Kind::Cli => {}

@@ -49,37 +49,15 @@ pub fn configured_dir(value: &[u8]) -> Option<PathBuf> {
     endpoint::valid_socket_dir(value).then(|| PathBuf::from(OsStr::from_bytes(value)))
 }
 
-/// The socket directory the shim in `p` uses, and how we reach it. A
-/// configured directory the shim could not use at start (a file, another
-/// user's, one open to others: it warned and took the default) holds no
-/// socket of `p`'s; where the default one does, that is the answer.
+/// The socket directory the shim in `p` uses, and how we reach it.
 pub fn locate(p: &Proc) -> SocketLoc {
-    let default = || {
-        PathBuf::from(endpoint::default_socket_dir(procfs::uid_inside(
-            p.pid, p.uid,
-        )))
-    };
-    let configured = Environ::read(&p.view)
-        .and_then(|env| configured_dir(env.get_bytes(settings::SOCKET_DIR.name)?));
-    match configured {
-        Some(dir) => {
-            let loc = locate_in(p, dir);
-            if loc.path().exists() {
-                return loc;
-            }
-            let fallback = locate_in(p, default());
-            if fallback.path().exists() {
-                fallback
-            } else {
-                loc
-            }
-        }
-        None => locate_in(p, default()),
-    }
-}
-
-/// `p`'s socket in `dir_inside` (as `p` sees it).
-fn locate_in(p: &Proc, dir_inside: PathBuf) -> SocketLoc {
+    let dir_inside = Environ::read(&p.view)
+        .and_then(|env| configured_dir(env.get_bytes(settings::SOCKET_DIR.name)?))
+        .unwrap_or_else(|| {
+            PathBuf::from(endpoint::default_socket_dir(procfs::uid_inside(
+                p.pid, p.uid,
+            )))
+        });
     let dir = if procfs::same_mount_ns(&p.view) {
         dir_inside.clone()
     } else {

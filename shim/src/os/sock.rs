@@ -76,25 +76,6 @@ pub fn ensure_dir(dir: &CStr) -> Result<Owned, DirError> {
     Ok(d)
 }
 
-/// Why `dir`, as it is now, would be refused by [`ensure_dir`]: a symbolic
-/// link, not a directory, another owner, group or other permissions.
-/// `None` where it is fine or does not exist yet (it is created when the
-/// socket is), or cannot be looked at now. One `lstat`.
-#[unsafe(link_section = ".text.startup")]
-pub fn unusable_dir(dir: &CStr) -> Option<DirError> {
-    let st = raw::stat(dir, false).ok()?;
-    match st.st_mode & libc::S_IFMT {
-        libc::S_IFLNK => return Some(DirError::Symlink),
-        libc::S_IFDIR => {}
-        _ => return Some(DirError::NotDir),
-    }
-    if st.st_uid != euid() {
-        return Some(DirError::Owner(st.st_uid));
-    }
-    let mode = st.st_mode & 0o7777;
-    (mode & 0o077 != 0).then_some(DirError::Mode(mode))
-}
-
 /// `lstat` of `path`.
 fn lstat(path: &CStr) -> Option<libc::stat> {
     raw::stat(path, false).ok()

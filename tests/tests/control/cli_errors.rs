@@ -334,47 +334,26 @@ fn run_refuses_a_library_that_is_not_one_and_arena_counts_the_shim_refuses() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A `MEMSHIM_SOCKET_DIR` the socket cannot use at start (a file, a
-/// directory open to others) is bad configuration: one warning, and the
-/// default directory, which memshim-ctl finds (it was silently no endpoint).
-/// One that does not exist yet is created with the socket; where even
-/// that fails, `stats` and `doctor` say why.
 #[test]
-fn a_socket_dir_that_cannot_be_used_warns_and_the_default_serves() {
+fn a_socket_dir_that_is_a_file_is_no_endpoint_and_a_problem_for_doctor() {
     let dir = memshim_tests::socket_dir_path("sockdir");
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("not-a-dir");
     std::fs::write(&file, "").unwrap();
-    let open = dir.join("open");
-    std::fs::create_dir_all(&open).unwrap();
-    std::fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    for (bad, why) in [
-        (&file, "it is not a directory"),
-        (&open, "its mode is 0755"),
-    ] {
-        let host = sleeper("sleep").env("MEMSHIM_SOCKET_DIR", bad).spawn();
-        let pid = host.pid();
-        wait_for_shim_thread(pid);
-        let up = wait_until(Duration::from_secs(15), || {
-            let o = Cmd::new(ctl(), ["stats", &pid.to_string()]).run();
-            (o.code == 0).then_some(())
-        });
-        assert!(
-            up.is_some(),
-            "{}: no endpoint in the default directory",
-            bad.display()
-        );
-        let o = Cmd::new(ctl(), ["doctor", &pid.to_string()]).run();
-        assert_eq!(o.code, 0, "{o:?}");
-        assert_eq!(Cmd::new("kill", [pid.to_string()]).run().code, 0);
-        let o = host.finish(Duration::from_secs(10));
-        let lines: Vec<&str> = o.stderr.lines().collect();
-        assert_eq!(lines.len(), 1, "{o:?}");
-        assert!(
-            lines[0].starts_with("memshim: warning: MEMSHIM_SOCKET_DIR=") && lines[0].contains(why),
-            "{o:?}"
-        );
-    }
+    let host = sleeper("sleep").env("MEMSHIM_SOCKET_DIR", &file).spawn();
+    let pid = host.pid();
+    wait_for_shim_thread(pid);
+    let o = Cmd::new(ctl(), ["stats", &pid.to_string()]).run();
+    assert_eq!(o.code, i32::from(NO_ENDPOINT.code), "{o:?}");
+    assert!(
+        o.stderr
+            .contains(&format!("{} is not a directory", file.display())),
+        "{o:?}"
+    );
+    let o = Cmd::new(ctl(), ["doctor", &pid.to_string()]).run();
+    assert_eq!(o.code, i32::from(FAILED.code), "{o:?}");
+    assert!(o.stdout.contains("socket_dir"), "{o:?}");
+    drop(host);
     // A directory whose parent does not exist: the shim creates only the
     // last component.
     let deeper = dir.join("nope/deeper");
