@@ -157,6 +157,13 @@ impl Source {
 /// Runs `record`.
 pub fn run(a: RecordArgs) -> Result<Exit, Failure> {
     let unshimmed = crate::reach::ptrace::applies(a.pid);
+    // Another user's process, whose maps we may not read: preloaded or not,
+    // it is recorded from /proc, and the note must not say which.
+    let note = if procfs::memshim_in(a.pid).is_err() {
+        UNKNOWN_PRELOAD
+    } else {
+        NOT_PRELOADED
+    };
     let (mut source, command) = if unshimmed {
         let p = procfs::read_proc(a.pid)?;
         (Source::Proc(p.starttime), p.command)
@@ -202,7 +209,7 @@ pub fn run(a: RecordArgs) -> Result<Exit, Failure> {
     }
     let mut timeline = build(&a, &command, started, &samples, cg.as_ref());
     if unshimmed {
-        timeline.notes.push(NOT_PRELOADED.into());
+        timeline.notes.push(note.into());
     }
     let is_svg = a
         .output
@@ -228,7 +235,7 @@ pub fn run(a: RecordArgs) -> Result<Exit, Failure> {
         timeline.markers.len()
     )?;
     if unshimmed {
-        outln!("pid {}: {NOT_PRELOADED}", a.pid)?;
+        outln!("pid {}: {note}", a.pid)?;
     }
     match ended {
         None => Ok(exit::OK),
@@ -249,6 +256,12 @@ pub fn run(a: RecordArgs) -> Result<Exit, Failure> {
 /// What a timeline of a process without the preload holds, and why.
 const NOT_PRELOADED: &str = "not preloaded: recorded from /proc and its cgroup without stopping \
 it (the allocator's, Python's and PyTorch's figures need the shim)";
+
+/// The same, for a process whose maps we may not read (another user's):
+/// whether it has the shim cannot be told.
+const UNKNOWN_PRELOAD: &str = "another user's process (its /proc/PID/maps is not readable, so \
+whether it is preloaded is not known): recorded from /proc and its cgroup without stopping it \
+(the allocator's, Python's and PyTorch's figures need its socket: run memshim-ctl as its user)";
 
 fn write_failure(a: &RecordArgs, e: &std::io::Error) -> Failure {
     Failure::new(

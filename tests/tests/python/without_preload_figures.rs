@@ -304,6 +304,44 @@ fn record_draws_an_unshimmed_cpython_from_proc_without_stopping_it() {
     assert!(status.contains("TracerPid:\t0"), "{status}");
     let o = child.finish(Duration::from_secs(30));
     assert_eq!((o.code, o.stderr.as_str()), (5, ""), "{o:?}");
+    // Root's preloaded CPython, recorded by uid 65534, which may not read
+    // its maps: not called "not preloaded" (it was), nor anything else.
+    let mut shimmed = py
+        .cmd([
+            memshim_tests::py::fixture_py("py_unshimmed.py")
+                .display()
+                .to_string(),
+            "sleep".into(),
+            "3".into(),
+        ])
+        .shimmed()
+        .spawn();
+    shimmed.wait_for_line("ready", Duration::from_secs(60));
+    let out = std::path::PathBuf::from(format!("/tmp/memshim-record-other-{}.svg", shimmed.pid()));
+    let o = Cmd::new(
+        "setpriv",
+        [
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            &ctl().display().to_string(),
+            "record",
+            &shimmed.pid().to_string(),
+            "--seconds",
+            "1",
+            "-o",
+            &out.display().to_string(),
+        ],
+    )
+    .run();
+    let _ = std::fs::remove_file(&out);
+    assert_eq!(o.code, 0, "{o:?}");
+    assert!(
+        !o.stdout.contains("not preloaded") && o.stdout.contains("is not known"),
+        "{o:?}"
+    );
+    let o = shimmed.finish(Duration::from_secs(30));
+    assert_eq!(o.code, 5, "{o:?}");
     assert!(
         (3.0..3.5).contains(&elapsed(&o.stdout)),
         "its sleep ended on time: {o:?}"
