@@ -12,6 +12,9 @@ pub enum Failure {
     Gone,
     /// `PTRACE_SEIZE` failed with this error (EPERM: no right to trace).
     Seize(io::Error),
+    /// The process's interpreter is not running: before `Py_Initialize`
+    /// (an embedder that has not started it) or after `Py_Finalize`.
+    NotInitialised,
     /// Any other failure of a system call.
     Io(String),
 }

@@ -285,9 +285,7 @@ impl PythonCalls {
             return Ok(());
         }
         if self.held.call(self.initialized, &[])? & 0xffff_ffff == 0 {
-            return Err(Error::Failed(Failure::Io(
-                "the interpreter is not initialised (starting or shutting down)".into(),
-            )));
+            return Err(Error::Failed(Failure::NotInitialised));
         }
         if let Some(f) = self.this_state {
             self.had_state = self.held.call(f, &[])? != 0;

@@ -161,9 +161,7 @@ pub fn remote_exec(pid: i32, script: &str) -> Result<Pending, Error> {
         })?;
     let interp = word(&mem, runtime + o.interpreters_head)?;
     if interp == 0 {
-        return Err(Error::Failed(Failure::Io(
-            "the interpreter is not initialised (starting or shutting down)".into(),
-        )));
+        return Err(Error::Failed(Failure::NotInitialised));
     }
     if int(&mem, interp + o.enabled)? == 0 {
         return Err(Error::Refused(Refused {

@@ -310,3 +310,37 @@ fn requests_leave_the_shim_thread_running_beside_one_thread_of_the_programs() {
     let o = child.finish(Duration::from_secs(30));
     assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
 }
+
+/// An embedder without the preload whose interpreter is not running (its
+/// libpython loaded, not initialised yet, or finalized): the verbs by
+/// ptrace refuse with exit 7, as a Python step that cannot run (they
+/// exited 1, "unexpected error"), and nothing was changed.
+#[test]
+fn an_unshimmed_embedder_whose_interpreter_is_not_running_is_a_python_step_failure() {
+    let Some((py, home, lib)) = libpythons().into_iter().next() else {
+        eprintln!("SKIP: no CPython with a shared libpython");
+        return;
+    };
+    let mut child = py
+        .enter(Cmd::new(fixture("py_embed", &[]), Vec::<String>::new()))
+        .spawn();
+    child.labelled(&format!("unshimmed embedder, {}", py.label));
+    say(&mut child, &format!("home {}", home.display()), "home");
+    say(&mut child, &format!("open {}", lib.display()), "opened");
+    let pid = child.pid().to_string();
+    let step = i32::from(memshim_proto::exit::PYTHON_STEP.code);
+    for state in ["not initialised", "finalized"] {
+        if state == "finalized" {
+            say(&mut child, "init", "up");
+            say(&mut child, "fini", "finalized");
+        }
+        for verb in ["gc", "stats"] {
+            let o = Cmd::new(memshim_tests::ctl(), [verb, pid.as_str()]).run();
+            assert_eq!(o.code, step, "{state}, {verb}: {o:?}");
+            assert!(o.stderr.contains("interpreter is not running"), "{o:?}");
+        }
+    }
+    child.send("exit");
+    let o = child.finish(Duration::from_secs(30));
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+}

@@ -123,6 +123,14 @@ pub fn failure(pid: i32, e: Error) -> Failure {
             format!("ptrace refused to trace the process: {e}"),
         )
         .hint("see docs/attach.md, \"Refusals\""),
+        // A Python step that cannot run, as where the interpreter shuts
+        // down under the preload.
+        Error::Failed(Fail::NotInitialised) => Failure::new(
+            status::PYTHON_STEP,
+            Some(pid),
+            "its interpreter is not running (not initialised yet, or finalized): \
+             nothing was changed",
+        ),
         Error::Failed(Fail::Io(e)) => Failure::new(
             status::FAILED,
             Some(pid),
