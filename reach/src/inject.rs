@@ -110,14 +110,19 @@ const RESTART_SYSCALL: u64 = 219;
 /// (`do_syscall_64`) for it, which no futex or poll restart shows.
 fn restarted(pid: i32, tid: i32) -> Option<usize> {
     let wchan = fs::read_to_string(format!("/proc/{pid}/task/{tid}/wchan")).ok()?;
-    let nr = if wchan.starts_with("poll_schedule_timeout") || wchan.starts_with("do_sys_poll") {
-        7
-    } else if wchan.contains("nsleep") || wchan == "do_syscall_64" {
-        35
+    rank(resumed_call(&wchan)?)
+}
+
+/// The system call a `restart_syscall` waiting in `wchan` resumes, where
+/// it is a safe point: `poll` (7) or `nanosleep` (35).
+fn resumed_call(wchan: &str) -> Option<u64> {
+    if wchan.starts_with("poll_schedule_timeout") || wchan.starts_with("do_sys_poll") {
+        Some(7)
+    } else if wchan.contains("nanosleep") || wchan.contains("nsleep") || wchan == "do_syscall_64" {
+        Some(35)
     } else {
-        return None;
-    };
-    rank(nr)
+        None
+    }
 }
 
 /// The row of [`IDLE`] for what thread `tid` waits in now, if it is a safe
@@ -416,6 +421,34 @@ impl Drop for Held {
     fn drop(&mut self) {
         if !self.done {
             let _ = self.restore();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resumed_call;
+
+    /// What `wchan` shows for a resumed wait, across kernels: a sleep (its
+    /// restart's own name, or only the system call's entry where every
+    /// function below it is the scheduler's) and a `poll` are safe points,
+    /// a futex wait never.
+    #[test]
+    fn only_a_resumed_sleep_or_poll_is_a_safe_point() {
+        for w in [
+            "hrtimer_nanosleep_restart",
+            "do_nanosleep",
+            "posix_cpu_nsleep_restart",
+            "alarm_timer_nsleep_restart",
+            "do_syscall_64",
+        ] {
+            assert_eq!(resumed_call(w), Some(35), "{w}");
+        }
+        for w in ["poll_schedule_timeout.constprop.0", "do_sys_poll"] {
+            assert_eq!(resumed_call(w), Some(7), "{w}");
+        }
+        for w in ["futex_do_wait", "futex_wait_queue", "0", ""] {
+            assert_eq!(resumed_call(w), None, "{w}");
         }
     }
 }
