@@ -157,13 +157,15 @@ impl Source {
 /// Runs `record`.
 pub fn run(a: RecordArgs) -> Result<Exit, Failure> {
     let unshimmed = crate::reach::ptrace::applies(a.pid);
-    // Another user's process, whose maps we may not read: preloaded or not,
-    // it is recorded from /proc, and the note must not say which.
-    let note = if procfs::memshim_in(a.pid).is_err() {
-        UNKNOWN_PRELOAD
-    } else {
-        NOT_PRELOADED
-    };
+    // What a recording from /proc says of the process. Another user's,
+    // whose maps we may not read, may be preloaded or not: not said.
+    let note = unshimmed.then(|| {
+        if procfs::memshim_in(a.pid).is_err() {
+            UNKNOWN_PRELOAD
+        } else {
+            NOT_PRELOADED
+        }
+    });
     let (mut source, command) = if unshimmed {
         let p = procfs::read_proc(a.pid)?;
         (Source::Proc(p.starttime), p.command)
@@ -208,7 +210,7 @@ pub fn run(a: RecordArgs) -> Result<Exit, Failure> {
         }
     }
     let mut timeline = build(&a, &command, started, &samples, cg.as_ref());
-    if unshimmed {
+    if let Some(note) = note {
         timeline.notes.push(note.into());
     }
     let is_svg = a
@@ -234,7 +236,7 @@ pub fn run(a: RecordArgs) -> Result<Exit, Failure> {
         bytes(samples.iter().map(|s| s.rss).max().unwrap_or(0)),
         timeline.markers.len()
     )?;
-    if unshimmed {
+    if let Some(note) = note {
         outln!("pid {}: {note}", a.pid)?;
     }
     match ended {

@@ -152,6 +152,19 @@ pub(super) fn ctl_json(args: &[&str]) -> (i32, serde_json::Value, String) {
     (o.code, v, o.stderr)
 }
 
+/// memshim-ctl with `args`, run as uid 65534 (`setpriv`): another user's.
+pub(super) fn ctl_as_nobody(args: &[&str]) -> memshim_tests::Output {
+    let ctl = ctl().display().to_string();
+    let mut a = vec![
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        ctl.as_str(),
+    ];
+    a.extend_from_slice(args);
+    Cmd::new("setpriv", a).run()
+}
+
 #[test]
 fn release_reaches_an_unshimmed_cpython_in_every_idle_state_and_it_goes_on_unchanged() {
     let mut report = Vec::new();
@@ -297,35 +310,13 @@ fn refusals_have_their_own_code_and_leave_the_process_alone() {
     // Another user's process, from uid 65534.
     let root_py = start(&py, "sleep");
     let pid = root_py.pid().to_string();
-    let o = Cmd::new(
-        "setpriv",
-        [
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            &ctl().display().to_string(),
-            "release",
-            &pid,
-        ],
-    )
-    .run();
+    let o = ctl_as_nobody(&["release", &pid]);
     assert_eq!(o.code, i32::from(NO_PTRACE.code), "{o:?}");
     assert!(o.stderr.contains("belongs to uid 0"), "{o:?}");
     // `attach` and `detach` refuse it the same way (they said "permission
     // denied", exit 5, on reading its maps).
     for verb in ["attach", "detach"] {
-        let o = Cmd::new(
-            "setpriv",
-            [
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                &ctl().display().to_string(),
-                verb,
-                &pid,
-            ],
-        )
-        .run();
+        let o = ctl_as_nobody(&[verb, &pid]);
         assert_eq!(o.code, i32::from(NO_PTRACE.code), "{verb}: {o:?}");
     }
     let o = root_py.finish(Duration::from_secs(30));
@@ -450,18 +441,7 @@ fn list_shows_unshimmed_cpythons_and_whether_they_can_be_reached() {
     );
 
     // Another user sees only its own: not root's CPython.
-    let o = Cmd::new(
-        "setpriv",
-        [
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            &ctl().display().to_string(),
-            "list",
-            "--json",
-        ],
-    )
-    .run();
+    let o = ctl_as_nobody(&["list", "--json"]);
     assert_eq!(o.code, 0, "{o:?}");
     let v: serde_json::Value = serde_json::from_str(&o.stdout).expect("JSON");
     assert!(listed(&v, pid).is_none(), "{v}");

@@ -6,7 +6,7 @@
 //! `profile --python`'s tracemalloc by ptrace. The process goes on as
 //! before. Helpers and fixture: `without_preload.rs`.
 
-use super::without_preload::{ctl_json, garbage, in_kernel_wait, start, start_for};
+use super::without_preload::{ctl_as_nobody, ctl_json, garbage, in_kernel_wait, start, start_for};
 use memshim_tests::py::*;
 use memshim_tests::{Cmd, ctl, rss_bytes};
 use std::time::Duration;
@@ -308,9 +308,7 @@ fn record_draws_an_unshimmed_cpython_from_proc_without_stopping_it() {
     // its maps: not called "not preloaded" (it was), nor anything else.
     let mut shimmed = py
         .cmd([
-            memshim_tests::py::fixture_py("py_unshimmed.py")
-                .display()
-                .to_string(),
+            fixture_py("py_unshimmed.py").display().to_string(),
             "sleep".into(),
             "3".into(),
         ])
@@ -318,22 +316,14 @@ fn record_draws_an_unshimmed_cpython_from_proc_without_stopping_it() {
         .spawn();
     shimmed.wait_for_line("ready", Duration::from_secs(60));
     let out = std::path::PathBuf::from(format!("/tmp/memshim-record-other-{}.svg", shimmed.pid()));
-    let o = Cmd::new(
-        "setpriv",
-        [
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            &ctl().display().to_string(),
-            "record",
-            &shimmed.pid().to_string(),
-            "--seconds",
-            "1",
-            "-o",
-            &out.display().to_string(),
-        ],
-    )
-    .run();
+    let o = ctl_as_nobody(&[
+        "record",
+        &shimmed.pid().to_string(),
+        "--seconds",
+        "1",
+        "-o",
+        &out.display().to_string(),
+    ]);
     let _ = std::fs::remove_file(&out);
     assert_eq!(o.code, 0, "{o:?}");
     assert!(

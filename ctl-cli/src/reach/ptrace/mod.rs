@@ -262,14 +262,19 @@ fn reached(calls: &PythonCalls) -> Reached {
     }
 }
 
+/// The file name the code the verbs run is compiled as ([`answer_of`]):
+/// what tracebacks and tracemalloc name (trace.rs leaves it out).
+const CODE_FILE: &str = "<memshim-ctl>";
+
 /// The expression that runs `code` (statements, compiled as the file
-/// `<memshim-ctl>`, which tracebacks and tracemalloc name) in a namespace of its own,
+/// [`CODE_FILE`]) in a namespace of its own,
 /// not the program's, and makes the `str` it leaves in `answer` (`"None"`
 /// if it raised: the exception is caught inside). The namespace is emptied
 /// after, so that the functions the code defines (which refer to it) leave
 /// no reference cycle behind in a process whose collector may be off.
 /// Each level of indentation is one space, to fit the injector's 3 KiB.
 fn answer_of(code: &str) -> String {
+    let file = CODE_FILE;
     let mut compact = String::from("try:\n");
     for l in code.lines() {
         let body = l.trim_start_matches(' ');
@@ -278,7 +283,7 @@ fn answer_of(code: &str) -> String {
     }
     compact += "except BaseException:\n answer = None\n";
     format!(
-        "(lambda n: (exec(compile({compact:?}, '<memshim-ctl>', 'exec'), n), str(n.get('answer')), n.clear())[1])({{}})"
+        "(lambda n: (exec(compile({compact:?}, '{file}', 'exec'), n), str(n.get('answer')), n.clear())[1])({{}})"
     )
 }
 

@@ -49,7 +49,7 @@ def f(act, frames, seconds, top):
         t0, agg, total = time.monotonic(), {}, [0, 0]
         for tr in m._get_traces():
             k = tr[2][0] if tr[2] else None
-            if k and k[0] == '<memshim-ctl>':
+            if k and k[0] == '@FILE@':
                 continue
             total[0] += tr[1]
             total[1] += 1
@@ -93,6 +93,7 @@ pub fn py_trace(
                 &seconds.unwrap_or(60).min(MAX_PY_TRACE_SECONDS).to_string(),
             )
             .replace("@TOP@", &PY_TRACE_TOP.to_string())
+            .replace("@FILE@", CODE_FILE)
     };
     let mut calls = memshim_reach::python(pid, SAFE_POINT_LIMIT).map_err(|e| failure(pid, e))?;
     let how = reached(&calls);
