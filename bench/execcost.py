@@ -96,6 +96,9 @@ def main():
     a = ap.parse_args()
     libs = [("" if x in ("", "glibc") else os.path.abspath(x)) for x in a.libs] or [
         "", os.path.join(ROOT, "target", "release", "libmemshim.so")]
+    missing = [lib for lib in libs if lib and not os.path.isfile(lib)]
+    if missing:
+        raise SystemExit(f"execcost: no such library: {', '.join(missing)}")
     cases = [("/bin/true", ["/bin/true"], a.runs), ("python3 -c pass", [real_python(), "-c", "pass"],
                                                     max(10, a.runs // 10))]
     print(f"{'command':16s} {'library':34s} {'instructions':>13s} {'vs glibc':>10s} {'faults':>7s} "

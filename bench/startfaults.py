@@ -143,6 +143,9 @@ def main():
         "", os.path.join(ROOT, "target", "release", "libmemshim.so"),
         os.path.join(ROOT, "target", "glibc2.34", "x86_64-unknown-linux-gnu", "release", "libmemshim.so"),
         os.path.join(ROOT, "target", "x86_64-unknown-linux-gnu", "release", "libmemshim.so")]
+    missing = [lib for lib in libs if lib and not os.path.isfile(lib)]
+    if missing:
+        raise SystemExit(f"startfaults: no such library: {', '.join(missing)}")
     names = [os.path.relpath(lib, ROOT)[-28:] if lib.startswith(ROOT) else (os.path.basename(lib) or "no preload")
              for lib in libs]
     if a.fork:

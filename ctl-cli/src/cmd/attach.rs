@@ -19,7 +19,7 @@ use crate::exit::{self, Exit, Failure};
 use crate::output::print::outln;
 use crate::reach::client::Client;
 use crate::reach::procfs::{self, Loaded, Proc};
-use crate::reach::{ptrace, socket};
+use crate::reach::{ptrace, socket, untrusted};
 use clap::Args;
 use memshim_proto::{DecayResult, DetachResult, Request};
 use serde::Serialize;
@@ -473,16 +473,29 @@ fn sees_same_file(pid: i32, path: &Path) -> bool {
 
 /// A copy of the bridge in the process's `/tmp`, in a directory of its
 /// uid's with mode 0700; removed on drop (the process keeps its mapping).
+///
+/// That `/tmp` is the process's user's: a link there would be followed
+/// from memshim-ctl's root, not the process's. So `/tmp` must be a
+/// directory, not a link, and both it and the new directory are held open
+/// and named through those descriptors (`/proc/self/fd/N`): once the
+/// directory is the process's uid's, whatever that user renames or links
+/// there changes nothing memshim-ctl writes.
 struct Copy {
-    dir: PathBuf,
+    /// The new directory, held open.
+    dir: std::fs::File,
     /// The file's path as the process names it.
     inside: String,
-    /// The process's `/tmp`, held open: `dir` is named through
-    /// `/proc/<pid>/root`, which is gone once the process has exited, and
-    /// the copy is then removed through this.
-    tmp: Option<std::fs::File>,
+    /// The process's `/tmp`, held open (also once the process has exited,
+    /// when `/proc/<pid>/root` is gone).
+    tmp: std::fs::File,
     /// `dir`'s name in `tmp`.
     name: String,
+}
+
+/// `/proc/self/fd/N`: the file `f` is, whatever its path is now.
+fn held(f: &std::fs::File) -> PathBuf {
+    use std::os::fd::AsRawFd;
+    PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()))
 }
 
 impl Copy {
@@ -493,8 +506,6 @@ impl Copy {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
         let name = format!("memshim-bridge-{}-{pid}-{nanos:x}", std::process::id());
-        let root = procfs::view(pid).join("root");
-        let dir = root.join("tmp").join(&name);
         let fail = |what: &str, e: std::io::Error| {
             Failure::new(
                 exit::NOT_ATTACHED,
@@ -504,21 +515,29 @@ impl Copy {
                 ),
             )
         };
-        std::fs::create_dir(&dir).map_err(|e| fail("mkdir", e))?;
+        let tmp = untrusted::open_dir(&procfs::view(pid).join("root").join("tmp"))
+            .map_err(|e| fail("its /tmp, a directory and not a link", e))?;
+        let path = held(&tmp).join(&name);
+        std::fs::create_dir(&path).map_err(|e| fail("mkdir", e))?;
+        let dir = untrusted::open_dir(&path).map_err(|e| fail("open", e));
+        // Removed on drop from here on.
         let copy = Copy {
-            dir: dir.clone(),
+            dir: dir.inspect_err(|_| {
+                let _ = std::fs::remove_dir(&path);
+            })?,
             inside: format!("/tmp/{name}/{BRIDGE}"),
-            tmp: std::fs::File::open(root.join("tmp")).ok(),
+            tmp,
             name,
         };
-        let file = dir.join(BRIDGE);
+        let file = held(&copy.dir).join(BRIDGE);
         std::fs::copy(from, &file).map_err(|e| fail("copy", e))?;
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o500))
             .map_err(|e| fail("chmod", e))?;
         std::os::unix::fs::chown(&file, Some(uid), Some(gid)).map_err(|e| fail("chown", e))?;
-        std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).map_err(|e| fail("chown", e))?;
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+        copy.dir
+            .set_permissions(std::fs::Permissions::from_mode(0o700))
             .map_err(|e| fail("chmod", e))?;
+        std::os::unix::fs::fchown(&copy.dir, Some(uid), Some(gid)).map_err(|e| fail("chown", e))?;
         Ok(copy)
     }
 }
@@ -527,9 +546,10 @@ impl Copy {
     /// Writes `text` as file `name` beside the library, readable by the
     /// process's uid only; its path as the process names it.
     fn add(&self, pid: i32, name: &str, text: &str) -> Result<String, Failure> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
         let (uid, gid) =
             ids(pid).ok_or_else(|| procfs::gone(pid, std::io::ErrorKind::NotFound.into()))?;
-        let file = self.dir.join(name);
         let fail = |e: std::io::Error| {
             Failure::new(
                 exit::NOT_ATTACHED,
@@ -537,9 +557,18 @@ impl Copy {
                 format!("cannot place the script in the process's /tmp: {e}; nothing was changed"),
             )
         };
-        std::fs::write(&file, text).map_err(fail)?;
-        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o400)).map_err(fail)?;
-        std::os::unix::fs::chown(&file, Some(uid), Some(gid)).map_err(fail)?;
+        // A new file: the directory is the process's uid's by now.
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o400)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(held(&self.dir).join(name))
+            .map_err(fail)?;
+        f.write_all(text.as_bytes()).map_err(fail)?;
+        f.set_permissions(std::fs::Permissions::from_mode(0o400))
+            .map_err(fail)?;
+        std::os::unix::fs::fchown(&f, Some(uid), Some(gid)).map_err(fail)?;
         let inside = self.inside.rsplit_once('/').map_or("", |(d, _)| d);
         Ok(format!("{inside}/{name}"))
     }
@@ -547,14 +576,9 @@ impl Copy {
 
 impl Drop for Copy {
     fn drop(&mut self) {
-        use std::os::fd::AsRawFd;
-        if std::fs::remove_dir_all(&self.dir).is_err()
-            && let Some(tmp) = &self.tmp
-        {
-            // The process exited meanwhile: its /tmp through our descriptor.
-            let _ =
-                std::fs::remove_dir_all(format!("/proc/self/fd/{}/{}", tmp.as_raw_fd(), self.name));
-        }
+        // Through `/tmp`'s descriptor: the process may have exited. A link
+        // put in its place is removed, not followed.
+        let _ = std::fs::remove_dir_all(held(&self.tmp).join(&self.name));
     }
 }
 

@@ -17,6 +17,7 @@ use crate::output::print::{errln, outln};
 use crate::output::render::bytes;
 use crate::profile::heap::{NativeFrames, Profile, signed_bytes};
 use crate::reach::client::Client;
+use crate::reach::untrusted::{self, Links};
 use clap::{Args, ValueEnum};
 use memshim_proto::{
     HeapDump, MAX_PROFILE_SECONDS, MAX_PY_TRACE_SECONDS, ProfileAction, ProfileReply,
@@ -399,6 +400,10 @@ fn dump(c: &mut Client, native: NativeFrames) -> Result<(Profile, Option<u64>), 
     Ok((p, r.active_ms))
 }
 
+/// The largest heap profile read (jemalloc's text, a line per sampled
+/// stack: tens of MiB for a very large process).
+const DUMP_LIMIT: u64 = 1 << 30;
+
 /// Reads and removes the dump file `name` in the process's socket
 /// directory, and parses it.
 fn read_dump(c: &Client, name: &str) -> Result<(u32, HeapDump), Failure> {
@@ -411,7 +416,9 @@ fn read_dump(c: &Client, name: &str) -> Result<(u32, HeapDump), Failure> {
         ));
     }
     let path = c.loc.dir.join(name);
-    let text = std::fs::read(&path);
+    // The directory is the process's user's: what is there now may be
+    // another file than the one the shim wrote.
+    let text = untrusted::read_regular(&path, Links::Refuse, DUMP_LIMIT);
     let _ = std::fs::remove_file(&path);
     let text = text.map_err(|e| {
         Failure::new(

@@ -25,10 +25,15 @@
 //! 3.12+ run with `-X perf` names each Python function's trampoline
 //! `py::<function>:<file>`.
 
+use crate::reach::untrusted::{self, Links};
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{CodeInfo, Input, Symbolized};
 use memshim_proto::Mapping;
 use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::PathBuf;
 
 /// Where an address is: its function (if a symbol covers it), its file,
 /// and its source line where debug information has one.
@@ -143,6 +148,8 @@ pub struct Symbolizer {
     /// Files found at the path the process mapped but with another build
     /// id than the process's: their frames are left unnamed.
     mismatched: Vec<String>,
+    /// The separate debug files of a process in another root.
+    foreign: Option<ForeignDebug>,
 }
 
 /// The index of the mapping in `maps` (sorted by start, not overlapping)
@@ -165,8 +172,86 @@ pub const PYTHON: &str = "[python]";
 
 /// Where separate debug files are looked for, under the process's root and
 /// then this machine's (blazesym searches each one's `.build-id`, and the
-/// debug link's name in it).
+/// debug link's name in it). Under a root that is not this machine's, by
+/// build id only ([`ForeignDebug`]).
 const DEBUG_DIRS: &[&str] = &["/usr/lib/debug", "/lib/debug"];
+
+/// The separate debug files, found by build id, of a process whose root is
+/// not memshim-ctl's (a container's files, which its user may have made a
+/// FIFO or a device): each one that is a regular file is held open, and
+/// blazesym finds it by a link, in a directory of memshim-ctl's own, to
+/// that descriptor. The directory goes with the symbolizer.
+struct ForeignDebug {
+    dir: PathBuf,
+    held: Vec<File>,
+}
+
+impl ForeignDebug {
+    /// A private directory, or `None` (the container's debug files are
+    /// then not used).
+    fn new(pid: i32) -> Option<ForeignDebug> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let dir = std::env::temp_dir().join(format!(
+            "memshim-ctl-debug-{}-{pid}-{nanos:x}",
+            std::process::id()
+        ));
+        std::fs::DirBuilder::new().mode(0o700).create(&dir).ok()?;
+        Some(ForeignDebug {
+            dir,
+            held: Vec::new(),
+        })
+    }
+
+    /// The directories blazesym searches in place of the root's.
+    fn dirs(&self) -> impl Iterator<Item = String> + '_ {
+        DEBUG_DIRS
+            .iter()
+            .map(|d| format!("{}{d}", self.dir.display()))
+    }
+
+    /// Links the debug files of build id `id` (hex) under `root`.
+    fn add(&mut self, root: &str, id: &str) {
+        // blazesym looks up build ids of 8 bytes or more.
+        if id.len() < 16 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return;
+        }
+        let (head, rest) = id.split_at(2);
+        for d in DEBUG_DIRS {
+            let name = format!("{d}/.build-id/{head}/{rest}.debug");
+            let Ok(f) = untrusted::open_regular(format!("{root}{name}").as_ref(), Links::Follow)
+            else {
+                continue;
+            };
+            let link = PathBuf::from(format!("{}{name}", self.dir.display()));
+            let made = link
+                .parent()
+                .is_some_and(|p| std::fs::DirBuilder::new().recursive(true).create(p).is_ok())
+                && std::os::unix::fs::symlink(format!("/proc/self/fd/{}", f.as_raw_fd()), &link)
+                    .is_ok();
+            if made {
+                self.held.push(f);
+            }
+        }
+    }
+}
+
+impl Drop for ForeignDebug {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Whether `/proc/PID/root` shows what memshim-ctl's `/` shows: the same
+/// root in the same mount namespace.
+fn same_root(root: &str) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let id = |p: &str| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    let ns = root.strip_suffix("/root").map(|p| format!("{p}/ns/mnt"));
+    id(&format!("{root}/")).is_some_and(|r| Some(r) == id("/"))
+        && ns.is_some_and(|ns| id(&ns).is_some_and(|n| Some(n) == id("/proc/self/ns/mnt")))
+}
 
 impl Symbolizer {
     /// For the process `pid` (files read through `/proc/PID/root`), which
@@ -176,9 +261,13 @@ impl Symbolizer {
         let root = pid
             .map(|p| format!("/proc/{}/root", p.0))
             .unwrap_or_default();
+        // A process in this machine's root reads this machine's debug files.
+        let foreign = pid
+            .filter(|_| !same_root(&root))
+            .and_then(|p| ForeignDebug::new(p.0));
         let mut debug_dirs: Vec<String> = Vec::new();
-        if !root.is_empty() {
-            debug_dirs.extend(DEBUG_DIRS.iter().map(|d| format!("{root}{d}")));
+        if let Some(f) = &foreign {
+            debug_dirs.extend(f.dirs());
         }
         debug_dirs.extend(DEBUG_DIRS.iter().map(|d| d.to_string()));
         let blaze = blazesym::symbolize::Symbolizer::builder()
@@ -197,6 +286,7 @@ impl Symbolizer {
             paths: HashMap::new(),
             perf: None,
             mismatched: Vec::new(),
+            foreign,
         }
     }
 
@@ -237,6 +327,7 @@ impl Symbolizer {
         let root = self.root.clone();
         let build_id = m.build_id.clone();
         let mismatched = &mut self.mismatched;
+        let foreign = &mut self.foreign;
         let Some(read_at) = self
             .paths
             .entry(m.path.clone())
@@ -246,13 +337,17 @@ impl Symbolizer {
                 // unless the process's own was deleted, or the file there
                 // has another build id than the process's: another file
                 // there would give another file's names.
-                if let Some(p) = mapped.filter(|p| std::fs::File::open(p).is_ok()) {
+                let regular = |p: &str| untrusted::open_regular(p.as_ref(), Links::Follow).is_ok();
+                if let Some(f) = foreign {
+                    f.add(&root, &build_id);
+                }
+                if let Some(p) = mapped.filter(|p| regular(p)) {
                     return Some(p);
                 }
                 let by_path = (!deleted).then(|| [format!("{root}{path}"), path.clone()]);
                 let mut other = None;
                 let found = by_path.into_iter().flatten().find(|p| {
-                    if std::fs::File::open(p).is_err() {
+                    if !regular(p) {
                         return false;
                     }
                     match file_build_id(p) {
@@ -353,10 +448,15 @@ impl Symbolizer {
     }
 }
 
+/// The largest perf map read (a line per compiled function).
+const PERF_MAP_LIMIT: u64 = 256 << 20;
+
 /// `/tmp/perf-<own>.map` (`own`: the pid as the process sees itself),
 /// read through its root.
 fn read_perf_map(root: &str, own: i32) -> Vec<(u64, u64, String)> {
-    let text = std::fs::read_to_string(format!("{root}/tmp/perf-{own}.map")).unwrap_or_default();
+    let path = format!("{root}/tmp/perf-{own}.map");
+    let text = untrusted::read_regular_text(path.as_ref(), Links::Follow, PERF_MAP_LIMIT)
+        .unwrap_or_default();
     let mut v: Vec<(u64, u64, String)> = text
         .lines()
         .filter_map(|l| {

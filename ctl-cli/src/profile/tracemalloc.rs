@@ -4,6 +4,7 @@
 
 use crate::output::render::{bytes, table};
 use crate::profile::heap::signed_bytes;
+use crate::reach::untrusted::{self, Links};
 use memshim_proto::{PyLine, PySnapshot, PyTraceReply};
 use serde::Serialize;
 use std::collections::HashMap;
@@ -64,13 +65,17 @@ pub fn growth(old: &PySnapshot, new: &PySnapshot) -> Vec<Row> {
     v
 }
 
+/// The largest source file whose line is shown.
+const SOURCE_LIMIT: u64 = 16 << 20;
+
 /// The source text of `file:line` as process `pid` sees it, trimmed.
 fn source(pid: i32, file: &str, line: u32) -> Option<String> {
     if !file.starts_with('/') || line == 0 {
         return None;
     }
-    let text = std::fs::read_to_string(format!("/proc/{pid}/root{file}"))
-        .or_else(|_| std::fs::read_to_string(file))
+    let read = |p: &str| untrusted::read_regular_text(p.as_ref(), Links::Follow, SOURCE_LIMIT);
+    let text = read(&format!("/proc/{pid}/root{file}"))
+        .or_else(|_| read(file))
         .ok()?;
     let l = text.lines().nth(line as usize - 1)?.trim();
     Some(crate::output::render::shorten(l, 60))

@@ -633,3 +633,60 @@ fn a_busy_cpython_314_or_newer_is_attached_through_remote_debugging() {
     }
     let _ = std::fs::remove_file(&stop);
 }
+
+/// A CPython in a root of its own whose `/tmp` is a symbolic link to a
+/// directory of the host: where the bridge's file is not in its root,
+/// `attach` places a copy in its `/tmp`, and memshim-ctl would follow that
+/// link from its own root (root's, writing where the process's user
+/// chose). It is refused (exit 22), and nothing is written there.
+#[test]
+fn attach_never_follows_a_link_in_place_of_the_processs_tmp() {
+    if !memshim_tests::control::default_dir().ends_with("memshim-0") {
+        eprintln!("SKIP: needs root for chroot");
+        return;
+    }
+    let tag = format!("{}", std::process::id());
+    let root = memshim_tests::scratch().join(format!("tmp-link-root-{tag}"));
+    let victim = memshim_tests::scratch().join(format!("tmp-link-victim-{tag}"));
+    let _ = std::fs::remove_dir_all(&root);
+    let _ = std::fs::remove_dir_all(&victim);
+    std::fs::create_dir_all(&victim).unwrap();
+    for d in ["usr", "proc", "dev"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    for (link, to) in [
+        ("bin", "usr/bin"),
+        ("lib", "usr/lib"),
+        ("lib64", "usr/lib64"),
+    ] {
+        std::os::unix::fs::symlink(to, root.join(link)).unwrap();
+    }
+    std::os::unix::fs::symlink(&victim, root.join("tmp")).unwrap();
+    let r = root.display();
+    let run = format!(
+        "mount --rbind /usr {r}/usr && mount -t proc proc {r}/proc && mount --rbind /dev {r}/dev && \
+         exec chroot {r} /usr/bin/python3 -c 'import time; print(\"ready\", flush=True); time.sleep(60)'"
+    );
+    let mut child = Cmd::new(
+        "unshare",
+        ["-m", "--propagation", "private", "sh", "-c", &run],
+    )
+    .spawn();
+    let _kill = KillOnDrop(child.pid());
+    child.wait_for_line("ready", Duration::from_secs(30));
+    let pid = child.pid();
+    in_kernel_wait(pid);
+    // An entry made and removed again changes the directory's mtime.
+    let mtime = || std::fs::metadata(&victim).unwrap().modified().unwrap();
+    let before = mtime();
+    std::thread::sleep(Duration::from_millis(20));
+    let (code, v, err) = ctl_json(&["attach", &pid.to_string(), "--json"]);
+    assert_eq!(code, i32::from(NOT_ATTACHED.code), "{v} {err}");
+    assert!(err.contains("/tmp"), "{err}");
+    assert_eq!(mtime(), before, "memshim-ctl wrote in the host's directory");
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    assert!(!maps.contains("libmemshim_bridge"), "{maps}");
+    drop(_kill);
+    let _ = std::fs::remove_dir_all(&root);
+    let _ = std::fs::remove_dir_all(&victim);
+}
