@@ -3,10 +3,11 @@
 //! bounded waits. Feature `client`; the library does not build it.
 
 use crate::{HelloReply, MAX_RESPONSE_BYTES, PROTOCOL_VERSION, Reply, Request, Response};
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::cell::Cell;
+use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Why a connection could not be made.
 #[derive(Debug)]
@@ -108,11 +109,13 @@ impl std::fmt::Display for ClientError {
 /// One connection to an endpoint.
 pub struct Connection {
     reader: BufReader<UnixStream>,
+    /// The limit of each answer, from its request to its last byte.
+    timeout: Cell<Duration>,
 }
 
 impl Connection {
     /// Connects to `dir/name` (not yet greeted), with `timeout` for every
-    /// read and write.
+    /// write and for every answer as a whole.
     pub fn open(dir: &Path, name: &str, timeout: Duration) -> Result<Connection, ConnectError> {
         let c = Connection::from_stream(connect(dir, name)?);
         c.set_timeout(timeout);
@@ -123,14 +126,17 @@ impl Connection {
     pub fn from_stream(stream: UnixStream) -> Connection {
         Connection {
             reader: BufReader::new(stream),
+            timeout: Cell::new(Duration::from_secs(60)),
         }
     }
 
-    /// The limit for each following read and write (at least 1 ms).
+    /// The limit for each following write, and for each answer line as a
+    /// whole (at least 1 ms).
     pub fn set_timeout(&self, timeout: Duration) {
-        let t = Some(timeout.max(Duration::from_millis(1)));
-        let _ = self.reader.get_ref().set_read_timeout(t);
-        let _ = self.reader.get_ref().set_write_timeout(t);
+        let t = timeout.max(Duration::from_millis(1));
+        self.timeout.set(t);
+        let _ = self.reader.get_ref().set_read_timeout(Some(t));
+        let _ = self.reader.get_ref().set_write_timeout(Some(t));
     }
 
     /// The stream, for socket options and raw writes.
@@ -144,12 +150,37 @@ impl Connection {
     }
 
     /// Reads one answer line (at most [`MAX_RESPONSE_BYTES`]); empty at end
-    /// of file.
+    /// of file. The whole line must come within the timeout: a server
+    /// that sends a byte now and then cannot hold the client past it (a
+    /// limit per read would let it, for ever).
     pub fn read_line(&mut self) -> io::Result<Vec<u8>> {
+        let deadline = Instant::now() + self.timeout.get();
         let mut line = Vec::new();
-        (&mut self.reader)
-            .take(MAX_RESPONSE_BYTES as u64)
-            .read_until(b'\n', &mut line)?;
+        while line.len() < MAX_RESPONSE_BYTES {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::ErrorKind::TimedOut.into());
+            }
+            let _ = self.reader.get_ref().set_read_timeout(Some(left));
+            let buf = match self.reader.fill_buf() {
+                Ok(b) => b,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            if buf.is_empty() {
+                break;
+            }
+            let room = MAX_RESPONSE_BYTES - line.len();
+            let (n, end) = match buf.iter().take(room).position(|&b| b == b'\n') {
+                Some(i) => (i + 1, true),
+                None => (buf.len().min(room), false),
+            };
+            line.extend_from_slice(&buf[..n]);
+            self.reader.consume(n);
+            if end {
+                break;
+            }
+        }
         Ok(line)
     }
 

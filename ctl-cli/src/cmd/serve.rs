@@ -47,8 +47,10 @@ const IO_TIMEOUT: Duration = Duration::from_secs(5);
 pub const MAX_CONNECTIONS: usize = 16;
 /// How long a connection waits for its request head before a new one may
 /// take its slot: a client that sent its head is read within moments; one
-/// that sent nothing for this long holds a slot another needs.
-pub const HEAD_GRACE: Duration = Duration::from_secs(1);
+/// that sent nothing for this long holds a slot another needs. At 1 s,
+/// 16 silent connections a second, each taking the oldest one's slot,
+/// kept every scrape out; at this, it would take over 300 a second.
+pub const HEAD_GRACE: Duration = Duration::from_millis(50);
 
 /// A stream whose reads all end by one deadline: a client that sends a
 /// byte every few seconds cannot hold a connection past it (a timeout per
@@ -294,7 +296,9 @@ impl Server {
             let idle = waiting
                 .front()
                 .is_some_and(|(_, _, since)| since.elapsed() >= HEAD_GRACE);
-            let Some((_, oldest, _)) = waiting.pop_front().filter(|_| idle) else {
+            // Taken off the queue only when closed: a connection taken off
+            // and left open could never be closed to make room again.
+            let Some((_, oldest, _)) = idle.then(|| waiting.pop_front()).flatten() else {
                 self.busy.fetch_sub(1, Ordering::AcqRel);
                 return None;
             };

@@ -209,3 +209,39 @@ fn a_burst_of_more_clients_than_connections_all_get_answers() {
     );
     drop(host);
 }
+
+/// A process whose socket answers `hello` and then one byte every 0.2 s:
+/// every read came within its limit, so memshim-ctl, which limited each
+/// read and not the answer, waited for ever, and `metrics` (and `serve`'s
+/// scrapes, one at a time) with it. The answer as a whole has the limit.
+#[test]
+fn a_socket_that_answers_a_byte_at_a_time_does_not_hold_memshim_ctl() {
+    let dir = memshim_tests::py::socket_dir("trickle");
+    let mut child = memshim_tests::py::shimmed_python(
+        &memshim_tests::python(),
+        &memshim_tests::py::fixture_py("py_trickle.py"),
+        &[],
+        &dir,
+    )
+    .spawn();
+    child.wait_for_line("ready", Duration::from_secs(20));
+    let pid = child.pid().to_string();
+    for args in [
+        vec!["stats", pid.as_str()],
+        vec!["metrics", "--timeout-ms", "1000"],
+    ] {
+        let t0 = Instant::now();
+        let o = Cmd::new(ctl(), &args).run_timeout(Duration::from_secs(60));
+        let took = t0.elapsed();
+        assert!(
+            took < Duration::from_secs(20),
+            "{args:?} took {took:?}: {o:?}"
+        );
+        if args[0] == "stats" {
+            assert_ne!(o.code, 0, "{o:?}");
+            assert!(o.stderr.contains("no answer in time"), "{o:?}");
+        }
+    }
+    drop(child);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -344,8 +344,8 @@ fn serve_is_not_held_by_slow_or_silent_clients() {
         .map(|_| TcpStream::connect(&addr).unwrap())
         .collect();
     // A connection gives its slot up once it has waited for its head for
-    // HEAD_GRACE (1 s) (a head on its way keeps it: a burst of clients got
-    // their connections closed unanswered).
+    // HEAD_GRACE (50 ms) (a head on its way keeps it: a burst of clients
+    // got their connections closed unanswered).
     std::thread::sleep(Duration::from_millis(1200));
     // A client that sends its request head one byte a second: with a
     // timeout per read, it held the server for a minute.
@@ -393,6 +393,46 @@ fn serve_is_not_held_by_slow_or_silent_clients() {
         "{resp:.80}"
     );
     drop(silent);
+}
+
+/// Clients that connect and send nothing, again and again, 25 a second:
+/// each took the slot of the oldest silent one, and while every slot's
+/// connection was younger than the 1 s grace of before, every scrape got
+/// 503. Scrapes among them are answered.
+#[test]
+fn a_stream_of_silent_connections_does_not_keep_scrapes_out() {
+    use std::net::TcpStream;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (_s, addr) = serve(&[]);
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let flood = std::thread::spawn({
+        let (addr, stop) = (addr.clone(), stop.clone());
+        move || {
+            let mut held = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(c) = TcpStream::connect(&addr) {
+                    held.push(c);
+                }
+                std::thread::sleep(Duration::from_millis(40));
+            }
+            held.len()
+        }
+    });
+    // The slots fill with silent connections first.
+    std::thread::sleep(Duration::from_millis(1500));
+    let codes: Vec<u16> = (0..6)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(250));
+            http(&addr, "GET", "/metrics").0
+        })
+        .collect();
+    stop.store(true, Ordering::Relaxed);
+    let opened = flood.join().unwrap();
+    assert!(opened > 30, "{opened} silent connections");
+    assert!(
+        codes.iter().all(|&c| c == 200),
+        "scrapes among silent clients: {codes:?}"
+    );
 }
 
 #[test]
