@@ -22,7 +22,8 @@
 //! shim's descriptor and put its own on the same number;
 //! docs/reliability.md ("Descriptors") says what each use does about it.
 //! Creations there also take the fork fence (`fence.rs`), and are moved to
-//! numbers >= 512, away from the low numbers programs pick by hand.
+//! numbers >= 512, away from the low numbers programs pick by hand (under
+//! a soft `RLIMIT_NOFILE` of 512 or less, to the top of what it allows).
 //!
 //! The records are statics (atomics only) so the fork child handler can
 //! reach them. Every system call here is made without libc (`raw.rs`), so
@@ -282,8 +283,17 @@ fn unbound(fd: i32) -> bool {
 /// close-on-exec. The copy is kept only if it is our file; the original
 /// number is closed only if it still is. Returns the number to use.
 fn move_high(fd: i32, id: (u64, u64)) -> Option<i32> {
-    let Ok(high) = raw::dup_from(fd, 512) else {
-        return Some(fd); // a low RLIMIT_NOFILE: keep the number we have
+    let Ok(high) = raw::dup_from(fd, 512).or_else(|e| {
+        // A soft RLIMIT_NOFILE of 512 or less: the top of what it allows,
+        // which a program that counts up from 3 reaches last (SLOTS below
+        // it: room for all of ours).
+        let top = raw::soft_limit(libc::RLIMIT_NOFILE).unwrap_or(0);
+        match top.checked_sub(SLOTS as u64) {
+            Some(from) if from > fd as u64 => raw::dup_from(fd, from as i32),
+            _ => Err(e),
+        }
+    }) else {
+        return Some(fd); // a very low RLIMIT_NOFILE: keep the number we have
     };
     match identity(high) {
         Some((d, i, _)) if (d, i) == id => {

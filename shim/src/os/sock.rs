@@ -53,7 +53,15 @@ pub fn ensure_dir(dir: &CStr) -> Result<Owned, DirError> {
         Err(libc::EEXIST) => false,
         Err(e) => return Err(DirError::Create(e)),
     };
-    let d = fd::open_dir(dir).map_err(|e| match e {
+    let mut opened = fd::open_dir(dir);
+    if created && matches!(opened, Err(libc::EACCES)) {
+        // A umask that removed the owner's bits (0700, 0777): the new
+        // directory cannot be opened, by this process or any later one of
+        // its uid. We just made it: give it its mode and open it again.
+        let _ = raw::chmod(dir, 0o700);
+        opened = fd::open_dir(dir);
+    }
+    let d = opened.map_err(|e| match e {
         libc::ELOOP => DirError::Symlink,
         libc::ENOTDIR => DirError::NotDir,
         e => DirError::Open(e),

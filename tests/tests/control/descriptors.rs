@@ -102,6 +102,38 @@ fn a_fresh_child_under_control_on_lists_the_same_descriptors_as_without_the_shim
     );
 }
 
+/// In the application's table (the fallback where seccomp refuses a table
+/// of its own) with a soft descriptor limit under 512, the shim's
+/// descriptors stayed on the lowest numbers (3, 4, 6): the program's first
+/// file was 5, and CPython's `test_pass_fds` failed. They go to the top of
+/// what the limit allows, and the program's files are numbered as without
+/// the shim.
+#[test]
+fn under_a_low_descriptor_limit_the_shared_tables_numbers_stay_the_programs() {
+    let script = "import time, os; time.sleep(0.5); \
+        fds = [os.open('/dev/null', os.O_RDONLY) for _ in range(4)]; print(fds)";
+    let py = python().display().to_string();
+    let args = ["--nofile=256:256", "--", py.as_str(), "-c", script];
+    let run = |shim: bool| {
+        let mut c = Cmd::new("prlimit", args);
+        if shim {
+            c = c
+                .shimmed()
+                .env("MEMSHIM_CONTROL", "on")
+                .env("MEMSHIM_FD_TABLE", "shared");
+        }
+        c.run()
+    };
+    let plain = run(false);
+    assert_eq!(plain.code, 0, "{plain:?}");
+    let o = run(true);
+    assert_eq!(
+        (o.code, o.stdout.as_str(), o.stderr.as_str()),
+        (0, plain.stdout.as_str(), ""),
+        "{o:?}"
+    );
+}
+
 #[test]
 fn cpython_test_pass_fds_redirected_passes_with_control_on() {
     let py = python();

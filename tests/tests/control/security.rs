@@ -189,3 +189,52 @@ fn a_socket_dir_open_to_others_is_refused_then_recreated_once_removed() {
     assert_eq!(child.finish(Duration::from_secs(10)).stderr, "");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A process of another uid started under a umask that removes the
+/// owner's bits (0777) creates the socket directory: mode 000 there left
+/// that process, and every later one of its uid, without a control
+/// endpoint, for good. The directory is 0700, and a later process of that
+/// uid is served as that uid.
+#[test]
+fn a_umask_that_removes_the_owners_bits_does_not_lock_the_socket_dir() {
+    if !is_root() {
+        eprintln!("SKIP: needs root to run as another uid");
+        return;
+    }
+    let parent = std::env::temp_dir().join(format!("ms-umask-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&parent);
+    std::fs::create_dir(&parent).unwrap();
+    std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let dir = parent.join("d");
+    let run = |umask: &str, seconds: &str| {
+        let mut args: Vec<String> = NOBODY.iter().map(|s| s.to_string()).collect();
+        args.extend([
+            "sh".into(),
+            "-c".into(),
+            format!(
+                "umask {umask}; exec env LD_PRELOAD={} MEMSHIM_CONTROL=on MEMSHIM_SOCKET_DIR={} sleep {seconds}",
+                shim().display(),
+                dir.display()
+            ),
+        ]);
+        // Preloaded in the command only, not in setpriv (still root; setpriv,
+        // sh and env exec in turn, so the pid stays).
+        Cmd::new("setpriv", &args)
+    };
+    let o = run("0777", "0.5").run();
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    let md = std::fs::metadata(&dir).unwrap();
+    assert_eq!((md.mode() & 0o7777, md.uid()), (0o700, 65534));
+    let child = run("0022", "30").spawn();
+    let pid = child.pid().to_string();
+    let mut args: Vec<String> = NOBODY.iter().map(|s| s.to_string()).collect();
+    args.extend([ctl().display().to_string(), "stats".into(), pid.clone()]);
+    let served = wait_until(Duration::from_secs(10), || {
+        let o = Cmd::new("setpriv", &args).run();
+        (o.code == 0).then_some(())
+    });
+    let last = Cmd::new("setpriv", &args).run();
+    assert!(served.is_some(), "{last:?}");
+    drop(child);
+    let _ = std::fs::remove_dir_all(&parent);
+}
