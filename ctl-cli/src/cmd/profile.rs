@@ -66,7 +66,7 @@ pub struct ProfileArgs {
     #[arg(long, value_enum)]
     pub format: Option<Format>,
     /// Same as `--format json`.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "format")]
     pub json: bool,
     /// In a stack with Python frames, `fold` leaves out the interpreter's
     /// own C frames between them (but the one that allocated); `all` keeps

@@ -4,7 +4,7 @@
 use crate::args::pid_parser;
 use crate::exit::{self, Exit, Failure};
 use crate::gpu;
-use crate::output::print::{out, outln};
+use crate::output::print::{out, outln, printable};
 use crate::output::render::{bytes, kv, ms, opt_bytes, table};
 use crate::reach::client::Client;
 use clap::Args;
@@ -123,7 +123,7 @@ GPU memory as the driver sees it (NVML)
 /// The human form of a stats report: one section after another.
 pub fn human(s: &StatsReport, pid: i32, command: &str) -> String {
     let mut out = format!("pid {pid}: {command}\n");
-    out += &allocator(&s.allocator, &s.config.jemalloc_version);
+    out += &allocator(&s.allocator, &printable(&s.config.jemalloc_version));
     if let Some(ar) = &s.arenas {
         out += &arenas(ar);
     }
@@ -299,7 +299,7 @@ fn cgroup_section(pid: i32) -> Option<CgroupStats> {
 /// The `cgroup` section.
 fn cgroup(g: &CgroupStats) -> String {
     let max = g.max.map_or_else(|| "no limit".to_owned(), bytes);
-    format!("\ncgroup v{} {}\n", g.version, g.path)
+    format!("\ncgroup v{} {}\n", g.version, printable(&g.path))
         + &kv(&[
             (
                 "current",

@@ -20,7 +20,7 @@ pub struct WatchArgs {
     /// Process id.
     #[arg(value_parser = pid_parser())]
     pub pid: i32,
-    /// Seconds between samples (at least 0.1).
+    /// Seconds between samples (0.1 to 3600).
     #[arg(long, default_value_t = 1.0, value_parser = parse_interval)]
     pub interval: f64,
     /// Stop after this many samples, at least 1 (default: until interrupted).
