@@ -600,12 +600,11 @@ fn run_python(a: &ProfileArgs, format: Format, pid: i32) -> Result<Exit, Failure
     let wait = a
         .seconds
         .unwrap_or(if state.tracing { 0 } else { DEFAULT_SECONDS });
-    let growth = a.every.map_or(0.0, |e| e * f64::from(a.count));
-    let bound = (wait as f64 + growth + 60.0).ceil() as u64;
+    // With --keep, the cap: an hour.
     let started = ask_py(
         pid,
         PyTraceAction::Start,
-        Some(bound.min(MAX_PY_TRACE_SECONDS)),
+        Some(bound(a, wait, MAX_PY_TRACE_SECONDS)),
     )?;
     if started.changed {
         errln!(

@@ -775,16 +775,36 @@ unsafe fn text(l: &Layout, obj: usize, out: &mut [u8], tail: bool) -> usize {
             return clip(core::slice::from_raw_parts(utf8 as *const u8, n), out, tail);
         }
         // No UTF-8 copy: encode the code points (kind 1, 2 or 4 bytes).
+        if !matches!(kind, 1 | 2 | 4) {
+            return unknown(out);
+        }
         let data = obj + l.compact_size;
-        let mut n = 0;
-        for k in 0..len as usize {
+        let len = len as usize;
+        // SAFETY: k < len, inside the string's data of `kind`-byte units.
+        let at = |k: usize| {
             let c = match kind {
                 1 => u32::from(*((data + k) as *const u8)),
                 2 => u32::from(*((data + 2 * k) as *const u16)),
-                4 => *((data + 4 * k) as *const u32),
-                _ => return unknown(out),
+                _ => *((data + 4 * k) as *const u32),
             };
-            let ch = char::from_u32(c).unwrap_or('?');
+            char::from_u32(c).unwrap_or('?')
+        };
+        let (mut k, mut n) = (0, 0);
+        if tail {
+            let total: usize = (0..len).map(|k| at(k).len_utf8()).sum();
+            if total > out.len() {
+                // Its end, whole characters, after `...`.
+                out[..3].copy_from_slice(b"...");
+                n = 3;
+                let mut dropped = 0;
+                while dropped < total - (out.len() - 3) {
+                    dropped += at(k).len_utf8();
+                    k += 1;
+                }
+            }
+        }
+        for k in k..len {
+            let ch = at(k);
             if n + ch.len_utf8() > out.len() {
                 break;
             }
@@ -801,15 +821,24 @@ fn clip(s: &[u8], out: &mut [u8], tail: bool) -> usize {
         out[..s.len()].copy_from_slice(s);
         return s.len();
     }
+    // Cut between characters: a UTF-8 continuation byte is 0b10xxxxxx.
+    let inside = |b: u8| b & 0xc0 == 0x80;
     if !tail {
-        let n = out.len();
-        out.copy_from_slice(&s[..n]);
+        let mut n = out.len();
+        while n > 0 && inside(s[n]) {
+            n -= 1;
+        }
+        out[..n].copy_from_slice(&s[..n]);
         return n;
     }
-    let keep = out.len() - 3;
+    let mut from = s.len() - (out.len() - 3);
+    while from < s.len() && inside(s[from]) {
+        from += 1;
+    }
+    let keep = s.len() - from;
     out[..3].copy_from_slice(b"...");
-    out[3..].copy_from_slice(&s[s.len() - keep..]);
-    out.len()
+    out[3..3 + keep].copy_from_slice(&s[from..]);
+    3 + keep
 }
 
 #[cfg(test)]
@@ -825,6 +854,14 @@ mod tests {
         assert_eq!(&out[..n], b"...th.py");
         let n = clip(b"a_long_function", &mut out, false);
         assert_eq!(&out[..n], b"a_long_f");
+        // Cut between characters, never inside one (3 bytes each here).
+        let n = clip("/プロジェクト.py".as_bytes(), &mut out, true);
+        assert_eq!(core::str::from_utf8(&out[..n]), Ok("....py"));
+        let mut nine = [0u8; 9];
+        let n = clip("/プロジェクト.py".as_bytes(), &mut nine, true);
+        assert_eq!(core::str::from_utf8(&nine[..n]), Ok("...ト.py"));
+        let n = clip("計算キャッシュ".as_bytes(), &mut out, false);
+        assert_eq!(core::str::from_utf8(&out[..n]), Ok("計算"));
     }
 
     #[test]

@@ -450,3 +450,101 @@ fn a_function_made_where_a_freed_one_was_is_named_as_itself() {
         assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{v}: {o:?}");
     }
 }
+
+/// A module whose path is longer than a frame keeps (176 bytes) and not
+/// ASCII (a home directory named in Japanese): its name keeps its end, as
+/// an ASCII one does. It kept its start, and the profile named a file that
+/// does not exist (`.../models/transform:5`).
+#[test]
+fn a_long_file_name_that_is_not_ascii_keeps_its_end() {
+    let dir = memshim_tests::scratch()
+        .join(format!("longpath-{}", std::process::id()))
+        .join("ユーザー/プロジェクト/推論サービス/本番環境/仮想環境/lib/python3/site-packages/パッケージ")
+        .join("models/transformer_blocks");
+    std::fs::create_dir_all(&dir).unwrap();
+    let module = dir.join("attention_layer.py");
+    std::fs::write(
+        &module,
+        "kept = []\n\ndef build_cache():\n    for _ in range(24):\n        kept.append(bytearray(1 << 20))\n",
+    )
+    .unwrap();
+    assert!(module.as_os_str().len() > 190);
+    let script = format!(
+        "import sys; sys.path.insert(0, {:?}); import attention_layer; attention_layer.build_cache(); \
+         print('grown', flush=True); sys.stdin.readline()",
+        dir.display().to_string()
+    );
+    let mut child = Cmd::new(memshim_tests::python(), ["-c", &script])
+        .shimmed()
+        .env("MEMSHIM_PROFILE", "start")
+        .env("MEMSHIM_CONTROL", "on")
+        .spawn();
+    child.wait_for_line("grown", Duration::from_secs(30));
+    memshim_tests::control::wait_endpoint(child.pid());
+    let o = Cmd::new(ctl(), ["profile", &child.pid().to_string(), "--json"]).run();
+    assert_eq!(o.code, 0, "{o:?}");
+    let p: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    let source = p["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["frames"].as_array().unwrap().iter())
+        .find(|f| f["function"] == "build_cache")
+        .and_then(|f| f["source"].as_str())
+        .unwrap_or_else(|| panic!("no build_cache frame: {p}"))
+        .to_string();
+    assert!(
+        source.starts_with("...")
+            && source.ends_with("/models/transformer_blocks/attention_layer.py:5"),
+        "{source}"
+    );
+    child.send("");
+    let o = child.finish(Duration::from_secs(10));
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+    let _ = std::fs::remove_dir_all(
+        memshim_tests::scratch().join(format!("longpath-{}", std::process::id())),
+    );
+}
+
+/// `profile --python --keep` leaves tracemalloc on for an hour at most, as
+/// `--keep` leaves sampling on for a day: it gave the shim the deadline of
+/// a run without `--keep` (its seconds and a minute), and tracing stopped
+/// a minute later.
+#[test]
+fn python_keep_leaves_tracemalloc_on_for_an_hour() {
+    let mut child = Cmd::new(
+        memshim_tests::python(),
+        [
+            "-c",
+            "import sys; print('ready', flush=True); sys.stdin.readline()",
+        ],
+    )
+    .shimmed()
+    .env("MEMSHIM_CONTROL", "on")
+    .spawn();
+    child.wait_for_line("ready", Duration::from_secs(30));
+    memshim_tests::control::wait_endpoint(child.pid());
+    let pid = child.pid().to_string();
+    let o = Cmd::new(
+        ctl(),
+        [
+            "profile",
+            &pid,
+            "--python",
+            "--keep",
+            "--seconds",
+            "0",
+            "--json",
+        ],
+    )
+    .run();
+    assert_eq!(o.code, 0, "{o:?}");
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    let left = v["stops_in_ms"].as_u64().unwrap_or(0);
+    assert!((3_500_000..=3_600_000).contains(&left), "{v}");
+    let o = Cmd::new(ctl(), ["profile", &pid, "--python", "--stop"]).run();
+    assert_eq!(o.code, 0, "{o:?}");
+    child.send("");
+    let o = child.finish(Duration::from_secs(10));
+    assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
+}
