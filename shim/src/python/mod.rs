@@ -176,6 +176,16 @@ pub fn py_trace_tick(now_ms: u64) {
     }
 }
 
+/// Stops the tracing the shim started, now (the attached bridge's
+/// `detach`: once its thread is gone, nothing would stop it at its
+/// deadline). A busy interpreter leaves it on.
+#[cfg(memshim_bridge)]
+pub fn py_trace_stop_ours(now_ms: u64) {
+    if tracemalloc::pending() {
+        let _ = py_trace(PyTraceJob::Stop { now_ms }, Duration::from_millis(500));
+    }
+}
+
 /// Whether a job thread exists (counted with the shim's threads).
 pub fn worker_exists() -> bool {
     job::worker_exists()

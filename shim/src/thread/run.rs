@@ -241,8 +241,11 @@ extern "C" fn main(_: *mut c_void) -> *mut c_void {
         // The attached bridge's `detach`: its answer went out in
         // `on_events`; the endpoint closes, the socket file goes.
         #[cfg(memshim_bridge)]
-        if control::detach_asked() && try_stop(&mut own, true) {
-            return finish();
+        if control::detach_asked() {
+            crate::python::py_trace_stop_ours(os::time::monotonic_ms());
+            if try_stop(&mut own, true) {
+                return finish();
+            }
         }
         if n > 0 {
             watcher.on_events(&fds[1 + n_ep..1 + n_ep + n_pr]);

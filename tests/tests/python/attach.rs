@@ -690,3 +690,45 @@ fn attach_never_follows_a_link_in_place_of_the_processs_tmp() {
     let _ = std::fs::remove_dir_all(&root);
     let _ = std::fs::remove_dir_all(&victim);
 }
+
+/// Tracing that `profile --python --keep` started through the bridge stops
+/// at `detach`: with the bridge's thread gone nothing stopped it at its
+/// deadline, and the program traced every allocation for its life.
+#[test]
+fn detach_stops_the_tracing_the_bridge_started() {
+    let py = cpythons().into_iter().next().expect("a CPython");
+    let code = "import sys, tracemalloc\n\
+                print('ready', flush=True)\n\
+                for _ in sys.stdin: print('tracing', tracemalloc.is_tracing(), flush=True)\n";
+    let mut child = Cmd::new(&py.exe, ["-c", code]).spawn();
+    child.wait_for_line("ready", Duration::from_secs(30));
+    let pid = child.pid();
+    in_kernel_wait(pid);
+    let p = pid.to_string();
+    let o = Cmd::new(ctl(), ["attach", &p]).run();
+    assert_eq!(o.code, 0, "{o:?}");
+    let o = Cmd::new(
+        ctl(),
+        ["profile", &p, "--python", "--keep", "--seconds", "0"],
+    )
+    .run();
+    assert_eq!(o.code, 0, "{o:?}");
+    child.send("");
+    assert_eq!(
+        child.wait_for_line("tracing", Duration::from_secs(10)),
+        "tracing True"
+    );
+    let o = Cmd::new(ctl(), ["detach", &p]).run();
+    assert_eq!(o.code, 0, "{o:?}");
+    // The thread has gone once the process has its own thread only.
+    wait_until(Duration::from_secs(10), || {
+        (threads(pid) == 1).then_some(())
+    })
+    .expect("the bridge's threads stop");
+    child.send("");
+    assert_eq!(
+        child.wait_for_line("tracing", Duration::from_secs(10)),
+        "tracing False"
+    );
+    drop(child);
+}
