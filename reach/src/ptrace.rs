@@ -194,3 +194,86 @@ pub fn tgkill(pid: i32, tid: i32, sig: i32) {
         libc::syscall(libc::SYS_tgkill, pid, tid, sig);
     }
 }
+
+/// The signals that end memshim-ctl by default (Ctrl-C, `timeout`, a
+/// closed terminal, Ctrl-\) and whose disposition is still the default:
+/// an ignored one (`nohup`, a background job) is left ignored.
+fn ending_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t and sigaction are plain data; the calls fill them.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&raw mut set);
+        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(s, std::ptr::null(), &raw mut old) == 0
+                && old.sa_sigaction == libc::SIG_DFL
+            {
+                libc::sigaddset(&raw mut set, s);
+            }
+        }
+        set
+    }
+}
+
+/// While alive, the signals that would end memshim-ctl wait for
+/// [`Interruptible::sleep`] instead, so that it can undo what it started
+/// in a process before it ends.
+pub struct Interruptible {
+    set: libc::sigset_t,
+    old: libc::sigset_t,
+}
+
+impl Interruptible {
+    /// Blocks them.
+    pub fn hold() -> Interruptible {
+        let set = ending_signals();
+        // SAFETY: a valid sigset; only this thread's mask changes.
+        let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, &raw mut old) };
+        Interruptible { set, old }
+    }
+
+    /// Sleeps `d`, or less if one of the signals comes: then that signal.
+    pub fn sleep(&self, d: std::time::Duration) -> Option<i32> {
+        let end = std::time::Instant::now() + d;
+        loop {
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            let ts = libc::timespec {
+                tv_sec: left.as_secs() as libc::time_t,
+                tv_nsec: left.subsec_nanos() as libc::c_long,
+            };
+            // SAFETY: a valid set and timespec; no siginfo asked for.
+            let s = unsafe {
+                libc::sigtimedwait(&raw const self.set, std::ptr::null_mut(), &raw const ts)
+            };
+            if s > 0 {
+                return Some(s);
+            }
+        }
+    }
+
+    /// Unblocks the signals and ends memshim-ctl with `sig`, as it would
+    /// have ended had it not waited for it (a shell then sees 128 + sig).
+    pub fn end_with(self, sig: i32) -> ! {
+        // SAFETY: restores the saved mask; `raise` with the default
+        // disposition ends the process.
+        unsafe {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &raw const self.old, std::ptr::null_mut());
+            libc::raise(sig);
+        }
+        std::process::exit(128 + sig)
+    }
+}
+
+impl Drop for Interruptible {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask saved by `new`.
+        unsafe {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &raw const self.old, std::ptr::null_mut());
+        }
+    }
+}

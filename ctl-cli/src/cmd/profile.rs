@@ -616,23 +616,80 @@ fn run_python(a: &ProfileArgs, format: Format, pid: i32) -> Result<Exit, Failure
             }
         );
     }
-    let result = python_after(a, format, pid, wait);
-    if started.changed && !a.keep {
-        let off = ask_py(pid, PyTraceAction::Stop, None).map(|_| ());
-        return switched_off(pid, result, off);
+    // What this command started, it stops, also when Ctrl-C or `timeout`
+    // ends it during its wait: those signals wait for it meanwhile.
+    let ours = started.changed && !a.keep;
+    let held = ours.then(memshim_reach::Interruptible::hold);
+    let result = python_after(a, format, pid, wait, held.as_ref());
+    if !ours {
+        return result.map_err(Ended::failure);
     }
-    result
+    let off = ask_py(pid, PyTraceAction::Stop, None).map(|_| ());
+    match (result, held) {
+        (Err(Ended::Signal(sig)), Some(held)) => {
+            match off {
+                Ok(()) => errln!("memshim-ctl: interrupted; tracemalloc stopped in {pid}"),
+                Err(e) => errln!(
+                    "memshim-ctl: interrupted; tracemalloc could not be stopped in {pid} ({}): memshim-ctl profile {pid} --python --stop",
+                    e.message
+                ),
+            }
+            held.end_with(sig)
+        }
+        (result, _) => switched_off(pid, result.map_err(Ended::failure), off),
+    }
 }
 
-fn python_after(a: &ProfileArgs, format: Format, pid: i32, wait: u64) -> Result<Exit, Failure> {
-    std::thread::sleep(Duration::from_secs(wait));
+/// How `profile --python`'s steps ended early.
+enum Ended {
+    Failed(Failure),
+    /// A signal that ends memshim-ctl came during a wait.
+    Signal(i32),
+}
+
+impl From<Failure> for Ended {
+    fn from(f: Failure) -> Ended {
+        Ended::Failed(f)
+    }
+}
+
+impl Ended {
+    fn failure(self) -> Failure {
+        match self {
+            Ended::Failed(f) => f,
+            Ended::Signal(sig) => Failure::new(exit::FAILED, None, format!("signal {sig}")),
+        }
+    }
+}
+
+/// Sleeps `d`, or until a signal that ends memshim-ctl comes (while
+/// `held`).
+fn nap(held: Option<&memshim_reach::Interruptible>, d: Duration) -> Result<(), Ended> {
+    match held.and_then(|h| h.sleep(d)) {
+        Some(sig) => Err(Ended::Signal(sig)),
+        None if held.is_none() => {
+            std::thread::sleep(d);
+            Ok(())
+        }
+        None => Ok(()),
+    }
+}
+
+fn python_after(
+    a: &ProfileArgs,
+    format: Format,
+    pid: i32,
+    wait: u64,
+    held: Option<&memshim_reach::Interruptible>,
+) -> Result<Exit, Ended> {
+    nap(held, Duration::from_secs(wait))?;
     let mut prev = ask_py(pid, PyTraceAction::Snapshot, None)?;
     if prev.snapshot.is_none() {
-        return Err(Failure::new(
+        return Err(Ended::Failed(Failure::new(
             exit::FAILED,
             Some(pid),
             "tracemalloc is not tracing in the process (the program, or the shim at its deadline, stopped it)",
-        ));
+        )));
     }
     let top = a.top as usize;
     let Some(every) = a.every else {
@@ -640,17 +697,17 @@ fn python_after(a: &ProfileArgs, format: Format, pid: i32, wait: u64) -> Result<
             Format::Json => format!("{}\n", serde_json::to_string(&prev).unwrap_or_default()),
             _ => crate::profile::tracemalloc::report(pid, &prev, top),
         };
-        return write_out(a, format, text.as_bytes(), 0);
+        return Ok(write_out(a, format, text.as_bytes(), 0)?);
     };
     for step in 1..=a.count {
-        std::thread::sleep(Duration::from_secs_f64(every));
+        nap(held, Duration::from_secs_f64(every))?;
         let cur = ask_py(pid, PyTraceAction::Snapshot, None)?;
         let (Some(old), Some(new)) = (&prev.snapshot, &cur.snapshot) else {
-            return Err(Failure::new(
+            return Err(Ended::Failed(Failure::new(
                 exit::FAILED,
                 Some(pid),
                 "tracemalloc stopped tracing in the process",
-            ));
+            )));
         };
         let rows = crate::profile::tracemalloc::growth(old, new);
         let total = new.bytes as i64 - old.bytes as i64;

@@ -548,3 +548,43 @@ fn python_keep_leaves_tracemalloc_on_for_an_hour() {
     let o = child.finish(Duration::from_secs(10));
     assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
 }
+
+/// `timeout` (SIGTERM) or Ctrl-C ending `profile --python` of a process
+/// without the preload during its wait: tracemalloc, which nothing stops
+/// at a deadline on that road, stayed on for the program's life. It is
+/// stopped first, and memshim-ctl then ends by that signal.
+#[test]
+fn a_profile_python_ended_by_a_signal_stops_the_tracing_it_started() {
+    use std::os::unix::process::ExitStatusExt;
+    let code = "import sys, tracemalloc\n\
+                print('ready', flush=True)\n\
+                for _ in sys.stdin: print('tracing', tracemalloc.is_tracing(), flush=True)\n";
+    let mut child = Cmd::new(memshim_tests::python(), ["-c", code]).spawn();
+    child.wait_for_line("ready", Duration::from_secs(30));
+    let pid = child.pid().to_string();
+    let mut c = std::process::Command::new(ctl())
+        .args(["profile", &pid, "--python", "--seconds", "20"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once tracing is on.
+    memshim_tests::wait_until(Duration::from_secs(20), || {
+        child.send("");
+        (child.wait_for_line("tracing", Duration::from_secs(10)) == "tracing True").then_some(())
+    })
+    .expect("tracing started");
+    // SAFETY: a signal to the memshim-ctl this test started.
+    assert_eq!(unsafe { libc::kill(c.id() as i32, libc::SIGTERM) }, 0);
+    let status = c.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(c.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?} {err}");
+    assert!(err.contains("interrupted; tracemalloc stopped"), "{err}");
+    child.send("");
+    assert_eq!(
+        child.wait_for_line("tracing", Duration::from_secs(10)),
+        "tracing False"
+    );
+    drop(child);
+}
