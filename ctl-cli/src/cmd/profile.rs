@@ -578,7 +578,7 @@ fn stop_line(format: Format, pid: i32, what: &str, outcome: &str) -> Result<(), 
     if format == Format::Json {
         outln!("{}", serde_json::json!({ "pid": pid, what: outcome }))
     } else {
-        outln!("{pid}: {what} {outcome}")
+        outln!("pid {pid}: {what} {outcome}")
     }
 }
 
