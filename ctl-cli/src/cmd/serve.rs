@@ -104,9 +104,25 @@ pub fn read_head(r: impl Read) -> Result<Head, (u16, &'static str)> {
     r.read_line(&mut line)
         .map_err(|_| (400, "unreadable request"))?;
     let mut parts = line.split_whitespace();
-    let (Some(method), Some(target), Some(_version)) = (parts.next(), parts.next(), parts.next())
+    let (Some(method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
     else {
         return Err((400, "malformed request line"));
+    };
+    if !matches!(version, "HTTP/1.0" | "HTTP/1.1") {
+        return Err((505, "HTTP/1.0 and HTTP/1.1 only"));
+    }
+    // The absolute form (`GET http://host/metrics`, as a proxy sends it):
+    // its host is the one that counts (RFC 9112 3.2.2), not a Host line.
+    let (authority, target) = match target
+        .strip_prefix("http://")
+        .or_else(|| target.strip_prefix("https://"))
+    {
+        Some(rest) => match rest.find(['/', '?']) {
+            Some(i) => (Some(rest[..i].to_owned()), &rest[i..]),
+            None => (Some(rest.to_owned()), "/"),
+        },
+        None => (None, target),
     };
     let (path, query) = match target.split_once('?') {
         Some((p, q)) => (p.to_owned(), Some(q.to_owned())),
@@ -120,7 +136,10 @@ pub fn read_head(r: impl Read) -> Result<Head, (u16, &'static str)> {
             Ok(0) => return Err((431, "request head too large or cut off")),
             Ok(_) if line == "\r\n" || line == "\n" => break,
             Ok(_) => {
-                if let Some((k, v)) = line.split_once(':') {
+                let Some((k, v)) = line.split_once(':') else {
+                    return Err((400, "malformed header line"));
+                };
+                {
                     let v = v.trim().to_owned();
                     if k.eq_ignore_ascii_case("host") {
                         // RFC 9112 3.2: a second Host line is a bad request
@@ -135,6 +154,9 @@ pub fn read_head(r: impl Read) -> Result<Head, (u16, &'static str)> {
             }
             Err(_) => return Err((400, "unreadable request")),
         }
+    }
+    if authority.is_some() {
+        host = authority;
     }
     Ok(Head {
         method,
@@ -157,6 +179,7 @@ fn respond_with(s: &TcpStream, code: u16, headers: &str, ctype: &str, body: &str
         403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        505 => "HTTP Version Not Supported",
         408 => "Request Timeout",
         431 => "Request Header Fields Too Large",
         502 => "Bad Gateway",
@@ -209,7 +232,7 @@ pub fn loopback_host(h: &str) -> bool {
     } else {
         h.rsplit_once(':').map_or(h, |(n, _)| n)
     };
-    name == "localhost"
+    name.eq_ignore_ascii_case("localhost")
         || name
             .parse::<std::net::IpAddr>()
             .is_ok_and(|ip| ip.is_loopback())
@@ -496,6 +519,27 @@ mod tests {
             read_head(&two[..]).unwrap_err(),
             (400, "more than one Host header")
         );
+        // A header line without a colon, another HTTP version.
+        let bad = b"GET /metrics HTTP/1.1\r\nHost 127.0.0.1\r\n\r\n";
+        assert_eq!(read_head(&bad[..]).unwrap_err().0, 400);
+        assert_eq!(
+            read_head(&b"GET /metrics HTTP/9.9\r\n\r\n"[..])
+                .unwrap_err()
+                .0,
+            505
+        );
+        // The absolute form: its authority is the host.
+        let abs = b"POST http://127.0.0.1:9464/purge?pid=1 HTTP/1.1\r\nHost: evil.example\r\n\r\n";
+        let h = read_head(&abs[..]).unwrap();
+        assert_eq!(
+            (h.path.as_str(), h.query.as_deref(), h.host.as_deref()),
+            ("/purge", Some("pid=1"), Some("127.0.0.1:9464"))
+        );
+        let h = read_head(&b"GET http://evil.example HTTP/1.1\r\n\r\n"[..]).unwrap();
+        assert_eq!(
+            (h.path.as_str(), h.host.as_deref()),
+            ("/", Some("evil.example"))
+        );
     }
 
     #[test]
@@ -504,6 +548,7 @@ mod tests {
             "127.0.0.1",
             "127.0.0.1:9464",
             "localhost:1",
+            "LocalHost:1",
             "[::1]:9464",
             "::1",
         ] {

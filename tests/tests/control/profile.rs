@@ -363,7 +363,11 @@ fn a_first_profile_samples_for_its_seconds_then_switches_sampling_off() {
     let p: Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
     assert!(held_by(&p, "keep_sixty_four") > 32 << 20, "{p}");
     let o = ctl_run(&["profile", &pid, "--stop"]);
-    assert_eq!(o.stdout.trim(), format!("pid {pid}: sampling was off"), "{o:?}");
+    assert_eq!(
+        o.stdout.trim(),
+        format!("pid {pid}: sampling was off"),
+        "{o:?}"
+    );
     // With --json, one JSON document (it was the line above).
     let o = ctl_run(&["profile", &pid, "--stop", "--json"]);
     let v: Value = serde_json::from_str(&o.stdout).unwrap_or_else(|e| panic!("{e}: {o:?}"));
@@ -689,7 +693,11 @@ fn memshim_profile_start_samples_from_the_start_and_profile_leaves_it_on() {
     assert!(held_by(&p, "keep_sixty_four") > 32 << 20, "{p}");
     // `profile` did not switch it on, so it did not switch it off.
     let o = ctl_run(&["profile", &pid, "--stop"]);
-    assert_eq!(o.stdout.trim(), format!("pid {pid}: sampling stopped"), "{o:?}");
+    assert_eq!(
+        o.stdout.trim(),
+        format!("pid {pid}: sampling stopped"),
+        "{o:?}"
+    );
     app.send("quit");
     let o = app.finish(Duration::from_secs(10));
     assert_eq!((o.code, o.stderr.as_str()), (0, ""), "{o:?}");
