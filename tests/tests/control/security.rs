@@ -205,6 +205,18 @@ fn a_umask_that_removes_the_owners_bits_does_not_lock_the_socket_dir() {
     let _ = std::fs::remove_dir_all(&parent);
     std::fs::create_dir(&parent).unwrap();
     std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    // Copies every uid can reach: the checkout may lie under a directory
+    // only root can enter (a `mktemp -d` clone).
+    let bin = parent.join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let reachable = |f: std::path::PathBuf| {
+        let to = bin.join(f.file_name().unwrap());
+        std::fs::copy(&f, &to).unwrap();
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
+        to.display().to_string()
+    };
+    let (lib, ctl) = (reachable(shim()), reachable(ctl()));
     let dir = parent.join("d");
     let run = |umask: &str, seconds: &str| {
         let mut args: Vec<String> = NOBODY.iter().map(|s| s.to_string()).collect();
@@ -213,7 +225,7 @@ fn a_umask_that_removes_the_owners_bits_does_not_lock_the_socket_dir() {
             "-c".into(),
             format!(
                 "umask {umask}; exec env LD_PRELOAD={} MEMSHIM_CONTROL=on MEMSHIM_SOCKET_DIR={} sleep {seconds}",
-                shim().display(),
+                lib,
                 dir.display()
             ),
         ]);
@@ -228,7 +240,7 @@ fn a_umask_that_removes_the_owners_bits_does_not_lock_the_socket_dir() {
     let child = run("0022", "30").spawn();
     let pid = child.pid().to_string();
     let mut args: Vec<String> = NOBODY.iter().map(|s| s.to_string()).collect();
-    args.extend([ctl().display().to_string(), "stats".into(), pid.clone()]);
+    args.extend([ctl.clone(), "stats".into(), pid.clone()]);
     let served = wait_until(Duration::from_secs(10), || {
         let o = Cmd::new("setpriv", &args).run();
         (o.code == 0).then_some(())
