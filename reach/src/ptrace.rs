@@ -127,43 +127,62 @@ pub fn wait(tid: i32, nohang: bool) -> io::Result<Option<i32>> {
     }
 }
 
+/// A set of signals blocked on this thread while alive; the mask from
+/// before is restored when dropped.
+struct Blocked {
+    set: libc::sigset_t,
+    old: libc::sigset_t,
+}
+
+impl Blocked {
+    fn new(signals: impl IntoIterator<Item = i32>) -> Blocked {
+        // SAFETY: sigset_t is plain data; sigemptyset initialises it, and
+        // the calls only fill our sets and change this thread's mask.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&raw mut set);
+            for s in signals {
+                libc::sigaddset(&raw mut set, s);
+            }
+            libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, &raw mut old);
+            Blocked { set, old }
+        }
+    }
+
+    fn restore(&self) {
+        // SAFETY: the mask saved by `new`, a valid sigset.
+        unsafe {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &raw const self.old, std::ptr::null_mut());
+        }
+    }
+}
+
+impl Drop for Blocked {
+    fn drop(&mut self) {
+        self.restore();
+    }
+}
+
 /// Blocks the signals that would end memshim-ctl (SIGINT, SIGTERM,
 /// SIGHUP, SIGQUIT, SIGPIPE) while the target is changed, and unblocks them
 /// when dropped: a tracer that dies mid-call leaves the target with our
 /// registers, and it crashes.
-pub struct HoldSignals(libc::sigset_t);
+pub struct HoldSignals {
+    _blocked: Blocked,
+}
 
 impl HoldSignals {
     /// Blocks them.
     pub fn new() -> HoldSignals {
-        // SAFETY: sigset_t is plain data; sigemptyset initialises it.
-        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
-        // SAFETY: both point at our sigsets; the calls only fill them and
-        // change this thread's mask.
-        unsafe {
-            libc::sigemptyset(&raw mut set);
-            for s in [
+        HoldSignals {
+            _blocked: Blocked::new([
                 libc::SIGINT,
                 libc::SIGTERM,
                 libc::SIGHUP,
                 libc::SIGQUIT,
                 libc::SIGPIPE,
-            ] {
-                libc::sigaddset(&raw mut set, s);
-            }
-            libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, &raw mut old);
-        }
-        HoldSignals(old)
-    }
-}
-
-impl Drop for HoldSignals {
-    fn drop(&mut self) {
-        // SAFETY: restores the mask saved by `new`, a valid sigset.
-        unsafe {
-            libc::pthread_sigmask(libc::SIG_SETMASK, &raw const self.0, std::ptr::null_mut());
+            ]),
         }
     }
 }
@@ -198,40 +217,28 @@ pub fn tgkill(pid: i32, tid: i32, sig: i32) {
 /// The signals that end memshim-ctl by default (Ctrl-C, `timeout`, a
 /// closed terminal, Ctrl-\) and whose disposition is still the default:
 /// an ignored one (`nohup`, a background job) is left ignored.
-fn ending_signals() -> libc::sigset_t {
-    // SAFETY: sigset_t and sigaction are plain data; the calls fill them.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&raw mut set);
-        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(s, std::ptr::null(), &raw mut old) == 0
-                && old.sa_sigaction == libc::SIG_DFL
-            {
-                libc::sigaddset(&raw mut set, s);
+fn ending_signals() -> impl Iterator<Item = i32> {
+    [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT]
+        .into_iter()
+        .filter(|&s| {
+            // SAFETY: sigaction is plain data; the call only fills it.
+            unsafe {
+                let mut old: libc::sigaction = std::mem::zeroed();
+                libc::sigaction(s, std::ptr::null(), &raw mut old) == 0
+                    && old.sa_sigaction == libc::SIG_DFL
             }
-        }
-        set
-    }
+        })
 }
 
 /// While alive, the signals that would end memshim-ctl wait for
 /// [`Interruptible::sleep`] instead, so that it can undo what it started
 /// in a process before it ends.
-pub struct Interruptible {
-    set: libc::sigset_t,
-    old: libc::sigset_t,
-}
+pub struct Interruptible(Blocked);
 
 impl Interruptible {
     /// Blocks them.
     pub fn hold() -> Interruptible {
-        let set = ending_signals();
-        // SAFETY: a valid sigset; only this thread's mask changes.
-        let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, &raw mut old) };
-        Interruptible { set, old }
+        Interruptible(Blocked::new(ending_signals()))
     }
 
     /// Sleeps `d`, or less if one of the signals comes: then that signal.
@@ -248,7 +255,7 @@ impl Interruptible {
             };
             // SAFETY: a valid set and timespec; no siginfo asked for.
             let s = unsafe {
-                libc::sigtimedwait(&raw const self.set, std::ptr::null_mut(), &raw const ts)
+                libc::sigtimedwait(&raw const self.0.set, std::ptr::null_mut(), &raw const ts)
             };
             if s > 0 {
                 return Some(s);
@@ -259,21 +266,9 @@ impl Interruptible {
     /// Unblocks the signals and ends memshim-ctl with `sig`, as it would
     /// have ended had it not waited for it (a shell then sees 128 + sig).
     pub fn end_with(self, sig: i32) -> ! {
-        // SAFETY: restores the saved mask; `raise` with the default
-        // disposition ends the process.
-        unsafe {
-            libc::pthread_sigmask(libc::SIG_SETMASK, &raw const self.old, std::ptr::null_mut());
-            libc::raise(sig);
-        }
+        self.0.restore();
+        // SAFETY: `raise` with the default disposition ends the process.
+        unsafe { libc::raise(sig) };
         std::process::exit(128 + sig)
-    }
-}
-
-impl Drop for Interruptible {
-    fn drop(&mut self) {
-        // SAFETY: restores the mask saved by `new`.
-        unsafe {
-            libc::pthread_sigmask(libc::SIG_SETMASK, &raw const self.old, std::ptr::null_mut());
-        }
     }
 }

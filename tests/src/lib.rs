@@ -132,6 +132,24 @@ pub fn socket_dir_path(tag: &str) -> PathBuf {
     d
 }
 
+/// Copies of `files`, mode 0755, in `dir` (created, mode 0755), as paths:
+/// what another uid can run where the checkout lies under a directory only
+/// root can enter (a `mktemp -d` clone is mode 0700).
+pub fn reachable_by_any_uid(dir: &Path, files: &[PathBuf]) -> Vec<String> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    files
+        .iter()
+        .map(|f| {
+            let to = dir.join(f.file_name().unwrap());
+            std::fs::copy(f, &to).unwrap();
+            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
+            to.to_str().unwrap().to_owned()
+        })
+        .collect()
+}
+
 /// Prints `SKIP: <what>` on the test process's stderr, past libtest's
 /// capture (which keeps what `eprintln!` prints in a passing test to
 /// itself): a test that returns without testing must say so in every run.

@@ -47,11 +47,16 @@ pub struct Proc {
 /// file's or mount point's name), and one such byte must not make a whole
 /// process, or a whole mount table, unreadable. Such bytes read as U+FFFD.
 pub fn read_text(path: impl AsRef<Path>) -> io::Result<String> {
-    let bytes = std::fs::read(path)?;
-    Ok(match String::from_utf8(bytes) {
+    Ok(lossy_text(std::fs::read(path)?))
+}
+
+/// `bytes` as text, those that are not UTF-8 as U+FFFD (no copy when all
+/// are).
+pub fn lossy_text(bytes: Vec<u8>) -> String {
+    match String::from_utf8(bytes) {
         Ok(s) => s,
         Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
-    })
+    }
 }
 
 fn proc_path(pid: i32, file: &str) -> PathBuf {

@@ -55,11 +55,7 @@ pub fn read_regular(path: &Path, links: Links, limit: u64) -> io::Result<Vec<u8>
 
 /// [`read_regular`] as text; bytes that are not UTF-8 read as U+FFFD.
 pub fn read_regular_text(path: &Path, links: Links, limit: u64) -> io::Result<String> {
-    let bytes = read_regular(path, links, limit)?;
-    Ok(match String::from_utf8(bytes) {
-        Ok(s) => s,
-        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
-    })
+    Ok(super::procfs::lossy_text(read_regular(path, links, limit)?))
 }
 
 /// Opens the directory `path` (its last component not a link), without

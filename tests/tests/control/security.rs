@@ -207,16 +207,10 @@ fn a_umask_that_removes_the_owners_bits_does_not_lock_the_socket_dir() {
     std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o1777)).unwrap();
     // Copies every uid can reach: the checkout may lie under a directory
     // only root can enter (a `mktemp -d` clone).
-    let bin = parent.join("bin");
-    std::fs::create_dir(&bin).unwrap();
-    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let reachable = |f: std::path::PathBuf| {
-        let to = bin.join(f.file_name().unwrap());
-        std::fs::copy(&f, &to).unwrap();
-        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
-        to.display().to_string()
-    };
-    let (lib, ctl) = (reachable(shim()), reachable(ctl()));
+    let [lib, ctl]: [String; 2] =
+        memshim_tests::reachable_by_any_uid(&parent.join("bin"), &[shim(), ctl()])
+            .try_into()
+            .unwrap();
     let dir = parent.join("d");
     let run = |umask: &str, seconds: &str| {
         let mut args: Vec<String> = NOBODY.iter().map(|s| s.to_string()).collect();

@@ -266,20 +266,15 @@ fn control_on_starts_the_thread_in_a_single_threaded_process() {
 /// directory only root can enter, and a process that runs as another uid
 /// must still open the shim and its own executable. Returns the directory
 /// and the two copies' paths.
-fn reachable_by_any_uid(tag: &str, fixture: &str) -> (std::path::PathBuf, String, String) {
-    use std::os::unix::fs::PermissionsExt;
+fn fixture_and_shim_for_any_uid(tag: &str, fixture: &str) -> (std::path::PathBuf, String, String) {
     let dir = std::path::PathBuf::from(format!("/tmp/msh-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let copy = |f: std::path::PathBuf| {
-        let to = dir.join(f.file_name().unwrap());
-        std::fs::copy(&f, &to).unwrap();
-        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
-        to.to_str().unwrap().to_owned()
-    };
-    let exe = copy(memshim_tests::fixture(fixture, &[]));
-    let lib = copy(memshim_tests::shim());
+    let [exe, lib]: [String; 2] = memshim_tests::reachable_by_any_uid(
+        &dir,
+        &[memshim_tests::fixture(fixture, &[]), memshim_tests::shim()],
+    )
+    .try_into()
+    .unwrap();
     (dir, exe, lib)
 }
 
@@ -295,7 +290,7 @@ fn dropping_root_with_capabilities_kept_works_while_the_shim_thread_runs() {
         eprintln!("SKIP: dropping root needs root");
         return;
     }
-    let (dir, exe, lib) = reachable_by_any_uid("setxid", "setxid_caps");
+    let (dir, exe, lib) = fixture_and_shim_for_any_uid("setxid", "setxid_caps");
     // A joined thread leaves the shim's thread running (auto); `on` runs it
     // from the start.
     for (control, joined) in [("auto", "1"), ("on", "0"), ("on", "1")] {
@@ -379,7 +374,7 @@ fn a_program_at_its_thread_limit_gets_every_thread_it_gets_without_the_shim() {
         eprintln!("SKIP: running as another uid needs root");
         return;
     }
-    let (dir, exe, lib) = reachable_by_any_uid("nproc", "nproc_limit");
+    let (dir, exe, lib) = fixture_and_shim_for_any_uid("nproc", "nproc_limit");
     // A uid of its own (RLIMIT_NPROC counts every process of the uid),
     // different for each run of the suite on one host. The limit is set
     // while still root; setpriv then becomes the uid and runs the program.
