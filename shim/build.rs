@@ -6,9 +6,11 @@
 //!   call is how `MEMSHIM_*`, `MALLOC_CONF` and `MEMSHIM_MALLOC_CONF` reach
 //!   jemalloc before `main` without adding anything to the allocation path
 //!   (see `src/options.rs`).
-//! * `--wrap=madvise,mmap,munmap,mprotect`: the system calls jemalloc can make
-//!   inside `free` keep errno themselves, so `free` forwards with nothing
-//!   around it (exports.rs, "jemalloc's system calls keep errno").
+//! * `--wrap=madvise,mmap,munmap,mprotect,sbrk`: the system calls jemalloc
+//!   can make inside `free` keep errno themselves, so `free` forwards with
+//!   nothing around it, and a `malloc` that succeeds after a failed try
+//!   leaves errno as it was (exports.rs, "jemalloc's system calls keep
+//!   errno").
 //! * `link.ld` (`-T`, added to the default script by `INSERT`; one file,
 //!   as zig passes only the last `-T`): drops jemalloc's constructor, so
 //!   jemalloc initialises on the first allocation instead of in every exec
@@ -49,7 +51,7 @@ fn main() {
     let dir = std::env::var("CARGO_MANIFEST_DIR").unwrap();
     println!("cargo:rerun-if-changed=link.ld");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-T,{dir}/link.ld");
-    for f in ["madvise", "mmap", "munmap", "mprotect"] {
+    for f in ["madvise", "mmap", "munmap", "mprotect", "sbrk"] {
         println!("cargo:rustc-cdylib-link-arg=-Wl,--wrap={f}");
     }
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");

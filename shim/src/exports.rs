@@ -305,14 +305,16 @@ export!(
 );
 export!(
     /// `malloc_info(options, fp)`: XML in glibc's shape; `options` must be 0
-    /// (glibc returns EINVAL otherwise). `fp` must be open for writing.
+    /// (glibc returns EINVAL otherwise). `fp` must be open for writing. 0
+    /// whether the stream took the text or not, as glibc answers (an error
+    /// stays on the stream, for `ferror`).
     fn malloc_info(options: c_int, fp: *mut libc::FILE) -> c_int {
         if options != 0 || fp.is_null() {
             return libc::EINVAL;
         }
         let xml = glibc_api::malloc_info_xml();
-        let n = libc::fwrite(xml.as_ptr().cast::<c_void>(), 1, xml.len(), fp);
-        if n == xml.len() { 0 } else { -1 }
+        libc::fwrite(xml.as_ptr().cast::<c_void>(), 1, xml.len(), fp);
+        0
     }
 );
 
@@ -722,6 +724,11 @@ fn split_before_dontneed(addr: *mut c_void, len: usize, advice: c_int) {
 keeps_errno!(mmap, __real_mmap, wrap_mmap, "__wrap_mmap",
     (addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: libc::off_t) -> *mut c_void,
     refuse: os::overcommit::refuses(len, flags) => libc::MAP_FAILED);
+// jemalloc falls back to `sbrk` where a mapping failed (the refusal above
+// among them); the kernel's ENOMEM there must not reach a `malloc` that the
+// next mapping then serves.
+keeps_errno!(sbrk, __real_sbrk, wrap_sbrk, "__wrap_sbrk",
+    (increment: libc::intptr_t) -> *mut c_void);
 keeps_errno!(munmap, __real_munmap, wrap_munmap, "__wrap_munmap",
     (addr: *mut c_void, len: usize) -> c_int);
 keeps_errno!(mprotect, __real_mprotect, wrap_mprotect, "__wrap_mprotect",

@@ -80,7 +80,14 @@ pub fn mallinfo() -> Mallinfo {
     }
 }
 
-/// `malloc_stats()`: a summary on stderr in glibc's layout.
+unsafe extern "C" {
+    /// The C library's `stderr` stream.
+    static stderr: *mut libc::FILE;
+}
+
+/// `malloc_stats()`: a summary on the `stderr` stream in glibc's layout.
+/// Through the stream, as glibc writes it: a program that pointed `stderr`
+/// at a file or buffers it gets the summary there and in its order.
 pub fn malloc_stats() {
     let s = jemalloc::stats().unwrap_or_default();
     let text = format!(
@@ -93,7 +100,11 @@ pub fn malloc_stats() {
         s.mapped + s.metadata,
         s.allocated,
     );
-    crate::os::write_stderr(text.as_bytes());
+    // SAFETY: `stderr` is the C library's stream, valid for the process's
+    // life; fwrite takes its lock.
+    unsafe {
+        libc::fwrite(text.as_ptr().cast(), 1, text.len(), stderr);
+    }
 }
 
 /// The XML document of `malloc_info`, in the shape of glibc's

@@ -2,7 +2,7 @@
 //! code calls it: through ctypes (tests/fixtures/glibc_api.py).
 
 use memshim_tests::control::parked_cache_stats;
-use memshim_tests::{Cmd, Output, python, root, scratch};
+use memshim_tests::{Cmd, Output, fixture, python, root, scratch};
 use std::collections::HashMap;
 
 fn api(args: &[&str], envs: &[(&str, &str)], shimmed: bool) -> Output {
@@ -114,6 +114,67 @@ fn malloc_stats_prints_to_stderr_and_mallopt_returns_1() {
             "malloc_stats lacks {field:?}: {o:?}"
         );
     }
+}
+
+/// `malloc_stats` and `malloc_info` from C, beside glibc's own answers:
+/// the summary goes through the `stderr` stream, so a program that pointed
+/// `stderr` at a file finds it there, and a buffered `stderr` keeps the
+/// program's order (the shim wrote to descriptor 2: on the terminal, ahead
+/// of text written before); `malloc_info` answers 0 where the stream cannot
+/// be written, as glibc does (the shim answered -1).
+#[test]
+fn malloc_stats_and_malloc_info_use_the_stream_as_glibc_does() {
+    let exe = fixture("malloc_reports", &[]);
+    for shimmed in [false, true] {
+        let log = scratch().join(format!("malloc_reports-{shimmed}.log"));
+        let mut c = Cmd::new(&exe, ["stats", log.to_str().unwrap()]);
+        if shimmed {
+            c = c.shimmed();
+        }
+        let o = c.run();
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            o.code == 0 && text.contains("system bytes"),
+            "shimmed {shimmed}: the file has {text:?}; {o:?}"
+        );
+        let lines: Vec<&str> = o.stderr.lines().collect();
+        assert_eq!(
+            (lines.first(), lines.last(), lines.len() > 2),
+            (Some(&"before"), Some(&"after"), true),
+            "shimmed {shimmed}: {o:?}"
+        );
+    }
+    let glibc = Cmd::new(&exe, ["info"]).run();
+    assert_eq!(
+        (glibc.code, glibc.stdout.as_str()),
+        (0, "dev_full 0\nread_only 0\n")
+    );
+    let o = Cmd::new(&exe, ["info"]).shimmed().run();
+    assert_eq!(
+        (o.code, o.stdout.as_str(), o.stderr.as_str()),
+        (0, glibc.stdout.as_str(), "")
+    );
+}
+
+/// A `malloc` of most of RAM and swap that succeeds leaves errno as glibc's
+/// does. jemalloc's first try maps more than the block (its growth of
+/// retained memory), above RAM and swap, which the shim refuses as the
+/// kernel's heuristic would (os/overcommit.rs); jemalloc then tried `sbrk`,
+/// whose ENOMEM stayed in errno after the exact mapping succeeded.
+#[test]
+fn a_big_malloc_that_succeeds_leaves_errno_as_it_was() {
+    let exe = fixture("malloc_reports", &[]);
+    let glibc = Cmd::new(&exe, ["big"]).run();
+    assert_eq!(glibc.code, 0, "{glibc:?}");
+    assert!(
+        !glibc.stdout.starts_with("succeeded 0"),
+        "nothing to compare: {glibc:?}"
+    );
+    let o = Cmd::new(&exe, ["big"]).shimmed().run();
+    assert_eq!(
+        (o.code, o.stdout.as_str(), o.stderr.as_str()),
+        (0, glibc.stdout.as_str(), "")
+    );
 }
 
 #[test]

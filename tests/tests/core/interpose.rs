@@ -533,7 +533,7 @@ const JEMALLOC_IMPORTS: &[(&str, &str)] = &[
     ),
     (
         "sbrk",
-        "allocation only, when mmap fails (dss); jemalloc then sets ENOMEM",
+        "wrapped: keeps errno (the fallback where a mapping failed)",
     ),
     ("sched_getaffinity", "start-up only"),
     ("sched_getcpu", "per-CPU arenas only (off)"),
