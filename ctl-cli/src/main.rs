@@ -13,6 +13,7 @@ mod args;
 mod cgroup;
 mod cli;
 mod cmd;
+mod elf;
 mod exit;
 mod gpu;
 mod output;

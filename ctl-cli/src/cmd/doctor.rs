@@ -9,7 +9,6 @@
 //! says (`loaded`); without it, why the loader did not preload it
 //! (`not_loaded`).
 
-mod elf;
 pub mod host;
 
 use std::path::{Path, PathBuf};
@@ -190,7 +189,7 @@ struct Seen<'a> {
     pid: i32,
     p: &'a Facts,
     /// The executable's ELF facts, or why they could not be read.
-    elf: Result<elf::ElfFacts, String>,
+    elf: Result<crate::elf::ElfFacts, String>,
     /// The executable, or `[comm]`-like name, for messages.
     exe_name: String,
     /// Runs under valgrind.
@@ -215,7 +214,7 @@ pub fn diagnose(pid: i32, endpoint: impl FnOnce(&Proc) -> Endpoint) -> Result<Di
         pid,
         p: &p,
         // /proc/<pid>/exe opens the executable even inside another mount namespace.
-        elf: elf::inspect(&p.proc.view.join("exe")),
+        elf: crate::elf::inspect(&p.proc.view.join("exe")),
         exe_name,
         valgrind: false,
         sanitizer: None,

@@ -177,19 +177,17 @@ pub fn locate_library(env_lib: Option<&OsStr>, exe: Option<&Path>) -> Result<Loc
     ))
 }
 
-/// Whether `path` is an ELF shared object (`ET_DYN`) that ld.so can preload
-/// into programs like this one: memshim-ctl's own class, byte order and
-/// machine (a wheel carries both for one platform). Anything else ld.so
-/// skips with a message of its own, and the command would run without the
-/// shim.
+/// Whether `path` is an ELF shared library that ld.so can preload into
+/// programs like this one: `ET_DYN` but not a position-independent
+/// executable, of memshim-ctl's own class and machine (a wheel carries
+/// both for one platform). Anything else ld.so skips with a message of its
+/// own, and the command would run without the shim.
 fn shared_object(path: &Path) -> bool {
-    use std::io::Read;
-    const CLASS: u8 = if cfg!(target_pointer_width = "64") {
-        2
+    const BITS: u8 = if cfg!(target_pointer_width = "64") {
+        64
     } else {
-        1
+        32
     };
-    const DATA: u8 = if cfg!(target_endian = "little") { 1 } else { 2 };
     const MACHINE: u16 = if cfg!(target_arch = "x86_64") {
         62
     } else if cfg!(target_arch = "aarch64") {
@@ -197,24 +195,8 @@ fn shared_object(path: &Path) -> bool {
     } else {
         0 // not checked
     };
-    let mut h = [0u8; 20];
-    if std::fs::File::open(path)
-        .and_then(|mut f| f.read_exact(&mut h))
-        .is_err()
-        || h[..4] != *b"\x7fELF"
-        || h[4] != CLASS
-        || h[5] != DATA
-    {
-        return false;
-    }
-    let half = |a: u8, b: u8| {
-        if DATA == 1 {
-            u16::from_le_bytes([a, b])
-        } else {
-            u16::from_be_bytes([a, b])
-        }
-    };
-    half(h[16], h[17]) == 3 && (MACHINE == 0 || half(h[18], h[19]) == MACHINE)
+    crate::elf::inspect(path)
+        .is_ok_and(|e| e.shared_library && e.bits == BITS && (MACHINE == 0 || e.machine == MACHINE))
 }
 
 /// `LD_PRELOAD` with `lib` first, keeping every existing entry (ld.so
@@ -375,5 +357,21 @@ mod tests {
         let e = locate_library(Some(OsStr::new("/nonexistent/x.so")), Some(&exe)).unwrap_err();
         assert!(e.starts_with("MEMSHIM_LIB="), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A loaded shared library passes; a position-independent executable
+    /// (memshim-ctl itself), which ld.so will not preload, does not.
+    #[test]
+    fn a_pie_executable_is_not_a_shared_object() {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let libc = maps
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(5))
+            .find(|p| p.contains("/libc.so.6"))
+            .expect("libc in our maps");
+        assert!(shared_object(Path::new(libc)), "{libc}");
+        let exe = std::fs::canonicalize("/proc/self/exe").unwrap();
+        assert!(!shared_object(&exe), "{}", exe.display());
+        assert!(!shared_object(Path::new("/proc/self/status")));
     }
 }

@@ -298,6 +298,15 @@ fn run_refuses_a_library_that_is_not_one_and_arena_counts_the_shim_refuses() {
     assert_eq!(o.code, i32::from(NOT_FOUND.code), "{o:?}");
     assert!(o.stderr.contains("not a shared library"), "{o:?}");
     assert!(!marker.exists(), "the command ran");
+    // A position-independent executable is ELF of type ET_DYN too, which
+    // ld.so will not preload: the command ran without the shim, and `run`
+    // said 0.
+    let o = Cmd::new(ctl(), ["run", "--", "sh", "-c", &touch])
+        .env("MEMSHIM_LIB", ctl())
+        .run();
+    assert_eq!(o.code, i32::from(NOT_FOUND.code), "{o:?}");
+    assert!(o.stderr.contains("not a shared library"), "{o:?}");
+    assert!(!marker.exists(), "the command ran");
     // The library itself is accepted.
     let o = Cmd::new(ctl(), ["run", "--", "sh", "-c", &touch])
         .env("MEMSHIM_LIB", shim())

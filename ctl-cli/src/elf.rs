@@ -1,6 +1,7 @@
-//! Just enough ELF to tell why `LD_PRELOAD` cannot work for an executable:
-//! its class and machine, whether it has a program interpreter (dynamic) and
-//! which, and whether it defines `malloc` itself.
+//! Just enough ELF to tell why `LD_PRELOAD` cannot work for an executable
+//! (`doctor`): its class and machine, whether it has a program interpreter
+//! (dynamic) and which, and whether it defines `malloc` itself; and whether
+//! a file ld.so is asked to preload is a shared library (`run`).
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -13,6 +14,10 @@ pub struct ElfFacts {
     pub bits: u8,
     /// `e_machine`.
     pub machine: u16,
+    /// A shared library: `ET_DYN`, and not a position-independent
+    /// executable (`DF_1_PIE` in `DT_FLAGS_1`), which ld.so will not load
+    /// ("cannot dynamically load position-independent executable").
+    pub shared_library: bool,
     /// The `PT_INTERP` path; `None` for a static executable.
     pub interp: Option<String>,
     /// `.dynsym` defines `malloc` (the executable brings its own allocator;
@@ -81,10 +86,35 @@ pub fn inspect(path: &Path) -> Result<ElfFacts, String> {
     };
 
     let mut interp = None;
+    let mut pie = false;
     let ph = read(&f, phoff, phentsize as usize * phnum as usize)
         .map_err(|_| bad("truncated program headers"))?;
     for i in 0..phnum as usize {
         let p = &ph[i * phentsize as usize..];
+        if u32le(p, 0) == 2 {
+            // PT_DYNAMIC: DT_FLAGS_1 (0x6ffffffb) with DF_1_PIE (0x08000000).
+            let (off, size, word) = if bits == 64 {
+                (u64le(p, 8), u64le(p, 32), 8)
+            } else {
+                (u32le(p, 4) as u64, u32le(p, 16) as u64, 4)
+            };
+            let d = read(&f, off, size.min(1 << 16) as usize)
+                .map_err(|_| bad("truncated PT_DYNAMIC"))?;
+            let value = |b: &[u8]| {
+                if word == 8 {
+                    u64le(b, 0)
+                } else {
+                    u32le(b, 0) as u64
+                }
+            };
+            for e in d.chunks_exact(2 * word) {
+                match value(e) {
+                    0 => break,
+                    0x6fff_fffb => pie |= value(&e[word..]) & 0x0800_0000 != 0,
+                    _ => {}
+                }
+            }
+        }
         if u32le(p, 0) == 3 {
             // PT_INTERP
             let (off, size) = if bits == 64 {
@@ -160,6 +190,7 @@ pub fn inspect(path: &Path) -> Result<ElfFacts, String> {
     Ok(ElfFacts {
         bits,
         machine,
+        shared_library: u16le(&h, 16) == 3 && !pie,
         interp,
         defines_malloc,
         sanitizer,
