@@ -302,9 +302,30 @@ fn loaded(f: &mut Findings, seen: &Seen<'_>, lib: &str, endpoint: impl FnOnce(&P
             ),
         );
     }
+    let ahead = if own_malloc { None } else { malloc_ahead(seen) };
+    if let Some(other) = &ahead {
+        let debug = if other.contains("libc_malloc_debug") {
+            " glibc's malloc debugging library reads glibc's block headers on the shim's blocks \
+             (through the shim's __libc_malloc), and answers wrongly or crashes."
+        } else {
+            ""
+        };
+        f.add(
+            Level::Problem,
+            "not_interposed",
+            format!(
+                "{other}, preloaded ahead of the shim, defines malloc, so the process's malloc is \
+                 its: stats and purges do not reflect the process's heap.{debug} Preload one \
+                 allocator (libmemshim.so alone, or first in LD_PRELOAD)."
+            ),
+        );
+    }
     // The problems above are why the shim does not interpose here.
-    let inert = seen.sanitizer.is_some() || seen.valgrind || own_malloc;
+    let inert = seen.sanitizer.is_some() || seen.valgrind || own_malloc || ahead.is_some();
     match endpoint(&seen.p.proc) {
+        Endpoint::Answered {
+            interposed: false, ..
+        } if ahead.is_some() => {}
         Endpoint::Answered { interposed: false, .. } => f.add(
             Level::Problem,
             "not_interposed",
@@ -324,6 +345,39 @@ fn loaded(f: &mut Findings, seen: &Seen<'_>, lib: &str, endpoint: impl FnOnce(&P
             f.add(Level::Problem, "endpoint_unreachable", format!("shim loaded from {lib}; its control socket: {why}"))
         }
     }
+}
+
+/// The first library `LD_PRELOAD` names ahead of the shim that defines
+/// `malloc` (another allocator, a tracer, glibc's `libc_malloc_debug.so`):
+/// ld.so binds the process's `malloc` to it, and the shim stays inert.
+/// An entry without a slash is the mapped file of that name.
+fn malloc_ahead(seen: &Seen<'_>) -> Option<String> {
+    let list = seen.p.env("LD_PRELOAD")?;
+    let maps = seen.p.maps.as_deref().unwrap_or("");
+    for entry in list.split([' ', ':', '\t', '\n']).filter(|e| !e.is_empty()) {
+        if entry.contains("libmemshim") {
+            return None;
+        }
+        let path = if entry.contains('/') {
+            Some(entry.to_owned())
+        } else {
+            maps.lines()
+                .filter_map(|l| l.split_whitespace().nth(5))
+                .find(|p| p.rsplit('/').next() == Some(entry))
+                .map(str::to_owned)
+        };
+        let Some(path) = path else { continue };
+        let file = seen
+            .p
+            .proc
+            .view
+            .join("root")
+            .join(path.trim_start_matches('/'));
+        if crate::elf::inspect(&file).is_ok_and(|e| e.defines_malloc) {
+            return Some(printable(entry));
+        }
+    }
+    None
 }
 
 /// The bridge `memshim-ctl attach` loads is mapped from `lib`: attached, or

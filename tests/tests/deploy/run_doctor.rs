@@ -326,6 +326,43 @@ fn doctor_explains_secure_execution_of_a_setuid_program() {
     assert!(finding(&o, "secure_exec"), "{}", o.stdout);
 }
 
+/// A library preloaded ahead of the shim that defines `malloc` takes the
+/// process's `malloc`, and the shim stays inert: doctor names that library
+/// (`not_interposed`, a problem). It said the process was probably a fork
+/// child waiting for its thread, and exited 0.
+#[test]
+fn doctor_names_a_malloc_preloaded_ahead_of_the_shim() {
+    let ahead = fixture("malloc_ahead_lib", &["-shared", "-fPIC"]);
+    let preload = format!("{}:{}", ahead.display(), shim().display());
+    let ch = start(
+        &fixture("deploy_wait", &[]),
+        &[],
+        &[("LD_PRELOAD", &preload), ("MEMSHIM_CONTROL", "on")],
+    );
+    let o = doctor(ch.pid());
+    assert_eq!(o.code, i32::from(FAILED.code), "{o:?}");
+    assert!(
+        finding(&o, "not_interposed")
+            && o.stdout.contains("malloc_ahead_lib")
+            && !finding(&o, "endpoint_not_started"),
+        "{}",
+        o.stdout
+    );
+    // The shim first in LD_PRELOAD serves the process.
+    let preload = format!("{}:{}", shim().display(), ahead.display());
+    let ch = start(
+        &fixture("deploy_wait", &[]),
+        &[],
+        &[("LD_PRELOAD", &preload), ("MEMSHIM_CONTROL", "on")],
+    );
+    let o = doctor(ch.pid());
+    assert!(
+        !finding(&o, "not_interposed") && finding(&o, "shim_active"),
+        "{}",
+        o.stdout
+    );
+}
+
 #[test]
 fn doctor_explains_a_program_with_its_own_malloc() {
     let ch = start(
