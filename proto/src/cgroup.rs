@@ -22,6 +22,8 @@ pub struct ProcCgroup {
     pub v2: Option<String>,
     /// The path in the v1 hierarchy that has the `memory` controller.
     pub v1_memory: Option<String>,
+    /// The path in the v1 hierarchy that has the `freezer` controller.
+    pub v1_freezer: Option<String>,
 }
 
 /// Parses `/proc/<pid>/cgroup` (`id:controllers:path` lines). Paths are
@@ -36,8 +38,13 @@ pub fn parse_proc_cgroup(text: &str) -> ProcCgroup {
         };
         if id == "0" && ctrls.is_empty() {
             out.v2 = Some(path.to_owned());
-        } else if ctrls.split(',').any(|c| c == "memory") {
-            out.v1_memory = Some(path.to_owned());
+        } else {
+            if ctrls.split(',').any(|c| c == "memory") {
+                out.v1_memory = Some(path.to_owned());
+            }
+            if ctrls.split(',').any(|c| c == "freezer") {
+                out.v1_freezer = Some(path.to_owned());
+            }
         }
     }
     out
@@ -55,6 +62,8 @@ pub struct CgroupMount {
     pub v2: bool,
     /// A v1 mount whose hierarchy has the `memory` controller.
     pub memory: bool,
+    /// A v1 mount whose hierarchy has the `freezer` controller.
+    pub freezer: bool,
     /// Mounted read-only (mount or superblock option `ro`).
     pub read_only: bool,
 }
@@ -110,6 +119,7 @@ pub fn cgroup_mounts(mountinfo: &str) -> Vec<CgroupMount> {
             root: unescape(l[3]),
             v2,
             memory: !v2 && sup.split(',').any(|o| o == "memory"),
+            freezer: !v2 && sup.split(',').any(|o| o == "freezer"),
             read_only: ro(l[5]) || ro(sup),
         };
         out.retain(|o| o.mount_point != m.mount_point);

@@ -100,6 +100,9 @@ impl Client {
         if procfs::shim_thread_stopped(p.pid) {
             return Err(stopped(p.pid, &path.display().to_string()).into());
         }
+        if procfs::frozen(p.pid) {
+            return Err(frozen(p.pid, &path.display().to_string()).into());
+        }
         let conn = match Connection::open(&loc.dir, &loc.name, SHORT) {
             Ok(c) => c,
             // Found a moment ago, gone now: its socket is missing or stale.
@@ -327,6 +330,19 @@ fn stopped(pid: i32, what: &str) -> Failure {
         ),
     )
     .hint(format!("continue it (`kill -CONT {pid}`) and ask again"))
+}
+
+/// The failure for a process its cgroup's freezer holds.
+fn frozen(pid: i32, what: &str) -> Failure {
+    Failure::new(
+        exit::FAILED,
+        Some(pid),
+        format!(
+            "{what}: the process is frozen by its cgroup's freezer (`docker pause`, cgroup.freeze, \
+             freezer.state), so nothing in it runs"
+        ),
+    )
+    .hint("thaw it (`docker unpause`, 0 in cgroup.freeze, THAWED in freezer.state) and ask again")
 }
 
 /// The failure for a process that exited while memshim-ctl talked to it.

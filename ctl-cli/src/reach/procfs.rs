@@ -298,6 +298,39 @@ pub fn stopped(pid: i32) -> bool {
     matches!(state_in(&main_dir(pid)).as_deref(), Some("T" | "t"))
 }
 
+/// Whether `pid` is frozen by its cgroup's freezer (`docker pause`; v2
+/// `cgroup.events` says `frozen 1`, v1 `freezer.state` is FROZEN or
+/// FREEZING): nothing in it runs until it is thawed. Its threads need not
+/// show it: one asleep stays where it sleeps, in state `D`.
+pub fn frozen(pid: i32) -> bool {
+    use memshim_proto::cgroup;
+    let Ok(text) = read_text(proc_path(pid, "cgroup")) else {
+        return false;
+    };
+    let pc = cgroup::parse_proc_cgroup(&text);
+    let mounts = cgroup::cgroup_mounts(&read_text("/proc/self/mountinfo").unwrap_or_default());
+    let read = |m: &cgroup::CgroupMount, path: &str, file: &str| {
+        let rel = cgroup::path_in_mount(path, &m.root)?;
+        let dir = Path::new(&m.mount_point).join(rel.trim_start_matches('/'));
+        read_text(dir.join(file)).ok()
+    };
+    let v2 = pc.v2.as_deref().is_some_and(|p| {
+        mounts
+            .iter()
+            .filter(|m| m.v2)
+            .filter_map(|m| read(m, p, "cgroup.events"))
+            .any(|t| t.lines().any(|l| l == "frozen 1"))
+    });
+    let v1 = pc.v1_freezer.as_deref().is_some_and(|p| {
+        mounts
+            .iter()
+            .filter(|m| m.freezer)
+            .filter_map(|m| read(m, p, "freezer.state"))
+            .any(|t| matches!(t.trim(), "FROZEN" | "FREEZING"))
+    });
+    v2 || v1
+}
+
 /// Whether the main thread of `pid` is in a group stop (SIGSTOP, Ctrl-Z:
 /// state `T`; not a tracer's `t`).
 pub fn group_stopped(pid: i32) -> bool {

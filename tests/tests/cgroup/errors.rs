@@ -362,3 +362,58 @@ fn a_thread_id_is_refused_and_a_shimmed_process_that_does_not_answer_fails_recla
     );
     drop((a, b));
 }
+
+/// A process its cgroup's freezer holds (`docker pause`) is not asked, as
+/// a stopped one is not: its socket accepts, nothing answers, and each
+/// request waited out its 5 s limit and said only "no answer in time"
+/// (`reclaim` asked twice, so a paused pod of 30 processes took 5
+/// minutes). It is named as frozen at once; thawed, it answers.
+#[test]
+fn a_process_its_cgroups_freezer_holds_is_named_as_frozen() {
+    let Some(cg) = TestCgroup::new("frozen") else {
+        return;
+    };
+    let src = "import time\nprint('ready', flush=True)\nwhile True: time.sleep(0.05)\n";
+    let mut c = cg
+        .cmd(python(), ["-c", src])
+        .shimmed()
+        .env("MEMSHIM_CONTROL", "on")
+        .spawn();
+    c.wait_for_line("ready", Duration::from_secs(30));
+    memshim_tests::control::wait_endpoint(c.pid());
+    let pid = c.pid().to_string();
+    // v2: the cgroup's own cgroup.freeze; v1: a cgroup of the freezer
+    // hierarchy.
+    let (state, frozen, thawed, v1dir) = if cg.version == 2 {
+        (cg.dir.join("cgroup.freeze"), "1", "0", None)
+    } else {
+        let dir = std::path::PathBuf::from(format!(
+            "/sys/fs/cgroup/freezer/memshim-test-{}-frozen",
+            std::process::id()
+        ));
+        if std::fs::create_dir_all(&dir).is_err() {
+            memshim_tests::skip("no v1 freezer hierarchy at /sys/fs/cgroup/freezer");
+            return;
+        }
+        std::fs::write(dir.join("cgroup.procs"), &pid).unwrap();
+        (dir.join("freezer.state"), "FROZEN", "THAWED", Some(dir))
+    };
+    std::fs::write(&state, frozen).unwrap();
+    let o = ctl_run(&["stats", &pid]);
+    let (code, v) = ctl_json(&["cgroup", &pid]);
+    std::fs::write(&state, thawed).unwrap();
+    let after = memshim_tests::wait_until(Duration::from_secs(10), || {
+        let o = ctl_run(&["stats", &pid]);
+        (o.code == 0).then_some(o)
+    });
+    drop(c);
+    if let Some(dir) = v1dir {
+        let _ =
+            memshim_tests::wait_until(Duration::from_secs(10), || std::fs::remove_dir(&dir).ok());
+    }
+    assert_eq!(o.code, i32::from(FAILED.code), "{o:?}");
+    assert!(o.stderr.contains("frozen by its cgroup's freezer"), "{o:?}");
+    assert_eq!(code, 0, "{v}");
+    assert!(v.to_string().contains("frozen"), "{v}");
+    assert!(after.is_some(), "thawed, it did not answer");
+}
