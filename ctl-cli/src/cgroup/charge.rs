@@ -107,10 +107,17 @@ fn entry(pid: i32, cgroup: String) -> Option<ProcEntry> {
         Ok(false) => return Some(e),
         Err(err) if err.kind() == std::io::ErrorKind::PermissionDenied => {
             e.shim = "unknown";
-            e.reason = Some(format!(
-                "/proc/{pid}/maps is not readable: run as uid {} or root",
-                p.uid
-            ));
+            e.reason = Some(if procfs::my_euid() == Some(0) {
+                format!(
+                    "/proc/{pid}/maps is not readable: {}",
+                    procfs::DENIED_TO_ROOT
+                )
+            } else {
+                format!(
+                    "/proc/{pid}/maps is not readable: run as uid {} or root",
+                    p.uid
+                )
+            });
             return Some(e);
         }
         Err(_) => return None, // exited meanwhile

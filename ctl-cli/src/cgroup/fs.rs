@@ -214,8 +214,9 @@ fn procs_of(dir: &Path) -> Vec<i32> {
         .unwrap_or_default()
 }
 
-/// The processes of a cgroup and its descendants: (pid, path below the
-/// cgroup), sorted, and how many are outside our pid namespace.
+/// The processes of a cgroup and its descendants, kernel threads left out:
+/// (pid, path below the cgroup), sorted, and how many are outside our pid
+/// namespace.
 pub fn processes(loc: &Location) -> (Vec<(i32, String)>, usize) {
     let mut out = vec![];
     let mut hidden = 0;
@@ -227,6 +228,10 @@ pub fn processes(loc: &Location) -> (Vec<(i32, String)>, usize) {
             break;
         }
         for pid in procs_of(&dir) {
+            // The root cgroup lists kernel threads: no program, no memory.
+            if pid > 0 && crate::reach::procfs::is_kernel_thread(pid) {
+                continue;
+            }
             if pid > 0 {
                 out.push((pid, rel.clone()));
             } else {

@@ -56,9 +56,13 @@ pub fn run(a: CgroupArgs) -> Result<Exit, Failure> {
     let mut notes = charge::notes(&loc, &c);
     if !shm.unreachable.is_empty() {
         let list: Vec<String> = shm.unreachable.iter().map(i32::to_string).collect();
+        let why = if crate::reach::procfs::my_euid() == Some(0) {
+            crate::reach::procfs::DENIED_TO_ROOT
+        } else {
+            "/proc/<pid>/root needs root or their uid"
+        };
         notes.push(format!(
-            "the /dev/shm of pid(s) {} could not be reached (/proc/<pid>/root needs root or their uid): its files \
-             are not listed",
+            "the /dev/shm of pid(s) {} could not be reached ({why}): its files are not listed",
             list.join(", ")
         ));
     }

@@ -417,3 +417,72 @@ fn a_process_its_cgroups_freezer_holds_is_named_as_frozen() {
     assert!(v.to_string().contains("frozen"), "{v}");
     assert!(after.is_some(), "thawed, it did not answer");
 }
+
+/// The root cgroup's `cgroup.procs` lists kernel threads, which run no
+/// program and have no memory: `cgroup` counted them among the processes
+/// without the shim ("77 process(es) run without the shim: their heaps are
+/// in `other anonymous`", with 62 kernel threads among them).
+#[test]
+fn kernel_threads_are_not_counted_among_a_cgroups_processes() {
+    const PF_KTHREAD: u64 = 0x0020_0000;
+    let flags = |pid: i32| -> Option<u64> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(6)?
+            .parse()
+            .ok()
+    };
+    let memory_cgroup = |pid: i32| -> Option<String> {
+        std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .ok()?
+            .lines()
+            .find(|l| {
+                l.split(':')
+                    .nth(1)
+                    .is_some_and(|c| c.split(',').any(|c| c == "memory"))
+                    || l.starts_with("0::")
+            })
+            .map(str::to_owned)
+    };
+    let pids: Vec<i32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    let kthread_cgroups: Vec<String> = pids
+        .iter()
+        .filter(|&&p| flags(p).is_some_and(|f| f & PF_KTHREAD != 0))
+        .filter_map(|&p| memory_cgroup(p))
+        .collect();
+    // A process in the cgroup the kernel threads are in (the root).
+    let Some(pid) = pids.iter().copied().find(|&p| {
+        flags(p).is_some_and(|f| f & PF_KTHREAD == 0)
+            && memory_cgroup(p).is_some_and(|c| kthread_cgroups.contains(&c))
+    }) else {
+        memshim_tests::skip("no process shares a memory cgroup with the kernel threads here");
+        return;
+    };
+    let (code, v) = ctl_json(&["cgroup", &pid.to_string()]);
+    if code == i32::from(NO_CGROUP.code) {
+        memshim_tests::skip("the kernel threads' cgroup is not a memory cgroup here");
+        return;
+    }
+    assert_eq!(code, 0, "{v}");
+    let listed: Vec<i64> = v["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["pid"].as_i64())
+        .collect();
+    let kernel: Vec<i64> = listed
+        .iter()
+        .copied()
+        .filter(|&p| flags(p as i32).is_some_and(|f| f & PF_KTHREAD != 0))
+        .collect();
+    assert!(
+        !listed.is_empty() && kernel.is_empty(),
+        "kernel threads listed: {kernel:?}"
+    );
+}
