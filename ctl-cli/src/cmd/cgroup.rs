@@ -34,6 +34,11 @@ pub struct Report {
     pub cgroup: Location,
     /// The kernel's figures.
     pub memory: CgroupMemory,
+    /// Where `memory.limit` comes from: the cgroup's own file
+    /// (`memory.max`, `memory.limit_in_bytes`) or an ancestor's
+    /// (`hierarchical_memory_limit`, `an ancestor's memory.max`); `null`
+    /// without a limit.
+    pub limit_source: Option<&'static str>,
     /// The charge, part by part, with what gives each back.
     pub parts: Parts,
     /// Every process of the cgroup and its descendants.
@@ -81,6 +86,7 @@ pub fn run(a: CgroupArgs) -> Result<Exit, Failure> {
     let r = Report {
         pid: a.pid,
         parts: charge::parts(&c, Some(shm.unowned_bytes)),
+        limit_source: limit_source(&loc, &c.memory),
         memory: c.memory,
         hidden_processes: c.hidden,
         processes: c.processes.clone(),
@@ -94,6 +100,25 @@ pub fn run(a: CgroupArgs) -> Result<Exit, Failure> {
         out!("{}", human(&r, &c))?;
     }
     Ok(exit::OK)
+}
+
+/// The file the cgroup's limit is read from: its own, or, where it has none
+/// of its own, an ancestor's (the limit the kernel enforces; docs/stats.md).
+pub fn limit_source(loc: &Location, m: &CgroupMemory) -> Option<&'static str> {
+    let own_file = if loc.version == 2 {
+        "memory.max"
+    } else {
+        "memory.limit_in_bytes"
+    };
+    m.limit?;
+    let own = crate::reach::procfs::read_text(loc.dir.join(own_file))
+        .ok()
+        .and_then(|t| memshim_proto::cgroup::parse_limit(&t));
+    Some(match (own, loc.version) {
+        (Some(_), _) => own_file,
+        (None, 1) => "hierarchical_memory_limit",
+        (None, _) => "an ancestor's memory.max",
+    })
 }
 
 /// The header line and the dashboard figures.
@@ -124,11 +149,11 @@ pub fn header(loc: &Location, m: &CgroupMemory) -> String {
         (
             "limit",
             limit,
-            if loc.version == 2 {
+            limit_source(loc, m).unwrap_or(if loc.version == 2 {
                 "memory.max"
             } else {
                 "memory.limit_in_bytes"
-            },
+            }),
         ),
     ];
     if let Some(h) = m.high {
