@@ -111,9 +111,9 @@ pub fn limit_source(loc: &Location, m: &CgroupMemory) -> Option<&'static str> {
         "memory.limit_in_bytes"
     };
     m.limit?;
+    // Unreadable now: say the usual file.
     let own = crate::reach::procfs::read_text(loc.dir.join(own_file))
-        .ok()
-        .and_then(|t| memshim_proto::cgroup::parse_limit(&t));
+        .map_or(m.limit, |t| memshim_proto::cgroup::parse_limit(&t));
     Some(match (own, loc.version) {
         (Some(_), _) => own_file,
         (None, 1) => "hierarchical_memory_limit",
@@ -426,6 +426,7 @@ mod tests {
             pid: Some(4242),
             cgroup: loc,
             parts: charge::parts(&c, Some(shm.unowned_bytes)),
+            limit_source: Some("memory.limit_in_bytes"),
             memory,
             processes: c.processes.clone(),
             hidden_processes: 0,
