@@ -251,6 +251,12 @@ pub fn parts(c: &Charge, shm_unowned: Option<u64>) -> Parts {
         .iter()
         .filter_map(|p| p.python.as_ref()?.pymalloc_arena_bytes)
         .sum();
+    let shmem_mapped = c
+        .processes
+        .iter()
+        .filter_map(|p| p.rss_shmem)
+        .fold(0u64, u64::saturating_add)
+        .min(m.shmem);
     let p = |bytes: u64, action| Part {
         bytes: Some(bytes),
         action,
@@ -265,9 +271,15 @@ pub fn parts(c: &Charge, shm_unowned: Option<u64>) -> Parts {
         page_cache: p(m.page_cache, "reclaim"),
         active_file: p(m.active_file, "reclaim"),
         inactive_file: p(m.inactive_file, "reclaim"),
-        // The kernel counts mapped shared memory here too: no more than
-        // the page cache it is shown as part of.
-        mapped_file: p(m.mapped_file.min(m.page_cache), "reclaim"),
+        // The kernel counts mapped shared memory here too: what the
+        // processes map of it (their RssShmem, at most `shmem`) is under
+        // `shmem`, and no more than the page cache it is shown as part of.
+        mapped_file: p(
+            m.mapped_file
+                .saturating_sub(shmem_mapped)
+                .min(m.page_cache),
+            "reclaim",
+        ),
         dirty: p(m.dirty, "writeback"),
         writeback: p(m.writeback, "writeback"),
         shmem: p(m.shmem, "exit"),
