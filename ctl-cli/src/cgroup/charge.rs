@@ -275,9 +275,7 @@ pub fn parts(c: &Charge, shm_unowned: Option<u64>) -> Parts {
         // processes map of it (their RssShmem, at most `shmem`) is under
         // `shmem`, and no more than the page cache it is shown as part of.
         mapped_file: p(
-            m.mapped_file
-                .saturating_sub(shmem_mapped)
-                .min(m.page_cache),
+            m.mapped_file.saturating_sub(shmem_mapped).min(m.page_cache),
             "reclaim",
         ),
         dirty: p(m.dirty, "writeback"),
