@@ -234,8 +234,19 @@ fn try_hold(pid: i32, tid: i32, seen: &'static str) -> Result<Option<Held>, Fail
         pending.push(libc::WSTOPSIG(status));
         ptrace::cont(tid, 0)?;
     }
-    let regs = ptrace::get_regs(tid)?;
+    let mut regs = ptrace::get_regs(tid)?;
     let nr = regs.orig_rax as i64;
+    // A socket wait with a receive timeout (`SO_RCVTIMEO`: `read`, `recv*`,
+    // `accept`) answers EINTR to any stop where one without restarts: our
+    // interrupt alone, no signal, would end the program's call with EINTR,
+    // held or not. It is made the restart the kernel makes of the others
+    // (`-ERESTARTSYS`): the call waits again, its whole timeout, once the
+    // thread goes on. Not with a signal pending, whose EINTR it is, nor for
+    // epoll, which takes its caller's timeout again (below).
+    if regs.rax as i64 == EINTR && pending.is_empty() && matches!(nr, 0 | 43 | 288 | 45 | 47) {
+        regs.rax = ERESTARTSYS as u64;
+        ptrace::set_regs(tid, &regs)?;
+    }
     let ret = regs.rax as i64;
     let restart = matches!(
         ret,

@@ -247,6 +247,26 @@ fn a_wait_resumed_after_a_stop_is_still_a_safe_point() {
     }
 }
 
+/// A socket wait with a receive timeout (`SO_RCVTIMEO`) answers EINTR to
+/// the verb's interrupt where the kernel restarts other waits: the
+/// program's own `recv`, called from C, failed with EINTR on every try,
+/// even where the verb then said "nothing was changed" (no safe point).
+/// It is a safe point now, restarted: the call ends as without memshim,
+/// with EAGAIN at its timeout (counted again from the interrupt).
+#[test]
+fn a_socket_wait_with_a_receive_timeout_is_restarted_not_ended_by_eintr() {
+    let py = cpythons().into_iter().next().expect("a CPython");
+    let child = start_for(&py, "rcvtimeo", 2.0);
+    let pid = child.pid();
+    in_kernel_wait(pid);
+    let (code, v, err) = ctl_json(&["gc", &pid.to_string(), "--json"]);
+    assert_eq!(code, 0, "{v} {err}");
+    let o = child.finish(Duration::from_secs(30));
+    assert_eq!((o.code, o.stderr.as_str()), (5, ""), "{o:?}");
+    let got = o.stdout.split("got=").nth(1).unwrap_or("").trim();
+    assert_eq!(got, format!("errno={}", libc::EAGAIN), "{o:?}");
+}
+
 #[test]
 fn gc_reaches_an_unshimmed_cpython_and_finds_its_cycles() {
     let py = cpythons().into_iter().next().expect("a CPython");
