@@ -10,6 +10,10 @@ pub enum Failure {
     NoSafePoint(String),
     /// The process (or the thread) ended.
     Gone,
+    /// Another thread of the process ran `execve` while one was held: the
+    /// process runs its new program, and the held thread is gone with the
+    /// old one.
+    Exec,
     /// `PTRACE_SEIZE` failed with this error (EPERM: no right to trace).
     Seize(io::Error),
     /// The process's interpreter is not running: before `Py_Initialize`
@@ -21,7 +25,7 @@ pub enum Failure {
 
 impl From<io::Error> for Failure {
     fn from(e: io::Error) -> Failure {
-        if e.raw_os_error() == Some(libc::ESRCH) {
+        if matches!(e.raw_os_error(), Some(libc::ESRCH | libc::ECHILD)) {
             Failure::Gone
         } else {
             Failure::Io(e.to_string())

@@ -73,6 +73,19 @@ pub struct Held {
     done: bool,
     /// When the thread stopped.
     since: Instant,
+    /// The process's program as it was when the thread was held
+    /// ([`image`]): another thread's `execve` changes it.
+    image: Option<(u64, u64)>,
+}
+
+/// Where the process's code and stack start (`/proc/PID/stat`'s
+/// `startcode` and `startstack`): a new program (`execve`) maps both
+/// anew, at other addresses.
+fn image(pid: i32) -> Option<(u64, u64)> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let f: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    // Fields 26 and 28 of stat(5), counted from the state (field 3).
+    Some((f.get(23)?.parse().ok()?, f.get(25)?.parse().ok()?))
 }
 
 /// The thread's current system call number, from `/proc/PID/task/TID/syscall`
@@ -126,12 +139,49 @@ fn resumed_call(wchan: &str) -> Option<u64> {
 }
 
 /// The row of [`IDLE`] for what thread `tid` waits in now, if it is a safe
-/// point.
+/// point: with [`STACK_ROOM`] of stack below it.
 fn idle_rank(pid: i32, tid: i32) -> Option<usize> {
-    match syscall_of(pid, tid)? {
+    let r = match syscall_of(pid, tid)? {
         RESTART_SYSCALL => restarted(pid, tid),
         nr => rank(nr),
-    }
+    }?;
+    (stack_room(pid, tid)? >= STACK_ROOM).then_some(r)
+}
+
+/// The stack a held thread must have free below its stack pointer for the
+/// calls made on it: `dlopen` of the bridge, CPython's C API and the
+/// verbs' Python steps. A thread with less (a small stack of its own:
+/// `pthread_attr_setstacksize`, `threading.stack_size`) is not used: the
+/// call would overflow it, and a fault inside `dlopen` leaves the loader's
+/// lock held, and the process's next `dlopen` or `dlsym` waits for ever.
+/// Measured: `attach` faulted on threads of 16 and 20 KiB and loaded on
+/// one of 24 KiB.
+const STACK_ROOM: u64 = 32 << 10;
+
+/// Bytes of stack below thread `tid`'s stack pointer (read, with the
+/// pointer, without stopping it): to the start of its mapping, or, for the
+/// main thread's stack (`[stack]`, which the kernel grows), unbounded.
+fn stack_room(pid: i32, tid: i32) -> Option<u64> {
+    let s = fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).ok()?;
+    // "NR arg1 ... arg6 SP PC" while in a system call.
+    let f: Vec<&str> = s.split_whitespace().collect();
+    let sp = u64::from_str_radix(f.get(7)?.trim_start_matches("0x"), 16).ok()?;
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    maps.lines().find_map(|l| {
+        let (range, rest) = l.split_once(' ')?;
+        let (a, b) = range.split_once('-')?;
+        let (a, b) = (
+            u64::from_str_radix(a, 16).ok()?,
+            u64::from_str_radix(b, 16).ok()?,
+        );
+        (a..b).contains(&sp).then(|| {
+            if rest.trim_end().ends_with("[stack]") {
+                u64::MAX
+            } else {
+                sp - a
+            }
+        })
+    })
 }
 
 /// Whether `pid` has exited: gone, or a zombie its parent has not reaped.
@@ -162,7 +212,13 @@ fn describe(pid: i32) -> String {
                     .map_or(format!("system call {nr}"), |&(_, name)| name.to_string()),
                 None => "running".to_string(),
             };
-            format!("thread {t}: {what}")
+            match stack_room(pid, t) {
+                Some(room) if room < STACK_ROOM && syscall_of(pid, t).is_some() => format!(
+                    "thread {t}: {what}, with {} KiB of stack below it (too little for memshim's calls)",
+                    room >> 10
+                ),
+                _ => format!("thread {t}: {what}"),
+            }
         })
         .collect();
     parts.join(", ")
@@ -283,6 +339,7 @@ fn try_hold(pid: i32, tid: i32, seen: &'static str) -> Result<Option<Held>, Fail
         scratch,
         done: false,
         since: Instant::now(),
+        image: image(pid),
     }))
 }
 
@@ -349,12 +406,20 @@ impl Held {
         ptrace::set_regs(self.tid, &r)?;
         ptrace::cont(self.tid, 0)?;
         loop {
-            let Some(status) = ptrace::wait(self.tid, false)? else {
-                continue;
+            let status = match self.wait_stop() {
+                Ok(s) => s,
+                Err(e) => {
+                    self.done = true;
+                    return Err(e);
+                }
             };
             if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
                 self.done = true;
-                return Err(Failure::Gone);
+                return Err(if self.execed() {
+                    Failure::Exec
+                } else {
+                    Failure::Gone
+                });
             }
             let sig = libc::WSTOPSIG(status);
             if status >> 16 != 0 {
@@ -367,6 +432,17 @@ impl Held {
                 if now.rip == 0 {
                     return Ok(now.rax);
                 }
+                if self.execed() || ptrace::fault_address(self.tid).ok() == Some(func) {
+                    // Our function is not mapped where the thread runs:
+                    // the process runs a new program (another thread's
+                    // `execve`).
+                    // Its registers are put back as for any call: the
+                    // kernel then starts the new program as without us
+                    // (letting it go as it is faulted it again).
+                    self.done = true;
+                    let _ = self.restore();
+                    return Err(Failure::Exec);
+                }
                 return Err(Failure::Io(format!(
                     "the called function faulted at {:#x}",
                     now.rip
@@ -375,6 +451,30 @@ impl Held {
             // A signal for the thread: kept, given back when we let go.
             self.pending.push(sig);
             ptrace::cont(self.tid, 0)?;
+        }
+    }
+
+    /// Whether the process runs another program than when the thread
+    /// was held (another thread's `execve`).
+    fn execed(&self) -> bool {
+        image(self.pid).is_some_and(|now| Some(now) != self.image)
+    }
+
+    /// The thread's next stop. Waits without blocking, looking meanwhile
+    /// whether the process ran `execve`: that replaces the held thread,
+    /// and a blocking wait could then go on for ever.
+    fn wait_stop(&self) -> Result<i32, Failure> {
+        loop {
+            match ptrace::wait(self.tid, true) {
+                Ok(Some(status)) => return Ok(status),
+                Ok(None) => {}
+                Err(_) if self.execed() => return Err(Failure::Exec),
+                Err(e) => return Err(e.into()),
+            }
+            if self.execed() {
+                return Err(Failure::Exec);
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 

@@ -108,6 +108,21 @@ pub fn set_xstate(tid: i32, state: &[u8]) -> io::Result<()> {
     .map(drop)
 }
 
+/// The address of the fault a thread stopped by `SIGSEGV` took, where it
+/// is a missing mapping (`SEGV_MAPERR`; `PTRACE_GETSIGINFO`).
+pub fn fault_address(tid: i32) -> io::Result<u64> {
+    // SAFETY: siginfo_t is plain data; the kernel fills it.
+    let mut si: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the kernel writes one siginfo_t to the pointer, ours.
+    check(unsafe { libc::ptrace(libc::PTRACE_GETSIGINFO, tid, 0usize, &raw mut si) })?;
+    // SEGV_MAPERR (1): no mapping at the address.
+    if si.si_code != 1 {
+        return Err(io::Error::other("not a missing mapping"));
+    }
+    // SAFETY: si_addr is valid for a SIGSEGV's siginfo.
+    Ok(unsafe { si.si_addr() } as u64)
+}
+
 /// `waitpid(tid, __WALL | flags)`: `Some(status)`, or `None` with
 /// `WNOHANG` when nothing changed.
 pub fn wait(tid: i32, nohang: bool) -> io::Result<Option<i32>> {

@@ -267,6 +267,79 @@ fn a_socket_wait_with_a_receive_timeout_is_restarted_not_ended_by_eintr() {
     assert_eq!(got, format!("errno={}", libc::EAGAIN), "{o:?}");
 }
 
+/// Another thread runs `execve` while a verb holds the main thread (which
+/// waits for the GIL the other holds): the new program runs untouched, and
+/// memshim-ctl says what happened, exit 3. It said "the called function
+/// faulted" (exit 1), or, exec'ing the same CPython, waited for ever with
+/// its ending signals held.
+#[test]
+fn a_process_that_runs_execve_while_held_runs_its_new_program_and_the_verb_says_so() {
+    let py = cpythons().into_iter().next().expect("a CPython");
+    // The main thread sleeps (a safe point) before the other takes the GIL
+    // for 3 s, which it does not give up (a switch interval of 5 s).
+    let src = "import os, sys, threading, time\n\
+               sys.setswitchinterval(5)\n\
+               def hog():\n\
+               \x20   time.sleep(0.5)\n\
+               \x20   end = time.monotonic() + 3\n\
+               \x20   while time.monotonic() < end: pass\n\
+               \x20   os.execv('/bin/sh', ['sh', '-c', 'echo execed; exit 9'])\n\
+               threading.Thread(target=hog, daemon=True).start()\n\
+               print('ready', flush=True)\n\
+               time.sleep(30)\n";
+    let mut child = py.cmd(["-c", src]).spawn();
+    child.wait_for_line("ready", Duration::from_secs(60));
+    let pid = child.pid();
+    std::thread::sleep(Duration::from_millis(800));
+    let o = Cmd::new(ctl(), ["gc", &pid.to_string()]).run();
+    let end = child.finish(Duration::from_secs(30));
+    assert_eq!(
+        (end.code, end.stdout.as_str(), end.stderr.as_str()),
+        (9, "execed\n", ""),
+        "{end:?}"
+    );
+    assert_eq!(o.code, i32::from(NOT_FOUND.code), "{o:?}");
+    assert!(o.stderr.contains("started another program"), "{o:?}");
+}
+
+/// A thread with a small stack of its own (16 KiB, `PTHREAD_STACK_MIN`)
+/// blocked in `read` is not used as a safe point: the calls overflowed its
+/// stack ("the called function faulted"), and a fault inside `attach`'s
+/// `dlopen` left the loader's lock held, so the process hung at its next
+/// `dlsym` (here, ctypes'). The verb says why it found none, and the
+/// process goes on.
+#[test]
+fn a_thread_with_too_little_stack_is_not_a_safe_point() {
+    let py = cpythons().into_iter().next().expect("a CPython");
+    let lib = memshim_tests::fixture("small_stack_lib", &["-shared", "-fPIC", "-pthread"]);
+    // The main thread runs Python for 4 s (no safe point), then wakes the
+    // native thread and ends.
+    let src = format!(
+        "import ctypes, os, sys, time\n\
+         lib = ctypes.CDLL({lib:?})\n\
+         w = lib.small_stack_start(16384)\n\
+         print('ready', flush=True)\n\
+         end = time.monotonic() + 4\n\
+         while time.monotonic() < end: pass\n\
+         os.write(w, b'hello')\n\
+         time.sleep(0.2)\n\
+         print('read', lib.small_stack_result(), flush=True)\n\
+         sys.exit(42)\n",
+        lib = lib.display().to_string()
+    );
+    let mut child = py.cmd(["-c", src.as_str()]).spawn();
+    child.wait_for_line("ready", Duration::from_secs(60));
+    let o = Cmd::new(ctl(), ["attach", &child.pid().to_string()]).run();
+    let end = child.finish(Duration::from_secs(30));
+    assert_eq!(
+        (end.code, end.stdout.as_str(), end.stderr.as_str()),
+        (42, "read 5\n", ""),
+        "{end:?}"
+    );
+    assert_eq!(o.code, i32::from(NO_SAFE_POINT.code), "{o:?}");
+    assert!(o.stderr.contains("of stack below it"), "{o:?}");
+}
+
 #[test]
 fn gc_reaches_an_unshimmed_cpython_and_finds_its_cycles() {
     let py = cpythons().into_iter().next().expect("a CPython");

@@ -106,6 +106,12 @@ pub fn failure(pid: i32, e: Error) -> Failure {
             Some(pid),
             "the process exited while memshim-ctl reached it",
         ),
+        Error::Failed(Fail::Exec) => Failure::new(
+            status::NOT_FOUND,
+            Some(pid),
+            "the process started another program (execve in another thread) while memshim-ctl \
+             reached it; the new program runs untouched",
+        ),
         // Another tracer came first (a second memshim-ctl at the same
         // moment, a debugger): the same refusal as one found before.
         Error::Failed(Fail::Seize(e)) if tracer(pid).is_some() => Failure::new(
