@@ -31,7 +31,7 @@ pub mod symbols;
 
 pub use check::{Python, Refusal, Refused};
 pub use failure::Failure;
-pub use ptrace::Interruptible;
+pub use ptrace::{Interruptible, mounted_noexec};
 use std::time::Duration;
 
 /// Why an operation did not happen.

@@ -202,6 +202,17 @@ impl HoldSignals {
     }
 }
 
+/// Whether the filesystem `f` lies on is mounted `noexec` (`fstatvfs`):
+/// a library there cannot be loaded (its code is not mapped executable).
+pub fn mounted_noexec(f: &std::fs::File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: statvfs is plain data; the kernel fills it.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and a pointer to our statvfs.
+    let r = unsafe { libc::fstatvfs(f.as_raw_fd(), &raw mut st) };
+    r == 0 && st.f_flag & libc::ST_NOEXEC != 0
+}
+
 /// Whether this process has `cap` in its effective set (`capget`-free:
 /// read from /proc/self/status).
 pub fn has_cap(cap: u32) -> bool {

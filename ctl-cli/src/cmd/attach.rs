@@ -517,6 +517,15 @@ impl Copy {
         };
         let tmp = untrusted::open_dir(&procfs::view(pid).join("root").join("tmp"))
             .map_err(|e| fail("its /tmp, a directory and not a link", e))?;
+        // A library there would not load, and glibc's failed `dlopen`
+        // leaves part of it mapped, held in that /tmp for the process's
+        // life.
+        if memshim_reach::mounted_noexec(&tmp) {
+            return Err(fail(
+                "its /tmp",
+                std::io::Error::other("mounted noexec: a library there cannot be loaded"),
+            ));
+        }
         let path = held(&tmp).join(&name);
         std::fs::create_dir(&path).map_err(|e| fail("mkdir", e))?;
         let dir = untrusted::open_dir(&path).map_err(|e| fail("open", e));

@@ -732,3 +732,55 @@ fn detach_stops_the_tracing_the_bridge_started() {
     );
     drop(child);
 }
+
+/// `attach` into a process whose `/tmp` is mounted `noexec` (its own mount
+/// namespace, so the copy goes there): refused before anything is placed.
+/// It was refused by the process's `dlopen`, which left part of the copy
+/// mapped, so each try held the file (3.9 MB of the cargo build's) in that
+/// tmpfs for the process's life, though the answer said nothing changed.
+#[test]
+fn attach_refuses_a_noexec_tmp_before_placing_anything() {
+    if !memshim_tests::control::default_dir().ends_with("memshim-0") {
+        eprintln!("SKIP: needs root for a mount namespace");
+        return;
+    }
+    let py = cpythons().into_iter().next().expect("a CPython");
+    let run = format!(
+        "mount -t tmpfs -o noexec memshim-test /tmp && exec {} -c 'import time; print(\"ready\", flush=True); time.sleep(60)'",
+        py.exe.display()
+    );
+    let mut child = Cmd::new(
+        "unshare",
+        ["-m", "--propagation", "private", "sh", "-c", &run],
+    )
+    .spawn();
+    let _kill = KillOnDrop(child.pid());
+    child.wait_for_line("ready", Duration::from_secs(30));
+    let pid = child.pid();
+    in_kernel_wait(pid);
+    // memshim-ctl and its bridge where the process cannot see them (its
+    // /tmp is a tmpfs of its own): the bridge goes in as a copy.
+    let ctl = ctl();
+    let dir = memshim_tests::socket_dir_path("noexec");
+    let [ctl, _bridge]: [String; 2] = memshim_tests::reachable_by_any_uid(
+        &dir,
+        &[ctl.clone(), ctl.with_file_name("libmemshim_bridge.so")],
+    )
+    .try_into()
+    .unwrap();
+    let maps = || std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let before = maps().lines().count();
+    for _ in 0..2 {
+        let o = Cmd::new(&ctl, ["attach", &pid.to_string()]).run();
+        assert_eq!(o.code, i32::from(NOT_ATTACHED.code), "{o:?}");
+        assert!(o.stderr.contains("noexec"), "{o:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let after = maps();
+    assert!(!after.contains("libmemshim_bridge"), "{after}");
+    assert_eq!(after.lines().count(), before, "{after}");
+    let tmp = std::fs::read_dir(format!("/proc/{pid}/root/tmp"))
+        .unwrap()
+        .count();
+    assert_eq!(tmp, 0, "left in its /tmp");
+}
