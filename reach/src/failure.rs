@@ -19,6 +19,9 @@ pub enum Failure {
     /// The process's interpreter is not running: before `Py_Initialize`
     /// (an embedder that has not started it) or after `Py_Finalize`.
     NotInitialised,
+    /// A signal that ends memshim-ctl (Ctrl-C, SIGTERM, SIGHUP, SIGQUIT)
+    /// came while it looked for a safe point, before anything changed.
+    Interrupted(i32),
     /// Any other failure of a system call.
     Io(String),
 }

@@ -252,6 +252,11 @@ pub fn hold(pid: i32, limit: Duration, prefer: impl Fn(i32) -> bool) -> Result<H
                 Err(e) => return Err(e),
             }
         }
+        // Nothing is held or changed yet: Ctrl-C (which the caller holds
+        // while it changes the process) need not wait for the limit.
+        if let Some(sig) = ptrace::ending_signal_pending() {
+            return Err(Failure::Interrupted(sig));
+        }
         if start.elapsed() >= limit {
             return Err(match refused {
                 Some(e) => Failure::Seize(e),

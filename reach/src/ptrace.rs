@@ -240,6 +240,22 @@ pub fn tgkill(pid: i32, tid: i32, sig: i32) {
     }
 }
 
+/// The first of the signals that end memshim-ctl (Ctrl-C, `timeout`, a
+/// closed terminal, Ctrl-\) that is pending: blocked ([`HoldSignals`],
+/// [`Interruptible`]) and sent.
+pub fn ending_signal_pending() -> Option<i32> {
+    // SAFETY: sigset_t is plain data; sigpending fills it.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: a pointer to our sigset.
+    if unsafe { libc::sigpending(&raw mut set) } != 0 {
+        return None;
+    }
+    [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT]
+        .into_iter()
+        // SAFETY: a valid, filled sigset.
+        .find(|&s| unsafe { libc::sigismember(&raw const set, s) } == 1)
+}
+
 /// The signals that end memshim-ctl by default (Ctrl-C, `timeout`, a
 /// closed terminal, Ctrl-\) and whose disposition is still the default:
 /// an ignored one (`nohup`, a background job) is left ignored.
@@ -287,6 +303,19 @@ impl Interruptible {
                 return Some(s);
             }
         }
+    }
+
+    /// One of the signals, if it has come (taken).
+    pub fn pending(&self) -> Option<i32> {
+        let zero = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid set and timespec; no siginfo asked for.
+        let s = unsafe {
+            libc::sigtimedwait(&raw const self.0.set, std::ptr::null_mut(), &raw const zero)
+        };
+        (s > 0).then_some(s)
     }
 
     /// Unblocks the signals and ends memshim-ctl with `sig`, as it would

@@ -16,7 +16,7 @@
 //! directory only its uid may use, and removed once loaded.
 
 use crate::exit::{self, Exit, Failure};
-use crate::output::print::outln;
+use crate::output::print::{errln, outln};
 use crate::reach::client::Client;
 use crate::reach::procfs::{self, Loaded, Proc};
 use crate::reach::{ptrace, socket, untrusted};
@@ -156,8 +156,27 @@ pub fn run_attach(a: AttachArgs) -> Result<Exit, Failure> {
         )
         .hint("mount /proc in its root, or start the process with LD_PRELOAD; the verbs reach it by ptrace meanwhile"));
     }
+    // Ctrl-C, `timeout` and the like wait while the library loads: before
+    // it has loaded they end memshim-ctl at once, nothing changed; after,
+    // it says that the bridge stays before it ends.
+    let signals = memshim_reach::Interruptible::hold();
     if !serving {
-        load(&p, loaded == Loaded::Attached, &a, &mut done).map_err(exited)?;
+        if let Err(f) = load(&p, loaded == Loaded::Attached, &a, &mut done) {
+            if let Some(sig) = signals.pending() {
+                signals.end_with(sig);
+            }
+            return Err(exited(f));
+        }
+    }
+    let interrupted = |signals: memshim_reach::Interruptible, sig: i32| -> ! {
+        errln!(
+            "memshim-ctl: interrupted: pid {pid}: the bridge is loaded and stays in the process; \
+             `memshim-ctl detach {pid}` removes it"
+        );
+        signals.end_with(sig)
+    };
+    if let Some(sig) = signals.pending() {
+        interrupted(signals, sig);
     }
     let decay = Request::Decay {
         dirty_ms: a.idle_return.map(i64::from),
@@ -171,19 +190,40 @@ pub fn run_attach(a: AttachArgs) -> Result<Exit, Failure> {
     // process that forks often may break one: it is opened again.
     let mut tries = 0;
     let r: DecayResult = loop {
-        let answered = wait_for_socket(&p).and_then(|mut c| {
+        let answered = wait_for_socket(&p, &signals).and_then(|mut c| {
             c.stats()?;
-            c.ask(&decay)
+            Ok(c.ask(&decay)?)
         });
         match answered {
             Ok(r) => break r,
-            Err(f) if tries < CONVERSE_TRIES && f.exit != exit::NOT_FOUND => {
+            Err(Waited::Signal(sig)) => interrupted(signals, sig),
+            // A stopped process answers nothing until it continues: the
+            // wait has said so once.
+            Err(Waited::Failed(f))
+                if tries < CONVERSE_TRIES
+                    && f.exit != exit::NOT_FOUND
+                    && !procfs::group_stopped(pid) =>
+            {
                 tries += 1;
-                std::thread::sleep(Duration::from_millis(20));
+                if let Some(sig) = signals.sleep(Duration::from_millis(20)) {
+                    interrupted(signals, sig);
+                }
             }
-            Err(f) => return Err(exited(f)),
+            Err(Waited::Failed(_)) if procfs::group_stopped(pid) => {
+                return Err(Failure::new(
+                    exit::NO_ENDPOINT,
+                    Some(pid),
+                    "the bridge was loaded, but the process was stopped meanwhile (SIGSTOP or a job-control \
+                     stop): it answers once the process continues (`kill -CONT`)",
+                ));
+            }
+            Err(Waited::Failed(f)) => return Err(exited(f)),
         }
     };
+    if let Some(sig) = signals.pending() {
+        interrupted(signals, sig);
+    }
+    drop(signals);
     done.idle_return_ms = if a.idle_return.is_some() {
         Some(r.dirty_decay_ms)
     } else {
@@ -602,8 +642,22 @@ fn ids(pid: i32) -> Option<(u32, u32)> {
     Some((field("Uid:")?, field("Gid:")?))
 }
 
+/// How waiting for the bridge ended, where it did not answer.
+enum Waited {
+    /// It failed.
+    Failed(Failure),
+    /// A signal that ends memshim-ctl came meanwhile.
+    Signal(i32),
+}
+
+impl From<Failure> for Waited {
+    fn from(f: Failure) -> Waited {
+        Waited::Failed(f)
+    }
+}
+
 /// Connects to the bridge once its socket is there.
-fn wait_for_socket(p: &Proc) -> Result<Client, Failure> {
+fn wait_for_socket(p: &Proc, signals: &memshim_reach::Interruptible) -> Result<Client, Waited> {
     let t0 = Instant::now();
     loop {
         match Client::open_proc(p.clone()) {
@@ -620,16 +674,20 @@ fn wait_for_socket(p: &Proc) -> Result<Client, Failure> {
                 } else {
                     f.message
                 };
-                return Err(Failure::new(
+                return Err(Waited::Failed(Failure::new(
                     exit::NO_ENDPOINT,
                     Some(p.pid),
                     format!(
                         "the bridge was loaded but its socket did not answer within {} s: {why}",
                         SOCKET_WAIT.as_secs()
                     ),
-                ));
+                )));
             }
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            Err(_) => {
+                if let Some(sig) = signals.sleep(Duration::from_millis(20)) {
+                    return Err(Waited::Signal(sig));
+                }
+            }
         }
     }
 }

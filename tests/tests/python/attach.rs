@@ -784,3 +784,61 @@ fn attach_refuses_a_noexec_tmp_before_placing_anything() {
         .count();
     assert_eq!(tmp, 0, "left in its /tmp");
 }
+
+/// memshim-ctl `attach` run with default dispositions for Ctrl-C and
+/// SIGTERM (a test harness may ignore them), `sig` sent once `now` says so
+/// (asked every 20 ms): how it ended, its stderr and how long it took from
+/// the signal on.
+fn attach_signalled(
+    pid: i32,
+    extra: &[&str],
+    sig: i32,
+    now: impl Fn() -> bool,
+) -> (Option<i32>, String, Duration) {
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    let mut c = std::process::Command::new(ctl());
+    c.arg("attach").args(extra).arg(pid.to_string());
+    c.stdout(std::process::Stdio::null());
+    c.stderr(std::process::Stdio::piped());
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        c.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            libc::signal(libc::SIGTERM, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let mut child = c.spawn().unwrap();
+    let _ = wait_until(Duration::from_secs(30), || now().then_some(()));
+    let t = Instant::now();
+    // SAFETY: a signal to the memshim-ctl this test started.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+    let status = child.wait().unwrap();
+    let took = t.elapsed();
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    (status.signal(), err, took)
+}
+
+/// Ctrl-C while `attach` only looks for a safe point (nothing traced or
+/// changed yet) ends it at once; it was held until its `--timeout` ran
+/// out.
+#[test]
+fn ctrl_c_ends_attach_at_once_while_it_looks_for_a_safe_point() {
+    let py = cpythons().into_iter().next().expect("a CPython");
+    // A pure-Python loop: no thread ever at a safe point.
+    let spin = "import time\nprint('ready', flush=True)\nend = time.monotonic() + 30\nwhile time.monotonic() < end: pass\n";
+    let mut child = py.cmd(["-c", spin]).spawn();
+    child.wait_for_line("ready", Duration::from_secs(60));
+    let t0 = Instant::now();
+    let (sig, err, took) =
+        attach_signalled(child.pid(), &["--timeout", "20"], libc::SIGINT, || {
+            t0.elapsed() >= Duration::from_millis(500)
+        });
+    drop(child);
+    assert_eq!(sig, Some(libc::SIGINT), "{err}");
+    assert!(
+        took < Duration::from_secs(10),
+        "ended {took:?} after Ctrl-C"
+    );
+}

@@ -137,6 +137,13 @@ pub fn failure(pid: i32, e: Error) -> Failure {
             "its interpreter is not running (not initialised yet, or finalized): \
              nothing was changed",
         ),
+        Error::Failed(Fail::Interrupted(sig)) => Failure::new(
+            status::FAILED,
+            Some(pid),
+            format!(
+                "interrupted by signal {sig} while looking for a safe point; nothing was changed"
+            ),
+        ),
         Error::Failed(Fail::Io(e)) => Failure::new(
             status::FAILED,
             Some(pid),
