@@ -160,13 +160,11 @@ pub fn run_attach(a: AttachArgs) -> Result<Exit, Failure> {
     // it has loaded they end memshim-ctl at once, nothing changed; after,
     // it says that the bridge stays before it ends.
     let signals = memshim_reach::Interruptible::hold();
-    if !serving {
-        if let Err(f) = load(&p, loaded == Loaded::Attached, &a, &mut done) {
-            if let Some(sig) = signals.pending() {
-                signals.end_with(sig);
-            }
-            return Err(exited(f));
+    if !serving && let Err(f) = load(&p, loaded == Loaded::Attached, &a, &mut done) {
+        if let Some(sig) = signals.pending() {
+            signals.end_with(sig);
         }
+        return Err(exited(f));
     }
     let interrupted = |signals: memshim_reach::Interruptible, sig: i32| -> ! {
         errln!(
