@@ -260,6 +260,9 @@ pub fn run_attach(a: AttachArgs) -> Result<Exit, Failure> {
 pub fn run_detach(a: DetachArgs) -> Result<Exit, Failure> {
     let pid = a.pid;
     let p = procfs::read_proc(pid)?;
+    if procfs::all_threads_exited(pid) {
+        return Err(procfs::zombie(&p));
+    }
     match which_memshim(&p)? {
         Loaded::Preloaded => return Err(preloaded(pid, "detach")),
         Loaded::No => {

@@ -842,3 +842,20 @@ fn ctrl_c_ends_attach_at_once_while_it_looks_for_a_safe_point() {
         "ended {took:?} after Ctrl-C"
     );
 }
+
+/// `detach` of a zombie says that it has exited, as `attach` and the verbs
+/// do (it said "memshim was never attached to this process").
+#[test]
+fn detach_of_a_zombie_says_it_has_exited() {
+    let mut z = std::process::Command::new("true").spawn().unwrap();
+    let pid = z.id() as i32;
+    let zombie = wait_until(Duration::from_secs(10), || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit_once(") ")?.1.starts_with('Z').then_some(())
+    });
+    let o = Cmd::new(ctl(), ["detach", &pid.to_string()]).run();
+    let _ = z.wait();
+    assert!(zombie.is_some(), "no zombie");
+    assert_eq!(o.code, i32::from(NOT_FOUND.code), "{o:?}");
+    assert!(o.stderr.contains("has exited"), "{o:?}");
+}
