@@ -254,7 +254,9 @@ pub fn hold(pid: i32, limit: Duration, prefer: impl Fn(i32) -> bool) -> Result<H
         }
         // Nothing is held or changed yet: Ctrl-C (which the caller holds
         // while it changes the process) need not wait for the limit.
-        if let Some(sig) = ptrace::ending_signal_pending() {
+        if ptrace::search_ends_on_signal()
+            && let Some(sig) = ptrace::ending_signal_pending()
+        {
             return Err(Failure::Interrupted(sig));
         }
         if start.elapsed() >= limit {

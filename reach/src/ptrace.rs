@@ -7,6 +7,7 @@
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 #[cfg(target_arch = "x86_64")]
 /// A thread's general registers (x86_64 `user_regs_struct`).
@@ -275,12 +276,43 @@ fn ending_signals() -> impl Iterator<Item = i32> {
 /// While alive, the signals that would end memshim-ctl wait for
 /// [`Interruptible::sleep`] instead, so that it can undo what it started
 /// in a process before it ends.
-pub struct Interruptible(Blocked);
+pub struct Interruptible {
+    blocked: Blocked,
+    /// [`SEARCH_GOES_ON`] before.
+    was: bool,
+}
+
+/// Whether a search for a safe point goes on while one of the ending
+/// signals is pending: while an [`Interruptible::hold`] lives, whose owner
+/// takes the signal itself once the calls it makes are done (`profile
+/// --python` first stops the tracing it started). Otherwise (the verbs'
+/// [`HoldSignals`], [`Interruptible::hold_ending_searches`]) the search
+/// ends at once: nothing is held or changed yet.
+static SEARCH_GOES_ON: AtomicBool = AtomicBool::new(false);
+
+/// Whether a search for a safe point ends when an ending signal is pending
+/// ([`SEARCH_GOES_ON`]).
+pub fn search_ends_on_signal() -> bool {
+    !SEARCH_GOES_ON.load(Ordering::Relaxed)
+}
 
 impl Interruptible {
-    /// Blocks them.
+    /// Blocks them; a search for a safe point goes on when one comes.
     pub fn hold() -> Interruptible {
-        Interruptible(Blocked::new(ending_signals()))
+        Interruptible::with_search(true)
+    }
+
+    /// Blocks them; a search for a safe point ends when one comes, with
+    /// nothing held (`attach`, before its library has loaded).
+    pub fn hold_ending_searches() -> Interruptible {
+        Interruptible::with_search(false)
+    }
+
+    fn with_search(goes_on: bool) -> Interruptible {
+        Interruptible {
+            blocked: Blocked::new(ending_signals()),
+            was: SEARCH_GOES_ON.swap(goes_on, Ordering::Relaxed),
+        }
     }
 
     /// Sleeps `d`, or less if one of the signals comes: then that signal.
@@ -297,7 +329,11 @@ impl Interruptible {
             };
             // SAFETY: a valid set and timespec; no siginfo asked for.
             let s = unsafe {
-                libc::sigtimedwait(&raw const self.0.set, std::ptr::null_mut(), &raw const ts)
+                libc::sigtimedwait(
+                    &raw const self.blocked.set,
+                    std::ptr::null_mut(),
+                    &raw const ts,
+                )
             };
             if s > 0 {
                 return Some(s);
@@ -313,7 +349,11 @@ impl Interruptible {
         };
         // SAFETY: a valid set and timespec; no siginfo asked for.
         let s = unsafe {
-            libc::sigtimedwait(&raw const self.0.set, std::ptr::null_mut(), &raw const zero)
+            libc::sigtimedwait(
+                &raw const self.blocked.set,
+                std::ptr::null_mut(),
+                &raw const zero,
+            )
         };
         (s > 0).then_some(s)
     }
@@ -321,9 +361,15 @@ impl Interruptible {
     /// Unblocks the signals and ends memshim-ctl with `sig`, as it would
     /// have ended had it not waited for it (a shell then sees 128 + sig).
     pub fn end_with(self, sig: i32) -> ! {
-        self.0.restore();
+        self.blocked.restore();
         // SAFETY: `raise` with the default disposition ends the process.
         unsafe { libc::raise(sig) };
         std::process::exit(128 + sig)
+    }
+}
+
+impl Drop for Interruptible {
+    fn drop(&mut self) {
+        SEARCH_GOES_ON.store(self.was, Ordering::Relaxed);
     }
 }

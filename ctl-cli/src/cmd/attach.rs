@@ -159,7 +159,7 @@ pub fn run_attach(a: AttachArgs) -> Result<Exit, Failure> {
     // Ctrl-C, `timeout` and the like wait while the library loads: before
     // it has loaded they end memshim-ctl at once, nothing changed; after,
     // it says that the bridge stays before it ends.
-    let signals = memshim_reach::Interruptible::hold();
+    let signals = memshim_reach::Interruptible::hold_ending_searches();
     if !serving && let Err(f) = load(&p, loaded == Loaded::Attached, &a, &mut done) {
         if let Some(sig) = signals.pending() {
             signals.end_with(sig);

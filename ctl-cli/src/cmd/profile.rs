@@ -600,6 +600,10 @@ fn run_python(a: &ProfileArgs, format: Format, pid: i32) -> Result<Exit, Failure
     let wait = a
         .seconds
         .unwrap_or(if state.tracing { 0 } else { DEFAULT_SECONDS });
+    // Ctrl-C or `timeout` wait from here on, also during the call that
+    // starts the tracing: what this command starts, it stops before it
+    // ends (below).
+    let signals = (!a.keep).then(memshim_reach::Interruptible::hold);
     // With --keep, the cap: an hour.
     let started = ask_py(
         pid,
@@ -617,9 +621,10 @@ fn run_python(a: &ProfileArgs, format: Format, pid: i32) -> Result<Exit, Failure
         );
     }
     // What this command started, it stops, also when Ctrl-C or `timeout`
-    // ends it during its wait: those signals wait for it meanwhile.
+    // ends it during its wait: those signals wait for it meanwhile. Where
+    // it started nothing, they take effect now.
     let ours = started.changed && !a.keep;
-    let held = ours.then(memshim_reach::Interruptible::hold);
+    let held = if ours { signals } else { None };
     let result = python_after(a, format, pid, wait, held.as_ref());
     if !ours {
         return result.map_err(Ended::failure);
