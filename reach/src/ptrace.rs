@@ -192,13 +192,7 @@ impl HoldSignals {
     /// Blocks them.
     pub fn new() -> HoldSignals {
         HoldSignals {
-            _blocked: Blocked::new([
-                libc::SIGINT,
-                libc::SIGTERM,
-                libc::SIGHUP,
-                libc::SIGQUIT,
-                libc::SIGPIPE,
-            ]),
+            _blocked: Blocked::new(ENDING.into_iter().chain([libc::SIGPIPE])),
         }
     }
 }
@@ -241,8 +235,11 @@ pub fn tgkill(pid: i32, tid: i32, sig: i32) {
     }
 }
 
-/// The first of the signals that end memshim-ctl (Ctrl-C, `timeout`, a
-/// closed terminal, Ctrl-\) that is pending: blocked ([`HoldSignals`],
+/// The signals that end memshim-ctl by default: Ctrl-C, `timeout`, a
+/// closed terminal, Ctrl-\.
+const ENDING: [i32; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
+
+/// The first of [`ENDING`] that is pending: blocked ([`HoldSignals`],
 /// [`Interruptible`]) and sent.
 pub fn ending_signal_pending() -> Option<i32> {
     // SAFETY: sigset_t is plain data; sigpending fills it.
@@ -251,26 +248,23 @@ pub fn ending_signal_pending() -> Option<i32> {
     if unsafe { libc::sigpending(&raw mut set) } != 0 {
         return None;
     }
-    [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT]
+    ENDING
         .into_iter()
         // SAFETY: a valid, filled sigset.
         .find(|&s| unsafe { libc::sigismember(&raw const set, s) } == 1)
 }
 
-/// The signals that end memshim-ctl by default (Ctrl-C, `timeout`, a
-/// closed terminal, Ctrl-\) and whose disposition is still the default:
+/// [`ENDING`], those whose disposition is still the default:
 /// an ignored one (`nohup`, a background job) is left ignored.
 fn ending_signals() -> impl Iterator<Item = i32> {
-    [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT]
-        .into_iter()
-        .filter(|&s| {
-            // SAFETY: sigaction is plain data; the call only fills it.
-            unsafe {
-                let mut old: libc::sigaction = std::mem::zeroed();
-                libc::sigaction(s, std::ptr::null(), &raw mut old) == 0
-                    && old.sa_sigaction == libc::SIG_DFL
-            }
-        })
+    ENDING.into_iter().filter(|&s| {
+        // SAFETY: sigaction is plain data; the call only fills it.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(s, std::ptr::null(), &raw mut old) == 0
+                && old.sa_sigaction == libc::SIG_DFL
+        }
+    })
 }
 
 /// While alive, the signals that would end memshim-ctl wait for

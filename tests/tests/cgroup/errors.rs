@@ -286,23 +286,26 @@ fn a_read_only_cgroup_filesystem_is_exit_9_says_what_to_do_and_changes_nothing()
     let _ = std::fs::remove_file(file);
 }
 
+/// A shimmed CPython in `cg` that sleeps in short naps, its endpoint up
+/// (`MEMSHIM_CONTROL=on`).
+fn shimmed_sleeper(cg: &TestCgroup) -> Child {
+    let src = "import time\nprint('ready', flush=True)\nwhile True: time.sleep(0.05)\n";
+    let mut c = cg
+        .cmd(python(), ["-c", src])
+        .shimmed()
+        .env("MEMSHIM_CONTROL", "on")
+        .spawn();
+    c.wait_for_line("ready", Duration::from_secs(30));
+    memshim_tests::control::wait_endpoint(c.pid());
+    c
+}
+
 #[test]
 fn a_thread_id_is_refused_and_a_shimmed_process_that_does_not_answer_fails_reclaim() {
     let Some(cg) = TestCgroup::new("stopped") else {
         return;
     };
-    let src = "import time\nprint('ready', flush=True)\nwhile True: time.sleep(0.05)\n";
-    let start = || {
-        let mut c = cg
-            .cmd(python(), ["-c", src])
-            .shimmed()
-            .env("MEMSHIM_CONTROL", "on")
-            .spawn();
-        c.wait_for_line("ready", Duration::from_secs(30));
-        memshim_tests::control::wait_endpoint(c.pid());
-        c
-    };
-    let (a, b) = (start(), start());
+    let (a, b) = (shimmed_sleeper(&cg), shimmed_sleeper(&cg));
     let (ap, bp) = (a.pid(), b.pid());
 
     // A thread id (the shim's thread of `a`) is not taken for a process.
@@ -373,14 +376,7 @@ fn a_process_its_cgroups_freezer_holds_is_named_as_frozen() {
     let Some(cg) = TestCgroup::new("frozen") else {
         return;
     };
-    let src = "import time\nprint('ready', flush=True)\nwhile True: time.sleep(0.05)\n";
-    let mut c = cg
-        .cmd(python(), ["-c", src])
-        .shimmed()
-        .env("MEMSHIM_CONTROL", "on")
-        .spawn();
-    c.wait_for_line("ready", Duration::from_secs(30));
-    memshim_tests::control::wait_endpoint(c.pid());
+    let c = shimmed_sleeper(&cg);
     let pid = c.pid().to_string();
     // v2: the cgroup's own cgroup.freeze; v1: a cgroup of the freezer
     // hierarchy.

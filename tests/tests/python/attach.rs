@@ -462,11 +462,7 @@ fn a_cpython_without_proc_is_not_attached_and_the_verbs_still_reach_it() {
         "umount -l /proc && exec '{}' -c 'import time; print(\"ready\", flush=True); time.sleep(60)'",
         py.exe.display()
     );
-    let mut child = Cmd::new(
-        "unshare",
-        ["-m", "--propagation", "private", "sh", "-c", &run],
-    )
-    .spawn();
+    let mut child = in_own_mount_namespace(&run);
     child.wait_for_line("ready", Duration::from_secs(30));
     let pid = child.pid();
     in_kernel_wait(pid);
@@ -667,11 +663,7 @@ fn attach_never_follows_a_link_in_place_of_the_processs_tmp() {
         "mount --rbind /usr {r}/usr && mount -t proc proc {r}/proc && mount --rbind /dev {r}/dev && \
          exec chroot {r} /usr/bin/python3 -c 'import time; print(\"ready\", flush=True); time.sleep(60)'"
     );
-    let mut child = Cmd::new(
-        "unshare",
-        ["-m", "--propagation", "private", "sh", "-c", &run],
-    )
-    .spawn();
+    let mut child = in_own_mount_namespace(&run);
     let _kill = KillOnDrop(child.pid());
     child.wait_for_line("ready", Duration::from_secs(30));
     let pid = child.pid();
@@ -749,11 +741,7 @@ fn attach_refuses_a_noexec_tmp_before_placing_anything() {
         "mount -t tmpfs -o noexec memshim-test /tmp && exec {} -c 'import time; print(\"ready\", flush=True); time.sleep(60)'",
         py.exe.display()
     );
-    let mut child = Cmd::new(
-        "unshare",
-        ["-m", "--propagation", "private", "sh", "-c", &run],
-    )
-    .spawn();
+    let mut child = in_own_mount_namespace(&run);
     let _kill = KillOnDrop(child.pid());
     child.wait_for_line("ready", Duration::from_secs(30));
     let pid = child.pid();
@@ -858,4 +846,15 @@ fn detach_of_a_zombie_says_it_has_exited() {
     assert!(zombie.is_some(), "no zombie");
     assert_eq!(o.code, i32::from(NOT_FOUND.code), "{o:?}");
     assert!(o.stderr.contains("has exited"), "{o:?}");
+}
+
+/// `sh -c script` in a mount namespace of its own (`unshare -m`, private
+/// propagation), where `script` mounts what the test needs and then execs
+/// the process under test (the pid stays).
+fn in_own_mount_namespace(script: &str) -> memshim_tests::Child {
+    Cmd::new(
+        "unshare",
+        ["-m", "--propagation", "private", "sh", "-c", script],
+    )
+    .spawn()
 }
